@@ -1,0 +1,223 @@
+// AVX2/FMA implementations of the CPU ops, threaded through parallel_for. GEMMs above a
+// size threshold go to OpenBLAS unless batch-invariant mode asks for the fixed-order kernel.
+#include "kernels/cpu/ops.hpp"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <vector>
+
+#include <cblas.h>
+
+#include "kernels/assert.hpp"
+#include "kernels/cpu/thread_pool.hpp"
+
+namespace shoal::kernels {
+namespace {
+
+inline float hsum(__m256 v) {
+  __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+  lo = _mm_add_ps(lo, hi);
+  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+  lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
+  return _mm_cvtss_f32(lo);
+}
+
+// Four dot products of rows a0..a3 with b; each uses exactly the operation order of dot().
+inline void dot4(const float* a0, const float* a1, const float* a2, const float* a3,
+                 const float* b, int64_t n, float* out) {
+  const float* a[4] = {a0, a1, a2, a3};
+  __m256 acc[4][4];
+  for (auto& r : acc)
+    for (auto& v : r) v = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    __m256 b0 = _mm256_loadu_ps(b + i), b1 = _mm256_loadu_ps(b + i + 8);
+    __m256 b2 = _mm256_loadu_ps(b + i + 16), b3 = _mm256_loadu_ps(b + i + 24);
+    for (int r = 0; r < 4; ++r) {
+      acc[r][0] = _mm256_fmadd_ps(_mm256_loadu_ps(a[r] + i), b0, acc[r][0]);
+      acc[r][1] = _mm256_fmadd_ps(_mm256_loadu_ps(a[r] + i + 8), b1, acc[r][1]);
+      acc[r][2] = _mm256_fmadd_ps(_mm256_loadu_ps(a[r] + i + 16), b2, acc[r][2]);
+      acc[r][3] = _mm256_fmadd_ps(_mm256_loadu_ps(a[r] + i + 24), b3, acc[r][3]);
+    }
+  }
+  for (int r = 0; r < 4; ++r) {
+    __m256 s = _mm256_add_ps(_mm256_add_ps(acc[r][0], acc[r][1]),
+                             _mm256_add_ps(acc[r][2], acc[r][3]));
+    float t = hsum(s);
+    for (int64_t j = i; j < n; ++j) t += a[r][j] * b[j];
+    out[r] = t;
+  }
+}
+
+constexpr int64_t blas_min_flops = 1 << 22;  // below this the fixed-order kernel is as fast
+
+void matmul_fixed(const float* x, const float* w, float* y, int64_t m, int64_t n, int64_t k) {
+  // Parallel over output columns in groups, so each weight row is read once per 4 rows of x.
+  constexpr int64_t cols_per_task = 16;
+  int64_t tasks = (n + cols_per_task - 1) / cols_per_task;
+  parallel_for(tasks, [&](int64_t t0, int64_t t1) {
+    float out[4];
+    for (int64_t c0 = t0 * cols_per_task; c0 < std::min(n, t1 * cols_per_task); c0 += cols_per_task) {
+      int64_t c1 = std::min(n, c0 + cols_per_task);
+      for (int64_t i = 0; i < m; i += 4) {
+        int64_t rows = std::min<int64_t>(4, m - i);
+        const float* a[4];
+        for (int r = 0; r < 4; ++r) a[r] = x + (i + std::min<int64_t>(r, rows - 1)) * k;
+        for (int64_t j = c0; j < c1; ++j) {
+          dot4(a[0], a[1], a[2], a[3], w + j * k, k, out);
+          for (int64_t r = 0; r < rows; ++r) y[(i + r) * n + j] = out[r];
+        }
+      }
+    }
+  });
+}
+
+}  // namespace
+
+float dot(const float* a, const float* b, int64_t n) {
+  float out[4];
+  dot4(a, a, a, a, b, n, out);
+  return out[0];
+}
+
+void matmul(const float* x, const float* w, float* y, int64_t m, int64_t n, int64_t k,
+            bool batch_invariant) {
+  if (m == 0 || n == 0) return;
+  if (!batch_invariant && m >= 8 && m * n * k >= blas_min_flops) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m),
+                static_cast<int>(n), static_cast<int>(k), 1.0f, x, static_cast<int>(k), w,
+                static_cast<int>(k), 0.0f, y, static_cast<int>(n));
+    return;
+  }
+  matmul_fixed(x, w, y, m, n, k);
+}
+
+void rmsnorm(const float* x, const float* w, float* y, int64_t rows, int64_t dim, float eps) {
+  parallel_for(rows, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* xr = x + r * dim;
+      float ss = dot(xr, xr, dim);
+      float inv = 1.0f / std::sqrt(ss / static_cast<float>(dim) + eps);
+      float* yr = y + r * dim;
+      for (int64_t i = 0; i < dim; ++i) yr[i] = xr[i] * inv * w[i];
+    }
+  });
+}
+
+void rope(float* x, int64_t rows, int64_t row_stride, int64_t heads, int64_t head_stride,
+          const int32_t* positions, const float* inv_freq, int64_t rope_dim, float attn_factor) {
+  for (int64_t r = 0; r < rows; ++r) {
+    double pos = positions[r];
+    for (int64_t i = 0; i < rope_dim / 2; ++i) {
+      // the angle in double: positions reach 1e5+, where a float angle loses its phase
+      double angle = pos * inv_freq[i];
+      float c = static_cast<float>(std::cos(angle) * attn_factor);
+      float s = static_cast<float>(std::sin(angle) * attn_factor);
+      for (int64_t h = 0; h < heads; ++h) {
+        float* p = x + r * row_stride + h * head_stride + 2 * i;
+        float a = p[0], b = p[1];
+        p[0] = a * c - b * s;
+        p[1] = b * c + a * s;
+      }
+    }
+  }
+}
+
+void silu_mul(const float* gate, const float* up, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+}
+
+void softmax(float* x, int64_t n) {
+  float mx = -std::numeric_limits<float>::infinity();
+  for (int64_t i = 0; i < n; ++i) mx = std::max(mx, x[i]);
+  float sum = 0;
+  for (int64_t i = 0; i < n; ++i) sum += (x[i] = std::exp(x[i] - mx));
+  float inv = 1.0f / sum;
+  for (int64_t i = 0; i < n; ++i) x[i] *= inv;
+}
+
+void moe_gate(const float* logits, const float* bias, const gate_params& p, int32_t* ids,
+              float* weights) {
+  SHOAL_ASSERT(p.n_experts <= 1024 && p.n_experts % p.n_group == 0);
+  float s[1024], sel[1024];
+  for (int64_t e = 0; e < p.n_experts; ++e) {
+    s[e] = 1.0f / (1.0f + std::exp(-logits[e]));
+    sel[e] = s[e] + (bias ? bias[e] : 0.0f);
+  }
+  int64_t per_group = p.n_experts / p.n_group;
+  if (p.n_group > 1) {
+    float group_score[256];
+    SHOAL_ASSERT(p.n_group <= 256);
+    for (int64_t g = 0; g < p.n_group; ++g) {
+      float a = -INFINITY, b = -INFINITY;  // two largest of the group
+      for (int64_t e = g * per_group; e < (g + 1) * per_group; ++e) {
+        if (sel[e] > a) { b = a; a = sel[e]; } else if (sel[e] > b) b = sel[e];
+      }
+      group_score[g] = per_group >= 2 ? a + b : a;
+    }
+    bool keep[256] = {};
+    for (int64_t k = 0; k < p.topk_group; ++k) {
+      int64_t best = -1;
+      for (int64_t g = 0; g < p.n_group; ++g)
+        if (!keep[g] && (best < 0 || group_score[g] > group_score[best])) best = g;
+      keep[best] = true;
+    }
+    for (int64_t e = 0; e < p.n_experts; ++e)
+      if (!keep[e / per_group]) sel[e] = -INFINITY;
+  }
+  bool taken[1024] = {};
+  float total = 0;
+  for (int64_t k = 0; k < p.top_k; ++k) {
+    int64_t best = -1;
+    for (int64_t e = 0; e < p.n_experts; ++e)
+      if (!taken[e] && (best < 0 || sel[e] > sel[best])) best = e;
+    taken[best] = true;
+    ids[k] = static_cast<int32_t>(best);
+    weights[k] = s[best];
+    total += s[best];
+  }
+  float norm = p.norm_topk_prob ? 1.0f / (total + 1e-20f) : 1.0f;
+  for (int64_t k = 0; k < p.top_k; ++k) weights[k] *= norm * p.routed_scaling_factor;
+}
+
+void mla_attend(const float* q_lat, const float* q_pe, const kv_segment* segments,
+                int n_segments, int64_t heads, int64_t r, int64_t rope, float scale,
+                const float* sink, float* o_lat, float* scratch) {
+  int64_t total = 0;
+  for (int s = 0; s < n_segments; ++s) total += segments[s].count;
+  for (int64_t h = 0; h < heads; ++h) {
+    const float* ql = q_lat + h * r;
+    const float* qp = q_pe + h * rope;
+    float mx = sink ? sink[h] : -INFINITY;
+    int64_t j = 0;
+    for (int s = 0; s < n_segments; ++s) {
+      const kv_segment& seg = segments[s];
+      for (int64_t e = 0; e < seg.count; ++e, ++j) {
+        const float* entry = seg.data + e * seg.stride;
+        float v = (dot(ql, entry, r) + dot(qp, entry + r, rope)) * scale;
+        scratch[j] = v;
+        mx = std::max(mx, v);
+      }
+    }
+    float sum = sink ? std::exp(sink[h] - mx) : 0.0f;
+    for (int64_t i = 0; i < total; ++i) sum += (scratch[i] = std::exp(scratch[i] - mx));
+    float inv = total > 0 || sink ? 1.0f / sum : 0.0f;
+    float* out = o_lat + h * r;
+    std::fill(out, out + r, 0.0f);
+    j = 0;
+    for (int s = 0; s < n_segments; ++s) {
+      const kv_segment& seg = segments[s];
+      for (int64_t e = 0; e < seg.count; ++e, ++j) {
+        const float* c = seg.data + e * seg.stride;
+        float p = scratch[j] * inv;
+        for (int64_t i = 0; i < r; ++i) out[i] += p * c[i];
+      }
+    }
+  }
+}
+
+}  // namespace shoal::kernels

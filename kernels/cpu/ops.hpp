@@ -1,0 +1,65 @@
+// CPU compute ops of the forward pass. Each op has a plain reference in reference.hpp that
+// tests compare against. Threads come from one pool (thread_pool.hpp); OpenBLAS is told to
+// use the same count and is only called from the calling thread, so the two never overlap.
+#pragma once
+
+#include <cstdint>
+
+namespace shoal::kernels {
+
+// y (m, n) = x (m, k) · w (n, k)ᵀ. With batch_invariant, each output row is computed by the
+// same fixed-order dot products whatever m is (no BLAS, no m-dependent split), so a row's
+// values do not depend on the other rows in the batch. Otherwise large products go to
+// OpenBLAS sgemm.
+void matmul(const float* x, const float* w, float* y, int64_t m, int64_t n, int64_t k,
+            bool batch_invariant);
+
+// y (rows, dim) = x · rsqrt(mean(x²) + eps) ⊙ w. In place allowed (y == x).
+void rmsnorm(const float* x, const float* w, float* y, int64_t rows, int64_t dim, float eps);
+
+// Rotates interleaved pairs (x[2i], x[2i+1]) of `heads` vectors of rope_dim values per row:
+// x points at the first rope value of head 0 of row 0; row r starts at x + r·row_stride,
+// head h at + h·head_stride. Angle = positions[r] · inv_freq[i]; results × attn_factor.
+void rope(float* x, int64_t rows, int64_t row_stride, int64_t heads, int64_t head_stride,
+          const int32_t* positions, const float* inv_freq, int64_t rope_dim, float attn_factor);
+
+// out (n) = silu(gate) ⊙ up.
+void silu_mul(const float* gate, const float* up, float* out, int64_t n);
+
+// In-place softmax of n values (max-subtracted, fp32).
+void softmax(float* x, int64_t n);
+
+// noaux_tc MoE routing of one token: s = sigmoid(logits) (E); selection on s + bias with
+// group-limited top-k; writes top_k expert ids (descending selection score, ties to the lower
+// id) and their weights (s normalised when norm_topk_prob, × scaling).
+struct gate_params {
+  int64_t n_experts = 0;
+  int64_t n_group = 1;
+  int64_t topk_group = 1;
+  int64_t top_k = 0;
+  bool norm_topk_prob = true;
+  float routed_scaling_factor = 1.0f;
+};
+void moe_gate(const float* logits, const float* bias, const gate_params& p, int32_t* ids,
+              float* weights);
+
+// A run of latent entries: `count` entries of entry_dim values, consecutive entries
+// `stride` floats apart (stride ≥ entry_dim). Paged blocks and ring buffers are lists of runs.
+struct kv_segment {
+  const float* data = nullptr;
+  int64_t count = 0;
+  int64_t stride = 0;
+};
+
+// Absorbed MLA attention of one query over the union of `segments`, in one softmax.
+// q_lat (heads, r), q_pe (heads, rope): entry j = (c_j (r) ‖ k_pe_j (rope));
+// score = (q_lat·c + q_pe·k_pe)·scale; `sink` (heads) joins the denominator when non-null.
+// o_lat (heads, r) = Σ p_j c_j. `scratch` holds ≥ total entries floats.
+void mla_attend(const float* q_lat, const float* q_pe, const kv_segment* segments,
+                int n_segments, int64_t heads, int64_t r, int64_t rope, float scale,
+                const float* sink, float* o_lat, float* scratch);
+
+// Fixed-order dot product (8 lanes × 4 accumulators, combined in a fixed order).
+float dot(const float* a, const float* b, int64_t n);
+
+}  // namespace shoal::kernels

@@ -1,0 +1,119 @@
+// Static-partition worker pool behind parallel_for. Workers sleep on a condition variable
+// between jobs; the calling thread takes range 0 itself, so a pool of n threads has n−1
+// workers.
+#include "kernels/cpu/thread_pool.hpp"
+
+#include <algorithm>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include <cblas.h>
+
+#include "kernels/assert.hpp"
+
+namespace shoal::kernels {
+namespace {
+
+thread_local bool in_worker = false;
+
+class pool {
+ public:
+  explicit pool(int n) { start(n); }
+  ~pool() { stop(); }
+
+  void resize(int n) {
+    stop();
+    start(n);
+  }
+  int size() const { return static_cast<int>(workers_.size()) + 1; }
+
+  void run(int64_t n, const std::function<void(int64_t, int64_t)>& fn) {
+    int parts = static_cast<int>(std::min<int64_t>(n, size()));
+    if (parts <= 1 || in_worker) {
+      fn(0, n);
+      return;
+    }
+    std::unique_lock lock(mu_);
+    job_ = &fn;
+    job_n_ = n;
+    job_parts_ = parts;
+    pending_ = parts - 1;
+    ++generation_;
+    lock.unlock();
+    cv_.notify_all();
+    fn(0, range_end(0));
+    lock.lock();
+    done_cv_.wait(lock, [&] { return pending_ == 0; });
+    job_ = nullptr;
+  }
+
+ private:
+  int64_t range_end(int part) const { return job_n_ * (part + 1) / job_parts_; }
+
+  void start(int n) {
+    stopping_ = false;
+    for (int i = 1; i < n; ++i) workers_.emplace_back([this, i] { work(i); });
+  }
+  void stop() {
+    {
+      std::lock_guard lock(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : workers_) t.join();
+    workers_.clear();
+  }
+  void work(int index) {
+    in_worker = true;
+    uint64_t seen = 0;
+    for (;;) {
+      std::unique_lock lock(mu_);
+      cv_.wait(lock, [&] { return stopping_ || generation_ != seen; });
+      if (stopping_) return;
+      seen = generation_;
+      if (index >= job_parts_) continue;
+      auto* fn = job_;
+      int64_t begin = job_n_ * index / job_parts_, end = range_end(index);
+      lock.unlock();
+      (*fn)(begin, end);
+      lock.lock();
+      if (--pending_ == 0) done_cv_.notify_one();
+    }
+  }
+
+  std::vector<std::thread> workers_;
+  std::mutex mu_;
+  std::condition_variable cv_, done_cv_;
+  const std::function<void(int64_t, int64_t)>* job_ = nullptr;
+  int64_t job_n_ = 0;
+  int job_parts_ = 0;
+  int pending_ = 0;
+  uint64_t generation_ = 0;
+  bool stopping_ = false;
+};
+
+int default_threads() { return std::max(1u, std::thread::hardware_concurrency()); }
+
+pool& instance() {
+  static pool p(default_threads());
+  return p;
+}
+
+}  // namespace
+
+void set_num_threads(int n) {
+  SHOAL_ASSERT(n >= 1);
+  instance().resize(n);
+  openblas_set_num_threads(n);
+}
+
+int num_threads() { return instance().size(); }
+
+void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn) {
+  if (n <= 0) return;
+  instance().run(n, fn);
+}
+
+}  // namespace shoal::kernels

@@ -1,0 +1,93 @@
+// safetensors checkpoint access: a memory-mapped reader for single files and for sharded
+// checkpoints with model.safetensors.index.json, and a writer used by the checkpoint
+// generator. Tensors are converted to fp32 on read (bf16, fp32, f16, FP8-e4m3 with one fp32
+// `<name>_scale_inv` per 128×128 block, HF's `weight_scale_inv` convention).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/error.hpp"
+
+namespace shoal::model {
+
+enum class dtype { f32, f16, bf16, f8_e4m3, i32, i64, u8 };
+
+std::string_view to_string(dtype d);
+size_t dtype_size(dtype d);
+
+struct tensor_info {
+  std::string name;
+  dtype type = dtype::f32;
+  std::vector<int64_t> shape;
+  const std::byte* data = nullptr;  // into the mapping
+  size_t nbytes = 0;
+  std::string file;                 // shard that holds it (for error messages)
+};
+
+// One mapped .safetensors file. Validates the header (JSON, dtypes, shapes, offsets
+// inside the file, no overlap past the end) at open.
+class safetensors_file {
+ public:
+  static result<std::unique_ptr<safetensors_file>> open(const std::string& path);
+  ~safetensors_file();
+  safetensors_file(const safetensors_file&) = delete;
+  safetensors_file& operator=(const safetensors_file&) = delete;
+
+  const std::map<std::string, tensor_info>& tensors() const { return tensors_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  safetensors_file() = default;
+  std::string path_;
+  void* map_ = nullptr;
+  size_t map_size_ = 0;
+  std::map<std::string, tensor_info> tensors_;
+};
+
+// A checkpoint directory: model.safetensors, or model.safetensors.index.json + shards.
+class checkpoint {
+ public:
+  // `progress` (may be null) is called with (bytes mapped so far, total bytes) per shard.
+  static result<checkpoint> open(const std::string& dir,
+                                 void (*progress)(size_t done, size_t total) = nullptr);
+
+  bool has(const std::string& name) const;
+  const tensor_info* find(const std::string& name) const;
+  // Reads tensor `name` as fp32, checking its shape equals `shape`. FP8 tensors are
+  // dequantised with `<name>_scale_inv` (blocks of 128×128). Errors name the tensor and file.
+  result<std::vector<float>> read_f32(const std::string& name,
+                                      const std::vector<int64_t>& shape) const;
+  std::vector<std::string> names() const;
+
+ private:
+  std::vector<std::shared_ptr<safetensors_file>> files_;
+  std::map<std::string, const tensor_info*> index_;
+  std::string dir_;
+};
+
+// A tensor to write: fp32 source values, stored as `type` (f32, bf16 or f8_e4m3; for
+// f8_e4m3 the writer also emits `<name>_scale_inv` with 128×128 block scales).
+struct tensor_to_write {
+  std::string name;
+  std::vector<int64_t> shape;
+  const float* values = nullptr;  // (prod(shape))
+  dtype type = dtype::bf16;
+};
+
+// Writes one safetensors file (header sorted by name, 8-byte aligned), atomically:
+// written to PATH.tmp then renamed.
+result<void> write_safetensors(const std::string& path, const std::vector<tensor_to_write>& tensors,
+                               const std::map<std::string, std::string>& metadata = {});
+
+// bf16/fp8 conversions used by reader, writer and tests.
+float bf16_to_f32(uint16_t v);
+uint16_t f32_to_bf16(float v);          // round to nearest even
+float fp8_e4m3_to_f32(uint8_t v);
+uint8_t f32_to_fp8_e4m3(float v);       // saturating, round to nearest even
+
+}  // namespace shoal::model

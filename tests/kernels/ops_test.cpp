@@ -1,0 +1,152 @@
+// Every CPU op against its scalar reference, with the tolerance stated per op; plus the
+// batch-invariance property of the fixed-order GEMM (a row's bits do not depend on m).
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "kernels/cpu/ops.hpp"
+#include "kernels/cpu/reference.hpp"
+#include "kernels/cpu/thread_pool.hpp"
+
+using namespace shoal::kernels;
+
+namespace {
+
+std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+// max |a-b| / max(1e-6, max |b|): a normalised error bound independent of magnitude.
+double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
+  double num = 0, den = 1e-6;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num = std::max(num, double(std::fabs(a[i] - b[i])));
+    den = std::max(den, double(std::fabs(b[i])));
+  }
+  return num / den;
+}
+
+}  // namespace
+
+TEST_CASE("matmul equals the reference (BLAS and fixed-order paths), rel err < 1e-5") {
+  for (auto [m, n, k] : {std::tuple{1, 7, 5}, {3, 33, 70}, {17, 64, 129}, {64, 256, 256}, {130, 96, 300}}) {
+    auto x = randn(size_t(m) * k, 1), w = randn(size_t(n) * k, 2);
+    std::vector<float> ref(size_t(m) * n), fast(ref.size()), inv(ref.size());
+    ref::matmul(x.data(), w.data(), ref.data(), m, n, k);
+    matmul(x.data(), w.data(), fast.data(), m, n, k, false);
+    matmul(x.data(), w.data(), inv.data(), m, n, k, true);
+    CHECK(rel_err(fast, ref) < 1e-5);
+    CHECK(rel_err(inv, ref) < 1e-5);
+  }
+}
+
+TEST_CASE("batch-invariant matmul: each row's bits are independent of the batch") {
+  int64_t n = 96, k = 200;
+  auto x = randn(37 * k, 3), w = randn(n * k, 4);
+  std::vector<float> all(37 * n);
+  matmul(x.data(), w.data(), all.data(), 37, n, k, true);
+  for (int64_t row : {0, 5, 36}) {
+    std::vector<float> one(n);
+    matmul(x.data() + row * k, w.data(), one.data(), 1, n, k, true);
+    for (int64_t j = 0; j < n; ++j) REQUIRE(one[j] == all[row * n + j]);
+  }
+  set_num_threads(1);
+  std::vector<float> single(37 * n);
+  matmul(x.data(), w.data(), single.data(), 37, n, k, true);
+  set_num_threads(2);
+  CHECK(single == all);
+}
+
+TEST_CASE("rmsnorm, silu_mul, softmax equal the reference, rel err < 1e-5") {
+  auto x = randn(5 * 67, 5), w = randn(67, 6);
+  std::vector<float> a(x.size()), b(x.size());
+  rmsnorm(x.data(), w.data(), a.data(), 5, 67, 1e-6f);
+  ref::rmsnorm(x.data(), w.data(), b.data(), 5, 67, 1e-6f);
+  CHECK(rel_err(a, b) < 1e-5);
+  auto g = randn(100, 7), u = randn(100, 8);
+  silu_mul(g.data(), u.data(), a.data(), 100);
+  ref::silu_mul(g.data(), u.data(), b.data(), 100);
+  a.resize(100), b.resize(100);
+  CHECK(rel_err(a, b) < 1e-5);
+  auto s1 = randn(50, 9, 4.0f), s2 = s1;
+  softmax(s1.data(), 50);
+  ref::softmax(s2.data(), 50);
+  CHECK(rel_err(s1, s2) < 1e-5);
+}
+
+TEST_CASE("rope rotates interleaved pairs like the reference, rel err < 1e-5") {
+  int64_t rows = 6, heads = 3, head_stride = 24, rope_dim = 8, row_stride = heads * head_stride;
+  auto x = randn(rows * row_stride, 10), y = x;
+  std::vector<int32_t> pos = {0, 1, 7, 100, 4000, 65000};
+  std::vector<float> inv_freq = {1.0f, 0.1f, 0.01f, 0.001f};
+  rope(x.data() + 16, rows, row_stride, heads, head_stride, pos.data(), inv_freq.data(), rope_dim, 1.3f);
+  ref::rope(y.data() + 16, rows, row_stride, heads, head_stride, pos.data(), inv_freq.data(), rope_dim, 1.3f);
+  CHECK(rel_err(x, y) < 1e-5);
+  // position 0 with factor 1 is the identity
+  auto z = randn(8, 11), z0 = z;
+  int32_t p0 = 0;
+  rope(z.data(), 1, 8, 1, 8, &p0, inv_freq.data(), 8, 1.0f);
+  CHECK(z == z0);
+}
+
+TEST_CASE("moe_gate: noaux_tc group-limited top-k equals the reference exactly in ids") {
+  gate_params p{.n_experts = 16, .n_group = 4, .topk_group = 2, .top_k = 4,
+                .norm_topk_prob = true, .routed_scaling_factor = 2.5f};
+  for (uint32_t seed = 0; seed < 50; ++seed) {
+    auto logits = randn(16, 100 + seed), bias = randn(16, 200 + seed, 0.1f);
+    int32_t ids[4], ids_ref[4];
+    float w[4], w_ref[4];
+    moe_gate(logits.data(), bias.data(), p, ids, w);
+    ref::moe_gate(logits.data(), bias.data(), p, ids_ref, w_ref);
+    float sum = 0;
+    for (int k = 0; k < 4; ++k) {
+      CHECK(ids[k] == ids_ref[k]);
+      CHECK(w[k] == doctest::Approx(w_ref[k]).epsilon(1e-5));
+      sum += w[k];
+    }
+    CHECK(sum == doctest::Approx(2.5f).epsilon(1e-5));
+    // chosen experts lie in exactly topk_group groups at most
+    int groups = 0;
+    bool seen[4] = {};
+    for (int k = 0; k < 4; ++k)
+      if (!seen[ids[k] / 4]) seen[ids[k] / 4] = true, ++groups;
+    CHECK(groups <= 2);
+  }
+}
+
+TEST_CASE("moe_gate: bias changes selection but not the weights' source") {
+  gate_params p{.n_experts = 4, .n_group = 1, .topk_group = 1, .top_k = 1};
+  float logits[4] = {2.0f, 1.0f, 0.0f, -1.0f}, bias[4] = {0, 0, 0, 10.0f};
+  int32_t id;
+  float w;
+  moe_gate(logits, bias, p, &id, &w);
+  CHECK(id == 3);
+  CHECK(w == doctest::Approx(1.0f));  // normalised over the one chosen
+}
+
+TEST_CASE("mla_attend over several segments (+sink) equals the reference, rel err < 1e-5") {
+  int64_t heads = 4, r = 16, rope = 8, dim = r + rope;
+  auto q_lat = randn(heads * r, 12), q_pe = randn(heads * rope, 13), sink = randn(heads, 14);
+  auto a = randn(5 * 32, 15), b = randn(3 * dim, 16);
+  kv_segment segs[2] = {{a.data(), 5, 32}, {b.data(), 3, dim}};
+  std::vector<float> out(heads * r), out_ref(heads * r), scratch(8);
+  for (const float* s : {static_cast<const float*>(nullptr), static_cast<const float*>(sink.data())}) {
+    mla_attend(q_lat.data(), q_pe.data(), segs, 2, heads, r, rope, 0.3f, s, out.data(), scratch.data());
+    ref::mla_attend(q_lat.data(), q_pe.data(), segs, 2, heads, r, rope, 0.3f, s, out_ref.data());
+    CHECK(rel_err(out, out_ref) < 1e-5);
+  }
+}
+
+TEST_CASE("parallel_for covers every index exactly once") {
+  std::vector<int> hits(1000, 0);
+  parallel_for(1000, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) hits[i]++;
+  });
+  for (int h : hits) REQUIRE(h == 1);
+}
