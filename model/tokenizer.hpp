@@ -43,8 +43,9 @@ class tokenizer {
   std::unique_ptr<impl> impl_;
 };
 
-// tokenizer.json text of a byte-level BPE tokenizer over the 256 bytes plus the given
-// special tokens (ids 256...), no merges beyond single bytes: used by the tiny presets.
+// tokenizer.json text of a byte-level BPE tokenizer: the 256 bytes (id = byte value), 20 merges
+// of common English pairs (ids 256..275), then the given special tokens as added tokens (ids
+// 276...). Used by the tiny presets.
 std::string byte_level_tokenizer_json(const std::vector<std::string>& special_tokens);
 
 }  // namespace shoal::model

@@ -47,6 +47,7 @@ class pool {
     lock.lock();
     done_cv_.wait(lock, [&] { return pending_ == 0; });
     job_ = nullptr;
+    job_parts_ = 0;
   }
 
  private:
@@ -54,7 +55,9 @@ class pool {
 
   void start(int n) {
     stopping_ = false;
-    for (int i = 1; i < n; ++i) workers_.emplace_back([this, i] { work(i); });
+    // New workers start from the current generation: a job that ended before they existed
+    // is not theirs to run.
+    for (int i = 1; i < n; ++i) workers_.emplace_back([this, i, g = generation_] { work(i, g); });
   }
   void stop() {
     {
@@ -65,9 +68,8 @@ class pool {
     for (auto& t : workers_) t.join();
     workers_.clear();
   }
-  void work(int index) {
+  void work(int index, uint64_t seen) {
     in_worker = true;
-    uint64_t seen = 0;
     for (;;) {
       std::unique_lock lock(mu_);
       cv_.wait(lock, [&] { return stopping_ || generation_ != seen; });

@@ -1,0 +1,72 @@
+// Feed-forward blocks: dense SwiGLU and the noaux_tc mixture of experts. Routed rows are
+// grouped per expert and each expert runs one GEMM pair; outputs are summed in a fixed order
+// (shared expert first, then routed experts by ascending id) so a row's result does not
+// depend on the other rows of the batch.
+#include <cstring>
+
+#include "kernels/cpu/ops.hpp"
+#include "model/forward_internal.hpp"
+
+namespace shoal::model::detail {
+namespace {
+
+// out (rows, d) = SwiGLU_e(xn (rows, d)).
+void swiglu(const expert_weights& e, const float* xn, int64_t rows, int64_t d, bool invariant,
+            float* out) {
+  int64_t width = e.gate_up.out / 2;
+  std::vector<float> gu(static_cast<size_t>(rows * 2 * width)), h(static_cast<size_t>(rows * width));
+  kernels::matmul(xn, e.gate_up.w.data(), gu.data(), rows, 2 * width, d, invariant);
+  for (int64_t i = 0; i < rows; ++i)
+    kernels::silu_mul(gu.data() + i * 2 * width, gu.data() + i * 2 * width + width,
+                      h.data() + i * width, width);
+  kernels::matmul(h.data(), e.down.w.data(), out, rows, d, width, invariant);
+}
+
+}  // namespace
+
+void ffn(const model_weights& w, const layer_weights& l, const float* x, int64_t rows,
+         bool invariant, float* out) {
+  const model_config& c = w.config;
+  int64_t d = c.hidden_size;
+  std::vector<float> xn(static_cast<size_t>(rows * d));
+  kernels::rmsnorm(x, l.post_norm.data(), xn.data(), rows, d, static_cast<float>(c.rms_norm_eps));
+  const ffn_weights& f = l.ffn;
+  if (!f.moe) {
+    swiglu(f.dense, xn.data(), rows, d, invariant, out);
+    return;
+  }
+  if (c.n_shared_experts > 0) swiglu(f.shared, xn.data(), rows, d, invariant, out);
+  else std::memset(out, 0, sizeof(float) * rows * d);
+  int64_t E = c.n_routed_experts, k = c.num_experts_per_tok;
+  std::vector<float> logits(static_cast<size_t>(rows * E));
+  kernels::matmul(xn.data(), f.router.w.data(), logits.data(), rows, E, d, invariant);
+  kernels::gate_params gp{E, c.n_group, c.topk_group, k, c.norm_topk_prob,
+                          static_cast<float>(c.routed_scaling_factor)};
+  std::vector<int32_t> ids(static_cast<size_t>(rows * k));
+  std::vector<float> weights(static_cast<size_t>(rows * k));
+  for (int64_t i = 0; i < rows; ++i)
+    kernels::moe_gate(logits.data() + i * E, f.router_bias.data(), gp, ids.data() + i * k,
+                      weights.data() + i * k);
+  // rows routed to each expert, in row order
+  std::vector<std::vector<std::pair<int64_t, float>>> routed(static_cast<size_t>(E));
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < k; ++j) routed[ids[i * k + j]].push_back({i, weights[i * k + j]});
+  std::vector<float> in, res;
+  for (int64_t e = 0; e < E; ++e) {
+    const auto& list = routed[e];
+    if (list.empty()) continue;
+    int64_t n = static_cast<int64_t>(list.size());
+    in.resize(static_cast<size_t>(n * d));
+    res.resize(static_cast<size_t>(n * d));
+    for (int64_t i = 0; i < n; ++i)
+      std::memcpy(in.data() + i * d, xn.data() + list[i].first * d, sizeof(float) * d);
+    swiglu(f.experts[e], in.data(), n, d, invariant, res.data());
+    for (int64_t i = 0; i < n; ++i) {
+      float* o = out + list[i].first * d;
+      const float* y = res.data() + i * d;
+      for (int64_t t = 0; t < d; ++t) o[t] += list[i].second * y[t];
+    }
+  }
+}
+
+}  // namespace shoal::model::detail

@@ -1,0 +1,280 @@
+// Forward pass: embedding, encoder stack with compressed + window attention, the shoal_flash
+// shared decoder cache and decoder stack over each item's decoder rows, final norm and head.
+// Attention itself (absorbed and naive MLA) lives in attention.cpp, the FFN in ffn.cpp.
+#include "model/forward.hpp"
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <cstring>
+
+#include "kernels/assert.hpp"
+#include "kernels/cpu/ops.hpp"
+#include "model/forward_internal.hpp"
+
+namespace shoal::model {
+
+stream_layout streams_of(const model_config& c) {
+  return {c.encoder_layers(), c.decoder_layers(), c.num_nextn_predict_layers, c.is_flash()};
+}
+
+size_t block_floats(const model_config& c) {
+  return static_cast<size_t>(c.cache_layers() * (c.block_size / c.ratio()) * c.entry_dim());
+}
+
+int64_t min_ring_tokens(const model_config& c) {
+  return std::max<int64_t>({c.window() - 1, c.ratio() - 1, 0});
+}
+
+int64_t exact_decoder_tail(const model_config& c) {
+  return (c.decoder_layers() + c.num_nextn_predict_layers) * c.window();
+}
+
+void sequence_cache::init(const model_config& c, int64_t ring) {
+  SHOAL_ASSERT(ring >= min_ring_tokens(c));
+  ring_tokens = ring;
+  int64_t n = streams_of(c).count();
+  rings.assign(static_cast<size_t>(n),
+               std::vector<float>(static_cast<size_t>(ring * (c.entry_dim() + 1)), 0.0f));
+  ring_floor.assign(static_cast<size_t>(n), 0);
+  blocks.clear();
+  computed = 0;
+}
+
+float* sequence_cache::ring_entry(int64_t stream, int64_t pos) {
+  int64_t dim = static_cast<int64_t>(rings[stream].size()) / ring_tokens;
+  return rings[stream].data() + (pos % ring_tokens) * dim;
+}
+
+const float* sequence_cache::ring_entry(int64_t stream, int64_t pos) const {
+  return const_cast<sequence_cache*>(this)->ring_entry(stream, pos);
+}
+
+namespace detail {
+
+// Computes the latent entries of `rows` (normed c ‖ roped k_pe ‖ compress logit).
+void compute_entries(const model_weights& w, const linear& kv_a, const std::vector<float>& kv_a_norm,
+                     const std::vector<float>& kv_compress, const float* xn, int64_t rows,
+                     const int32_t* positions, bool invariant, float* entries) {
+  const model_config& c = w.config;
+  int64_t r = c.kv_lora_rank, dim = c.entry_dim(), d = c.hidden_size;
+  std::vector<float> kv(static_cast<size_t>(rows * dim));
+  kernels::matmul(xn, kv_a.w.data(), kv.data(), rows, dim, d, invariant);
+  for (int64_t i = 0; i < rows; ++i) {
+    float* e = entries + i * (dim + 1);
+    kernels::rmsnorm(kv.data() + i * dim, kv_a_norm.data(), e, 1, r, static_cast<float>(c.rms_norm_eps));
+    std::memcpy(e + r, kv.data() + i * dim + r, sizeof(float) * (dim - r));
+    e[dim] = kv_compress.empty() ? 0.0f : kernels::dot(kv_compress.data(), xn + i * d, d);
+  }
+  kernels::rope(entries + r, rows, dim + 1, 1, 0, positions, w.inv_freq.data(),
+                c.qk_rope_head_dim, w.attn_factor);
+}
+
+// Writes the compressed entry of every run that ends inside rows [p0, p1) of the item into
+// the blocks of `cache_layer` (skipping runs already valid there).
+void write_runs(const model_config& c, sequence_cache& cache, int64_t stream, int64_t cache_layer,
+                const float* chunk_entries, int64_t p0, int64_t p1, int64_t valid_until) {
+  int64_t m = c.ratio(), dim = c.entry_dim(), bs = c.block_size, per_block = bs / m;
+  for (int64_t r = p0 / m; (r + 1) * m <= p1; ++r) {
+    int64_t end = r * m + m - 1;
+    if (end < p0 || end < valid_until) continue;
+    const float* e[64];
+    SHOAL_ASSERT(m <= 64);
+    float logits[64];
+    for (int64_t i = 0; i < m; ++i) {
+      int64_t pos = r * m + i;
+      e[i] = pos >= p0 ? chunk_entries + (pos - p0) * (dim + 1) : cache.ring_entry(stream, pos);
+      logits[i] = e[i][dim];
+    }
+    kernels::softmax(logits, m);
+    int64_t block = (r * m) / bs;
+    SHOAL_ASSERT(block < static_cast<int64_t>(cache.blocks.size()));
+    float* out = cache.blocks[block] + (cache_layer * per_block + r % per_block) * dim;
+    for (int64_t j = 0; j < dim; ++j) {
+      float acc = 0;
+      for (int64_t i = 0; i < m; ++i) acc += logits[i] * e[i][j];
+      out[j] = acc;
+    }
+  }
+}
+
+void store_ring(sequence_cache& cache, int64_t stream, const float* chunk_entries, int64_t p0,
+                int64_t p1, int64_t dim) {
+  if (cache.ring_tokens == 0) return;
+  for (int64_t pos = std::max(p0, p1 - cache.ring_tokens); pos < p1; ++pos)
+    std::memcpy(cache.ring_entry(stream, pos), chunk_entries + (pos - p0) * (dim + 1),
+                sizeof(float) * (dim + 1));
+}
+
+}  // namespace detail
+
+namespace detail {
+
+static void add_into(float* x, const float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] += y[i];
+}
+
+void run_layer(const model_weights& w, const layer_weights& l, std::span<forward_item> items,
+               const std::vector<row_span>& spans, const layer_io& io, float* x,
+               int64_t rows, const forward_options& o) {
+  int64_t d = w.config.hidden_size;
+  std::vector<float> tmp(static_cast<size_t>(rows * d));
+  detail::attention(w, l, items, spans, io, x, rows, o, tmp.data());
+  add_into(x, tmp.data(), rows * d);
+  detail::ffn(w, l, x, rows, o.batch_invariant, tmp.data());
+  add_into(x, tmp.data(), rows * d);
+}
+
+}  // namespace detail
+
+using detail::row_span;
+using detail::run_layer;
+
+forward_output forward(const model_weights& w, std::span<forward_item> items,
+                       const forward_options& o) {
+  const model_config& c = w.config;
+  const stream_layout sl = streams_of(c);
+  int64_t d = c.hidden_size;
+  // Encoder rows: every new token of every item.
+  std::vector<row_span> spans;
+  std::vector<int32_t> positions;
+  int64_t rows = 0;
+  for (auto& it : items) {
+    int64_t p0 = it.cache->computed;
+    spans.push_back({rows, p0, p0 + static_cast<int64_t>(it.tokens.size())});
+    for (size_t i = 0; i < it.tokens.size(); ++i) positions.push_back(static_cast<int32_t>(p0 + i));
+    rows += static_cast<int64_t>(it.tokens.size());
+    SHOAL_ASSERT(static_cast<int64_t>(it.cache->blocks.size()) * c.block_size >= spans.back().p1);
+  }
+  std::vector<float> x(static_cast<size_t>(rows * d));
+  {
+    int64_t row = 0;
+    for (auto& it : items)
+      for (int32_t t : it.tokens) {
+        SHOAL_ASSERT(t >= 0 && t < c.vocab_size);
+        std::memcpy(x.data() + row++ * d, w.embed.data() + int64_t(t) * d, sizeof(float) * d);
+      }
+  }
+  for (int64_t l = 0; l < c.encoder_layers(); ++l)
+    run_layer(w, w.layers[l], items, spans, {l, l, true, positions.data(), 0}, x.data(), rows, o);
+
+  forward_output out;
+  out.hidden.resize(items.size());
+  out.hidden_from.assign(items.size(), 0);
+  std::vector<row_span> dspans = spans;
+  std::vector<float> xd;
+  std::vector<int32_t> dpos;
+  int64_t drows = 0;
+  if (c.is_flash()) {
+    detail::decoder_cache(w, items, spans, x.data(), rows, positions.data(), o);
+    // Decoder rows: positions ≥ dec_from of each item.
+    for (size_t i = 0; i < items.size(); ++i) {
+      int64_t from = std::max(spans[i].p0, std::min(items[i].dec_from, spans[i].p1));
+      for (int64_t p = from; p < spans[i].p1; ++p) {
+        const float* src = x.data() + (spans[i].row + p - spans[i].p0) * d;
+        xd.insert(xd.end(), src, src + d);
+        dpos.push_back(static_cast<int32_t>(p));
+      }
+      dspans[i] = {drows, from, spans[i].p1};
+      drows += spans[i].p1 - from;
+      // the decoder stack's window is truncated at dec_from (see exact_decoder_tail)
+      for (int64_t j = 0; j < sl.n_dec; ++j) items[i].cache->ring_floor[sl.decoder(j)] = items[i].dec_from;
+    }
+    for (int64_t j = 0; j < c.n_decoder_layers; ++j)
+      run_layer(w, w.layers[c.n_encoder_layers + j], items, dspans,
+                {sl.decoder(j), sl.dec_kv(), false, dpos.data(), 0}, xd.data(), drows, o);
+  } else {
+    xd = std::move(x);
+    drows = rows;
+  }
+  std::vector<float> last;
+  for (size_t i = 0; i < items.size(); ++i) {
+    const row_span& s = dspans[i];
+    if (items[i].hidden) {
+      out.hidden[i].assign(xd.begin() + s.row * d, xd.begin() + (s.row + s.p1 - s.p0) * d);
+      out.hidden_from[i] = s.p0;
+    }
+    if (items[i].logits) {
+      SHOAL_ASSERT(s.p1 > s.p0);  // the last position ran through the decoder
+      const float* src = xd.data() + (s.row + s.p1 - s.p0 - 1) * d;
+      last.insert(last.end(), src, src + d);
+    }
+  }
+  int64_t n_logits = static_cast<int64_t>(last.size()) / d;
+  if (n_logits > 0) {
+    kernels::rmsnorm(last.data(), w.norm.data(), last.data(), n_logits, d, static_cast<float>(c.rms_norm_eps));
+    out.logits.resize(static_cast<size_t>(n_logits * c.vocab_size));
+    kernels::matmul(last.data(), w.lm_head.w.data(), out.logits.data(), n_logits, c.vocab_size, d,
+                    o.batch_invariant);
+  }
+  for (size_t i = 0; i < items.size(); ++i) items[i].cache->computed = spans[i].p1;
+  return out;
+}
+
+mtp_output mtp_last(const model_weights& w, std::span<const int32_t> tokens,
+                    const std::vector<float>& hidden, int64_t hidden_from,
+                    const sequence_cache& cache, const forward_options& o) {
+  const model_config& c = w.config;
+  SHOAL_ASSERT(!w.mtp.empty() && tokens.size() >= 2);
+  const mtp_weights& m = w.mtp[0];
+  int64_t d = c.hidden_size, n = static_cast<int64_t>(tokens.size());
+  float eps = static_cast<float>(c.rms_norm_eps);
+  // MTP rows: positions hidden_from … n−2, each pairing h_i with token t_{i+1}.
+  int64_t p0 = hidden_from, rows = n - 1 - p0;
+  SHOAL_ASSERT(rows >= 1);
+  std::vector<float> cat(static_cast<size_t>(rows * 2 * d)), x(static_cast<size_t>(rows * d));
+  std::vector<int32_t> pos(static_cast<size_t>(rows));
+  for (int64_t i = 0; i < rows; ++i) {
+    float* row = cat.data() + i * 2 * d;
+    kernels::rmsnorm(m.embed.data() + int64_t(tokens[p0 + i + 1]) * d, m.enorm.data(), row, 1, d, eps);
+    kernels::rmsnorm(hidden.data() + i * d, m.hnorm.data(), row + d, 1, d, eps);
+    pos[i] = static_cast<int32_t>(p0 + i);
+  }
+  kernels::matmul(cat.data(), m.eh_proj.w.data(), x.data(), rows, d, 2 * d, o.batch_invariant);
+  // A private view of the caches: shared decoder blocks (read only) and an MTP ring from p0.
+  sequence_cache view = cache;
+  const stream_layout sl = streams_of(c);
+  view.ring_floor[sl.mtp(0)] = p0;
+  forward_item item{&view, tokens.subspan(p0, rows), 0, INT64_MAX, false, false};
+  std::vector<row_span> spans = {{0, p0, p0 + rows}};
+  detail::layer_io io{sl.mtp(0), c.is_flash() ? sl.dec_kv() : 0, false, pos.data(),
+              c.is_flash() ? 0 : n + 1};
+  run_layer(w, m.layer, std::span<forward_item>(&item, 1), spans, io, x.data(), rows, o);
+  mtp_output out;
+  std::vector<float> u(static_cast<size_t>(d));
+  kernels::rmsnorm(x.data() + (rows - 1) * d, m.head_norm.data(), u.data(), 1, d, eps);
+  out.logits.resize(static_cast<size_t>(c.vocab_size));
+  kernels::matmul(u.data(), m.head.w.data(), out.logits.data(), 1, c.vocab_size, d, o.batch_invariant);
+  out.confidence = NAN;
+  if (c.conf_head_hidden > 0) {
+    std::vector<float> h1(static_cast<size_t>(c.conf_head_hidden)), act(h1.size());
+    kernels::matmul(u.data(), w.conf_fc1.w.data(), h1.data(), 1, c.conf_head_hidden, d, true);
+    std::vector<float> ones(h1.size(), 1.0f);
+    kernels::silu_mul(h1.data(), ones.data(), act.data(), c.conf_head_hidden);
+    float z = kernels::dot(w.conf_fc2.w.data(), act.data(), c.conf_head_hidden);
+    out.confidence = 1.0f / (1.0f + std::exp(-z));
+  }
+  return out;
+}
+
+full_result forward_full(const model_weights& w, std::span<const int32_t> tokens,
+                         const forward_options& o) {
+  const model_config& c = w.config;
+  int64_t n = static_cast<int64_t>(tokens.size());
+  int64_t n_blocks = (n + c.block_size - 1) / c.block_size;
+  std::vector<float> storage(static_cast<size_t>(n_blocks) * block_floats(c));
+  sequence_cache cache;
+  cache.init(c, std::max<int64_t>(min_ring_tokens(c), 1));
+  for (int64_t b = 0; b < n_blocks; ++b) cache.blocks.push_back(storage.data() + b * block_floats(c));
+  bool mtp = !w.mtp.empty() && n >= 2;
+  int64_t dec_from = std::max<int64_t>(0, n - exact_decoder_tail(c));
+  if (mtp) dec_from = std::min(dec_from, n - 2);
+  forward_item item{&cache, tokens, dec_from, 0, true, mtp};
+  forward_output fo = forward(w, std::span<forward_item>(&item, 1), o);
+  full_result res;
+  res.logits = std::move(fo.logits);
+  if (mtp) res.mtp = mtp_last(w, tokens, fo.hidden[0], fo.hidden_from[0], cache, o);
+  return res;
+}
+
+}  // namespace shoal::model

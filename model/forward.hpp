@@ -1,0 +1,94 @@
+// The forward pass of both architectures over a batch of sequences, each contributing a run
+// of new tokens. The caches it reads and writes belong to the caller (runtime/): paged blocks
+// of compressed entries, and per-stream rings of raw entries for the sliding window. The
+// model knows nothing of requests or scheduling; it only honours the positions it is given.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "model/weights.hpp"
+
+namespace shoal::model {
+
+// Attention streams: encoder layers 0..n_enc−1, then (shoal_flash) the shared decoder cache
+// projection n_enc, decoder layers n_enc+1…, then MTP layers. deepseek_v3 has only "encoder"
+// streams (window 1, ratio 1: plain causal attention).
+struct stream_layout {
+  int64_t n_enc = 0, n_dec = 0, n_mtp = 0;
+  bool flash = false;
+  int64_t dec_kv() const { return n_enc; }
+  int64_t decoder(int64_t j) const { return n_enc + 1 + j; }
+  int64_t mtp(int64_t k) const { return n_enc + (flash ? 1 + n_dec : 0) + k; }
+  int64_t count() const { return mtp(n_mtp); }
+};
+stream_layout streams_of(const model_config& c);
+
+// Floats per paged block: (cache_layers, block_size / ratio, entry_dim).
+size_t block_floats(const model_config& c);
+// Smallest ring a sequence may use: the window minus one, and a compress run minus one.
+int64_t min_ring_tokens(const model_config& c);
+// Decoder tail for exact results: decoder (and MTP) layers at the last position depend on
+// the last (n_dec + n_mtp) × W positions only, so prefill runs them there alone.
+int64_t exact_decoder_tail(const model_config& c);
+
+// Cache storage of one sequence.
+struct sequence_cache {
+  std::vector<float*> blocks;  // block i covers positions [i·bs, (i+1)·bs): (cache_layers, bs/m, entry_dim)
+  int64_t ring_tokens = 0;
+  std::vector<std::vector<float>> rings;  // per stream: (ring_tokens, entry_dim + 1), last = compress logit
+  std::vector<int64_t> ring_floor;        // per stream: raw entries below this position are not visible
+  int64_t computed = 0;                   // positions [0, computed) are in the caches
+
+  void init(const model_config& c, int64_t ring_tokens);
+  float* ring_entry(int64_t stream, int64_t pos);
+  const float* ring_entry(int64_t stream, int64_t pos) const;
+};
+
+struct forward_item {
+  sequence_cache* cache = nullptr;
+  std::span<const int32_t> tokens;   // at positions cache->computed …
+  int64_t dec_from = 0;              // decoder layers run at positions ≥ dec_from
+  int64_t blocks_valid_until = 0;    // runs ending before this are already in the blocks (replay)
+  bool logits = false;               // last position's logits wanted
+  bool hidden = false;               // decoder-stack output rows wanted (pre-norm), for MTP
+};
+
+struct forward_options {
+  bool batch_invariant = false;  // fixed-order GEMMs: row results independent of the batch
+  bool naive_attention = false;  // expand latents through kv_b (prefill form) instead of absorbing
+};
+
+struct forward_output {
+  std::vector<float> logits;          // (items with logits, V), in item order
+  std::vector<std::vector<float>> hidden;  // per item: (rows run through the decoder, d)
+  std::vector<int64_t> hidden_from;   // per item: position of the first hidden row
+};
+
+// Runs the batch: writes every stream's raw entries to the rings, completed compressed runs
+// to the blocks, and advances each cache's `computed` by its token count.
+forward_output forward(const model_weights& w, std::span<forward_item> items,
+                       const forward_options& options);
+
+// Draft logits of MTP module 0 at the last position of `tokens` and the confidence head's
+// output there, computed over a whole sequence whose main-model hidden states `hidden`
+// (rows for positions hidden_from … n−1, pre-norm) and caches are given.
+struct mtp_output {
+  std::vector<float> logits;  // (V)
+  float confidence = 0.0f;    // NaN without a confidence head
+};
+mtp_output mtp_last(const model_weights& w, std::span<const int32_t> tokens,
+                    const std::vector<float>& hidden, int64_t hidden_from,
+                    const sequence_cache& cache, const forward_options& options);
+
+// Convenience for tests and tools: the whole sequence in one pass over a private cache;
+// returns the last position's logits (and MTP output when the model has MTP).
+struct full_result {
+  std::vector<float> logits;
+  mtp_output mtp;
+};
+full_result forward_full(const model_weights& w, std::span<const int32_t> tokens,
+                         const forward_options& options = {});
+
+}  // namespace shoal::model

@@ -1,0 +1,49 @@
+// Pieces of the forward pass shared between forward.cpp, attention.cpp, ffn.cpp and mtp.cpp.
+// Not part of the model's public interface.
+#pragma once
+
+#include <span>
+#include <vector>
+
+#include "model/forward.hpp"
+
+namespace shoal::model::detail {
+
+// Rows [row, row + p1 − p0) of a batch buffer hold positions [p0, p1) of one item.
+struct row_span {
+  int64_t row = 0, p0 = 0, p1 = 0;
+};
+
+struct layer_io {
+  int64_t stream;          // ring this layer's raw entries go to
+  int64_t comp_layer;      // cache layer whose compressed entries it attends to
+  bool writes_comp;        // encoder layers write their own compressed runs
+  const int32_t* positions;  // (rows)
+  int64_t window = 0;        // 0 = the model's window; MTP of deepseek_v3 sees all its rows
+};
+
+void compute_entries(const model_weights& w, const linear& kv_a, const std::vector<float>& kv_a_norm,
+                     const std::vector<float>& kv_compress, const float* xn, int64_t rows,
+                     const int32_t* positions, bool invariant, float* entries);
+void write_runs(const model_config& c, sequence_cache& cache, int64_t stream, int64_t cache_layer,
+                const float* chunk_entries, int64_t p0, int64_t p1, int64_t valid_until);
+void store_ring(sequence_cache& cache, int64_t stream, const float* chunk_entries, int64_t p0,
+                int64_t p1, int64_t dim);
+
+// out (rows, d) = attention of layer l over x (rows, d); writes entries/runs/rings.
+void attention(const model_weights& w, const layer_weights& l, std::span<forward_item> items,
+               const std::vector<row_span>& spans, const layer_io& io, const float* x,
+               int64_t rows, const forward_options& o, float* out);
+// x (rows, d) += attn(x); x += ffn(x).
+void run_layer(const model_weights& w, const layer_weights& l, std::span<forward_item> items,
+               const std::vector<row_span>& spans, const layer_io& io, float* x, int64_t rows,
+               const forward_options& o);
+// out (rows, d) = ffn(post_norm(x)).
+void ffn(const model_weights& w, const layer_weights& l, const float* x, int64_t rows,
+         bool invariant, float* out);
+// Projects the shoal_flash shared decoder cache from the encoder output h_E (rows, d).
+void decoder_cache(const model_weights& w, std::span<forward_item> items,
+                   const std::vector<row_span>& spans, const float* h_e, int64_t rows,
+                   const int32_t* positions, const forward_options& o);
+
+}  // namespace shoal::model::detail

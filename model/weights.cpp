@@ -1,0 +1,174 @@
+// The one list of checkpoint tensors (names and shapes of model/README.md) and the loader
+// that fills model_weights from a checkpoint through it.
+#include "model/weights.hpp"
+
+#include <cmath>
+#include <numbers>
+#include <optional>
+#include <algorithm>
+
+#include "model/safetensors.hpp"
+
+namespace shoal::model {
+namespace {
+
+using visit_fn = std::function<void(const tensor_slot&)>;
+
+void vec(const visit_fn& fn, std::vector<float>& v, const std::string& name, int64_t n,
+         init_kind kind) {
+  v.assign(static_cast<size_t>(n), 0.0f);
+  fn({name, {n}, kind, v.data()});
+}
+
+void lin(const visit_fn& fn, linear& l, const std::string& name, int64_t out, int64_t in) {
+  l.out = out, l.in = in;
+  l.w.assign(static_cast<size_t>(out * in), 0.0f);
+  fn({name, {out, in}, init_kind::linear, l.w.data()});
+}
+
+void swiglu(const visit_fn& fn, expert_weights& e, const std::string& prefix, int64_t width,
+            int64_t d) {
+  e.gate_up.out = 2 * width, e.gate_up.in = d;
+  e.gate_up.w.assign(static_cast<size_t>(2 * width * d), 0.0f);
+  fn({prefix + "gate_proj.weight", {width, d}, init_kind::linear, e.gate_up.w.data()});
+  fn({prefix + "up_proj.weight", {width, d}, init_kind::linear, e.gate_up.w.data() + width * d});
+  lin(fn, e.down, prefix + "down_proj.weight", d, width);
+}
+
+// kind: 0 encoder/v3 layer, 1 decoder layer, 2 MTP layer.
+void visit_layer(const model_config& c, layer_weights& l, int64_t index, int kind,
+                 const visit_fn& fn) {
+  const std::string p = "model.layers." + std::to_string(index) + ".";
+  int64_t d = c.hidden_size, H = c.num_attention_heads, r = c.kv_lora_rank;
+  vec(fn, l.input_norm, p + "input_layernorm.weight", d, init_kind::norm);
+  vec(fn, l.post_norm, p + "post_attention_layernorm.weight", d, init_kind::norm);
+  attn_weights& a = l.attn;
+  if (c.q_lora_rank > 0) {
+    lin(fn, a.q_a, p + "self_attn.q_a_proj.weight", c.q_lora_rank, d);
+    vec(fn, a.q_a_norm, p + "self_attn.q_a_layernorm.weight", c.q_lora_rank, init_kind::norm);
+    lin(fn, a.q_b, p + "self_attn.q_b_proj.weight", H * c.qk_head_dim(), c.q_lora_rank);
+  } else {
+    lin(fn, a.q_proj, p + "self_attn.q_proj.weight", H * c.qk_head_dim(), d);
+  }
+  lin(fn, a.kv_a, p + "self_attn.kv_a_proj_with_mqa.weight", c.entry_dim(), d);
+  vec(fn, a.kv_a_norm, p + "self_attn.kv_a_layernorm.weight", r, init_kind::norm);
+  lin(fn, a.kv_b, p + "self_attn.kv_b_proj.weight", H * (c.qk_nope_head_dim + c.v_head_dim), r);
+  lin(fn, a.o_proj, p + "self_attn.o_proj.weight", d, H * c.v_head_dim);
+  if (c.is_flash() && kind == 0) {
+    a.kv_compress.assign(static_cast<size_t>(d), 0.0f);
+    fn({p + "self_attn.kv_compress.weight", {1, d}, init_kind::linear, a.kv_compress.data()});
+  }
+  if (c.attn_sink) vec(fn, a.sink, p + "self_attn.attn_sink", H, init_kind::sink);
+  ffn_weights& f = l.ffn;
+  f.moe = c.is_moe_layer(index);
+  if (!f.moe) {
+    swiglu(fn, f.dense, p + "mlp.", c.intermediate_size, d);
+    return;
+  }
+  int64_t E = c.n_routed_experts;
+  lin(fn, f.router, p + "mlp.gate.weight", E, d);
+  vec(fn, f.router_bias, p + "mlp.gate.e_score_correction_bias", E, init_kind::bias);
+  f.experts.resize(static_cast<size_t>(E));
+  for (int64_t e = 0; e < E; ++e)
+    swiglu(fn, f.experts[e], p + "mlp.experts." + std::to_string(e) + ".", c.moe_intermediate_size, d);
+  if (c.n_shared_experts > 0)
+    swiglu(fn, f.shared, p + "mlp.shared_experts.", c.moe_intermediate_size * c.n_shared_experts, d);
+}
+
+}  // namespace
+
+void visit_tensors(model_weights& w, const visit_fn& fn) {
+  const model_config& c = w.config;
+  int64_t d = c.hidden_size, V = c.vocab_size, L = c.num_hidden_layers;
+  w.embed.assign(static_cast<size_t>(V * d), 0.0f);
+  fn({"model.embed_tokens.weight", {V, d}, init_kind::embed, w.embed.data()});
+  w.layers.resize(static_cast<size_t>(L));
+  for (int64_t i = 0; i < L; ++i)
+    visit_layer(c, w.layers[i], i, i < c.encoder_layers() ? 0 : 1, fn);
+  vec(fn, w.norm, "model.norm.weight", d, init_kind::norm);
+  lin(fn, w.lm_head, "lm_head.weight", V, d);
+  if (c.is_flash()) {
+    decoder_kv_weights& k = w.decoder_kv;
+    vec(fn, k.input_norm, "model.decoder_kv.input_layernorm.weight", d, init_kind::norm);
+    lin(fn, k.kv_a, "model.decoder_kv.kv_a_proj_with_mqa.weight", c.entry_dim(), d);
+    vec(fn, k.kv_a_norm, "model.decoder_kv.kv_a_layernorm.weight", c.kv_lora_rank, init_kind::norm);
+    k.kv_compress.assign(static_cast<size_t>(d), 0.0f);
+    fn({"model.decoder_kv.kv_compress.weight", {1, d}, init_kind::linear, k.kv_compress.data()});
+  }
+  w.mtp.resize(static_cast<size_t>(c.num_nextn_predict_layers));
+  for (int64_t k = 0; k < c.num_nextn_predict_layers; ++k) {
+    mtp_weights& m = w.mtp[k];
+    const std::string p = "model.layers." + std::to_string(L + k) + ".";
+    vec(fn, m.enorm, p + "enorm.weight", d, init_kind::norm);
+    vec(fn, m.hnorm, p + "hnorm.weight", d, init_kind::norm);
+    lin(fn, m.eh_proj, p + "eh_proj.weight", d, 2 * d);
+    visit_layer(c, m.layer, L + k, 2, fn);
+    vec(fn, m.head_norm, p + "shared_head.norm.weight", d, init_kind::norm);
+    m.head.out = V, m.head.in = d;
+    m.head.w.assign(static_cast<size_t>(V * d), 0.0f);
+    fn({p + "shared_head.head.weight", {V, d}, init_kind::linear, m.head.w.data(), w.lm_head.w.data()});
+    m.embed.assign(static_cast<size_t>(V * d), 0.0f);
+    fn({p + "embed_tokens.weight", {V, d}, init_kind::embed, m.embed.data(), w.embed.data()});
+  }
+  if (c.conf_head_hidden > 0) {
+    lin(fn, w.conf_fc1, "model.conf_head.fc1.weight", c.conf_head_hidden, d);
+    lin(fn, w.conf_fc2, "model.conf_head.fc2.weight", 1, c.conf_head_hidden);
+  }
+}
+
+void derive_rope(model_weights& w) {
+  const model_config& c = w.config;
+  int64_t dr = c.qk_rope_head_dim;
+  const rope_scaling_config& y = c.rope_scaling;
+  auto m = [](double s, double k) { return s <= 1.0 ? 1.0 : 0.1 * k * std::log(s) + 1.0; };
+  w.inv_freq.resize(static_cast<size_t>(dr / 2));
+  double low = 0, high = 0;
+  if (y.yarn) {
+    auto corr = [&](double n) {
+      return dr * std::log(y.original_max_position_embeddings / (n * 2 * std::numbers::pi)) /
+             (2 * std::log(c.rope_theta));
+    };
+    low = std::max(std::floor(corr(y.beta_fast)), 0.0);
+    high = std::min(std::ceil(corr(y.beta_slow)), double(dr - 1));
+    if (low == high) high += 0.001;
+  }
+  for (int64_t i = 0; i < dr / 2; ++i) {
+    double extra = std::pow(c.rope_theta, -2.0 * i / dr);
+    if (!y.yarn) {
+      w.inv_freq[i] = static_cast<float>(extra);
+      continue;
+    }
+    double ramp = std::clamp((i - low) / (high - low), 0.0, 1.0);
+    w.inv_freq[i] = static_cast<float>(extra / y.factor * ramp + extra * (1 - ramp));
+  }
+  w.attn_factor = y.yarn ? static_cast<float>(m(y.factor, y.mscale) / m(y.factor, y.mscale_all_dim)) : 1.0f;
+  w.softmax_scale = static_cast<float>(c.softmax_scale());
+}
+
+result<model_weights> load_weights(const std::string& dir, void (*progress)(size_t, size_t)) {
+  auto config = load_config(dir);
+  if (!config) return std::unexpected(config.error());
+  auto ckpt = checkpoint::open(dir, progress);
+  if (!ckpt) return std::unexpected(ckpt.error());
+  model_weights w;
+  w.config = *config;
+  std::optional<error> first_error;
+  visit_tensors(w, [&](const tensor_slot& t) {
+    if (first_error) return;
+    if (t.shared_with && !ckpt->has(t.name)) {
+      std::copy(t.shared_with, t.shared_with + t.shape[0] * t.shape[1], t.dest);
+      return;
+    }
+    auto values = ckpt->read_f32(t.name, t.shape);
+    if (!values) {
+      first_error = values.error();
+      return;
+    }
+    std::copy(values->begin(), values->end(), t.dest);
+  });
+  if (first_error) return std::unexpected(*first_error);
+  derive_rope(w);
+  return w;
+}
+
+}  // namespace shoal::model

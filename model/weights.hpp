@@ -1,0 +1,106 @@
+// In-memory weights of one model, fp32, laid out for the CPU forward pass (expert gate and up
+// projections fused). visit_tensors() enumerates every checkpoint tensor with its shape and
+// destination, so the loader and the checkpoint generator share one list of names.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "model/config.hpp"
+#include "model/error.hpp"
+
+namespace shoal::model {
+
+struct linear {
+  std::vector<float> w;  // (out, in)
+  int64_t out = 0, in = 0;
+};
+
+struct attn_weights {
+  linear q_proj;                 // q_lora_rank == 0
+  linear q_a, q_b;               // q_lora_rank > 0
+  std::vector<float> q_a_norm;   // (q_lora_rank)
+  linear kv_a;                   // (r + rope, d)
+  std::vector<float> kv_a_norm;  // (r)
+  linear kv_b;                   // (H·(nope+v), r)
+  linear o_proj;                 // (d, H·v)
+  std::vector<float> kv_compress;  // (d); empty when the layer does not compress
+  std::vector<float> sink;         // (H); empty without attn_sink
+};
+
+struct expert_weights {
+  linear gate_up;  // (2·I, d): rows 0..I−1 gate, I..2I−1 up
+  linear down;     // (d, I)
+};
+
+struct ffn_weights {
+  bool moe = false;
+  expert_weights dense;                // dense layers
+  linear router;                       // (E, d)
+  std::vector<float> router_bias;      // (E) e_score_correction_bias
+  std::vector<expert_weights> experts; // (E)
+  expert_weights shared;               // width I_moe·n_shared; empty when n_shared == 0
+};
+
+struct layer_weights {
+  std::vector<float> input_norm, post_norm;  // (d)
+  attn_weights attn;
+  ffn_weights ffn;
+};
+
+struct decoder_kv_weights {
+  std::vector<float> input_norm;   // (d)
+  linear kv_a;                     // (r + rope, d)
+  std::vector<float> kv_a_norm;    // (r)
+  std::vector<float> kv_compress;  // (d)
+};
+
+struct mtp_weights {
+  std::vector<float> enorm, hnorm;  // (d)
+  linear eh_proj;                   // (d, 2d)
+  layer_weights layer;
+  std::vector<float> head_norm;     // (d)
+  linear head;                      // (V, d)
+  std::vector<float> embed;         // (V, d)
+};
+
+struct model_weights {
+  model_config config;
+  std::vector<float> embed;  // (V, d)
+  std::vector<layer_weights> layers;
+  std::vector<float> norm;   // (d)
+  linear lm_head;            // (V, d)
+  decoder_kv_weights decoder_kv;
+  std::vector<mtp_weights> mtp;
+  linear conf_fc1, conf_fc2;  // (hc, d), (1, hc); empty when conf_head_hidden == 0
+  // Derived at load: RoPE table and attention scale.
+  std::vector<float> inv_freq;  // (rope/2)
+  float attn_factor = 1.0f;
+  float softmax_scale = 1.0f;
+};
+
+// How the generator initialises a tensor.
+enum class init_kind { norm, linear, embed, bias, sink };
+
+struct tensor_slot {
+  std::string name;
+  std::vector<int64_t> shape;
+  init_kind init;
+  float* dest;            // where its values go (prod(shape) floats)
+  // Non-null for MTP embed/head: a checkpoint may omit the tensor, which then shares these
+  // main-model values ("embedding and head shared with the main model").
+  const float* shared_with = nullptr;
+};
+
+// Sizes every weight of `w` from w.config and calls `fn` once per checkpoint tensor.
+void visit_tensors(model_weights& w, const std::function<void(const tensor_slot&)>& fn);
+
+// Computes inv_freq, attn_factor and softmax_scale from w.config.
+void derive_rope(model_weights& w);
+
+// Loads config.json + safetensors from `dir`. Errors name the file and tensor.
+result<model_weights> load_weights(const std::string& dir,
+                                   void (*progress)(size_t done, size_t total) = nullptr);
+
+}  // namespace shoal::model

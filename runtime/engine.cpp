@@ -1,0 +1,239 @@
+// Step loop of the engine: plan → dispatch (attach blocks, build forward items) → forward
+// (inline, or on the compute thread) → complete (sample, stop checks, commit caches,
+// finish). In async mode the next plan is made while the forward pass runs.
+#include "runtime/engine.hpp"
+
+#include <chrono>
+
+#include "kernels/assert.hpp"
+
+namespace shoal::runtime {
+namespace {
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+engine::engine(std::shared_ptr<const model::model_weights> weights, const engine_config& config,
+               std::shared_ptr<const model::tokenizer> tok)
+    : weights_(std::move(weights)), config_(config), tok_(std::move(tok)),
+      caches_(weights_->config, config.cache), sched_(config.sched, caches_) {
+  if (config_.async_scheduling) worker_ = std::thread([this] { compute_loop(); });
+}
+
+engine::~engine() {
+  if (worker_.joinable()) {
+    {
+      std::lock_guard lock(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    worker_.join();
+  }
+}
+
+std::expected<request_id, std::string> engine::add_request(std::vector<int32_t> prompt,
+                                                           const sampling_params& params) {
+  const model::model_config& c = weights_->config;
+  if (prompt.empty()) return std::unexpected("prompt is empty");
+  for (size_t i = 0; i < prompt.size(); ++i)
+    if (prompt[i] < 0 || prompt[i] >= c.vocab_size)
+      return std::unexpected("prompt token " + std::to_string(i) + " (id " + std::to_string(prompt[i]) +
+                             ") is outside the vocabulary [0, " + std::to_string(c.vocab_size) + ")");
+  if (auto bad = validate(params, c.vocab_size)) return std::unexpected(*bad);
+  int64_t total = static_cast<int64_t>(prompt.size()) + params.max_tokens;
+  if (c.max_position_embeddings > 0 && total > c.max_position_embeddings)
+    return std::unexpected("prompt (" + std::to_string(prompt.size()) + ") + max_tokens (" +
+                           std::to_string(params.max_tokens) + ") exceeds the context length " +
+                           std::to_string(c.max_position_embeddings));
+  if (caches_.blocks_for(total) > caches_.pool().num_blocks())
+    return std::unexpected("request needs " + std::to_string(caches_.blocks_for(total)) +
+                           " cache blocks; the engine has " + std::to_string(caches_.pool().num_blocks()));
+  auto r = std::make_unique<request>();
+  r->id = request_id(next_id_++);
+  r->prompt_len = static_cast<int64_t>(prompt.size());
+  r->tokens = std::move(prompt);
+  r->params = params;
+  r->seq_seed = sequence_seed(params, static_cast<uint64_t>(r->id.value));
+  r->arrival = r->id.value;
+  request* raw = r.get();
+  requests_[r->id.value] = std::move(r);
+  sched_.add(raw);
+  return raw->id;
+}
+
+bool engine::abort(request_id id) {
+  auto it = requests_.find(id.value);
+  if (it == requests_.end() || it->second->status == request_status::finished) return false;
+  request* r = it->second.get();
+  if (flight_)  // a request in the running step finishes after it
+    for (auto& item : flight_->plan.items)
+      if (item.req == r) {
+        r->params.max_tokens = static_cast<int32_t>(r->output_len());
+        return true;
+      }
+  r->finish = finish_reason::aborted;
+  sched_.finish(r);
+  return true;
+}
+
+bool engine::has_work() const { return sched_.running() + sched_.waiting() > 0 || flight_.has_value(); }
+
+void engine::dispatch(step_plan plan) {
+  in_flight_step f;
+  f.plan = std::move(plan);
+  for (auto& it : f.plan.items) {
+    request* r = it.req;
+    caches_.attach(*r, it.new_blocks);
+    it.base = r->computed();
+    model::forward_item fi;
+    fi.cache = &r->cache;
+    fi.tokens = std::span<const int32_t>(r->tokens).subspan(it.base, it.n_tokens);
+    fi.dec_from = r->dec_from;
+    fi.blocks_valid_until = r->blocks_valid_until;
+    fi.logits = it.base + it.n_tokens == r->num_tokens();
+    f.items.push_back(fi);
+    (it.n_tokens > 1 ? stats_.prefill_tokens : stats_.decode_tokens) += static_cast<uint64_t>(it.n_tokens);
+  }
+  flight_ = std::move(f);
+}
+
+void engine::run_forward() {
+  model::forward_options fo{config_.batch_invariant, config_.naive_prefill};
+  double t0 = now_s();
+  if (last_done_ >= 0) stats_.idle_s += t0 - last_done_;
+  flight_->output = model::forward(*weights_, flight_->items, fo);
+  last_done_ = now_s();
+  stats_.forward_s += last_done_ - t0;
+}
+
+void engine::launch() {
+  if (!config_.async_scheduling) {
+    run_forward();
+    return;
+  }
+  {
+    std::lock_guard lock(mu_);
+    job_ready_ = true;
+    job_done_ = false;
+  }
+  cv_.notify_all();
+}
+
+void engine::compute_loop() {
+  for (;;) {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return stopping_ || job_ready_; });
+    if (stopping_) return;
+    job_ready_ = false;
+    lock.unlock();
+    run_forward();
+    lock.lock();
+    job_done_ = true;
+    cv_.notify_all();
+  }
+}
+
+void engine::wait_done() {
+  if (!config_.async_scheduling) return;
+  std::unique_lock lock(mu_);
+  cv_.wait(lock, [&] { return job_done_; });
+}
+
+std::vector<token_event> engine::complete() {
+  std::vector<token_event> events;
+  in_flight_step& f = *flight_;
+  const int64_t V = weights_->config.vocab_size;
+  size_t row = 0;
+  for (size_t i = 0; i < f.items.size(); ++i) {
+    request* r = f.plan.items[i].req;
+    if (f.items[i].logits) {
+      std::span<const float> logits(f.output.logits.data() + row++ * V, static_cast<size_t>(V));
+      int32_t token = sample_token(logits, r->params, r->seq_seed, r->output_len());
+      r->tokens.push_back(token);
+      std::string& text = texts_[r->id.value];
+      if (tok_) text += tok_->decode_token(token);
+      stop_checker stop(r->params, static_cast<int32_t>(weights_->config.eos_token_id));
+      std::vector<int32_t> out(r->tokens.begin() + r->prompt_len, r->tokens.end());
+      stop_result sr = stop.check(out, text);
+      if (sr.truncate_at) text.resize(*sr.truncate_at);
+      ++stats_.generated;
+      events.push_back({r->id, token, sr.reason != finish_reason::none, sr.reason});
+      if (sr.reason != finish_reason::none) r->finish = sr.reason;
+    }
+    caches_.commit(*r);
+    if (r->finish != finish_reason::none) sched_.finish(r);
+  }
+  ++stats_.steps;
+  flight_.reset();
+  return events;
+}
+
+std::vector<token_event> engine::step() {
+  double t0 = now_s();
+  if (!flight_) {
+    step_plan p = sched_.plan({});
+    stats_.plan_s += now_s() - t0;
+    if (p.items.empty()) return {};
+    dispatch(std::move(p));
+    launch();
+  }
+  // Plan the next step while this one computes (async), from the in-flight view.
+  std::optional<step_plan> next;
+  if (config_.async_scheduling) {
+    double t1 = now_s();
+    next = sched_.plan(flight_->plan.items);
+    stats_.plan_s += now_s() - t1;
+  }
+  wait_done();
+  std::vector<token_event> events = complete();
+  if (next) {
+    sched_.prune(*next);
+    if (next->needs_sync) next = sched_.plan({});
+    if (!next->items.empty()) {
+      dispatch(std::move(*next));
+      launch();
+    }
+  }
+  return events;
+}
+
+std::vector<completion> engine::run_to_completion() {
+  std::vector<int64_t> ids;
+  for (auto& [id, r] : requests_)
+    if (r->status != request_status::finished) ids.push_back(id);
+  while (has_work()) step();
+  std::sort(ids.begin(), ids.end());
+  std::vector<completion> out;
+  for (int64_t id : ids) out.push_back(result(request_id(id)));
+  return out;
+}
+
+completion engine::result(request_id id) const {
+  const request& r = *requests_.at(id.value);
+  completion c{r.id, {r.tokens.begin(), r.tokens.begin() + r.prompt_len},
+               {r.tokens.begin() + r.prompt_len, r.tokens.end()}, {}, r.finish, r.cached_tokens};
+  if (auto t = texts_.find(id.value); t != texts_.end()) c.text = t->second;
+  return c;
+}
+
+void engine::forget(request_id id) {
+  auto it = requests_.find(id.value);
+  if (it != requests_.end() && it->second->status == request_status::finished) {
+    requests_.erase(it);
+    texts_.erase(id.value);
+  }
+}
+
+engine_stats engine::stats() const {
+  engine_stats s = stats_;
+  s.cache = caches_.stats();
+  s.swa = caches_.swa().stats();
+  s.blocks_free = caches_.pool().num_free();
+  s.blocks_total = caches_.pool().num_blocks();
+  return s;
+}
+
+}  // namespace shoal::runtime

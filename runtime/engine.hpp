@@ -1,0 +1,112 @@
+// The engine of one data-parallel replica: model weights, caches, scheduler, sampler, and the
+// step loop. step() plans, runs the forward pass, samples and returns token events. With
+// async scheduling the forward pass runs on a compute thread and the next step is planned
+// while it runs, so the compute thread waits only for the (measured) exposed overhead.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <expected>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+
+#include "model/tokenizer.hpp"
+#include "model/weights.hpp"
+#include "runtime/cache_manager.hpp"
+#include "runtime/scheduler.hpp"
+
+namespace shoal::runtime {
+
+struct engine_config {
+  cache_config cache;
+  scheduler_config sched;
+  bool batch_invariant = false;
+  bool naive_prefill = false;   // naive (expanded) MLA for multi-token chunks
+  bool async_scheduling = true;
+};
+
+struct token_event {
+  request_id id;
+  int32_t token = -1;
+  bool finished = false;
+  finish_reason reason = finish_reason::none;
+};
+
+struct engine_stats {
+  uint64_t steps = 0, prefill_tokens = 0, decode_tokens = 0, generated = 0;
+  double forward_s = 0;        // compute thread busy in forward passes
+  double idle_s = 0;           // compute thread waiting between consecutive steps (exposed overhead)
+  double plan_s = 0;           // time spent planning (overlapped when async)
+  cache_stats cache;
+  swa_stats swa;
+  int64_t blocks_free = 0, blocks_total = 0;
+};
+
+struct completion {
+  request_id id;
+  std::vector<int32_t> prompt;
+  std::vector<int32_t> output;
+  std::string text;            // detokenised output (when the engine has a tokenizer)
+  finish_reason reason = finish_reason::none;
+  int64_t cached_tokens = 0;
+};
+
+class engine {
+ public:
+  engine(std::shared_ptr<const model::model_weights> weights, const engine_config& config,
+         std::shared_ptr<const model::tokenizer> tok = nullptr);
+  ~engine();
+  engine(const engine&) = delete;
+  engine& operator=(const engine&) = delete;
+
+  // Validates and queues a request. seq_seed: the seed of its sampling stream (defaults to
+  // params.seed, else the request id).
+  std::expected<request_id, std::string> add_request(std::vector<int32_t> prompt,
+                                                     const sampling_params& params);
+  bool abort(request_id id);
+  std::vector<token_event> step();
+  bool has_work() const;
+  // Runs until every queued request finished; returns completions in request order.
+  std::vector<completion> run_to_completion();
+  completion result(request_id id) const;
+  void forget(request_id id);
+
+  engine_stats stats() const;
+  const model::model_config& config() const { return weights_->config; }
+  const model::tokenizer* tokenizer() const { return tok_.get(); }
+
+ private:
+  struct in_flight_step {
+    step_plan plan;
+    std::vector<model::forward_item> items;
+    model::forward_output output;
+  };
+  void dispatch(step_plan plan);
+  std::vector<token_event> complete();
+  void compute_loop();
+  void run_forward();
+  void launch();
+  void wait_done();
+
+  std::shared_ptr<const model::model_weights> weights_;
+  engine_config config_;
+  std::shared_ptr<const model::tokenizer> tok_;
+  cache_manager caches_;
+  scheduler sched_;
+  std::unordered_map<int64_t, std::unique_ptr<request>> requests_;
+  std::unordered_map<int64_t, std::string> texts_;
+  int64_t next_id_ = 0;
+  std::optional<in_flight_step> flight_;
+  engine_stats stats_;
+
+  // compute thread (async scheduling)
+  std::thread worker_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool job_ready_ = false, job_done_ = false, stopping_ = false;
+  double last_done_ = -1;  // clock of the last forward end, for idle accounting
+};
+
+}  // namespace shoal::runtime

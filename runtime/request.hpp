@@ -1,0 +1,47 @@
+// One generation request as the engine tracks it: tokens (prompt ++ output), sampling
+// parameters, its share of the caches (block ids, chain keys, the model's sequence cache
+// with its SWA rings) and the bookkeeping the scheduler and the API need.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <vector>
+
+#include "model/forward.hpp"
+#include "runtime/block_pool.hpp"
+#include "runtime/ids.hpp"
+#include "runtime/sampler.hpp"
+
+namespace shoal::runtime {
+
+enum class request_status { waiting, running, finished };
+
+struct request {
+  request_id id;
+  std::vector<int32_t> tokens;   // prompt ++ output
+  int64_t prompt_len = 0;
+  sampling_params params;
+  uint64_t seq_seed = 0;
+  request_status status = request_status::waiting;
+  finish_reason finish = finish_reason::none;
+  int64_t arrival = 0;           // admission order, for FCFS and LIFO preemption
+
+  // Cache state (valid while running).
+  model::sequence_cache cache;
+  std::vector<block_id> blocks;  // block i covers positions [i·bs, (i+1)·bs)
+  std::vector<block_key> keys;   // chain keys of the full blocks of `tokens`
+  int64_t blocks_cached = 0;     // leading blocks already registered in the pool
+  int64_t cached_tokens = 0;     // prefix-hit tokens at the last admission (API usage)
+  int64_t dec_from = 0;          // decoder tail start (shoal_flash)
+  int64_t blocks_valid_until = 0;  // replay: runs ending before this are already in the blocks
+  bool swa_approx = false;       // the SWA window came from bounded replay
+  int64_t snapshot_at = -1;      // last position an SWA snapshot was saved at
+  int64_t preemptions = 0;
+
+  int64_t num_tokens() const { return static_cast<int64_t>(tokens.size()); }
+  int64_t computed() const { return cache.computed; }
+  int64_t output_len() const { return num_tokens() - prompt_len; }
+  bool prefill_done() const { return computed() >= num_tokens() - 1 && computed() > 0; }
+};
+
+}  // namespace shoal::runtime

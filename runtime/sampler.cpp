@@ -1,0 +1,205 @@
+// Sampling pipeline (greedy, temperature, top-k, top-p, inverse CDF), parameter validation
+// and the stop checker. Every ordering is total — (value desc, id asc) — and every sum runs
+// in a fixed order, so the drawn token depends only on the inputs, never on the batch.
+#include "runtime/sampler.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <numeric>
+
+#include "kernels/assert.hpp"
+
+namespace shoal::runtime {
+
+namespace {
+
+constexpr float neg_inf = -std::numeric_limits<float>::infinity();
+
+// splitmix64's output function: a bijective 64-bit mixer with full avalanche.
+uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+// NaN logits rank below everything so that every comparison below is a strict weak order.
+float rank_value(float logit) { return std::isnan(logit) ? neg_inf : logit; }
+
+struct candidate {
+  int32_t id;
+  float value;  // a logit, later an unnormalised probability
+};
+
+// (value desc, id asc): the one total order used for top-k, top-p and greedy ties. A
+// function object rather than a function pointer so that the sorts inline it.
+struct ranks_before_t {
+  bool operator()(const candidate& a, const candidate& b) const {
+    return a.value > b.value || (a.value == b.value && a.id < b.id);
+  }
+};
+constexpr ranks_before_t ranks_before;
+
+int32_t argmax(std::span<const float> logits) {
+  int32_t best = 0;
+  float best_value = rank_value(logits[0]);
+  for (size_t i = 1; i < logits.size(); ++i) {
+    // Strict: an equal later value never displaces the lower id; NaN compares false.
+    if (logits[i] > best_value) {
+      best = int32_t(i);
+      best_value = logits[i];
+    }
+  }
+  return best;
+}
+
+// Moves the k best ranked candidates to the front, sorted; the rest follow in any order.
+void sort_best(std::vector<candidate>& c, size_t k) {
+  auto kth = c.begin() + std::ptrdiff_t(std::min(k, c.size()));
+  if (kth != c.end()) std::nth_element(c.begin(), kth, c.end(), ranks_before);  // O(vocab)
+  std::sort(c.begin(), kth, ranks_before);
+}
+
+// All tokens in id order, or the k best ranked (sorted) when 0 < k < vocab.
+std::vector<candidate> gather_candidates(std::span<const float> logits, int32_t top_k) {
+  std::vector<candidate> c(logits.size());
+  for (size_t i = 0; i < logits.size(); ++i) c[i] = {int32_t(i), rank_value(logits[i])};
+  if (top_k > 0 && size_t(top_k) < c.size()) {
+    sort_best(c, size_t(top_k));
+    c.resize(size_t(top_k));
+  }
+  return c;
+}
+
+// Replaces each logit by exp((logit − max) / temperature) (so the max gets exactly 1) and
+// drops tokens whose weight underflows to 0: they are outside the support. Order is kept.
+void to_weights(std::vector<candidate>& c, float temperature) {
+  float max_value = neg_inf;
+  for (const auto& x : c) max_value = std::max(max_value, x.value);
+  SHOAL_ASSERT(max_value > neg_inf);  // at least one logit that is a number above −inf
+  if (std::isinf(max_value)) {        // +inf logits share all the mass
+    for (auto& x : c) x.value = x.value == max_value ? 1.0f : 0.0f;
+  } else {
+    for (auto& x : c) x.value = std::exp((x.value - max_value) / temperature);
+  }
+  std::erase_if(c, [](const candidate& x) { return !(x.value > 0.0f); });
+}
+
+double total_weight(const std::vector<candidate>& c) {
+  double sum = 0;
+  for (const auto& x : c) sum += x.value;  // fixed order: the vector's order
+  return sum;
+}
+
+// Nucleus: keeps the smallest prefix of the (prob desc, id asc) order whose mass ≥ top_p,
+// sorted in that order. The mass is counted on a sorted head of growing size, which gives
+// the same prefix as sorting everything: the head IS the start of the full order.
+void apply_top_p(std::vector<candidate>& c, float top_p) {
+  double threshold = double(top_p) * total_weight(c);  // summed in the incoming order
+  for (size_t head = 256;; head *= 4) {
+    sort_best(c, head);
+    size_t n = std::min(head, c.size());
+    double mass = 0;
+    for (size_t i = 0; i < n; ++i) {
+      mass += c[i].value;
+      if (mass >= threshold) {
+        c.resize(i + 1);
+        return;
+      }
+    }
+    if (n == c.size()) return;  // rounding kept the sum just below the threshold: keep all
+  }
+}
+
+// Inverse CDF over the candidates in their current order; u in [0, 1).
+int32_t draw(const std::vector<candidate>& c, double u) {
+  double target = u * total_weight(c);
+  double mass = 0;
+  for (const auto& x : c) {
+    mass += x.value;
+    if (mass > target) return x.id;
+  }
+  return c.back().id;  // unreachable unless rounding put target at the very top
+}
+
+std::string format_float(float v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", double(v));
+  return buf;
+}
+
+}  // namespace
+
+std::optional<std::string> validate(const sampling_params& p, int64_t vocab) {
+  if (vocab <= 0) return "vocab must be > 0, got " + std::to_string(vocab);
+  if (!std::isfinite(p.temperature) || p.temperature < 0)
+    return "temperature must be a finite number >= 0, got " + format_float(p.temperature);
+  if (!(p.top_p > 0.0f && p.top_p <= 1.0f))  // written so that NaN fails
+    return "top_p must be in (0, 1], got " + format_float(p.top_p);
+  if (p.top_k < 0) return "top_k must be >= 0 (0 = off), got " + std::to_string(p.top_k);
+  if (p.max_tokens < 1) return "max_tokens must be >= 1, got " + std::to_string(p.max_tokens);
+  for (size_t i = 0; i < p.stop_token_ids.size(); ++i) {
+    int32_t id = p.stop_token_ids[i];
+    if (id < 0 || id >= vocab)
+      return "stop_token_ids[" + std::to_string(i) + "] = " + std::to_string(id) +
+             " is outside the vocabulary [0, " + std::to_string(vocab) + ")";
+  }
+  for (size_t i = 0; i < p.stop_strings.size(); ++i)
+    if (p.stop_strings[i].empty()) return "stop_strings[" + std::to_string(i) + "] is empty";
+  return std::nullopt;
+}
+
+uint64_t sequence_seed(const sampling_params& p, uint64_t fallback) { return p.seed.value_or(fallback); }
+
+double uniform_at(uint64_t seq_seed, int64_t step) {
+  // Hash the seed first so that nearby seeds give unrelated streams, then mix in the step.
+  uint64_t h = mix64(mix64(seq_seed + 0x9e3779b97f4a7c15ULL) ^ (uint64_t(step) * 0xd1b54a32d192ed03ULL));
+  return double(h >> 11) * 0x1.0p-53;
+}
+
+int32_t sample_token(std::span<const float> logits, const sampling_params& p, uint64_t seq_seed,
+                     int64_t step) {
+  SHOAL_ASSERT(!logits.empty());
+  SHOAL_ASSERT(p.temperature >= 0 && p.top_p > 0 && p.top_p <= 1 && p.top_k >= 0);
+  if (p.temperature == 0.0f) return argmax(logits);
+  std::vector<candidate> c = gather_candidates(logits, p.top_k);
+  to_weights(c, p.temperature);
+  if (p.top_p < 1.0f) apply_top_p(c, p.top_p);
+  return draw(c, uniform_at(seq_seed, step));
+}
+
+const char* to_string(finish_reason r) {
+  switch (r) {
+    case finish_reason::none: return "none";
+    case finish_reason::stop: return "stop";
+    case finish_reason::length: return "length";
+    case finish_reason::aborted: return "aborted";
+    case finish_reason::error: return "error";
+  }
+  return "unknown";
+}
+
+stop_checker::stop_checker(const sampling_params& p, int32_t eos_id)
+    : stop_ids_(p.stop_token_ids), stop_strings_(p.stop_strings), max_tokens_(p.max_tokens) {
+  if (!p.ignore_eos) stop_ids_.push_back(eos_id);
+  std::sort(stop_ids_.begin(), stop_ids_.end());
+}
+
+stop_result stop_checker::check(const std::vector<int32_t>& output_ids,
+                                std::string_view output_text_so_far) const {
+  if (output_ids.empty()) return {};
+  if (std::binary_search(stop_ids_.begin(), stop_ids_.end(), output_ids.back()))
+    return {finish_reason::stop, std::nullopt};
+  // Whole-text search: a stop string may span tokens, and the earliest match wins.
+  std::optional<size_t> earliest;
+  for (const auto& s : stop_strings_) {
+    size_t pos = output_text_so_far.find(s);
+    if (pos != std::string_view::npos && (!earliest || pos < *earliest)) earliest = pos;
+  }
+  if (earliest) return {finish_reason::stop, earliest};
+  if (output_ids.size() >= size_t(max_tokens_)) return {finish_reason::length, std::nullopt};
+  return {};
+}
+
+}  // namespace shoal::runtime

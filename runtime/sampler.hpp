@@ -1,0 +1,77 @@
+// Token sampling and stop conditions for one sequence step. Sampling is a pure function of
+// (logits, params, seq_seed, step): the random number comes from a counter-based hash, never
+// from shared RNG state, so a sequence draws the same token whatever batch it runs in and a
+// replay with the same seed reproduces it. The stop checker decides when a sequence finishes.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace shoal::runtime {
+
+struct sampling_params {
+  float temperature = 0.0f;  // 0 = greedy
+  int32_t top_k = 0;         // 0 = off; ≥ vocab is also off
+  float top_p = 1.0f;        // in (0, 1]; 1 = off
+  int32_t max_tokens = 16;   // generated tokens, ≥ 1
+  std::vector<int32_t> stop_token_ids;
+  std::vector<std::string> stop_strings;
+  bool ignore_eos = false;
+  std::optional<uint64_t> seed;  // the caller's seq_seed when set (see sequence_seed)
+};
+
+// Bad request parameters are operating errors: returns a message naming the first bad field
+// ("top_p must be in (0, 1], got 0"), or nullopt when the params are usable with `vocab`.
+std::optional<std::string> validate(const sampling_params& p, int64_t vocab);
+
+// The seed a sequence samples with: params.seed when given, else `fallback` (e.g. a value
+// drawn once per request), so seeded requests replay exactly.
+uint64_t sequence_seed(const sampling_params& p, uint64_t fallback);
+
+// The uniform number in [0, 1) for (seq_seed, step): splitmix64-style finalisers over the
+// pair, top 53 bits as a double. Exposed so tests can reason about a draw.
+double uniform_at(uint64_t seq_seed, int64_t step);
+
+// Draws one token id from logits (vocab). Greedy (temperature 0): argmax, ties to the lower
+// id. Otherwise, in this order: top-k keeps the k largest logits (ties to the lower id);
+// softmax of (logit − max)/temperature, summed in a fixed order; top-p keeps the smallest
+// prefix of the (prob desc, id asc) order whose mass ≥ top_p; renormalise; inverse CDF at
+// uniform_at(seq_seed, step). NaN logits count as −inf; at least one logit must be finite.
+// `p` must pass validate(). Thread-safe (no shared state).
+int32_t sample_token(std::span<const float> logits, const sampling_params& p, uint64_t seq_seed,
+                     int64_t step);
+
+enum class finish_reason { none, stop, length, aborted, error };
+
+const char* to_string(finish_reason r);
+
+struct stop_result {
+  finish_reason reason = finish_reason::none;
+  // Set when a stop string matched: the byte offset in the text where the earliest match
+  // starts; the visible output is text[0, truncate_at).
+  std::optional<size_t> truncate_at;
+};
+
+// Decides after each generated token whether the sequence is done. Stateless between calls:
+// it looks at the last token and the whole text, so a detokeniser may revise trailing text.
+// Precedence: eos (unless ignore_eos) / stop id on the last token, then stop strings, then
+// length (output_ids.size() ≥ max_tokens).
+class stop_checker {
+ public:
+  stop_checker(const sampling_params& p, int32_t eos_id);
+
+  // output_ids: every generated token so far (prompt excluded); output_text_so_far: their
+  // detokenised text.
+  stop_result check(const std::vector<int32_t>& output_ids, std::string_view output_text_so_far) const;
+
+ private:
+  std::vector<int32_t> stop_ids_;  // sorted, eos included unless ignore_eos
+  std::vector<std::string> stop_strings_;
+  int32_t max_tokens_;
+};
+
+}  // namespace shoal::runtime

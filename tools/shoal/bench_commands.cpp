@@ -1,0 +1,34 @@
+// `shoal bench …`: benchmarks that print a table and append JSONL records (MEASURE.md).
+#include <CLI/CLI.hpp>
+#include <fmt/core.h>
+
+#include "runtime/prefix_trace.hpp"
+#include "tools/shoal/commands.hpp"
+
+namespace shoal::tools {
+
+void add_bench_commands(CLI::App& app) {
+  auto* bench = app.add_subcommand("bench", "benchmarks");
+  bench->require_subcommand(1);
+  auto* pt = bench->add_subcommand("prefix-trace", "replay a Mooncake trace against the prefix cache");
+  auto trace = std::make_shared<std::string>();
+  auto capacity = std::make_shared<int32_t>(10000);
+  auto policy = std::make_shared<std::string>("lru");
+  pt->add_option("--trace", *trace, "trace file (JSON Lines)")->required();
+  pt->add_option("--capacity", *capacity, "cache capacity in blocks");
+  pt->add_option("--policy", *policy, "lru | pool")->check(CLI::IsMember({"lru", "pool"}));
+  pt->callback([=] {
+    auto t = runtime::load_mooncake_trace(*trace);
+    if (!t) {
+      fmt::print(stderr, "shoal bench prefix-trace: {}\n", t.error());
+      set_exit_code(1);
+      return;
+    }
+    auto pol = *policy == "lru" ? runtime::cache_policy::lru : runtime::cache_policy::pool;
+    auto s = runtime::replay_trace(*t, *capacity, pol);
+    fmt::print("policy={} capacity={} requests={} blocks={} hit_blocks={} evictions={} hit_ratio={:.4f}\n",
+               *policy, *capacity, s.requests, s.blocks, s.hit_blocks, s.evictions, s.hit_ratio());
+  });
+}
+
+}  // namespace shoal::tools

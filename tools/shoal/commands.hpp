@@ -1,0 +1,17 @@
+// Registration of the `shoal` subcommands. Each add_* function attaches its subcommands to
+// the app with a callback; the callback records the process exit code.
+#pragma once
+
+namespace CLI {
+class App;
+}
+
+namespace shoal::tools {
+
+void add_model_commands(CLI::App& app);     // mkmodel, logits
+void add_generate_command(CLI::App& app);   // generate
+void add_bench_commands(CLI::App& app);     // bench …
+int exit_code();
+void set_exit_code(int code);
+
+}  // namespace shoal::tools

@@ -1,0 +1,21 @@
+// `shoal`: the command-line front of the project. Subcommands: mkmodel (write a preset
+// checkpoint), logits (last-position logits of a token list, for the reference check),
+// generate (offline generation through the engine), bench (benchmarks). Each subcommand
+// lives in its own file; this one only wires CLI11.
+#include <CLI/CLI.hpp>
+
+#include "tools/shoal/commands.hpp"
+
+int main(int argc, char** argv) {
+  CLI::App app{"shoal: distributed inference runtime for DeepSeek-style MoE models"};
+  app.require_subcommand(1);
+  shoal::tools::add_model_commands(app);
+  shoal::tools::add_generate_command(app);
+  shoal::tools::add_bench_commands(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  return shoal::tools::exit_code();
+}
