@@ -32,7 +32,7 @@ int64_t cache_manager::usable_hit(const request& r, int64_t hit_blocks) const {
   int64_t cap = n - 1;  // compute at least the last token
   // Exact mode: the decoder tail must be new tokens (its h_E is not cached). Compact mode
   // replays the window, which also recomputes h_E of the tail when the hit reaches into it.
-  if (model_.is_flash() && config_.exact_swa) cap = std::min(cap, std::max<int64_t>(0, n - tail_));
+  if (model_.is_flash() && config_.exact_swa) cap = std::min(cap, r.dec_from);
   return std::min(hit_blocks, cap / bs_);
 }
 
@@ -45,7 +45,7 @@ void cache_manager::admit(request& r) {
   r.snapshot_at = -1;
   r.blocks_valid_until = 0;
   int64_t n = r.num_tokens();
-  r.dec_from = model_.is_flash() ? std::max<int64_t>(0, n - tail_) : 0;
+  if (r.dec_from < 0) r.dec_from = model_.is_flash() ? std::max<int64_t>(0, n - tail_) : 0;
   if (model_.is_flash()) swa_.acquire();
   ++stats_.lookups;
   stats_.prompt_tokens += static_cast<uint64_t>(n);

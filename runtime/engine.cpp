@@ -160,7 +160,8 @@ std::vector<token_event> engine::complete() {
       stop_result sr = stop.check(out, text);
       if (sr.truncate_at) text.resize(*sr.truncate_at);
       ++stats_.generated;
-      events.push_back({r->id, token, sr.reason != finish_reason::none, sr.reason});
+      events.push_back({r->id, token, sr.reason != finish_reason::none, sr.reason, {}});
+      if (config_.capture_logits) events.back().logits.assign(logits.begin(), logits.end());
       if (sr.reason != finish_reason::none) r->finish = sr.reason;
     }
     caches_.commit(*r);

@@ -25,6 +25,7 @@ struct engine_config {
   bool batch_invariant = false;
   bool naive_prefill = false;   // naive (expanded) MLA for multi-token chunks
   bool async_scheduling = true;
+  bool capture_logits = false;  // copy each sampled position's logits into its event (tests)
 };
 
 struct token_event {
@@ -32,6 +33,7 @@ struct token_event {
   int32_t token = -1;
   bool finished = false;
   finish_reason reason = finish_reason::none;
+  std::vector<float> logits;  // with capture_logits
 };
 
 struct engine_stats {

@@ -32,7 +32,8 @@ struct request {
   std::vector<block_key> keys;   // chain keys of the full blocks of `tokens`
   int64_t blocks_cached = 0;     // leading blocks already registered in the pool
   int64_t cached_tokens = 0;     // prefix-hit tokens at the last admission (API usage)
-  int64_t dec_from = 0;          // decoder tail start (shoal_flash)
+  int64_t dec_from = -1;         // decoder tail start (shoal_flash), fixed at first admission so
+                                 // a preempted request recomputes exactly what it computed
   int64_t blocks_valid_until = 0;  // replay: runs ending before this are already in the blocks
   bool swa_approx = false;       // the SWA window came from bounded replay
   int64_t snapshot_at = -1;      // last position an SWA snapshot was saved at

@@ -16,7 +16,9 @@
 namespace shoal::kernels {
 namespace {
 
-thread_local bool in_worker = false;
+// True while this thread runs a part of a parallel_for (worker or caller): nested calls then
+// run inline instead of re-entering the pool.
+thread_local bool in_parallel = false;
 
 class pool {
  public:
@@ -31,7 +33,7 @@ class pool {
 
   void run(int64_t n, const std::function<void(int64_t, int64_t)>& fn) {
     int parts = static_cast<int>(std::min<int64_t>(n, size()));
-    if (parts <= 1 || in_worker) {
+    if (parts <= 1 || in_parallel) {
       fn(0, n);
       return;
     }
@@ -43,7 +45,9 @@ class pool {
     ++generation_;
     lock.unlock();
     cv_.notify_all();
+    in_parallel = true;
     fn(0, range_end(0));
+    in_parallel = false;
     lock.lock();
     done_cv_.wait(lock, [&] { return pending_ == 0; });
     job_ = nullptr;
@@ -69,7 +73,7 @@ class pool {
     workers_.clear();
   }
   void work(int index, uint64_t seen) {
-    in_worker = true;
+    in_parallel = true;
     for (;;) {
       std::unique_lock lock(mu_);
       cv_.wait(lock, [&] { return stopping_ || generation_ != seen; });

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Installs the Debian packages shoal builds against (only the missing ones), on Debian 12.
+# Safe to run repeatedly; needs root (or sudo) only when something is missing.
+set -euo pipefail
+pkgs=(build-essential cmake ninja-build ccache pkg-config git
+      libcaf-dev libfabric-dev libfabric-bin libisal-dev libmsgpack-cxx-dev doctest-dev
+      libtomlplusplus-dev nlohmann-json3-dev libre2-dev libreadline-dev libfmt-dev libspdlog-dev
+      libcli11-dev libxxhash-dev libbenchmark-dev libopenblas-dev libboost-dev libboost-system-dev
+      libssl-dev libpcre2-dev curl python3 python3-numpy)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+echo "setup: installing ${missing[*]}"
+sudo_cmd=()
+[ "$(id -u)" -ne 0 ] && sudo_cmd=(sudo)
+export DEBIAN_FRONTEND=noninteractive
+"${sudo_cmd[@]}" apt-get update -qq
+"${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"

@@ -1,0 +1,54 @@
+// In-memory tiny models for tests: the preset configs with a fixed vocabulary, random
+// weights from the generator's initialiser, no file I/O.
+#pragma once
+
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "model/generate.hpp"
+#include "model/weights.hpp"
+
+namespace shoal::test {
+
+inline std::shared_ptr<model::model_weights> tiny_model(const std::string& preset, uint64_t seed = 1,
+                                                        void (*tweak)(model::model_config&) = nullptr) {
+  auto w = std::make_shared<model::model_weights>();
+  w->config = *model::preset_config(preset);
+  w->config.vocab_size = 300;
+  w->config.bos_token_id = 256;
+  w->config.eos_token_id = 257;
+  if (tweak) tweak(w->config);
+  model::init_random(*w, seed);
+  return w;
+}
+
+inline std::vector<int32_t> random_tokens(size_t n, uint32_t seed, int32_t vocab = 256) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> t(n);
+  for (auto& x : t) x = static_cast<int32_t>(rng() % static_cast<uint32_t>(vocab));
+  return t;
+}
+
+// max |a − b| / max |b|
+inline double rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double num = 0, den = 1e-12;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num = std::max(num, double(std::fabs(a[i] - b[i])));
+    den = std::max(den, double(std::fabs(b[i])));
+  }
+  return num / den;
+}
+
+// A sequence cache over private block storage of `n_blocks` blocks.
+struct dense_cache {
+  std::vector<float> storage;
+  model::sequence_cache cache;
+  dense_cache(const model::model_config& c, int64_t n_blocks, int64_t ring) {
+    storage.assign(static_cast<size_t>(n_blocks) * model::block_floats(c), 0.0f);
+    cache.init(c, ring);
+    for (int64_t b = 0; b < n_blocks; ++b) cache.blocks.push_back(storage.data() + b * model::block_floats(c));
+  }
+};
+
+}  // namespace shoal::test
