@@ -79,18 +79,43 @@ void matmul_fixed(const float* x, const float* w, float* y, int64_t m, int64_t n
 }  // namespace
 
 float dot(const float* a, const float* b, int64_t n) {
-  float out[4];
-  dot4(a, a, a, a, b, n, out);
-  return out[0];
+  // Same operation order as one row of dot4.
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
+    acc2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), _mm256_loadu_ps(b + i + 16), acc2);
+    acc3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(b + i + 24), acc3);
+  }
+  float t = hsum(_mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3)));
+  for (; i < n; ++i) t += a[i] * b[i];
+  return t;
+}
+
+void axpy(float alpha, const float* x, float* y, int64_t n) {
+  __m256 a = _mm256_set1_ps(alpha);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(y + i, _mm256_fmadd_ps(a, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+  for (; i < n; ++i) y[i] += alpha * x[i];
 }
 
 void matmul(const float* x, const float* w, float* y, int64_t m, int64_t n, int64_t k,
             bool batch_invariant) {
   if (m == 0 || n == 0) return;
   if (!batch_invariant && m >= 8 && m * n * k >= blas_min_flops) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m),
-                static_cast<int>(n), static_cast<int>(k), 1.0f, x, static_cast<int>(k), w,
-                static_cast<int>(k), 0.0f, y, static_cast<int>(n));
+    // One threading owner: the pool splits the output columns, each part is a
+    // single-threaded sgemm (OpenBLAS threads are set to 1 by set_num_threads).
+    int64_t parts = std::min<int64_t>(num_threads(), std::max<int64_t>(1, n / 64));
+    parallel_for(parts, [&](int64_t p0, int64_t p1) {
+      for (int64_t p = p0; p < p1; ++p) {
+        int64_t c0 = n * p / parts, c1 = n * (p + 1) / parts;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m),
+                    static_cast<int>(c1 - c0), static_cast<int>(k), 1.0f, x, static_cast<int>(k),
+                    w + c0 * k, static_cast<int>(k), 0.0f, y + c0, static_cast<int>(n));
+      }
+    });
     return;
   }
   matmul_fixed(x, w, y, m, n, k);
@@ -211,11 +236,7 @@ void mla_attend(const float* q_lat, const float* q_pe, const kv_segment* segment
     j = 0;
     for (int s = 0; s < n_segments; ++s) {
       const kv_segment& seg = segments[s];
-      for (int64_t e = 0; e < seg.count; ++e, ++j) {
-        const float* c = seg.data + e * seg.stride;
-        float p = scratch[j] * inv;
-        for (int64_t i = 0; i < r; ++i) out[i] += p * c[i];
-      }
+      for (int64_t e = 0; e < seg.count; ++e, ++j) axpy(scratch[j] * inv, seg.data + e * seg.stride, out, r);
     }
   }
 }

@@ -1,6 +1,7 @@
 // CPU compute ops of the forward pass. Each op has a plain reference in reference.hpp that
-// tests compare against. Threads come from one pool (thread_pool.hpp); OpenBLAS is told to
-// use the same count and is only called from the calling thread, so the two never overlap.
+// tests compare against. Threads come from one pool (thread_pool.hpp); large GEMMs split
+// their output columns over it and run single-threaded OpenBLAS in each part, so threads
+// never oversubscribe the cores.
 #pragma once
 
 #include <cstdint>
@@ -61,5 +62,7 @@ void mla_attend(const float* q_lat, const float* q_pe, const kv_segment* segment
 
 // Fixed-order dot product (8 lanes × 4 accumulators, combined in a fixed order).
 float dot(const float* a, const float* b, int64_t n);
+// y (n) += alpha · x.
+void axpy(float alpha, const float* x, float* y, int64_t n);
 
 }  // namespace shoal::kernels

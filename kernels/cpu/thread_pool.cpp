@@ -102,8 +102,13 @@ class pool {
 
 int default_threads() { return std::max(1u, std::thread::hardware_concurrency()); }
 
+int initial_threads() {
+  openblas_set_num_threads(1);  // the pool owns the threads; BLAS runs inside its parts
+  return default_threads();
+}
+
 pool& instance() {
-  static pool p(default_threads());
+  static pool p(initial_threads());
   return p;
 }
 
@@ -112,7 +117,7 @@ pool& instance() {
 void set_num_threads(int n) {
   SHOAL_ASSERT(n >= 1);
   instance().resize(n);
-  openblas_set_num_threads(n);
+  openblas_set_num_threads(1);
 }
 
 int num_threads() { return instance().size(); }

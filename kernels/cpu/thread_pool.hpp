@@ -8,7 +8,8 @@
 
 namespace shoal::kernels {
 
-// Sets the worker count (≥ 1) for the pool and for OpenBLAS. Default: hardware threads.
+// Sets the worker count (≥ 1). Default: hardware threads. The pool is the one threading
+// owner: OpenBLAS is kept at one thread and called inside the pool's parts.
 void set_num_threads(int n);
 int num_threads();
 

@@ -324,7 +324,7 @@ TEST_CASE("large and small magnitudes: scale bytes and error inside the UE8M0 ra
   }
 }
 
-TEST_CASE("a block with NaN or inf decodes to NaN; other blocks are untouched") {
+TEST_CASE("a block with NaN or inf decodes to NaN, other blocks are untouched") {
   std::vector<float> x(96, 1.5f);
   x[5] = NAN;
   x[40] = -INFINITY;

@@ -85,7 +85,7 @@ TEST_CASE("uniform_at is a pure function into the unit interval and differs acro
   CHECK(mean / 100000 == doctest::Approx(0.5).epsilon(0.01));
 }
 
-TEST_CASE("same (seed, step) gives the same token whatever the batch; steps give a distribution") {
+TEST_CASE("same (seed, step) gives the same token whatever the batch, steps give a distribution") {
   auto p = with_temperature(1.0f);
   std::vector<float> logits(5, 0.0f);  // uniform
   // The same row embedded in a larger "batch" buffer at another offset.
@@ -180,7 +180,7 @@ TEST_CASE("top_p keeps the smallest (prob desc, id asc) prefix reaching the mass
   CHECK(drawn == std::set<int32_t>{1, 2});
 }
 
-TEST_CASE("top_k and top_p together at vocab 129280; masked logits are never drawn") {
+TEST_CASE("top_k and top_p together at vocab 129280, masked logits never drawn") {
   const size_t vocab = 129280;
   auto logits = random_logits(vocab, 9, 4.0f);
   for (size_t i = 0; i < vocab; i += 3) logits[i] = -inf;  // masked

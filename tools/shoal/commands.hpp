@@ -11,6 +11,8 @@ namespace shoal::tools {
 void add_model_commands(CLI::App& app);     // mkmodel, logits
 void add_generate_command(CLI::App& app);   // generate
 void add_bench_commands(CLI::App& app);     // bench …
+void add_engine_bench(CLI::App& bench);     // bench engine
+void add_model_benches(CLI::App& bench);    // bench fit-cost, bench replay
 int exit_code();
 void set_exit_code(int code);
 

@@ -1,0 +1,184 @@
+// `shoal bench engine`: prefill tokens/s (batch 1) and decode tokens/s (batch 1, 8, 32) of
+// the engine, the OpenBLAS GEMM peak measured in the same run at the model's shapes, the
+// achieved model FLOP rate as % of that peak, and the exposed scheduling overhead (compute
+// thread idle between steps) as % of step time, with async and synchronous scheduling.
+#include <CLI/CLI.hpp>
+#include <fmt/core.h>
+
+#include "kernels/cpu/thread_pool.hpp"
+#include "model/generate.hpp"
+#include "runtime/engine_setup.hpp"
+#include "tools/shoal/bench_util.hpp"
+#include "tools/shoal/commands.hpp"
+
+namespace shoal::tools {
+namespace {
+
+struct engine_args {
+  std::string preset = "small", model_dir, out = "bench/results/engine.jsonl";
+  int64_t prompt_len = 1024;
+  int reps = 3;
+  int decode_tokens = 32;
+  std::vector<int> batches = {1, 8, 32};
+};
+
+std::shared_ptr<const model::model_weights> bench_weights(const engine_args& a) {
+  if (!a.model_dir.empty()) {
+    auto m = runtime::load_model_dir(a.model_dir, true);
+    if (!m) throw std::runtime_error(m.error().message);
+    return m->weights;
+  }
+  auto w = std::make_shared<model::model_weights>();
+  w->config = *model::preset_config(a.preset);
+  w->config.vocab_size = a.preset == "small" ? 129280 : 300;
+  w->config.eos_token_id = 1;
+  model::init_random(*w, 0);
+  return w;
+}
+
+// Multiply-adds ×2 of one token through a layer's projections and FFN (GEMM work).
+double layer_gemm_flops(const model::model_config& c, int64_t layer, bool compresses) {
+  double d = c.hidden_size, H = c.num_attention_heads, qk = c.qk_head_dim(), f = 0;
+  f += c.q_lora_rank > 0 ? d * c.q_lora_rank + c.q_lora_rank * H * qk : d * H * qk;
+  f += d * c.entry_dim() + H * c.v_head_dim * d + (compresses ? d : 0);
+  if (c.is_moe_layer(layer))
+    f += d * c.n_routed_experts + 3.0 * d * c.moe_intermediate_size * (c.num_experts_per_tok + c.n_shared_experts);
+  else
+    f += 3.0 * d * c.intermediate_size;
+  return 2 * f;
+}
+
+// Absorbed attention work of one query seeing `keys` entries.
+double attn_flops(const model::model_config& c, double keys) {
+  double H = c.num_attention_heads, r = c.kv_lora_rank;
+  return 2 * H * (keys * (r + c.qk_rope_head_dim) + keys * r + c.qk_nope_head_dim * r + c.v_head_dim * r);
+}
+
+double visible_keys(const model::model_config& c, int64_t t) {
+  int64_t W = c.window(), start = t - W + 1;
+  return static_cast<double>(std::min<int64_t>(t + 1, W) + (start > 0 ? start / c.ratio() : 0));
+}
+
+// FLOPs of prefilling n tokens with the decoder tail `tail`, logits at the last position.
+double prefill_flops(const model::model_config& c, int64_t n, int64_t tail) {
+  double f = 0;
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t l = 0; l < c.encoder_layers(); ++l)
+      f += layer_gemm_flops(c, l, c.is_flash()) + attn_flops(c, visible_keys(c, t));
+    if (c.is_flash()) f += 2.0 * c.hidden_size * (c.entry_dim() + 1);
+    if (t >= n - tail)
+      for (int64_t j = 0; j < c.decoder_layers(); ++j)
+        f += layer_gemm_flops(c, c.encoder_layers() + j, false) +
+             attn_flops(c, std::min<double>(visible_keys(c, t), t - (n - tail) + 1 + (t - c.window() + 1 > 0 ? (t - c.window() + 1) / c.ratio() : 0)));
+  }
+  return f + 2.0 * c.hidden_size * c.vocab_size;
+}
+
+struct decode_result {
+  double tokens_per_s = 0, steps_per_s = 0, overhead = 0;
+};
+
+decode_result bench_decode(std::shared_ptr<const model::model_weights> w, int batch, int tokens, bool async) {
+  auto cfg = runtime::default_engine_config(w->config, 1024);
+  cfg.async_scheduling = async;
+  runtime::engine e(w, cfg);
+  runtime::sampling_params p;
+  p.max_tokens = tokens;
+  p.ignore_eos = true;
+  for (int i = 0; i < batch; ++i) {
+    std::vector<int32_t> prompt(64);
+    for (int k = 0; k < 64; ++k) prompt[k] = (i * 131 + k * 7) % 1000 + 2;
+    (void)e.add_request(prompt, p);
+  }
+  // Warm-up: until every request has finished its prefill and taken a few decode steps.
+  for (int s = 0; s < 4 && e.has_work(); ++s) e.step();
+  auto s0 = e.stats();
+  double t0 = now_s();
+  int64_t steps = 0;
+  while (e.has_work()) {
+    e.step();
+    ++steps;
+  }
+  double t = now_s() - t0;
+  auto s1 = e.stats();
+  double busy = s1.forward_s - s0.forward_s, idle = s1.idle_s - s0.idle_s;
+  return {static_cast<double>(s1.decode_tokens - s0.decode_tokens) / t, steps / t, idle / std::max(1e-9, busy + idle)};
+}
+
+int run_engine_bench(const engine_args& a) {
+  auto w = bench_weights(a);
+  const auto& c = w->config;
+  nlohmann::json base = machine_facts();
+  base["bench"] = "engine";
+  base["preset"] = a.model_dir.empty() ? a.preset : a.model_dir;
+  base["threads"] = kernels::num_threads();
+  // GEMM peak at the model's prefill shapes, same thread count.
+  double peak = 0;
+  int64_t rows = std::min<int64_t>(a.prompt_len, 2048);
+  for (auto [m, n, k] : {std::tuple{rows, c.hidden_size, c.hidden_size},
+                         {rows / 4, 2 * c.moe_intermediate_size, c.hidden_size},
+                         {rows, 2 * c.intermediate_size, c.hidden_size}})
+    peak = std::max(peak, gemm_gflops(m, n, k));
+  fmt::print("GEMM peak (OpenBLAS sgemm, {} threads): {:.1f} GFLOP/s\n", kernels::num_threads(), peak);
+  // Prefill, batch 1.
+  auto cfg = runtime::default_engine_config(c, 1024);
+  cfg.cache.prefix_caching = false;
+  std::vector<double> times;
+  for (int r = 0; r < a.reps + 1; ++r) {
+    runtime::engine e(w, cfg);
+    std::vector<int32_t> prompt(static_cast<size_t>(a.prompt_len));
+    for (int64_t k = 0; k < a.prompt_len; ++k) prompt[k] = static_cast<int32_t>((k * 7919 + r) % 5000 + 2);
+    runtime::sampling_params p;
+    p.max_tokens = 1;
+    (void)e.add_request(prompt, p);
+    double t0 = now_s();
+    e.run_to_completion();
+    if (r > 0) times.push_back(now_s() - t0);
+  }
+  int64_t tail = c.is_flash() ? (c.swa_mode == "exact" ? model::exact_decoder_tail(c) : c.replay_tokens) : 0;
+  double t = median(times), flops = prefill_flops(c, a.prompt_len, tail);
+  double pct = flops / t / 1e9 / peak * 100;
+  fmt::print("prefill  batch 1, {} tokens: {:.0f} tok/s, {:.1f} GFLOP/s = {:.1f}% of GEMM peak (median of {}, {:.3f}-{:.3f} s)\n",
+             a.prompt_len, a.prompt_len / t, flops / t / 1e9, pct, times.size(),
+             *std::min_element(times.begin(), times.end()), *std::max_element(times.begin(), times.end()));
+  nlohmann::json rec = base;
+  rec.update({{"point", "prefill"}, {"prompt_len", a.prompt_len}, {"seconds", t}, {"tokens_per_s", a.prompt_len / t},
+              {"model_gflop", flops / 1e9}, {"gemm_peak_gflops", peak}, {"pct_of_peak", pct}});
+  append_jsonl(a.out, rec);
+  for (int b : a.batches)
+    for (bool async : {true, false}) {
+      auto d = bench_decode(w, b, a.decode_tokens, async);
+      fmt::print("decode   batch {:2d} ({}): {:.1f} tok/s, {:.1f} steps/s, exposed scheduling overhead {:.2f}% of step time\n",
+                 b, async ? "async" : "sync ", d.tokens_per_s, d.steps_per_s, d.overhead * 100);
+      nlohmann::json r2 = base;
+      r2.update({{"point", "decode"}, {"batch", b}, {"async", async}, {"tokens_per_s", d.tokens_per_s},
+                 {"steps_per_s", d.steps_per_s}, {"exposed_overhead_pct", d.overhead * 100}});
+      append_jsonl(a.out, r2);
+    }
+  fmt::print("records appended to {}\n", a.out);
+  return 0;
+}
+
+}  // namespace
+
+void add_engine_bench(CLI::App& bench) {
+  auto* b = bench.add_subcommand("engine", "prefill/decode throughput vs the measured GEMM peak");
+  auto a = std::make_shared<engine_args>();
+  b->add_option("--preset", a->preset, "tiny | small | v3-tiny (random weights in memory)");
+  b->add_option("--model", a->model_dir, "checkpoint directory instead of a preset");
+  b->add_option("--prompt-len", a->prompt_len, "prefill tokens");
+  b->add_option("--reps", a->reps, "repetitions (median reported)");
+  b->add_option("--decode-tokens", a->decode_tokens, "tokens generated per request in the decode runs");
+  b->add_option("--batches", a->batches, "decode batch sizes");
+  b->add_option("--out", a->out, "JSONL output");
+  b->callback([a] {
+    try {
+      set_exit_code(run_engine_bench(*a));
+    } catch (const std::exception& e) {
+      fmt::print(stderr, "shoal bench engine: {}\n", e.what());
+      set_exit_code(1);
+    }
+  });
+}
+
+}  // namespace shoal::tools

@@ -1,0 +1,71 @@
+// Benchmark helpers: clocks, medians, GEMM peak, machine facts, JSONL.
+#include "tools/shoal/bench_util.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <thread>
+
+#include <cblas.h>
+
+namespace shoal::tools {
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+double gemm_gflops(int64_t m, int64_t n, int64_t k, int reps) {
+  std::vector<float> a(static_cast<size_t>(m * k)), b(static_cast<size_t>(n * k)), c(static_cast<size_t>(m * n));
+  std::mt19937 rng(1);
+  std::uniform_real_distribution<float> d(-1, 1);
+  for (auto& x : a) x = d(rng);
+  for (auto& x : b) x = d(rng);
+  std::vector<double> rates;
+  // OpenBLAS with its own threads at the engine's thread count: the peer to compare with.
+  int saved = openblas_get_num_threads();
+  openblas_set_num_threads(static_cast<int>(std::thread::hardware_concurrency()));
+  for (int r = 0; r < reps + 1; ++r) {
+    double t0 = now_s();
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), static_cast<int>(n),
+                static_cast<int>(k), 1.0f, a.data(), static_cast<int>(k), b.data(), static_cast<int>(k), 0.0f,
+                c.data(), static_cast<int>(n));
+    double t = now_s() - t0;
+    if (r > 0) rates.push_back(2.0 * m * n * k / t / 1e9);  // first run warms up
+  }
+  openblas_set_num_threads(saved);
+  return median(rates);
+}
+
+nlohmann::json machine_facts() {
+  nlohmann::json j;
+  j["cores"] = std::thread::hardware_concurrency();
+  j["isa"] = __builtin_cpu_supports("avx512f") ? "avx512" : __builtin_cpu_supports("avx2") ? "avx2" : "sse";
+  j["blas_core"] = openblas_get_corename();
+  j["blas_threads"] = openblas_get_num_threads();
+  std::string commit = "unknown";
+  if (FILE* p = popen("git rev-parse --short HEAD 2>/dev/null", "r")) {
+    char buf[64] = {};
+    if (fgets(buf, sizeof buf, p)) commit = std::string(buf, strcspn(buf, "\n"));
+    pclose(p);
+  }
+  j["commit"] = commit;
+  return j;
+}
+
+void append_jsonl(const std::string& path, const nlohmann::json& record) {
+  std::filesystem::path p(path);
+  if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
+  std::ofstream f(path, std::ios::app);
+  f << record.dump() << "\n";
+}
+
+}  // namespace shoal::tools

@@ -1,0 +1,21 @@
+// Helpers shared by the benchmarks: timing, medians, machine facts, the GEMM peak measured in
+// the same run, and JSONL output (one record per point, MEASURE.md).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace shoal::tools {
+
+double now_s();
+double median(std::vector<double> v);
+// OpenBLAS sgemm GFLOP/s at (m, n, k), OpenBLAS threading over all cores: median of `reps`.
+double gemm_gflops(int64_t m, int64_t n, int64_t k, int reps = 5);
+// cores, ISA, BLAS core, git commit.
+nlohmann::json machine_facts();
+// Appends one JSON record per line to `path` (directories created).
+void append_jsonl(const std::string& path, const nlohmann::json& record);
+
+}  // namespace shoal::tools
