@@ -25,8 +25,15 @@ int64_t visible_runs(int64_t t, int64_t window, int64_t m) {
   return start > 0 ? start / m : 0;
 }
 
+int64_t window_start(const sequence_cache& cache, const layer_io& io, int64_t t, int64_t W) {
+  return std::max({cache.ring_floor[io.stream], t - W + 1, int64_t{0}});
+}
+
+// Entries seen by the queries t_first … t_last: compressed runs [0, runs(t_last)) then raw
+// positions window_start(t_first) … t_last, in that order.
 void collect(const model_config& c, const sequence_cache& cache, const layer_io& io,
-             const row_span& span, const float* chunk_entries, int64_t t, visible_set& out) {
+             const row_span& span, const float* chunk_entries, int64_t t_first, int64_t t_last,
+             visible_set& out) {
   int64_t m = c.ratio(), W = io.window > 0 ? io.window : c.window();
   int64_t dim = c.entry_dim(), bs = c.block_size;
   int64_t per_block = bs / m;
@@ -37,51 +44,111 @@ void collect(const model_config& c, const sequence_cache& cache, const layer_io&
     out.segments.push_back({data, count, stride});
     out.total += count;
   };
-  int64_t runs = visible_runs(t, W, m);
+  int64_t runs = visible_runs(t_last, W, m);
   for (int64_t r0 = 0; r0 < runs; r0 += per_block) {
     int64_t b = r0 / per_block;
     add(cache.blocks[b] + io.comp_layer * per_block * dim, std::min(per_block, runs - r0), dim);
   }
-  int64_t lo = std::max({cache.ring_floor[io.stream], t - W + 1, int64_t{0}});
+  int64_t lo = window_start(cache, io, t_first, W);
   // ring part [lo, span.p0): contiguous pieces between wrap points
-  for (int64_t p = lo; p < std::min(span.p0, t + 1);) {
+  for (int64_t p = lo; p < std::min(span.p0, t_last + 1);) {
     int64_t slot = p % cache.ring_tokens;
     int64_t n = std::min(span.p0 - p, cache.ring_tokens - slot);
     add(cache.ring_entry(io.stream, p), n, dim + 1);
     p += n;
   }
   int64_t c0 = std::max(lo, span.p0);
-  add(chunk_entries + (c0 - span.p0) * (dim + 1), t - c0 + 1, dim + 1);
+  add(chunk_entries + (c0 - span.p0) * (dim + 1), t_last - c0 + 1, dim + 1);
 }
 
-// Absorbed attention of one row: o (H, v) from q (H, nope + rope), q_pe already roped.
-void attend_absorbed(const model_weights& w, const layer_weights& l, const float* q,
-                     const visible_set& vs, float* o, std::vector<float>& scratch) {
-  const model_config& c = w.config;
-  int64_t H = c.num_attention_heads, nope = c.qk_nope_head_dim, rope = c.qk_rope_head_dim;
-  int64_t r = c.kv_lora_rank, v = c.v_head_dim, qk = c.qk_head_dim();
-  scratch.resize(static_cast<size_t>(2 * H * r + H * rope + vs.total));
-  float* q_lat = scratch.data();
-  float* o_lat = q_lat + H * r;
-  float* q_pe = o_lat + H * r;
-  float* scores = q_pe + H * rope;
-  const float* kv_b = l.attn.kv_b.w.data();  // (H, nope + v, r)
-  for (int64_t h = 0; h < H; ++h) {
-    float* ql = q_lat + h * r;
-    std::fill(ql, ql + r, 0.0f);
-    for (int64_t n = 0; n < nope; ++n) {
-      float qn = q[h * qk + n];
-      const float* row = kv_b + (h * (nope + v) + n) * r;
-      for (int64_t i = 0; i < r; ++i) ql[i] += qn * row[i];
+// Query tiles of the fast path: rows of one item, scored against the union of their keys
+// with GEMMs, then masked to each query's own visible set.
+constexpr int64_t tile_rows = 32;
+
+// o_lat (rows of the tile, H, r) for queries t0 … t1−1 of one item (not batch-invariant).
+void attend_tile(const model_config& c, const layer_weights& l, const sequence_cache& cache,
+                 const layer_io& io, const row_span& s, const float* chunk_entries,
+                 const float* q_lat, const float* q, int64_t t0, int64_t t1, float scale,
+                 float* o_lat, std::vector<float>& buf) {
+  int64_t H = c.num_attention_heads, r = c.kv_lora_rank, rope = c.qk_rope_head_dim;
+  int64_t dim = r + rope, nope = c.qk_nope_head_dim, qk = c.qk_head_dim();
+  int64_t m = c.ratio(), W = io.window > 0 ? io.window : c.window();
+  visible_set vs;
+  collect(c, cache, io, s, chunk_entries, t0, t1 - 1, vs);
+  int64_t n_keys = vs.total, T = t1 - t0, n_comp = visible_runs(t1 - 1, W, m);
+  int64_t raw_lo = window_start(cache, io, t0, W);
+  buf.resize(static_cast<size_t>(n_keys * dim + T * H * dim + T * H * n_keys));
+  float* keys = buf.data();             // (n_keys, dim)
+  float* qt = keys + n_keys * dim;      // (T·H, dim)
+  float* scores = qt + T * H * dim;     // (T·H, n_keys)
+  int64_t j = 0;
+  for (const auto& seg : vs.segments)
+    for (int64_t e = 0; e < seg.count; ++e, ++j) std::memcpy(keys + j * dim, seg.data + e * seg.stride, sizeof(float) * dim);
+  for (int64_t i = 0; i < T; ++i)
+    for (int64_t h = 0; h < H; ++h) {
+      std::memcpy(qt + (i * H + h) * dim, q_lat + (i * H + h) * r, sizeof(float) * r);
+      std::memcpy(qt + (i * H + h) * dim + r, q + i * H * qk + h * qk + nope, sizeof(float) * rope);
     }
-    std::memcpy(q_pe + h * rope, q + h * qk + nope, sizeof(float) * rope);
+  kernels::matmul(qt, keys, scores, T * H, n_keys, dim, false);
+  for (int64_t i = 0; i < T; ++i) {
+    int64_t t = t0 + i, comp = visible_runs(t, W, m), lo = window_start(cache, io, t, W);
+    for (int64_t h = 0; h < H; ++h) {
+      float* row = scores + (i * H + h) * n_keys;
+      float mx = l.attn.sink.empty() ? -INFINITY : l.attn.sink[h];
+      for (int64_t k = 0; k < n_keys; ++k) {
+        bool seen = k < n_comp ? k < comp : (raw_lo + k - n_comp >= lo && raw_lo + k - n_comp <= t);
+        row[k] = seen ? row[k] * scale : -INFINITY;
+        mx = std::max(mx, row[k]);
+      }
+      float sum = l.attn.sink.empty() ? 0.0f : std::exp(l.attn.sink[h] - mx);
+      for (int64_t k = 0; k < n_keys; ++k) sum += (row[k] = std::exp(row[k] - mx));
+      float inv = 1.0f / sum;
+      for (int64_t k = 0; k < n_keys; ++k) row[k] *= inv;
+    }
   }
-  kernels::mla_attend(q_lat, q_pe, vs.segments.data(), static_cast<int>(vs.segments.size()), H, r,
-                      rope, w.softmax_scale, l.attn.sink.empty() ? nullptr : l.attn.sink.data(),
-                      o_lat, scores);
+  kernels::matmul_nn(scores, keys, o_lat, T * H, r, n_keys, dim);
+}
+
+// o_lat (H, r) of one query, fixed order (batch-invariant path).
+void attend_row(const model_config& c, const layer_weights& l, const visible_set& vs,
+                const float* q_lat, const float* q, float scale, float* o_lat, std::vector<float>& scratch) {
+  int64_t H = c.num_attention_heads, rope = c.qk_rope_head_dim, qk = c.qk_head_dim();
+  scratch.resize(static_cast<size_t>(H * rope + vs.total));
+  float* q_pe = scratch.data();
   for (int64_t h = 0; h < H; ++h)
-    for (int64_t j = 0; j < v; ++j)
-      o[h * v + j] = kernels::dot(kv_b + (h * (nope + v) + nope + j) * r, o_lat + h * r, r);
+    std::memcpy(q_pe + h * rope, q + h * qk + c.qk_nope_head_dim, sizeof(float) * rope);
+  kernels::mla_attend(q_lat, q_pe, vs.segments.data(), static_cast<int>(vs.segments.size()), H,
+                      c.kv_lora_rank, rope, scale, l.attn.sink.empty() ? nullptr : l.attn.sink.data(),
+                      o_lat, q_pe + H * rope);
+}
+
+// q_lat (rows, H, r) = W_UK[h]ᵀ q_nope[h] for every row and head: one unsplit GEMM per head,
+// heads spread over the pool.
+void absorb_queries(const model_config& c, const layer_weights& l, const float* q, int64_t rows,
+                    bool invariant, float* q_lat) {
+  int64_t H = c.num_attention_heads, nope = c.qk_nope_head_dim, r = c.kv_lora_rank, qk = c.qk_head_dim();
+  kernels::parallel_for(H, [&](int64_t h0, int64_t h1) {
+    std::vector<float> qn(static_cast<size_t>(rows * nope)), out(static_cast<size_t>(rows * r));
+    for (int64_t h = h0; h < h1; ++h) {
+      for (int64_t i = 0; i < rows; ++i) std::memcpy(qn.data() + i * nope, q + i * H * qk + h * qk, sizeof(float) * nope);
+      kernels::matmul(qn.data(), l.attn.w_uk_t.data() + h * r * nope, out.data(), rows, r, nope, invariant);
+      for (int64_t i = 0; i < rows; ++i) std::memcpy(q_lat + (i * H + h) * r, out.data() + i * r, sizeof(float) * r);
+    }
+  });
+}
+
+// heads (rows, H·v) = W_UV[h] o_lat[h] for every row and head (one GEMM per head).
+void expand_outputs(const model_config& c, const layer_weights& l, const float* o_lat, int64_t rows,
+                    bool invariant, float* heads) {
+  int64_t H = c.num_attention_heads, nope = c.qk_nope_head_dim, r = c.kv_lora_rank, v = c.v_head_dim;
+  kernels::parallel_for(H, [&](int64_t h0, int64_t h1) {
+    std::vector<float> ol(static_cast<size_t>(rows * r)), out(static_cast<size_t>(rows * v));
+    for (int64_t h = h0; h < h1; ++h) {
+      for (int64_t i = 0; i < rows; ++i) std::memcpy(ol.data() + i * r, o_lat + (i * H + h) * r, sizeof(float) * r);
+      kernels::matmul(ol.data(), l.attn.kv_b.w.data() + (h * (nope + v) + nope) * r, out.data(), rows, v, r, invariant);
+      for (int64_t i = 0; i < rows; ++i) std::memcpy(heads + i * H * v + h * v, out.data() + i * v, sizeof(float) * v);
+    }
+  });
 }
 
 // Naive attention of one row: every visible entry expanded through kv_b to (k_nope, v) per head.
@@ -159,21 +226,56 @@ void attention(const model_weights& w, const layer_weights& l, std::span<forward
     if (io.writes_comp && spans[i].p1 > spans[i].p0)
       write_runs(c, *items[i].cache, io.stream, io.comp_layer, entries.data() + spans[i].row * (dim + 1),
                  spans[i].p0, spans[i].p1, items[i].blocks_valid_until);
-  // Each row attends on its own; rows are spread over the pool.
   std::vector<int64_t> row_item(static_cast<size_t>(rows));
   for (size_t i = 0; i < items.size(); ++i)
     for (int64_t p = spans[i].p0; p < spans[i].p1; ++p) row_item[spans[i].row + p - spans[i].p0] = static_cast<int64_t>(i);
-  kernels::parallel_for(rows, [&](int64_t r0, int64_t r1) {
-    visible_set vs;
-    std::vector<float> scratch;
-    for (int64_t row = r0; row < r1; ++row) {
-      const row_span& s = spans[row_item[row]];
-      int64_t t = s.p0 + row - s.row;
-      collect(c, *items[row_item[row]].cache, io, s, entries.data() + s.row * (dim + 1), t, vs);
-      if (o.naive_attention) attend_naive(w, l, q.data() + row * H * qk, vs, heads.data() + row * H * v, scratch);
-      else attend_absorbed(w, l, q.data() + row * H * qk, vs, heads.data() + row * H * v, scratch);
+  auto chunk_of = [&](int64_t item) { return entries.data() + spans[item].row * (dim + 1); };
+  if (o.naive_attention) {
+    kernels::parallel_for(rows, [&](int64_t r0, int64_t r1) {
+      visible_set vs;
+      std::vector<float> scratch;
+      for (int64_t row = r0; row < r1; ++row) {
+        const row_span& s = spans[row_item[row]];
+        int64_t t = s.p0 + row - s.row;
+        collect(c, *items[row_item[row]].cache, io, s, chunk_of(row_item[row]), t, t, vs);
+        attend_naive(w, l, q.data() + row * H * qk, vs, heads.data() + row * H * v, scratch);
+      }
+    });
+  } else {
+    int64_t r = c.kv_lora_rank;
+    std::vector<float> q_lat(static_cast<size_t>(rows * H * r)), o_lat(q_lat.size());
+    absorb_queries(c, l, q.data(), rows, o.batch_invariant, q_lat.data());
+    if (o.batch_invariant) {
+      kernels::parallel_for(rows, [&](int64_t r0, int64_t r1) {
+        visible_set vs;
+        std::vector<float> scratch;
+        for (int64_t row = r0; row < r1; ++row) {
+          const row_span& s = spans[row_item[row]];
+          int64_t t = s.p0 + row - s.row;
+          collect(c, *items[row_item[row]].cache, io, s, chunk_of(row_item[row]), t, t, vs);
+          attend_row(c, l, vs, q_lat.data() + row * H * r, q.data() + row * H * qk, w.softmax_scale,
+                     o_lat.data() + row * H * r, scratch);
+        }
+      });
+    } else {
+      std::vector<std::pair<int64_t, int64_t>> tiles;  // (item, first row of the tile)
+      for (size_t i = 0; i < items.size(); ++i)
+        for (int64_t row = spans[i].row; row < spans[i].row + spans[i].p1 - spans[i].p0; row += tile_rows)
+          tiles.push_back({static_cast<int64_t>(i), row});
+      kernels::parallel_for(static_cast<int64_t>(tiles.size()), [&](int64_t a0, int64_t a1) {
+        std::vector<float> buf;
+        for (int64_t k = a0; k < a1; ++k) {
+          auto [item, row0] = tiles[k];
+          const row_span& s = spans[item];
+          int64_t row1 = std::min(row0 + tile_rows, s.row + s.p1 - s.p0);
+          attend_tile(c, l, *items[item].cache, io, s, chunk_of(item), q_lat.data() + row0 * H * r,
+                      q.data() + row0 * H * qk, s.p0 + row0 - s.row, s.p0 + row1 - s.row, w.softmax_scale,
+                      o_lat.data() + row0 * H * r, buf);
+        }
+      });
     }
-  });
+    expand_outputs(c, l, o_lat.data(), rows, o.batch_invariant, heads.data());
+  }
   for (size_t i = 0; i < items.size(); ++i)
     store_ring(*items[i].cache, io.stream, entries.data() + spans[i].row * (dim + 1), spans[i].p0,
                spans[i].p1, dim);

@@ -4,7 +4,10 @@
 // depend on the other rows of the batch.
 #include <cstring>
 
+#include <algorithm>
+
 #include "kernels/cpu/ops.hpp"
+#include "kernels/cpu/thread_pool.hpp"
 #include "model/forward_internal.hpp"
 
 namespace shoal::model::detail {
@@ -16,9 +19,11 @@ void swiglu(const expert_weights& e, const float* xn, int64_t rows, int64_t d, b
   int64_t width = e.gate_up.out / 2;
   std::vector<float> gu(static_cast<size_t>(rows * 2 * width)), h(static_cast<size_t>(rows * width));
   kernels::matmul(xn, e.gate_up.w.data(), gu.data(), rows, 2 * width, d, invariant);
-  for (int64_t i = 0; i < rows; ++i)
-    kernels::silu_mul(gu.data() + i * 2 * width, gu.data() + i * 2 * width + width,
-                      h.data() + i * width, width);
+  kernels::parallel_for(rows, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i)
+      kernels::silu_mul(gu.data() + i * 2 * width, gu.data() + i * 2 * width + width,
+                        h.data() + i * width, width);
+  });
   kernels::matmul(h.data(), e.down.w.data(), out, rows, d, width, invariant);
 }
 
@@ -44,29 +49,61 @@ void ffn(const model_weights& w, const layer_weights& l, const float* x, int64_t
                           static_cast<float>(c.routed_scaling_factor)};
   std::vector<int32_t> ids(static_cast<size_t>(rows * k));
   std::vector<float> weights(static_cast<size_t>(rows * k));
-  for (int64_t i = 0; i < rows; ++i)
-    kernels::moe_gate(logits.data() + i * E, f.router_bias.data(), gp, ids.data() + i * k,
-                      weights.data() + i * k);
+  kernels::parallel_for(rows, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i)
+      kernels::moe_gate(logits.data() + i * E, f.router_bias.data(), gp, ids.data() + i * k,
+                        weights.data() + i * k);
+  });
   // rows routed to each expert, in row order
   std::vector<std::vector<std::pair<int64_t, float>>> routed(static_cast<size_t>(E));
   for (int64_t i = 0; i < rows; ++i)
     for (int64_t j = 0; j < k; ++j) routed[ids[i * k + j]].push_back({i, weights[i * k + j]});
-  std::vector<float> in, res;
-  for (int64_t e = 0; e < E; ++e) {
-    const auto& list = routed[e];
-    if (list.empty()) continue;
-    int64_t n = static_cast<int64_t>(list.size());
-    in.resize(static_cast<size_t>(n * d));
-    res.resize(static_cast<size_t>(n * d));
-    for (int64_t i = 0; i < n; ++i)
-      std::memcpy(in.data() + i * d, xn.data() + list[i].first * d, sizeof(float) * d);
-    swiglu(f.experts[e], in.data(), n, d, invariant, res.data());
-    for (int64_t i = 0; i < n; ++i) {
-      float* o = out + list[i].first * d;
-      const float* y = res.data() + i * d;
-      for (int64_t t = 0; t < d; ++t) o[t] += list[i].second * y[t];
-    }
+  // Experts run whole on one thread each (largest first, each to the least loaded thread), so
+  // every GEMM is one unsplit single-threaded call; results are summed afterwards in expert
+  // order.
+  std::vector<int64_t> order;
+  for (int64_t e = 0; e < E; ++e)
+    if (!routed[e].empty()) order.push_back(e);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t a, int64_t b) { return routed[a].size() > routed[b].size(); });
+  int64_t parts = kernels::num_threads();
+  std::vector<std::vector<int64_t>> assigned(static_cast<size_t>(parts));
+  std::vector<size_t> load(static_cast<size_t>(parts), 0);
+  for (int64_t e : order) {
+    size_t t = static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+    assigned[t].push_back(e);
+    load[t] += routed[e].size();
   }
+  std::vector<std::vector<float>> results(static_cast<size_t>(E));
+  kernels::parallel_for(parts, [&](int64_t p0, int64_t p1) {
+    std::vector<float> in;
+    for (int64_t part = p0; part < p1; ++part)
+      for (int64_t e : assigned[part]) {
+        const auto& list = routed[e];
+        int64_t n = static_cast<int64_t>(list.size());
+        in.resize(static_cast<size_t>(n * d));
+        results[e].resize(static_cast<size_t>(n * d));
+        for (int64_t i = 0; i < n; ++i)
+          std::memcpy(in.data() + i * d, xn.data() + list[i].first * d, sizeof(float) * d);
+        swiglu(f.experts[e], in.data(), n, d, invariant, results[e].data());
+      }
+  });
+  // Per row, contributions in ascending expert order (ids sorted per row), rows in parallel.
+  std::vector<int64_t> slot(static_cast<size_t>(rows * k));  // index of the row in its expert's list
+  {
+    std::vector<int64_t> fill(static_cast<size_t>(E), 0);
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = 0; j < k; ++j) slot[i * k + j] = fill[ids[i * k + j]]++;
+  }
+  kernels::parallel_for(rows, [&](int64_t i0, int64_t i1) {
+    std::vector<int64_t> js(static_cast<size_t>(k));
+    for (int64_t i = i0; i < i1; ++i) {
+      for (int64_t j = 0; j < k; ++j) js[j] = j;
+      std::sort(js.begin(), js.end(), [&](int64_t a, int64_t b) { return ids[i * k + a] < ids[i * k + b]; });
+      for (int64_t j : js)
+        kernels::axpy(weights[i * k + j], results[ids[i * k + j]].data() + slot[i * k + j] * d, out + i * d, d);
+    }
+  });
 }
 
 }  // namespace shoal::model::detail

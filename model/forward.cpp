@@ -10,6 +10,7 @@
 
 #include "kernels/assert.hpp"
 #include "kernels/cpu/ops.hpp"
+#include "kernels/cpu/thread_pool.hpp"
 #include "model/forward_internal.hpp"
 
 namespace shoal::model {
@@ -60,12 +61,14 @@ void compute_entries(const model_weights& w, const linear& kv_a, const std::vect
   int64_t r = c.kv_lora_rank, dim = c.entry_dim(), d = c.hidden_size;
   std::vector<float> kv(static_cast<size_t>(rows * dim));
   kernels::matmul(xn, kv_a.w.data(), kv.data(), rows, dim, d, invariant);
-  for (int64_t i = 0; i < rows; ++i) {
-    float* e = entries + i * (dim + 1);
-    kernels::rmsnorm(kv.data() + i * dim, kv_a_norm.data(), e, 1, r, static_cast<float>(c.rms_norm_eps));
-    std::memcpy(e + r, kv.data() + i * dim + r, sizeof(float) * (dim - r));
-    e[dim] = kv_compress.empty() ? 0.0f : kernels::dot(kv_compress.data(), xn + i * d, d);
-  }
+  kernels::parallel_for(rows, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      float* e = entries + i * (dim + 1);
+      kernels::rmsnorm(kv.data() + i * dim, kv_a_norm.data(), e, 1, r, static_cast<float>(c.rms_norm_eps));
+      std::memcpy(e + r, kv.data() + i * dim + r, sizeof(float) * (dim - r));
+      e[dim] = kv_compress.empty() ? 0.0f : kernels::dot(kv_compress.data(), xn + i * d, d);
+    }
+  });
   kernels::rope(entries + r, rows, dim + 1, 1, 0, positions, w.inv_freq.data(),
                 c.qk_rope_head_dim, w.attn_factor);
 }
@@ -111,7 +114,9 @@ void store_ring(sequence_cache& cache, int64_t stream, const float* chunk_entrie
 namespace detail {
 
 static void add_into(float* x, const float* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) x[i] += y[i];
+  kernels::parallel_for((n + 4095) / 4096, [&](int64_t b0, int64_t b1) {
+    kernels::axpy(1.0f, y + b0 * 4096, x + b0 * 4096, std::min(n, b1 * 4096) - b0 * 4096);
+  });
 }
 
 void run_layer(const model_weights& w, const layer_weights& l, std::span<forward_item> items,

@@ -81,7 +81,7 @@ model_config tiny_base(arch a) {
 
 void init_random(model_weights& w, uint64_t seed) {
   visit_tensors(w, [&](const tensor_slot& t) { fill(t, seed); });
-  derive_rope(w);
+  derive(w);
 }
 
 std::vector<std::string> preset_names() { return {"tiny", "small", "v3-tiny"}; }

@@ -27,7 +27,7 @@ struct generate_options {
 };
 
 // Fills every weight of `w` (sized from w.config) with the seeded initialiser and derives the
-// RoPE tables: an in-memory model for tests that tweak a config without writing files.
+// RoPE tables and transposed W_UK: an in-memory model for tests that tweak a config without writing files.
 void init_random(model_weights& w, uint64_t seed);
 
 // Writes the checkpoint into out_dir (created). Same preset + seed → byte-identical files.

@@ -116,7 +116,22 @@ void visit_tensors(model_weights& w, const visit_fn& fn) {
   }
 }
 
-void derive_rope(model_weights& w) {
+namespace {
+
+void derive_uk(const model_config& c, attn_weights& a) {
+  int64_t H = c.num_attention_heads, nope = c.qk_nope_head_dim, v = c.v_head_dim, r = c.kv_lora_rank;
+  a.w_uk_t.assign(static_cast<size_t>(H * r * nope), 0.0f);
+  for (int64_t h = 0; h < H; ++h)
+    for (int64_t n = 0; n < nope; ++n)
+      for (int64_t i = 0; i < r; ++i)
+        a.w_uk_t[(h * r + i) * nope + n] = a.kv_b.w[(h * (nope + v) + n) * r + i];
+}
+
+}  // namespace
+
+void derive(model_weights& w) {
+  for (auto& l : w.layers) derive_uk(w.config, l.attn);
+  for (auto& m : w.mtp) derive_uk(w.config, m.layer.attn);
   const model_config& c = w.config;
   int64_t dr = c.qk_rope_head_dim;
   const rope_scaling_config& y = c.rope_scaling;
@@ -167,7 +182,7 @@ result<model_weights> load_weights(const std::string& dir, void (*progress)(size
     std::copy(values->begin(), values->end(), t.dest);
   });
   if (first_error) return std::unexpected(*first_error);
-  derive_rope(w);
+  derive(w);
   return w;
 }
 

@@ -27,6 +27,8 @@ struct attn_weights {
   linear o_proj;                 // (d, H·v)
   std::vector<float> kv_compress;  // (d); empty when the layer does not compress
   std::vector<float> sink;         // (H); empty without attn_sink
+  // Derived at load: W_UK of each head transposed, for absorbing queries with one GEMM.
+  std::vector<float> w_uk_t;       // (H, r, nope)
 };
 
 struct expert_weights {
@@ -96,8 +98,9 @@ struct tensor_slot {
 // Sizes every weight of `w` from w.config and calls `fn` once per checkpoint tensor.
 void visit_tensors(model_weights& w, const std::function<void(const tensor_slot&)>& fn);
 
-// Computes inv_freq, attn_factor and softmax_scale from w.config.
-void derive_rope(model_weights& w);
+// Computes what the forward pass derives from the checkpoint: inv_freq, attn_factor,
+// softmax_scale from w.config, and each layer's transposed W_UK.
+void derive(model_weights& w);
 
 // Loads config.json + safetensors from `dir`. Errors name the file and tensor.
 result<model_weights> load_weights(const std::string& dir,

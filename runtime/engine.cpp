@@ -5,6 +5,8 @@
 
 #include <chrono>
 
+#include <malloc.h>
+
 #include "kernels/assert.hpp"
 
 namespace shoal::runtime {
@@ -20,6 +22,10 @@ engine::engine(std::shared_ptr<const model::model_weights> weights, const engine
                std::shared_ptr<const model::tokenizer> tok)
     : weights_(std::move(weights)), config_(config), tok_(std::move(tok)),
       caches_(weights_->config, config.cache), sched_(config.sched, caches_) {
+  // Step buffers are large and short-lived: keep freed memory in the process instead of
+  // returning it to the kernel, so each step does not page-fault its buffers in again.
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);  // the largest value glibc accepts
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
   if (config_.async_scheduling) worker_ = std::thread([this] { compute_loop(); });
 }
 

@@ -53,7 +53,7 @@ inline void dot4(const float* a0, const float* a1, const float* a2, const float*
   }
 }
 
-constexpr int64_t blas_min_flops = 1 << 22;  // below this the fixed-order kernel is as fast
+constexpr int64_t blas_min_flops = 1 << 20;  // below this the fixed-order kernel is as fast
 
 void matmul_fixed(const float* x, const float* w, float* y, int64_t m, int64_t n, int64_t k) {
   // Parallel over output columns in groups, so each weight row is read once per 4 rows of x.
@@ -104,7 +104,7 @@ void axpy(float alpha, const float* x, float* y, int64_t n) {
 void matmul(const float* x, const float* w, float* y, int64_t m, int64_t n, int64_t k,
             bool batch_invariant) {
   if (m == 0 || n == 0) return;
-  if (!batch_invariant && m >= 8 && m * n * k >= blas_min_flops) {
+  if (!batch_invariant && m >= 4 && m * n * k >= blas_min_flops) {
     // One threading owner: the pool splits the output columns, each part is a
     // single-threaded sgemm (OpenBLAS threads are set to 1 by set_num_threads).
     int64_t parts = std::min<int64_t>(num_threads(), std::max<int64_t>(1, n / 64));
@@ -121,6 +121,22 @@ void matmul(const float* x, const float* w, float* y, int64_t m, int64_t n, int6
   matmul_fixed(x, w, y, m, n, k);
 }
 
+void matmul_nn(const float* x, const float* w, float* y, int64_t m, int64_t n, int64_t k,
+               int64_t ldw) {
+  if (m == 0 || n == 0) return;
+  if (m * n * k >= (1 << 16)) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(m), static_cast<int>(n),
+                static_cast<int>(k), 1.0f, x, static_cast<int>(k), w, static_cast<int>(ldw), 0.0f, y,
+                static_cast<int>(n));
+    return;
+  }
+  for (int64_t i = 0; i < m; ++i) {
+    float* yr = y + i * n;
+    std::fill(yr, yr + n, 0.0f);
+    for (int64_t t = 0; t < k; ++t) axpy(x[i * k + t], w + t * ldw, yr, n);
+  }
+}
+
 void rmsnorm(const float* x, const float* w, float* y, int64_t rows, int64_t dim, float eps) {
   parallel_for(rows, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
@@ -135,21 +151,23 @@ void rmsnorm(const float* x, const float* w, float* y, int64_t rows, int64_t dim
 
 void rope(float* x, int64_t rows, int64_t row_stride, int64_t heads, int64_t head_stride,
           const int32_t* positions, const float* inv_freq, int64_t rope_dim, float attn_factor) {
-  for (int64_t r = 0; r < rows; ++r) {
-    double pos = positions[r];
-    for (int64_t i = 0; i < rope_dim / 2; ++i) {
-      // the angle in double: positions reach 1e5+, where a float angle loses its phase
-      double angle = pos * inv_freq[i];
-      float c = static_cast<float>(std::cos(angle) * attn_factor);
-      float s = static_cast<float>(std::sin(angle) * attn_factor);
-      for (int64_t h = 0; h < heads; ++h) {
-        float* p = x + r * row_stride + h * head_stride + 2 * i;
-        float a = p[0], b = p[1];
-        p[0] = a * c - b * s;
-        p[1] = b * c + a * s;
+  parallel_for(rows, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      double pos = positions[r];
+      for (int64_t i = 0; i < rope_dim / 2; ++i) {
+        // the angle in double: positions reach 1e5+, where a float angle loses its phase
+        double angle = pos * inv_freq[i];
+        float c = static_cast<float>(std::cos(angle) * attn_factor);
+        float s = static_cast<float>(std::sin(angle) * attn_factor);
+        for (int64_t h = 0; h < heads; ++h) {
+          float* p = x + r * row_stride + h * head_stride + 2 * i;
+          float a = p[0], b = p[1];
+          p[0] = a * c - b * s;
+          p[1] = b * c + a * s;
+        }
       }
     }
-  }
+  });
 }
 
 void silu_mul(const float* gate, const float* up, float* out, int64_t n) {

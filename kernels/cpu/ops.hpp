@@ -15,6 +15,11 @@ namespace shoal::kernels {
 void matmul(const float* x, const float* w, float* y, int64_t m, int64_t n, int64_t k,
             bool batch_invariant);
 
+// y (m, n) = x (m, k) · w (k, n), w rows `ldw` floats apart (ldw ≥ n). Not batch-invariant
+// (OpenBLAS when large); callers on the invariant path use matmul.
+void matmul_nn(const float* x, const float* w, float* y, int64_t m, int64_t n, int64_t k,
+               int64_t ldw);
+
 // y (rows, dim) = x · rsqrt(mean(x²) + eps) ⊙ w. In place allowed (y == x).
 void rmsnorm(const float* x, const float* w, float* y, int64_t rows, int64_t dim, float eps);
 

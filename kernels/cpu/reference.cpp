@@ -16,6 +16,16 @@ void matmul(const float* x, const float* w, float* y, int64_t m, int64_t n, int6
     }
 }
 
+void matmul_nn(const float* x, const float* w, float* y, int64_t m, int64_t n, int64_t k,
+               int64_t ldw) {
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double acc = 0;
+      for (int64_t t = 0; t < k; ++t) acc += double(x[i * k + t]) * w[t * ldw + j];
+      y[i * n + j] = static_cast<float>(acc);
+    }
+}
+
 void rmsnorm(const float* x, const float* w, float* y, int64_t rows, int64_t dim, float eps) {
   for (int64_t r = 0; r < rows; ++r) {
     double ss = 0;

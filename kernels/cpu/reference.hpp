@@ -9,6 +9,8 @@
 namespace shoal::kernels::ref {
 
 void matmul(const float* x, const float* w, float* y, int64_t m, int64_t n, int64_t k);
+void matmul_nn(const float* x, const float* w, float* y, int64_t m, int64_t n, int64_t k,
+               int64_t ldw);
 void rmsnorm(const float* x, const float* w, float* y, int64_t rows, int64_t dim, float eps);
 void rope(float* x, int64_t rows, int64_t row_stride, int64_t heads, int64_t head_stride,
           const int32_t* positions, const float* inv_freq, int64_t rope_dim, float attn_factor);

@@ -46,6 +46,16 @@ TEST_CASE("matmul equals the reference (BLAS and fixed-order paths), rel err < 1
   }
 }
 
+TEST_CASE("matmul_nn (x · w with a leading dimension) equals the reference, rel err < 1e-5") {
+  for (auto [m, n, k, ldw] : {std::tuple{1, 5, 7, 9}, {40, 24, 300, 32}, {256, 16, 700, 24}}) {
+    auto x = randn(size_t(m) * k, 21), w = randn(size_t(k) * ldw, 22);
+    std::vector<float> ref(size_t(m) * n), fast(ref.size());
+    ref::matmul_nn(x.data(), w.data(), ref.data(), m, n, k, ldw);
+    matmul_nn(x.data(), w.data(), fast.data(), m, n, k, ldw);
+    CHECK(rel_err(fast, ref) < 1e-5);
+  }
+}
+
 TEST_CASE("batch-invariant matmul: each row's bits are independent of the batch") {
   int64_t n = 96, k = 200;
   auto x = randn(37 * k, 3), w = randn(n * k, 4);

@@ -20,6 +20,7 @@ struct engine_args {
   int reps = 3;
   int decode_tokens = 32;
   std::vector<int> batches = {1, 8, 32};
+  int threads = 0;  // 0 = all cores
 };
 
 std::shared_ptr<const model::model_weights> bench_weights(const engine_args& a) {
@@ -106,6 +107,7 @@ decode_result bench_decode(std::shared_ptr<const model::model_weights> w, int ba
 }
 
 int run_engine_bench(const engine_args& a) {
+  if (a.threads > 0) kernels::set_num_threads(a.threads);
   auto w = bench_weights(a);
   const auto& c = w->config;
   nlohmann::json base = machine_facts();
@@ -118,14 +120,14 @@ int run_engine_bench(const engine_args& a) {
   for (auto [m, n, k] : {std::tuple{rows, c.hidden_size, c.hidden_size},
                          {rows / 4, 2 * c.moe_intermediate_size, c.hidden_size},
                          {rows, 2 * c.intermediate_size, c.hidden_size}})
-    peak = std::max(peak, gemm_gflops(m, n, k));
+    peak = std::max(peak, gemm_gflops(m, n, k, kernels::num_threads()));
   fmt::print("GEMM peak (OpenBLAS sgemm, {} threads): {:.1f} GFLOP/s\n", kernels::num_threads(), peak);
   // Prefill, batch 1.
   auto cfg = runtime::default_engine_config(c, 1024);
   cfg.cache.prefix_caching = false;
   std::vector<double> times;
+  runtime::engine e(w, cfg);  // one engine (its cache memory touched once), prefix caching off
   for (int r = 0; r < a.reps + 1; ++r) {
-    runtime::engine e(w, cfg);
     std::vector<int32_t> prompt(static_cast<size_t>(a.prompt_len));
     for (int64_t k = 0; k < a.prompt_len; ++k) prompt[k] = static_cast<int32_t>((k * 7919 + r) % 5000 + 2);
     runtime::sampling_params p;
@@ -171,6 +173,7 @@ void add_engine_bench(CLI::App& bench) {
   b->add_option("--decode-tokens", a->decode_tokens, "tokens generated per request in the decode runs");
   b->add_option("--batches", a->batches, "decode batch sizes");
   b->add_option("--out", a->out, "JSONL output");
+  b->add_option("--threads", a->threads, "worker threads (0 = all cores)");
   b->callback([a] {
     try {
       set_exit_code(run_engine_bench(*a));

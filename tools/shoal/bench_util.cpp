@@ -23,7 +23,7 @@ double median(std::vector<double> v) {
   return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
 }
 
-double gemm_gflops(int64_t m, int64_t n, int64_t k, int reps) {
+double gemm_gflops(int64_t m, int64_t n, int64_t k, int threads, int reps) {
   std::vector<float> a(static_cast<size_t>(m * k)), b(static_cast<size_t>(n * k)), c(static_cast<size_t>(m * n));
   std::mt19937 rng(1);
   std::uniform_real_distribution<float> d(-1, 1);
@@ -32,7 +32,7 @@ double gemm_gflops(int64_t m, int64_t n, int64_t k, int reps) {
   std::vector<double> rates;
   // OpenBLAS with its own threads at the engine's thread count: the peer to compare with.
   int saved = openblas_get_num_threads();
-  openblas_set_num_threads(static_cast<int>(std::thread::hardware_concurrency()));
+  openblas_set_num_threads(threads);
   for (int r = 0; r < reps + 1; ++r) {
     double t0 = now_s();
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), static_cast<int>(n),

@@ -11,8 +11,8 @@ namespace shoal::tools {
 
 double now_s();
 double median(std::vector<double> v);
-// OpenBLAS sgemm GFLOP/s at (m, n, k), OpenBLAS threading over all cores: median of `reps`.
-double gemm_gflops(int64_t m, int64_t n, int64_t k, int reps = 5);
+// OpenBLAS sgemm GFLOP/s at (m, n, k) with OpenBLAS's own threading over `threads`: median of `reps`.
+double gemm_gflops(int64_t m, int64_t n, int64_t k, int threads, int reps = 5);
 // cores, ISA, BLAS core, git commit.
 nlohmann::json machine_facts();
 // Appends one JSON record per line to `path` (directories created).
