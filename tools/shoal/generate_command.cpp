@@ -2,6 +2,9 @@
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
+#include <fstream>
+
+#include "runtime/cost_model.hpp"
 #include "runtime/engine_setup.hpp"
 #include "tools/shoal/commands.hpp"
 
@@ -18,6 +21,8 @@ struct generate_args {
   uint64_t seed = 0;
   double cache_mib = 512;
   bool invariant = false;
+  std::string cost_model;   // fitted cost model file (shoal bench fit-cost)
+  double step_ms = 0;       // step time budget for prefill chunks (with --cost-model)
 };
 
 int run_generate(const generate_args& a) {
@@ -28,6 +33,17 @@ int run_generate(const generate_args& a) {
   }
   runtime::engine_config cfg = runtime::default_engine_config(m->weights->config, a.cache_mib);
   cfg.batch_invariant = a.invariant;
+  if (!a.cost_model.empty()) {
+    std::ifstream f(a.cost_model);
+    std::string text((std::istreambuf_iterator<char>(f)), {});
+    auto cm = runtime::cost_model::from_json(text, a.cost_model);
+    if (!f || !cm) {
+      fmt::print(stderr, "shoal generate: {}\n", cm ? "cannot read " + a.cost_model : cm.error());
+      return 2;
+    }
+    cfg.sched.cost = *cm;
+    cfg.sched.step_time_budget_s = a.step_ms / 1000.0;
+  }
   runtime::engine eng(m->weights, cfg, m->tokenizer);
   auto ids = runtime::encode_prompt(*m->tokenizer, a.prompt);
   for (int i = 0; i < a.n; ++i) {
@@ -64,6 +80,8 @@ void add_generate_command(CLI::App& app) {
   g->add_option("--seed", a->seed, "seed of sample 0 (sample i uses seed + i)");
   g->add_option("--cache-mib", a->cache_mib, "block cache memory");
   g->add_flag("--batch-invariant", a->invariant, "fixed-order kernels (same tokens whatever the batch)");
+  g->add_option("--cost-model", a->cost_model, "fitted prefill cost model (from shoal bench fit-cost)");
+  g->add_option("--step-ms", a->step_ms, "step time budget for prefill chunks, with --cost-model");
   g->callback([a] { set_exit_code(run_generate(*a)); });
 }
 
