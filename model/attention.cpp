@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 
 #include "kernels/assert.hpp"
 #include "kernels/cpu/ops.hpp"
@@ -230,7 +231,8 @@ void attention(const model_weights& w, const layer_weights& l, std::span<forward
   for (size_t i = 0; i < items.size(); ++i)
     for (int64_t p = spans[i].p0; p < spans[i].p1; ++p) row_item[spans[i].row + p - spans[i].p0] = static_cast<int64_t>(i);
   auto chunk_of = [&](int64_t item) { return entries.data() + spans[item].row * (dim + 1); };
-  if (o.naive_attention) {
+  // Per-row paths (naive form, batch-invariant absorbed form): fn(row, visible set, scratch).
+  auto per_row = [&](const std::function<void(int64_t, const visible_set&, std::vector<float>&)>& fn) {
     kernels::parallel_for(rows, [&](int64_t r0, int64_t r1) {
       visible_set vs;
       std::vector<float> scratch;
@@ -238,24 +240,22 @@ void attention(const model_weights& w, const layer_weights& l, std::span<forward
         const row_span& s = spans[row_item[row]];
         int64_t t = s.p0 + row - s.row;
         collect(c, *items[row_item[row]].cache, io, s, chunk_of(row_item[row]), t, t, vs);
-        attend_naive(w, l, q.data() + row * H * qk, vs, heads.data() + row * H * v, scratch);
+        fn(row, vs, scratch);
       }
+    });
+  };
+  if (o.naive_attention) {
+    per_row([&](int64_t row, const visible_set& vs, std::vector<float>& scratch) {
+      attend_naive(w, l, q.data() + row * H * qk, vs, heads.data() + row * H * v, scratch);
     });
   } else {
     int64_t r = c.kv_lora_rank;
     std::vector<float> q_lat(static_cast<size_t>(rows * H * r)), o_lat(q_lat.size());
     absorb_queries(c, l, q.data(), rows, o.batch_invariant, q_lat.data());
     if (o.batch_invariant) {
-      kernels::parallel_for(rows, [&](int64_t r0, int64_t r1) {
-        visible_set vs;
-        std::vector<float> scratch;
-        for (int64_t row = r0; row < r1; ++row) {
-          const row_span& s = spans[row_item[row]];
-          int64_t t = s.p0 + row - s.row;
-          collect(c, *items[row_item[row]].cache, io, s, chunk_of(row_item[row]), t, t, vs);
-          attend_row(c, l, vs, q_lat.data() + row * H * r, q.data() + row * H * qk, w.softmax_scale,
-                     o_lat.data() + row * H * r, scratch);
-        }
+      per_row([&](int64_t row, const visible_set& vs, std::vector<float>& scratch) {
+        attend_row(c, l, vs, q_lat.data() + row * H * r, q.data() + row * H * qk, w.softmax_scale,
+                   o_lat.data() + row * H * r, scratch);
       });
     } else {
       std::vector<std::pair<int64_t, int64_t>> tiles;  // (item, first row of the tile)

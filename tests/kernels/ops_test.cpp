@@ -8,31 +8,13 @@
 
 #include "kernels/cpu/ops.hpp"
 #include "kernels/cpu/reference.hpp"
+#include "tests/support/random.hpp"
 #include "kernels/cpu/thread_pool.hpp"
 
 using namespace shoal::kernels;
 
-namespace {
-
-std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
-
-// max |a-b| / max(1e-6, max |b|): a normalised error bound independent of magnitude.
-double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
-  double num = 0, den = 1e-6;
-  for (size_t i = 0; i < a.size(); ++i) {
-    num = std::max(num, double(std::fabs(a[i] - b[i])));
-    den = std::max(den, double(std::fabs(b[i])));
-  }
-  return num / den;
-}
-
-}  // namespace
+using shoal::test::randn;
+using shoal::test::rel_err;
 
 TEST_CASE("matmul equals the reference (BLAS and fixed-order paths), rel err < 1e-5") {
   for (auto [m, n, k] : {std::tuple{1, 7, 5}, {3, 33, 70}, {17, 64, 129}, {64, 256, 256}, {130, 96, 300}}) {

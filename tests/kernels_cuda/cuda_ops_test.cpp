@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kernels/cpu/reference.hpp"
+#include "tests/support/random.hpp"
 #include "kernels/cuda/ops.cuh"
 
 using shoal::kernels::gate_params;
@@ -18,26 +19,10 @@ using shoal::kernels::cuda::device_buffer;
 namespace cu = shoal::kernels::cuda;
 namespace ref = shoal::kernels::ref;
 
+using shoal::test::randn;
+using shoal::test::rel_err;
+
 namespace {
-
-std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
-
-// max |a-b| / max(1e-6, max |b|): a normalised error bound independent of magnitude.
-double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
-  REQUIRE(a.size() == b.size());
-  double num = 0, den = 1e-6;
-  for (size_t i = 0; i < a.size(); ++i) {
-    num = std::max(num, double(std::fabs(a[i] - b[i])));
-    den = std::max(den, double(std::fabs(b[i])));
-  }
-  return num / den;
-}
 
 constexpr double tolerance = 1e-5;
 

@@ -1,0 +1,29 @@
+// Random test vectors and a normalised error measure shared by the kernel test suites.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <vector>
+
+namespace shoal::test {
+
+inline std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+// max |a − b| / max(1e-6, max |b|): an error bound independent of magnitude.
+inline double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
+  double num = 0, den = 1e-6;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num = std::max(num, double(std::fabs(a[i] - b[i])));
+    den = std::max(den, double(std::fabs(b[i])));
+  }
+  return num / den;
+}
+
+}  // namespace shoal::test
