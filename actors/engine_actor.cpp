@@ -1,0 +1,172 @@
+// The engine actor's state and handlers. The state owns the runtime::engine and routes each
+// engine request to its caller's id and sink; the handlers translate messages into engine
+// calls. Each step message runs exactly one engine step, so submit/cancel/stats queued
+// meanwhile are handled between steps.
+#include "actors/engine_actor.hpp"
+
+#include <map>
+#include <optional>
+#include <unordered_map>
+#include <vector>
+
+#include <caf/actor_system.hpp>
+#include <caf/system_messages.hpp>
+#include <caf/result.hpp>
+#include <caf/stateful_actor.hpp>
+#include <caf/typed_event_based_actor.hpp>
+
+#include "kernels/assert.hpp"
+
+namespace shoal::actors {
+
+namespace {
+
+struct engine_state {
+  // Where the events of one queued request go.
+  struct route {
+    request_id id;  // the caller's id
+    token_sink_actor sink;
+  };
+
+  static inline const char* name = "engine";
+
+  std::unique_ptr<runtime::engine> engine;
+  std::unordered_map<request_id, route> routes;           // engine request id → route
+  std::unordered_map<request_id, request_id> engine_ids;  // caller's id → engine request id
+  std::map<caf::actor_addr, int64_t> sinks;               // monitored sink → open requests
+  bool step_pending = false;                              // a step message is in the mailbox
+
+  // Refusals that need no engine: bad id, id still running, nowhere to stream.
+  std::optional<error_reply> check_submit(const generation_request& req,
+                                          const token_sink_actor& sink) const {
+    if (!sink) return error_reply{errc::no_sink, "no actor to stream tokens to (anonymous sender?)"};
+    if (!req.id.valid()) return error_reply{errc::invalid_request, "request id must be >= 0"};
+    if (engine_ids.contains(req.id))
+      return error_reply{errc::duplicate_request,
+                         "request " + std::to_string(req.id.value) + " is still running"};
+    return std::nullopt;
+  }
+
+  // Records a route; true when its sink is new and needs a monitor.
+  bool add_route(request_id engine_id, request_id id, token_sink_actor sink) {
+    engine_ids.emplace(id, engine_id);
+    bool fresh = sinks[sink.address()]++ == 0;
+    routes.emplace(engine_id, route{id, std::move(sink)});
+    return fresh;
+  }
+
+  // Removes the route of `engine_id` (must exist) and returns it.
+  route remove_route(request_id engine_id) {
+    auto it = routes.find(engine_id);
+    SHOAL_ASSERT(it != routes.end());
+    route r = std::move(it->second);
+    routes.erase(it);
+    engine_ids.erase(r.id);
+    if (auto s = sinks.find(r.sink.address()); s != sinks.end() && --s->second == 0) sinks.erase(s);
+    return r;
+  }
+
+  // Stops engine request `engine_id` and drops its route; its later events are discarded.
+  route drop(request_id engine_id) {
+    engine->abort(engine_id);
+    route r = remove_route(engine_id);
+    engine->forget(engine_id);  // no-op while it is in the running step; see deliver
+    return r;
+  }
+
+  engine_stats_snapshot snapshot() const {
+    runtime::engine_stats s = engine->stats();
+    return {s.steps,       s.prefill_tokens, s.decode_tokens, s.generated, s.cache.hit_tokens,
+            static_cast<int64_t>(routes.size()), s.blocks_free, s.blocks_total};
+  }
+};
+
+using self_pointer = engine_actor_impl::stateful_pointer<engine_state>;
+
+void schedule_step(self_pointer self) {
+  auto& st = self->state;
+  if (st.step_pending || !st.engine->has_work()) return;
+  st.step_pending = true;
+  self->send(self, step_atom::value);
+}
+
+// Stops monitoring `sink` once it has no open request left.
+void release_sink(self_pointer self, const token_sink_actor& sink) {
+  if (!self->state.sinks.contains(sink.address())) self->demonitor(sink.address());
+}
+
+// Sends one runtime event to its request's sink; finished requests leave the tables.
+void deliver(self_pointer self, const runtime::token_event& ev) {
+  auto& st = self->state;
+  if (auto it = st.routes.find(ev.id); it != st.routes.end()) {
+    self->send(it->second.sink, token_event{it->second.id, ev.token, ev.finished, ev.reason});
+    if (ev.finished) release_sink(self, st.remove_route(ev.id).sink);
+  }
+  if (ev.finished) st.engine->forget(ev.id);
+}
+
+caf::result<request_id> submit(self_pointer self, generation_request& req, token_sink_actor sink) {
+  auto& st = self->state;
+  if (auto refused = st.check_submit(req, sink)) return make_error(std::move(*refused));
+  auto engine_id = st.engine->add_request(std::move(req.prompt), to_sampling_params(req.sampling));
+  if (!engine_id) return make_error(errc::invalid_request, std::move(engine_id.error()));
+  if (st.add_route(*engine_id, req.id, sink)) self->monitor(sink);
+  schedule_step(self);
+  return req.id;
+}
+
+bool cancel(self_pointer self, request_id id) {
+  auto& st = self->state;
+  auto it = st.engine_ids.find(id);
+  if (it == st.engine_ids.end()) return false;
+  auto sink = st.drop(it->second).sink;
+  self->send(sink, token_event{id, -1, true, runtime::finish_reason::aborted});
+  release_sink(self, sink);
+  return true;
+}
+
+void step(self_pointer self) {
+  auto& st = self->state;
+  st.step_pending = false;
+  if (!st.engine->has_work()) return;
+  for (const runtime::token_event& ev : st.engine->step()) deliver(self, ev);
+  schedule_step(self);
+}
+
+// A sink went away: its requests stop (nobody would read their tokens).
+void on_sink_down(self_pointer self, const caf::down_msg& msg) {
+  auto& st = self->state;
+  std::vector<request_id> orphans;
+  for (const auto& [engine_id, r] : st.routes)
+    if (r.sink.address() == msg.source) orphans.push_back(engine_id);
+  for (request_id engine_id : orphans) st.drop(engine_id);
+  st.sinks.erase(msg.source);
+}
+
+engine_actor_impl::behavior_type engine_behavior(self_pointer self,
+                                                 std::shared_ptr<const model::model_weights> weights,
+                                                 runtime::engine_config config) {
+  self->state.engine = std::make_unique<runtime::engine>(std::move(weights), config);
+  self->set_down_handler([self](caf::down_msg& msg) { on_sink_down(self, msg); });
+  return {
+    [self](submit_atom, generation_request& req) -> caf::result<request_id> {
+      return submit(self, req, caf::actor_cast<token_sink_actor>(self->current_sender()));
+    },
+    [self](submit_atom, generation_request& req, token_sink_actor& sink) -> caf::result<request_id> {
+      return submit(self, req, std::move(sink));
+    },
+    [self](cancel_atom, request_id id) { return cancel(self, id); },
+    [self](stats_atom) { return self->state.snapshot(); },
+    [self](step_atom) { step(self); },
+  };
+}
+
+}  // namespace
+
+engine_actor spawn_engine(caf::actor_system& sys, std::shared_ptr<const model::model_weights> weights,
+                          const runtime::engine_config& config, bool detached) {
+  if (detached) return sys.spawn<caf::detached>(engine_behavior, std::move(weights), config);
+  return sys.spawn(engine_behavior, std::move(weights), config);
+}
+
+}  // namespace shoal::actors

@@ -1,0 +1,98 @@
+// Out-of-line parts of interfaces.hpp: type registration with an actor_system_config, the
+// "shoal" error category, and the conversions between wire messages and runtime types. The
+// only TU besides the actors that pays for CAF's heavier headers.
+#include "actors/interfaces.hpp"
+
+#include <caf/actor_system_config.hpp>
+#include <caf/error.hpp>
+#include <caf/make_message.hpp>
+#include <caf/sec.hpp>
+
+namespace shoal::actors {
+
+namespace {
+
+constexpr caf::atom_value shoal_category = caf::atom("shoal");
+
+bool is_unreachable(caf::sec s) {
+  switch (s) {
+    case caf::sec::request_receiver_down:
+    case caf::sec::no_route_to_receiving_node:
+    case caf::sec::cannot_connect_to_node:
+    case caf::sec::disconnect_during_handshake:
+    case caf::sec::socket_disconnected:
+    case caf::sec::connection_timeout:
+    case caf::sec::remote_lookup_failed:
+      return true;
+    default:
+      return false;
+  }
+}
+
+}  // namespace
+
+const char* to_string(errc e) {
+  switch (e) {
+    case errc::invalid_request: return "invalid_request";
+    case errc::duplicate_request: return "duplicate_request";
+    case errc::no_sink: return "no_sink";
+    case errc::timed_out: return "timed_out";
+    case errc::unreachable: return "unreachable";
+    case errc::unknown: return "unknown";
+  }
+  return "errc(?)";
+}
+
+caf::error make_error(error_reply r) {
+  auto code = static_cast<uint8_t>(r.code);
+  return caf::error{code, shoal_category, caf::make_message(std::move(r))};
+}
+
+caf::error make_error(errc code, std::string message) {
+  return make_error(error_reply{code, std::move(message)});
+}
+
+error_reply to_error_reply(const caf::error& e) {
+  if (e.category() == shoal_category) {
+    if (e.context().match_elements<error_reply>()) return e.context().get_as<error_reply>(0);
+    return {static_cast<errc>(e.code()), caf::to_string(e)};
+  }
+  if (e.category() == caf::atom("system")) {
+    auto s = static_cast<caf::sec>(e.code());
+    if (s == caf::sec::request_timeout) return {errc::timed_out, caf::to_string(e)};
+    if (is_unreachable(s)) return {errc::unreachable, caf::to_string(e)};
+  }
+  return {errc::unknown, caf::to_string(e)};
+}
+
+sampling_options to_sampling_options(const runtime::sampling_params& p) {
+  return {p.temperature, p.top_k,      p.top_p,          p.max_tokens,       p.stop_token_ids,
+          p.stop_strings, p.ignore_eos, p.seed.has_value(), p.seed.value_or(0)};
+}
+
+runtime::sampling_params to_sampling_params(const sampling_options& o) {
+  runtime::sampling_params p;
+  p.temperature = o.temperature;
+  p.top_k = o.top_k;
+  p.top_p = o.top_p;
+  p.max_tokens = o.max_tokens;
+  p.stop_token_ids = o.stop_token_ids;
+  p.stop_strings = o.stop_strings;
+  p.ignore_eos = o.ignore_eos;
+  if (o.has_seed) p.seed = o.seed;
+  return p;
+}
+
+void add_message_types(caf::actor_system_config& cfg) {
+  cfg.add_message_types<caf::id_block::shoal>();
+  // The error_renderer signature is (code, category, context); the templated
+  // add_error_category<T> of 0.17 does not compile against it, so a lambda it is.
+  cfg.add_error_category(shoal_category, [](uint8_t code, caf::atom_value, const caf::message& context) {
+    std::string out = "shoal::";
+    out += to_string(static_cast<errc>(code));
+    if (context.match_elements<error_reply>()) out += ": " + context.get_as<error_reply>(0).message;
+    return out;
+  });
+}
+
+}  // namespace shoal::actors
