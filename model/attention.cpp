@@ -92,19 +92,23 @@ void attend_tile(const model_config& c, const layer_weights& l, const sequence_c
     }
   kernels::matmul(qt, keys, scores, T * H, n_keys, dim, false);
   for (int64_t i = 0; i < T; ++i) {
+    // Query t sees keys [0, comp) (compressed) and [b0, b1) (its raw window); the rest of the
+    // tile's union is masked to probability 0.
     int64_t t = t0 + i, comp = visible_runs(t, W, m), lo = window_start(cache, io, t, W);
+    int64_t b0 = n_comp + lo - raw_lo, b1 = n_comp + t - raw_lo + 1;
     for (int64_t h = 0; h < H; ++h) {
       float* row = scores + (i * H + h) * n_keys;
       float mx = l.attn.sink.empty() ? -INFINITY : l.attn.sink[h];
-      for (int64_t k = 0; k < n_keys; ++k) {
-        bool seen = k < n_comp ? k < comp : (raw_lo + k - n_comp >= lo && raw_lo + k - n_comp <= t);
-        row[k] = seen ? row[k] * scale : -INFINITY;
-        mx = std::max(mx, row[k]);
-      }
+      for (int64_t k = 0; k < comp; ++k) mx = std::max(mx, row[k] *= scale);
+      for (int64_t k = b0; k < b1; ++k) mx = std::max(mx, row[k] *= scale);
       float sum = l.attn.sink.empty() ? 0.0f : std::exp(l.attn.sink[h] - mx);
-      for (int64_t k = 0; k < n_keys; ++k) sum += (row[k] = std::exp(row[k] - mx));
+      for (int64_t k = 0; k < comp; ++k) sum += (row[k] = std::exp(row[k] - mx));
+      for (int64_t k = b0; k < b1; ++k) sum += (row[k] = std::exp(row[k] - mx));
       float inv = 1.0f / sum;
-      for (int64_t k = 0; k < n_keys; ++k) row[k] *= inv;
+      std::fill(row + comp, row + b0, 0.0f);
+      std::fill(row + b1, row + n_keys, 0.0f);
+      for (int64_t k = 0; k < comp; ++k) row[k] *= inv;
+      for (int64_t k = b0; k < b1; ++k) row[k] *= inv;
     }
   }
   kernels::matmul_nn(scores, keys, o_lat, T * H, r, n_keys, dim);
