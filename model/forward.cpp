@@ -209,8 +209,7 @@ forward_output forward(const model_weights& w, std::span<forward_item> items,
   if (n_logits > 0) {
     kernels::rmsnorm(last.data(), w.norm.data(), last.data(), n_logits, d, static_cast<float>(c.rms_norm_eps));
     out.logits.resize(static_cast<size_t>(n_logits * c.vocab_size));
-    kernels::matmul(last.data(), w.lm_head.w.data(), out.logits.data(), n_logits, c.vocab_size, d,
-                    o.batch_invariant);
+    apply(w.lm_head, last.data(), out.logits.data(), n_logits, o.batch_invariant);
   }
   for (size_t i = 0; i < items.size(); ++i) items[i].cache->computed = spans[i].p1;
   return out;
@@ -249,7 +248,7 @@ mtp_output mtp_last(const model_weights& w, std::span<const int32_t> tokens,
   std::vector<float> u(static_cast<size_t>(d));
   kernels::rmsnorm(x.data() + (rows - 1) * d, m.head_norm.data(), u.data(), 1, d, eps);
   out.logits.resize(static_cast<size_t>(c.vocab_size));
-  kernels::matmul(u.data(), m.head.w.data(), out.logits.data(), 1, c.vocab_size, d, o.batch_invariant);
+  apply(m.head, u.data(), out.logits.data(), 1, o.batch_invariant);
   out.confidence = NAN;
   if (c.conf_head_hidden > 0) {
     std::vector<float> h1(static_cast<size_t>(c.conf_head_hidden)), act(h1.size());

@@ -7,6 +7,7 @@
 #include <optional>
 #include <algorithm>
 
+#include "kernels/cpu/ops.hpp"
 #include "model/safetensors.hpp"
 
 namespace shoal::model {
@@ -129,6 +130,25 @@ void derive_uk(const model_config& c, attn_weights& a) {
 
 }  // namespace
 
+void apply(const linear& l, const float* x, float* y, int64_t m, bool batch_invariant) {
+  if (!l.w_bf16.empty()) kernels::matmul_bf16(x, l.w_bf16.data(), y, m, l.out, l.in, batch_invariant);
+  else kernels::matmul(x, l.w.data(), y, m, l.out, l.in, batch_invariant);
+}
+
+namespace {
+
+// Vocabulary heads stored bf16 in the checkpoint stay bf16 in memory (exact: the values are
+// bf16 already): decode reads the whole head every step, so this halves its memory traffic.
+void keep_bf16(const checkpoint& ckpt, const std::string& name, linear& l) {
+  const tensor_info* t = ckpt.find(name);
+  if (!t || t->type != dtype::bf16) return;
+  l.w_bf16.resize(l.w.size());
+  for (size_t i = 0; i < l.w.size(); ++i) l.w_bf16[i] = f32_to_bf16(l.w[i]);
+  std::vector<float>().swap(l.w);
+}
+
+}  // namespace
+
 void derive(model_weights& w) {
   for (auto& l : w.layers) derive_uk(w.config, l.attn);
   for (auto& m : w.mtp) derive_uk(w.config, m.layer.attn);
@@ -182,6 +202,17 @@ result<model_weights> load_weights(const std::string& dir, void (*progress)(size
     std::copy(values->begin(), values->end(), t.dest);
   });
   if (first_error) return std::unexpected(*first_error);
+  keep_bf16(*ckpt, "lm_head.weight", w.lm_head);
+  for (size_t k = 0; k < w.mtp.size(); ++k) {
+    std::string name = "model.layers." + std::to_string(w.config.num_hidden_layers + int64_t(k)) +
+                       ".shared_head.head.weight";
+    if (ckpt->has(name)) {
+      keep_bf16(*ckpt, name, w.mtp[k].head);
+    } else if (!w.lm_head.w_bf16.empty()) {  // shared with the main head: same bf16 values
+      w.mtp[k].head.w_bf16 = w.lm_head.w_bf16;
+      std::vector<float>().swap(w.mtp[k].head.w);
+    }
+  }
   derive(w);
   return w;
 }

@@ -13,9 +13,13 @@
 namespace shoal::model {
 
 struct linear {
-  std::vector<float> w;  // (out, in)
+  std::vector<float> w;          // (out, in)
+  std::vector<uint16_t> w_bf16;  // (out, in) when kept bf16 instead (then w is empty)
   int64_t out = 0, in = 0;
 };
+
+// y (m, out) = x (m, in) · wᵀ, through whichever storage the layer has.
+void apply(const linear& l, const float* x, float* y, int64_t m, bool batch_invariant);
 
 struct attn_weights {
   linear q_proj;                 // q_lora_rank == 0

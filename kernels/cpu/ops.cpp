@@ -5,6 +5,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cstring>
 #include <cmath>
 #include <limits>
 #include <numeric>
@@ -76,7 +77,69 @@ void matmul_fixed(const float* x, const float* w, float* y, int64_t m, int64_t n
   });
 }
 
+// 8 bf16 values → 8 floats (bf16 is the upper half of an fp32).
+inline __m256 load_bf16(const uint16_t* p) {
+  __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+}
+
+inline float bf16_value(uint16_t v) {
+  uint32_t bits = uint32_t(v) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+// Dot products of up to 4 fp32 rows with one bf16 row, fixed order (as dot4).
+inline void dot4_bf16(const float* const* a, int rows, const uint16_t* b, int64_t n, float* out) {
+  __m256 acc[4][2];
+  for (auto& r : acc) r[0] = r[1] = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __m256 b0 = load_bf16(b + i), b1 = load_bf16(b + i + 8);
+    for (int r = 0; r < rows; ++r) {
+      acc[r][0] = _mm256_fmadd_ps(_mm256_loadu_ps(a[r] + i), b0, acc[r][0]);
+      acc[r][1] = _mm256_fmadd_ps(_mm256_loadu_ps(a[r] + i + 8), b1, acc[r][1]);
+    }
+  }
+  for (int r = 0; r < rows; ++r) {
+    float t = hsum(_mm256_add_ps(acc[r][0], acc[r][1]));
+    for (int64_t j = i; j < n; ++j) t += a[r][j] * bf16_value(b[j]);
+    out[r] = t;
+  }
+}
+
 }  // namespace
+
+void matmul_bf16(const float* x, const uint16_t* w, float* y, int64_t m, int64_t n, int64_t k,
+                 bool batch_invariant) {
+  if (!batch_invariant && m >= 8) {
+    constexpr int64_t block = 512;  // weight rows widened at a time (fits in L2 per thread)
+    parallel_for((n + block - 1) / block, [&](int64_t b0, int64_t b1) {
+      std::vector<float> wide(static_cast<size_t>(block * k));
+      for (int64_t b = b0; b < b1; ++b) {
+        int64_t c0 = b * block, c1 = std::min(n, c0 + block);
+        for (int64_t i = 0; i < (c1 - c0) * k; ++i) wide[i] = bf16_value(w[c0 * k + i]);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), static_cast<int>(c1 - c0),
+                    static_cast<int>(k), 1.0f, x, static_cast<int>(k), wide.data(), static_cast<int>(k), 0.0f,
+                    y + c0, static_cast<int>(n));
+      }
+    });
+    return;
+  }
+  constexpr int64_t cols_per_task = 64;
+  parallel_for((n + cols_per_task - 1) / cols_per_task, [&](int64_t t0, int64_t t1) {
+    float out[4];
+    for (int64_t j = t0 * cols_per_task; j < std::min(n, t1 * cols_per_task); ++j)
+      for (int64_t i = 0; i < m; i += 4) {
+        int rows = static_cast<int>(std::min<int64_t>(4, m - i));
+        const float* a[4] = {x + i * k, x + std::min(i + 1, m - 1) * k, x + std::min(i + 2, m - 1) * k,
+                             x + std::min(i + 3, m - 1) * k};
+        dot4_bf16(a, rows, w + j * k, k, out);
+        for (int r = 0; r < rows; ++r) y[(i + r) * n + j] = out[r];
+      }
+  });
+}
 
 float dot(const float* a, const float* b, int64_t n) {
   // Same operation order as one row of dot4.

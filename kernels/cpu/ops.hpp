@@ -15,6 +15,13 @@ namespace shoal::kernels {
 void matmul(const float* x, const float* w, float* y, int64_t m, int64_t n, int64_t k,
             bool batch_invariant);
 
+// y (m, n) = x (m, k) · w (n, k)ᵀ with w stored bf16 (upper halves of fp32): for the
+// vocabulary heads, where small-batch decode is bound by reading w. Few rows (or
+// batch_invariant): fixed-order dot products straight from bf16. Many rows: w is widened
+// block by block and multiplied by OpenBLAS.
+void matmul_bf16(const float* x, const uint16_t* w, float* y, int64_t m, int64_t n, int64_t k,
+                 bool batch_invariant);
+
 // y (m, n) = x (m, k) · w (k, n), w rows `ldw` floats apart (ldw ≥ n). Not batch-invariant
 // (OpenBLAS when large); callers on the invariant path use matmul.
 void matmul_nn(const float* x, const float* w, float* y, int64_t m, int64_t n, int64_t k,

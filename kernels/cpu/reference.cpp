@@ -2,6 +2,7 @@
 #include "kernels/cpu/reference.hpp"
 
 #include <algorithm>
+#include <cstring>
 #include <cmath>
 #include <vector>
 
@@ -12,6 +13,20 @@ void matmul(const float* x, const float* w, float* y, int64_t m, int64_t n, int6
     for (int64_t j = 0; j < n; ++j) {
       double acc = 0;
       for (int64_t t = 0; t < k; ++t) acc += double(x[i * k + t]) * w[j * k + t];
+      y[i * n + j] = static_cast<float>(acc);
+    }
+}
+
+void matmul_bf16(const float* x, const uint16_t* w, float* y, int64_t m, int64_t n, int64_t k) {
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double acc = 0;
+      for (int64_t t = 0; t < k; ++t) {
+        uint32_t bits = uint32_t(w[j * k + t]) << 16;
+        float v;
+        std::memcpy(&v, &bits, sizeof v);
+        acc += double(x[i * k + t]) * v;
+      }
       y[i * n + j] = static_cast<float>(acc);
     }
 }

@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -35,6 +36,27 @@ TEST_CASE("matmul_nn (x · w with a leading dimension) equals the reference, rel
     ref::matmul_nn(x.data(), w.data(), ref.data(), m, n, k, ldw);
     matmul_nn(x.data(), w.data(), fast.data(), m, n, k, ldw);
     CHECK(rel_err(fast, ref) < 1e-5);
+  }
+}
+
+TEST_CASE("matmul_bf16 equals the reference (both paths), invariant path row-independent, rel err < 1e-5") {
+  for (auto [m, n, k] : {std::tuple{1, 7, 5}, {3, 130, 70}, {9, 64, 1024}, {40, 1100, 96}}) {
+    auto x = randn(size_t(m) * k, 31), wf = randn(size_t(n) * k, 32);
+    std::vector<uint16_t> w(wf.size());
+    for (size_t i = 0; i < w.size(); ++i) {
+      uint32_t bits;
+      std::memcpy(&bits, &wf[i], sizeof bits);
+      w[i] = static_cast<uint16_t>(bits >> 16);
+    }
+    std::vector<float> ref(size_t(m) * n), fast(ref.size()), one(static_cast<size_t>(n));
+    ref::matmul_bf16(x.data(), w.data(), ref.data(), m, n, k);
+    for (bool invariant : {true, false}) {
+      matmul_bf16(x.data(), w.data(), fast.data(), m, n, k, invariant);
+      CHECK(rel_err(fast, ref) < 1e-5);
+    }
+    matmul_bf16(x.data(), w.data(), fast.data(), m, n, k, true);
+    matmul_bf16(x.data() + (m - 1) * k, w.data(), one.data(), 1, n, k, true);
+    CHECK(std::equal(one.begin(), one.end(), fast.begin() + (m - 1) * n));
   }
 }
 

@@ -1,0 +1,522 @@
+// Parsing and validation of the shoald node config (node_config.hpp); the only file that
+// includes toml++. toml++ is used as built (exceptions on, like Debian's shared library): its
+// parse_error is caught at the one call that throws it, and the no-exceptions build path is
+// handled too, so callers only ever see a config_error. Checks run in a fixed order (syntax,
+// schema, types and ranges, required keys, cross-key rules) and the first failure is reported.
+#include "runtime/node_config.hpp"
+
+#include <toml++/toml.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <limits>
+#include <tuple>
+#include <utility>
+
+namespace shoal::runtime {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr int64_t hour_ms = 3'600'000;
+constexpr int64_t day_ms = 24 * hour_ms;
+constexpr uintmax_t max_file_bytes = 1 << 20;  // a node config is a few hundred bytes
+constexpr size_t max_name_chars = 64;
+
+struct schema_section {
+  std::string_view name;
+  std::vector<std::string_view> keys;
+};
+
+// Every key the format knows; anything else is an error so that typos never pass silently.
+const std::vector<schema_section>& schema() {
+  static const std::vector<schema_section> sections = {
+      {"node", {"name", "listen", "roles", "model_dir", "drain_timeout_ms"}},
+      {"engine", {"ranks"}},
+      {"gateway", {"listen", "auth_token_file"}},
+      {"cluster", {"seeds", "heartbeat_interval_ms", "connection_timeout_ms", "request_timeout_ms"}},
+      {"log", {"level", "file"}},
+  };
+  return sections;
+}
+
+size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t above = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] != b[j - 1] ? 1 : 0)});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
+}
+
+// " (did you mean 'x'?)" for the closest candidate within 2 edits, else "".
+std::string suggest(std::string_view word, const std::vector<std::string_view>& candidates) {
+  std::string_view best;
+  size_t best_distance = 3;
+  for (std::string_view c : candidates) {
+    const size_t d = edit_distance(word, c);
+    if (d < best_distance) best = c, best_distance = d;
+  }
+  return best.empty() ? std::string() : " (did you mean '" + std::string(best) + "'?)";
+}
+
+struct position {
+  int32_t line = 0;
+  int32_t column = 0;
+};
+
+position at(const toml::source_region& r) {
+  return {static_cast<int32_t>(r.begin.line), static_cast<int32_t>(r.begin.column)};
+}
+
+bool before(position a, position b) {
+  return std::tie(a.line, a.column) < std::tie(b.line, b.column);
+}
+
+std::string type_name(const toml::node& n) {
+  switch (n.type()) {
+    case toml::node_type::table: return "a table";
+    case toml::node_type::array: return "an array";
+    case toml::node_type::string: return "a string";
+    case toml::node_type::integer: return "an integer";
+    case toml::node_type::floating_point: return "a float";
+    case toml::node_type::boolean: return "a boolean";
+    case toml::node_type::date: return "a date";
+    case toml::node_type::time: return "a time";
+    case toml::node_type::date_time: return "a date-time";
+    case toml::node_type::none: break;
+  }
+  return "nothing";
+}
+
+// Keeps the first error only; later checks still run but cannot overwrite it, which keeps
+// the readers below free of early-return plumbing.
+class error_sink {
+ public:
+  explicit error_sink(std::string file) : file_(std::move(file)) {}
+
+  void fail(config_errc code, position p, std::string key, std::string message) {
+    if (!first_) first_ = config_error{code, file_, p.line, p.column, std::move(key), std::move(message)};
+  }
+  bool failed() const { return first_.has_value(); }
+  const config_error& error() const { return *first_; }
+
+ private:
+  std::string file_;
+  std::optional<config_error> first_;
+};
+
+// One [section] of the file; `table` is null when the file has none.
+struct section {
+  std::string_view name;
+  const toml::table* table = nullptr;
+
+  const toml::node* get(std::string_view key) const { return table ? table->get(key) : nullptr; }
+  std::string path(std::string_view key) const { return std::string(name) + "." + std::string(key); }
+  // Where an error about `key` points: the key's value, else the section header, else nowhere.
+  position pos(std::string_view key = {}) const {
+    if (const toml::node* n = key.empty() ? nullptr : get(key)) return at(n->source());
+    return table ? at(table->source()) : position{};
+  }
+};
+
+// Rejects sections and keys outside the schema, reporting the first one in file order
+// (toml++ tables iterate by name, so every offender is looked at and the earliest kept).
+void check_schema(error_sink& sink, const toml::table& root) {
+  std::optional<config_error> first;
+  auto note = [&](config_errc code, position p, std::string key, std::string message) {
+    if (!first || before(p, {first->line, first->column}))
+      first = config_error{code, "", p.line, p.column, std::move(key), std::move(message)};
+  };
+  std::vector<std::string_view> section_names;
+  for (const schema_section& s : schema()) section_names.push_back(s.name);
+  for (auto&& [key, value] : root) {
+    const auto known = std::ranges::find(schema(), key.str(), &schema_section::name);
+    if (known == schema().end()) {
+      note(config_errc::unknown_key, at(key.source()), std::string(key.str()),
+           value.is_table() ? "unknown section" + suggest(key.str(), section_names)
+                            : "unknown key; every key belongs in a section such as [node]");
+      continue;
+    }
+    const toml::table* table = value.as_table();
+    if (!table) {
+      note(config_errc::wrong_type, at(value.source()), std::string(key.str()),
+           "expected a table ([" + std::string(key.str()) + "]), got " + type_name(value));
+      continue;
+    }
+    for (auto&& [inner, inner_value] : *table) {
+      if (std::ranges::find(known->keys, inner.str()) != known->keys.end()) continue;
+      note(config_errc::unknown_key, at(inner.source()),
+           std::string(key.str()) + "." + std::string(inner.str()),
+           "unknown key" + suggest(inner.str(), known->keys));
+    }
+  }
+  if (first) sink.fail(first->code, {first->line, first->column}, first->key, first->message);
+}
+
+// The string at `key`: nullopt when absent, or when not a string (an error is recorded).
+std::optional<std::string> read_string(error_sink& sink, const section& s, std::string_view key) {
+  const toml::node* n = s.get(key);
+  if (!n) return std::nullopt;
+  if (const toml::value<std::string>* v = n->as_string()) return v->get();
+  sink.fail(config_errc::wrong_type, at(n->source()), s.path(key),
+            "expected a string, got " + type_name(*n));
+  return std::nullopt;
+}
+
+std::optional<int64_t> read_integer(error_sink& sink, const section& s, std::string_view key,
+                                    int64_t lo, int64_t hi) {
+  const toml::node* n = s.get(key);
+  if (!n) return std::nullopt;
+  const toml::value<int64_t>* v = n->as_integer();
+  if (!v) {
+    sink.fail(config_errc::wrong_type, at(n->source()), s.path(key),
+              "expected an integer, got " + type_name(*n));
+    return std::nullopt;
+  }
+  const int64_t x = v->get();
+  if (x < lo || x > hi) {
+    const std::string bound = x < lo ? "must be ≥ " + std::to_string(lo) : "must be ≤ " + std::to_string(hi);
+    sink.fail(config_errc::bad_value, at(n->source()), s.path(key), bound + ", got " + std::to_string(x));
+    return std::nullopt;
+  }
+  return x;
+}
+
+bool is_alnum(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9');
+}
+
+// Hostname labels of [A-Za-z0-9-] not starting or ending with '-'; a name of digits and dots
+// only must be a dotted-quad IPv4 literal.
+bool valid_host(std::string_view host) {
+  if (host.empty() || host.size() > 253) return false;
+  const bool numeric = std::ranges::all_of(host, [](char c) { return c == '.' || (c >= '0' && c <= '9'); });
+  int labels = 0;
+  for (size_t start = 0; start <= host.size(); ++labels) {
+    const size_t end = std::min(host.find('.', start), host.size());
+    const std::string_view label = host.substr(start, end - start);
+    start = end + 1;
+    if (label.empty() || label.size() > 63 || label.front() == '-' || label.back() == '-') return false;
+    if (!std::ranges::all_of(label, [](char c) { return is_alnum(c) || c == '-'; })) return false;
+    if (numeric && (label.size() > 3 || std::stoi(std::string(label)) > 255)) return false;
+  }
+  return !numeric || labels == 4;
+}
+
+bool valid_ipv6(std::string_view host) {
+  return !host.empty() && host.find(':') != std::string_view::npos &&
+         std::ranges::all_of(host, [](char c) {
+           return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F') ||
+                  c == ':' || c == '.';
+         });
+}
+
+// "host:port" or "[ipv6]:port"; the error text says what is wrong.
+std::expected<host_port, std::string> parse_host_port(std::string_view text, bool allow_port_zero) {
+  const std::string quoted = "'" + std::string(text) + "'";
+  std::string_view host;
+  std::string_view port;
+  if (text.starts_with('[')) {
+    const size_t close = text.find(']');
+    if (close == std::string_view::npos || text.substr(close + 1, 1) != ":")
+      return std::unexpected("expected [ipv6]:port, got " + quoted);
+    host = text.substr(1, close - 1);
+    port = text.substr(close + 2);
+    if (!valid_ipv6(host)) return std::unexpected("bad IPv6 address in " + quoted);
+  } else {
+    const size_t colon = text.rfind(':');
+    if (colon == std::string_view::npos) return std::unexpected("expected host:port, got " + quoted);
+    host = text.substr(0, colon);
+    port = text.substr(colon + 1);
+    if (host.find(':') != std::string_view::npos)
+      return std::unexpected("IPv6 hosts need brackets ([::1]:7100), got " + quoted);
+    if (!valid_host(host)) return std::unexpected("bad host in " + quoted);
+  }
+  uint32_t number = 0;
+  const auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), number);
+  if (port.empty() || port.size() > 5 || ec != std::errc() || end != port.data() + port.size())
+    return std::unexpected("bad port in " + quoted + " (expected a number)");
+  const uint32_t lowest = allow_port_zero ? 0 : 1;
+  if (number < lowest || number > 65535)
+    return std::unexpected("port out of range in " + quoted + " (" + std::to_string(lowest) + "..65535)");
+  return host_port{std::string(host), static_cast<uint16_t>(number)};
+}
+
+std::optional<host_port> read_host_port(error_sink& sink, const section& s, std::string_view key,
+                                        bool allow_port_zero) {
+  const std::optional<std::string> text = read_string(sink, s, key);
+  if (!text) return std::nullopt;
+  std::expected<host_port, std::string> a = parse_host_port(*text, allow_port_zero);
+  if (!a) sink.fail(config_errc::bad_value, s.pos(key), s.path(key), a.error());
+  return a ? std::optional<host_port>(*a) : std::nullopt;
+}
+
+// A non-empty path; relative ones resolve against `base` (the config file's directory).
+std::optional<fs::path> read_path(error_sink& sink, const section& s, std::string_view key,
+                                  const fs::path& base) {
+  const std::optional<std::string> text = read_string(sink, s, key);
+  if (!text) return std::nullopt;
+  if (text->empty()) {
+    sink.fail(config_errc::bad_value, s.pos(key), s.path(key), "must not be empty");
+    return std::nullopt;
+  }
+  const fs::path p(*text);
+  return (p.is_absolute() || base.empty() ? p : base / p).lexically_normal();
+}
+
+// The strings of the array at `key`, each with its position; absent → empty.
+std::vector<std::pair<std::string, position>> read_string_array(error_sink& sink, const section& s,
+                                                                 std::string_view key) {
+  std::vector<std::pair<std::string, position>> items;
+  const toml::node* n = s.get(key);
+  if (!n) return items;
+  const toml::array* array = n->as_array();
+  if (!array) {
+    sink.fail(config_errc::wrong_type, at(n->source()), s.path(key),
+              "expected an array of strings, got " + type_name(*n));
+    return items;
+  }
+  for (const toml::node& element : *array) {
+    if (const toml::value<std::string>* v = element.as_string()) {
+      items.emplace_back(v->get(), at(element.source()));
+    } else {
+      sink.fail(config_errc::wrong_type, at(element.source()), s.path(key),
+                "expected an array of strings, got " + type_name(element) + " in it");
+    }
+  }
+  return items;
+}
+
+std::optional<role> role_named(std::string_view name) {
+  for (role r : {role::gateway, role::engine, role::storage})
+    if (name == to_string(r)) return r;
+  return std::nullopt;
+}
+
+std::vector<role> read_roles(error_sink& sink, const section& s) {
+  std::vector<role> roles;
+  const auto names = read_string_array(sink, s, "roles");
+  if (names.empty() && s.get("roles") && s.get("roles")->is_array())
+    sink.fail(config_errc::bad_value, s.pos("roles"), s.path("roles"), "must list at least one role");
+  for (const auto& [name, pos] : names) {
+    const std::optional<role> r = role_named(name);
+    if (!r) {
+      sink.fail(config_errc::bad_value, pos, s.path("roles"),
+                "unknown role '" + name + "' (expected gateway, engine or storage)");
+    } else if (std::ranges::find(roles, *r) != roles.end()) {
+      sink.fail(config_errc::bad_value, pos, s.path("roles"), "role '" + name + "' listed twice");
+    } else {
+      roles.push_back(*r);
+    }
+  }
+  return roles;
+}
+
+std::optional<log_level> read_log_level(error_sink& sink, const section& s) {
+  const std::optional<std::string> name = read_string(sink, s, "level");
+  if (!name) return std::nullopt;
+  for (log_level l : {log_level::trace, log_level::debug, log_level::info, log_level::warn, log_level::error})
+    if (*name == to_string(l)) return l;
+  sink.fail(config_errc::bad_value, s.pos("level"), s.path("level"),
+            "unknown level '" + *name + "' (expected trace, debug, info, warn or error)");
+  return std::nullopt;
+}
+
+bool valid_node_name(std::string_view name) {
+  return !name.empty() && name.size() <= max_name_chars &&
+         std::ranges::all_of(name, [](char c) { return is_alnum(c) || c == '.' || c == '_' || c == '-'; });
+}
+
+struct sections {
+  section node{"node"}, engine{"engine"}, gateway{"gateway"}, cluster{"cluster"}, log{"log"};
+
+  explicit sections(const toml::table& root) {
+    for (section* s : {&node, &engine, &gateway, &cluster, &log}) s->table = root[s->name].as_table();
+  }
+};
+
+void read_node(error_sink& sink, const section& s, const fs::path& base, node_config& c) {
+  if (std::optional<std::string> name = read_string(sink, s, "name")) {
+    if (!valid_node_name(*name))
+      sink.fail(config_errc::bad_value, s.pos("name"), s.path("name"),
+                "must be 1.." + std::to_string(max_name_chars) + " characters of [A-Za-z0-9._-], got '" +
+                    *name + "'");
+    c.name = std::move(*name);
+  }
+  if (std::optional<host_port> a = read_host_port(sink, s, "listen", true)) c.listen = *a;
+  c.roles = read_roles(sink, s);
+  if (std::optional<fs::path> p = read_path(sink, s, "model_dir", base)) c.model_dir = *p;
+  if (std::optional<int64_t> ms = read_integer(sink, s, "drain_timeout_ms", 0, day_ms)) c.drain_timeout_ms = *ms;
+}
+
+void read_sections(error_sink& sink, const sections& f, const fs::path& base, node_config& c) {
+  read_node(sink, f.node, base, c);
+  if (std::optional<int64_t> n = read_integer(sink, f.engine, "ranks", 1, 1024)) c.ranks = static_cast<int32_t>(*n);
+  c.http_listen = read_host_port(sink, f.gateway, "listen", true);
+  c.auth_token_file = read_path(sink, f.gateway, "auth_token_file", base);
+  for (const auto& [text, pos] : read_string_array(sink, f.cluster, "seeds")) {
+    std::expected<host_port, std::string> a = parse_host_port(text, false);
+    if (a) c.seeds.push_back(*a);
+    else sink.fail(config_errc::bad_value, pos, f.cluster.path("seeds"), a.error());
+  }
+  const section& cl = f.cluster;
+  if (auto ms = read_integer(sink, cl, "heartbeat_interval_ms", 1, hour_ms)) c.heartbeat_interval_ms = *ms;
+  if (auto ms = read_integer(sink, cl, "connection_timeout_ms", 1, day_ms)) c.connection_timeout_ms = *ms;
+  if (auto ms = read_integer(sink, cl, "request_timeout_ms", 1, day_ms)) c.request_timeout_ms = *ms;
+  if (std::optional<log_level> l = read_log_level(sink, f.log)) c.level = *l;
+  c.log_file = read_path(sink, f.log, "file", base);
+}
+
+void check_required(error_sink& sink, const sections& f) {
+  for (std::string_view key : {"name", "listen", "roles"})
+    if (!f.node.get(key))
+      sink.fail(config_errc::missing_key, f.node.pos(), f.node.path(key), "required key missing");
+}
+
+// Rules between keys: sections that match the roles, model_dir where a role needs it, the
+// failure detector's timeout above its heartbeat, distinct listen addresses.
+void check_consistency(error_sink& sink, const sections& f, const node_config& c) {
+  const bool gateway = c.has_role(role::gateway);
+  const bool engine = c.has_role(role::engine);
+  for (auto [s, needed] : {std::pair{&f.engine, engine}, std::pair{&f.gateway, gateway}}) {
+    if (s->table && !needed)
+      sink.fail(config_errc::bad_value, s->pos(), std::string(s->name),
+                "section [" + std::string(s->name) + "] given but node.roles has no '" +
+                    std::string(s->name) + "'");
+  }
+  if (gateway && !c.http_listen)
+    sink.fail(config_errc::missing_key, f.gateway.table ? f.gateway.pos() : f.node.pos("roles"),
+              "gateway.listen", "required with the gateway role");
+  if ((gateway || engine) && c.model_dir.empty())
+    sink.fail(config_errc::missing_key, f.node.pos(), "node.model_dir",
+              "required with the gateway or engine role");
+  if (!gateway && !engine && f.node.get("model_dir"))
+    sink.fail(config_errc::bad_value, f.node.pos("model_dir"), "node.model_dir",
+              "only the gateway and engine roles use a model");
+  if (c.connection_timeout_ms <= c.heartbeat_interval_ms) {
+    const bool blame_timeout = f.cluster.get("connection_timeout_ms") != nullptr;
+    const std::string other = blame_timeout ? "heartbeat_interval_ms" : "connection_timeout_ms";
+    const int64_t other_ms = blame_timeout ? c.heartbeat_interval_ms : c.connection_timeout_ms;
+    const std::string key = blame_timeout ? "connection_timeout_ms" : "heartbeat_interval_ms";
+    sink.fail(config_errc::bad_value, f.cluster.pos(key), f.cluster.path(key),
+              std::string(blame_timeout ? "must exceed" : "must be below") + " cluster." + other + " (" +
+                  std::to_string(other_ms) + (f.cluster.get(other) ? "" : ", the default") + ")");
+  }
+  if (c.http_listen && c.http_listen->port != 0 && *c.http_listen == c.listen)
+    sink.fail(config_errc::bad_value, f.gateway.pos("listen"), "gateway.listen",
+              "same address as node.listen (" + to_string(c.listen) + ")");
+}
+
+config_error syntax_error(const std::string& file, const toml::parse_error& e) {
+  const position p = at(e.source());
+  return config_error{config_errc::syntax, file, p.line, p.column, "", std::string(e.description())};
+}
+
+std::expected<node_config, config_error> parse_with_base(std::string_view text, const std::string& file,
+                                                         const fs::path& base) {
+  toml::table root;
+#if TOML_EXCEPTIONS
+  try {
+    root = toml::parse(text, file);
+  } catch (const toml::parse_error& e) {
+    return std::unexpected(syntax_error(file, e));
+  }
+#else
+  toml::parse_result parsed = toml::parse(text, file);
+  if (!parsed) return std::unexpected(syntax_error(file, parsed.error()));
+  root = std::move(parsed).table();
+#endif
+  error_sink sink(file);
+  check_schema(sink, root);
+  if (sink.failed()) return std::unexpected(sink.error());
+  const sections f(root);
+  node_config c;
+  read_sections(sink, f, base, c);
+  check_required(sink, f);
+  if (!sink.failed()) check_consistency(sink, f, c);
+  if (sink.failed()) return std::unexpected(sink.error());
+  return c;
+}
+
+}  // namespace
+
+const char* to_string(role r) {
+  switch (r) {
+    case role::gateway: return "gateway";
+    case role::engine: return "engine";
+    case role::storage: return "storage";
+  }
+  return "?";
+}
+
+const char* to_string(log_level l) {
+  switch (l) {
+    case log_level::trace: return "trace";
+    case log_level::debug: return "debug";
+    case log_level::info: return "info";
+    case log_level::warn: return "warn";
+    case log_level::error: return "error";
+  }
+  return "?";
+}
+
+const char* to_string(config_errc e) {
+  switch (e) {
+    case config_errc::io: return "io";
+    case config_errc::syntax: return "syntax";
+    case config_errc::unknown_key: return "unknown_key";
+    case config_errc::wrong_type: return "wrong_type";
+    case config_errc::bad_value: return "bad_value";
+    case config_errc::missing_key: return "missing_key";
+  }
+  return "?";
+}
+
+std::string to_string(const host_port& a) {
+  const bool bracket = a.host.find(':') != std::string::npos;
+  return (bracket ? "[" + a.host + "]" : a.host) + ":" + std::to_string(a.port);
+}
+
+std::string to_string(const config_error& e) {
+  std::string s = e.file;
+  if (e.line > 0) s += ":" + std::to_string(e.line) + ":" + std::to_string(e.column);
+  s += ": ";
+  if (!e.key.empty()) s += "key '" + e.key + "': ";
+  return s + e.message;
+}
+
+bool node_config::has_role(role r) const { return std::ranges::find(roles, r) != roles.end(); }
+
+std::expected<node_config, config_error> parse_node_config(std::string_view toml_text,
+                                                           const std::string& file) {
+  return parse_with_base(toml_text, file, fs::path(file).parent_path());
+}
+
+std::expected<node_config, config_error> load_node_config(const fs::path& path) {
+  const auto io_error = [&](std::string message) {
+    return std::unexpected(config_error{config_errc::io, path.string(), 0, 0, "", std::move(message)});
+  };
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) return io_error("is a directory, not a config file");
+  const uintmax_t size = fs::file_size(path, ec);
+  if (!ec && size > max_file_bytes) return io_error("larger than 1 MiB; not a node config");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return io_error(std::string("cannot open: ") + std::strerror(errno));
+  std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  if (in.bad()) return io_error("read failed");
+  const fs::path absolute = fs::absolute(path, ec);
+  return parse_with_base(text, path.string(), (ec ? path : absolute).parent_path());
+}
+
+}  // namespace shoal::runtime

@@ -1,0 +1,97 @@
+// Configuration of one `shoald` node, read from a TOML file (`shoald --config FILE.toml`).
+// The schema (sections [node], [engine], [gateway], [cluster], [log]) is documented key by key
+// in config/README.md and the samples beside it. Parsing is all-or-nothing: a usable
+// node_config, or one config_error naming file, line, column and key; TOML stays out of here.
+#pragma once
+
+#include <cstdint>
+#include <expected>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace shoal::runtime {
+
+// What a node runs. A node has at least one role and each at most once.
+enum class role : uint8_t { gateway, engine, storage };
+const char* to_string(role r);
+
+enum class log_level : uint8_t { trace, debug, info, warn, error };
+const char* to_string(log_level l);
+
+// "host:port" as written in the file: host is a hostname, IPv4 literal or bracketed IPv6
+// literal ("[::1]:7100", stored without brackets). Port 0 (listen addresses only) asks the
+// OS for a free port.
+struct host_port {
+  std::string host;
+  uint16_t port = 0;
+  bool operator==(const host_port&) const = default;
+};
+std::string to_string(const host_port& a);  // brackets IPv6 hosts again
+
+struct node_config {
+  // [node]
+  std::string name;                   // unique in the cluster; [A-Za-z0-9._-], ≤ 64 chars
+  host_port listen;                   // CAF middleman endpoint of this node
+  std::vector<role> roles;            // non-empty, no duplicates, file order
+  std::filesystem::path model_dir;    // set iff the node has the gateway or engine role
+  int64_t drain_timeout_ms = 30'000;  // SIGTERM: longest wait for running requests
+
+  // [engine] (only with the engine role)
+  int32_t ranks = 1;  // data-parallel ranks hosted by this node, ≥ 1
+
+  // [gateway] (required with the gateway role, rejected without it)
+  std::optional<host_port> http_listen;                 // set iff the node has the gateway role
+  std::optional<std::filesystem::path> auth_token_file;  // bearer tokens; nullopt = no auth
+
+  // [cluster]
+  std::vector<host_port> seeds;               // empty = this node starts the cluster
+  int64_t heartbeat_interval_ms = 1'000;      // middleman.heartbeat-interval
+  int64_t connection_timeout_ms = 5'000;      // middleman.connection-timeout, > heartbeat
+  int64_t request_timeout_ms = 60'000;        // every request to another actor
+
+  // [log]
+  log_level level = log_level::info;
+  std::optional<std::filesystem::path> log_file;  // nullopt = stderr only
+
+  bool has_role(role r) const;
+};
+
+enum class config_errc : uint8_t {
+  io,            // file unreadable
+  syntax,        // not TOML
+  unknown_key,   // key or section outside the schema (typos are errors, never ignored)
+  wrong_type,    // e.g. a string where an integer belongs
+  bad_value,     // out of range, unknown enum name, malformed host:port, duplicate
+  missing_key,   // required key absent
+};
+const char* to_string(config_errc e);
+
+// One operating error in a config file. line/column are 1-based; 0 means "no position"
+// (an unreadable file, or a key missing from a section that is absent too).
+struct config_error {
+  config_errc code = config_errc::syntax;
+  std::string file;
+  int32_t line = 0;
+  int32_t column = 0;
+  std::string key;  // dotted path ("engine.ranks"); empty for syntax and io errors
+  std::string message;
+};
+
+// "FILE:LINE:COL: key 'engine.ranks': must be ≥ 1, got 0"; the position is left out when
+// line is 0 and the key part when key is empty.
+std::string to_string(const config_error& e);
+
+// Parses and validates `toml_text`; `file` names the text in errors. Relative paths in the
+// file (model_dir, auth_token_file, log file) resolve against the directory of `file`
+// (lexically; nothing is opened or checked for existence). Never throws a TOML exception.
+std::expected<node_config, config_error> parse_node_config(std::string_view toml_text,
+                                                           const std::string& file);
+
+// Reads `path` and parses it; relative paths in it resolve against its absolute directory,
+// so the result does not depend on the working directory afterwards.
+std::expected<node_config, config_error> load_node_config(const std::filesystem::path& path);
+
+}  // namespace shoal::runtime

@@ -1,0 +1,260 @@
+// Tests of the shoald node config (runtime/node_config): every sample under config/ parses to
+// the values its comments promise, defaults and path resolution hold, and a table of bad files
+// each fails with the expected error code, line and key, formatted as FILE:LINE:COL: key '…'.
+#include "runtime/node_config.hpp"
+
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace fs = std::filesystem;
+using namespace shoal::runtime;
+
+namespace {
+
+fs::path source_dir() { return fs::absolute(SHOAL_SOURCE_DIR); }
+
+node_config load_sample(const std::string& relative) {
+  const auto c = load_node_config(source_dir() / relative);
+  INFO(relative);
+  REQUIRE_MESSAGE(c.has_value(), (c ? std::string() : to_string(c.error())));
+  return *c;
+}
+
+// A valid engine-only node; the bad-input cases below append to it, so their lines start at 6.
+const std::string base = R"([node]
+name = "n1"
+listen = "127.0.0.1:7100"
+roles = ["engine"]
+model_dir = "m"
+)";
+
+}  // namespace
+
+TEST_CASE("node_config: config/local-1node.toml is one gateway + engine node with 1 rank") {
+  const node_config c = load_sample("config/local-1node.toml");
+  CHECK(c.name == "local");
+  CHECK(c.listen == host_port{"127.0.0.1", 7100});
+  CHECK(c.roles == std::vector<role>{role::gateway, role::engine});
+  CHECK(c.model_dir == (source_dir() / "models/small").lexically_normal());
+  CHECK(c.drain_timeout_ms == 30'000);
+  CHECK(c.ranks == 1);
+  REQUIRE(c.http_listen);
+  CHECK(*c.http_listen == host_port{"127.0.0.1", 8000});
+  CHECK_FALSE(c.auth_token_file);
+  CHECK(c.seeds.empty());
+  CHECK(c.heartbeat_interval_ms == 1'000);
+  CHECK(c.connection_timeout_ms == 5'000);
+  CHECK(c.request_timeout_ms == 60'000);
+  CHECK(c.level == log_level::info);
+  CHECK_FALSE(c.log_file);
+}
+
+TEST_CASE("node_config: config/local-3node/ is 1 gateway node and 2 engine nodes of 2 ranks") {
+  const node_config gw = load_sample("config/local-3node/gateway.toml");
+  const node_config a = load_sample("config/local-3node/engine-a.toml");
+  const node_config b = load_sample("config/local-3node/engine-b.toml");
+  const fs::path model = (source_dir() / "models/small").lexically_normal();
+
+  CHECK(gw.name == "gateway");
+  CHECK(gw.roles == std::vector<role>{role::gateway});
+  CHECK(gw.listen == host_port{"127.0.0.1", 7100});
+  CHECK(gw.http_listen == host_port{"127.0.0.1", 8000});
+  CHECK(gw.seeds.empty());
+  CHECK(gw.model_dir == model);
+
+  for (const node_config* e : {&a, &b}) {
+    CAPTURE(e->name);
+    CHECK(e->roles == std::vector<role>{role::engine});
+    CHECK(e->ranks == 2);
+    CHECK_FALSE(e->http_listen);
+    CHECK(e->seeds == std::vector<host_port>{gw.listen});
+    CHECK(e->model_dir == model);
+  }
+  CHECK(a.name == "engine-a");
+  CHECK(b.name == "engine-b");
+  CHECK(a.listen == host_port{"127.0.0.1", 7101});
+  CHECK(b.listen == host_port{"127.0.0.1", 7102});
+  for (const node_config* n : {&gw, &a, &b}) {
+    CHECK(n->listen.host == "127.0.0.1");
+    CHECK(n->heartbeat_interval_ms == 500);
+    CHECK(n->connection_timeout_ms == 3'000);
+  }
+}
+
+TEST_CASE("node_config: optional keys take their defaults") {
+  const auto c = parse_node_config(base, "");
+  REQUIRE_MESSAGE(c.has_value(), (c ? std::string() : to_string(c.error())));
+  CHECK(c->ranks == 1);
+  CHECK(c->drain_timeout_ms == 30'000);
+  CHECK(c->seeds.empty());
+  CHECK(c->heartbeat_interval_ms == 1'000);
+  CHECK(c->connection_timeout_ms == 5'000);
+  CHECK(c->request_timeout_ms == 60'000);
+  CHECK(c->level == log_level::info);
+  CHECK_FALSE(c->http_listen);
+  CHECK_FALSE(c->auth_token_file);
+  CHECK_FALSE(c->log_file);
+  CHECK(c->model_dir == fs::path("m"));  // no file name: stays relative
+}
+
+TEST_CASE("node_config: relative paths resolve against the config file's directory") {
+  const std::string text = R"([node]
+name = "g"
+listen = "[::1]:0"
+roles = ["gateway"]
+model_dir = "../models/tiny"
+[gateway]
+listen = "0.0.0.0:8080"
+auth_token_file = "secrets/tokens.txt"
+[log]
+level = "debug"
+file = "/var/log/shoal/g.log"
+)";
+  const auto c = parse_node_config(text, "/etc/shoal/g.toml");
+  REQUIRE_MESSAGE(c.has_value(), (c ? std::string() : to_string(c.error())));
+  CHECK(c->model_dir == fs::path("/etc/models/tiny"));
+  CHECK(c->auth_token_file == fs::path("/etc/shoal/secrets/tokens.txt"));
+  CHECK(c->log_file == fs::path("/var/log/shoal/g.log"));  // absolute: kept
+  CHECK(c->listen == host_port{"::1", 0});                 // port 0: any free port
+  CHECK(to_string(c->listen) == "[::1]:0");
+  CHECK(c->level == log_level::debug);
+}
+
+TEST_CASE("node_config: every bad input names its line and key") {
+  struct bad_case {
+    const char* what;
+    std::string text;
+    config_errc code;
+    int32_t line;
+    std::string key;  // "" for syntax errors
+    std::string message_part;
+  };
+  const std::vector<bad_case> cases = {
+      {"syntax: unterminated string", "[node]\nname = \"n1\nlisten = \"x\"\n", config_errc::syntax, 2, "", ""},
+      {"syntax: unclosed header", base + "[engine\nranks = 1\n", config_errc::syntax, 6, "", ""},
+      {"syntax: duplicate key", base + "[engine]\nranks = 1\nranks = 2\n", config_errc::syntax, 8, "", ""},
+      {"unknown section (typo)", base + "[engin]\nranks = 2\n", config_errc::unknown_key, 6, "engin",
+       "did you mean 'engine'"},
+      {"unknown key (typo), first in file order",
+       base + "[cluster]\nheartbeat_intervl_ms = 500\nzzz = 1\n", config_errc::unknown_key, 7,
+       "cluster.heartbeat_intervl_ms", "did you mean 'heartbeat_interval_ms'"},
+      {"unknown key at the root", "ranks = 2\n" + base, config_errc::unknown_key, 1, "ranks", "section"},
+      {"unknown nested table", base + "[node.extra]\nx = 1\n", config_errc::unknown_key, 6, "node.extra",
+       "unknown key"},
+      {"section that is not a table", base + "[[engine]]\nranks = 1\n", config_errc::wrong_type, 6, "engine",
+       "expected a table"},
+      {"unknown role", "[node]\nname = \"n1\"\nlisten = \"127.0.0.1:7100\"\nroles = [\"engine\", \"engin\"]\n",
+       config_errc::bad_value, 4, "node.roles", "unknown role 'engin'"},
+      {"role listed twice", "[node]\nname = \"n1\"\nlisten = \"127.0.0.1:7100\"\nroles = [\"storage\", \"storage\"]\n",
+       config_errc::bad_value, 4, "node.roles", "listed twice"},
+      {"no roles", "[node]\nname = \"n1\"\nlisten = \"127.0.0.1:7100\"\nroles = []\n", config_errc::bad_value, 4,
+       "node.roles", "at least one role"},
+      {"roles not an array", "[node]\nname = \"n1\"\nlisten = \"127.0.0.1:7100\"\nroles = \"engine\"\n",
+       config_errc::wrong_type, 4, "node.roles", "expected an array of strings, got a string"},
+      {"ranks = 0", base + "[engine]\nranks = 0\n", config_errc::bad_value, 7, "engine.ranks", "must be ≥ 1, got 0"},
+      {"ranks too large", base + "[engine]\nranks = 5000\n", config_errc::bad_value, 7, "engine.ranks",
+       "must be ≤ 1024"},
+      {"ranks as a string", base + "[engine]\nranks = \"2\"\n", config_errc::wrong_type, 7, "engine.ranks",
+       "expected an integer, got a string"},
+      {"ranks as a float", base + "[engine]\nranks = 2.0\n", config_errc::wrong_type, 7, "engine.ranks",
+       "got a float"},
+      {"listen port out of range", "[node]\nname = \"n1\"\nlisten = \"127.0.0.1:70000\"\nroles = [\"storage\"]\n",
+       config_errc::bad_value, 3, "node.listen", "port out of range"},
+      {"listen without port", "[node]\nname = \"n1\"\nlisten = \"localhost\"\nroles = [\"storage\"]\n",
+       config_errc::bad_value, 3, "node.listen", "expected host:port"},
+      {"listen with a bad IPv4", "[node]\nname = \"n1\"\nlisten = \"10.0.0.300:1\"\nroles = [\"storage\"]\n",
+       config_errc::bad_value, 3, "node.listen", "bad host"},
+      {"IPv6 without brackets", "[node]\nname = \"n1\"\nlisten = \"::1:7100\"\nroles = [\"storage\"]\n",
+       config_errc::bad_value, 3, "node.listen", "brackets"},
+      {"seed without a port", base + "[cluster]\nseeds = [\"127.0.0.1:7100\",\n  \"host\"]\n", config_errc::bad_value,
+       8, "cluster.seeds", "expected host:port, got 'host'"},
+      {"seed with port 0", base + "[cluster]\nseeds = [\"127.0.0.1:0\"]\n", config_errc::bad_value, 7,
+       "cluster.seeds", "port out of range"},
+      {"seed not a string", base + "[cluster]\nseeds = [7100]\n", config_errc::wrong_type, 7, "cluster.seeds",
+       "got an integer"},
+      {"connection timeout = heartbeat",
+       base + "[cluster]\nheartbeat_interval_ms = 1000\nconnection_timeout_ms = 1000\n", config_errc::bad_value, 8,
+       "cluster.connection_timeout_ms", "must exceed cluster.heartbeat_interval_ms (1000)"},
+      {"heartbeat above the default connection timeout", base + "[cluster]\nheartbeat_interval_ms = 9000\n",
+       config_errc::bad_value, 7, "cluster.heartbeat_interval_ms", "(5000, the default)"},
+      {"negative drain timeout", base + "drain_timeout_ms = -1\n", config_errc::bad_value, 6,
+       "node.drain_timeout_ms", "must be ≥ 0"},
+      {"missing node.name", "[node]\nlisten = \"127.0.0.1:7100\"\nroles = [\"storage\"]\n", config_errc::missing_key,
+       1, "node.name", "required"},
+      {"missing [node] altogether", "[log]\nlevel = \"info\"\n", config_errc::missing_key, 0, "node.name",
+       "required"},
+      {"gateway role without [gateway]",
+       "[node]\nname = \"g\"\nlisten = \"127.0.0.1:7100\"\nroles = [\"gateway\"]\nmodel_dir = \"m\"\n",
+       config_errc::missing_key, 4, "gateway.listen", "gateway role"},
+      {"[gateway] without listen",
+       "[node]\nname = \"g\"\nlisten = \"127.0.0.1:7100\"\nroles = [\"gateway\"]\nmodel_dir = \"m\"\n"
+       "[gateway]\nauth_token_file = \"t\"\n",
+       config_errc::missing_key, 6, "gateway.listen", "gateway role"},
+      {"[gateway] on a node without the role", base + "[gateway]\nlisten = \"127.0.0.1:8000\"\n",
+       config_errc::bad_value, 6, "gateway", "has no 'gateway'"},
+      {"gateway.listen = node.listen",
+       "[node]\nname = \"g\"\nlisten = \"127.0.0.1:7100\"\nroles = [\"gateway\"]\nmodel_dir = \"m\"\n"
+       "[gateway]\nlisten = \"127.0.0.1:7100\"\n",
+       config_errc::bad_value, 7, "gateway.listen", "same address"},
+      {"engine role without model_dir", "[node]\nname = \"n1\"\nlisten = \"127.0.0.1:7100\"\nroles = [\"engine\"]\n",
+       config_errc::missing_key, 1, "node.model_dir", "required"},
+      {"empty model_dir",
+       "[node]\nname = \"n1\"\nlisten = \"127.0.0.1:7100\"\nroles = [\"engine\"]\nmodel_dir = \"\"\n",
+       config_errc::bad_value, 5, "node.model_dir", "must not be empty"},
+      {"node name with a space", "[node]\nname = \"node one\"\nlisten = \"127.0.0.1:7100\"\nroles = [\"storage\"]\n",
+       config_errc::bad_value, 2, "node.name", "[A-Za-z0-9._-]"},
+      {"unknown log level", base + "[log]\nlevel = \"verbose\"\n", config_errc::bad_value, 7, "log.level",
+       "unknown level 'verbose'"},
+      {"log file as a boolean", base + "[log]\nfile = true\n", config_errc::wrong_type, 7, "log.file",
+       "expected a string, got a boolean"},
+  };
+  for (const bad_case& bc : cases) {
+    CAPTURE(bc.what);
+    const auto r = parse_node_config(bc.text, "bad.toml");
+    REQUIRE_FALSE(r.has_value());
+    const config_error& e = r.error();
+    const std::string text = to_string(e);
+    CAPTURE(text);
+    CHECK(e.code == bc.code);
+    CHECK(e.file == "bad.toml");
+    CHECK(e.line == bc.line);
+    CHECK(e.key == bc.key);
+    CHECK(text.find(bc.message_part) != std::string::npos);
+    if (bc.line > 0) {
+      CHECK(e.column > 0);
+      CHECK(text.starts_with("bad.toml:" + std::to_string(bc.line) + ":"));
+    }
+    if (!bc.key.empty()) CHECK(text.find("key '" + bc.key + "': ") != std::string::npos);
+  }
+}
+
+TEST_CASE("node_config: to_string reads FILE:LINE:COL: key 'K': message") {
+  const auto r = parse_node_config(base + "[engine]\nranks = 0\n", "x.toml");
+  REQUIRE_FALSE(r.has_value());
+  CHECK(to_string(r.error()) == "x.toml:7:9: key 'engine.ranks': must be ≥ 1, got 0");
+
+  CHECK(to_string(config_error{config_errc::syntax, "a.toml", 3, 14, "", "expected '='"}) ==
+        "a.toml:3:14: expected '='");
+  CHECK(to_string(config_error{config_errc::missing_key, "a.toml", 0, 0, "node.name", "required key missing"}) ==
+        "a.toml: key 'node.name': required key missing");
+  CHECK(std::string(to_string(config_errc::unknown_key)) == "unknown_key");
+  CHECK(std::string(to_string(role::storage)) == "storage");
+  CHECK(std::string(to_string(log_level::warn)) == "warn");
+}
+
+TEST_CASE("node_config: unreadable files are io errors without a position") {
+  const fs::path missing = source_dir() / "config/no-such-node.toml";
+  const auto r = load_node_config(missing);
+  REQUIRE_FALSE(r.has_value());
+  CHECK(r.error().code == config_errc::io);
+  CHECK(r.error().line == 0);
+  CHECK(to_string(r.error()) == missing.string() + ": cannot open: No such file or directory");
+
+  const auto d = load_node_config(source_dir() / "config");
+  REQUIRE_FALSE(d.has_value());
+  CHECK(d.error().code == config_errc::io);
+  CHECK(d.error().message.find("directory") != std::string::npos);
+}
