@@ -3,6 +3,8 @@
 # DeepSeek-V3 tokenizer) if absent, and run the offline inference demo on it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# ccache hits across clones in different folders (CI clones afresh each run)
+export CCACHE_BASEDIR="$PWD"
 ./scripts/setup.sh
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release > build.configure.log 2>&1 \
   || { cat build.configure.log; exit 1; }
