@@ -77,7 +77,7 @@ bool engine::abort(request_id id) {
   if (flight_)  // a request in the running step finishes after it
     for (auto& item : flight_->plan.items)
       if (item.req == r) {
-        r->params.max_tokens = static_cast<int32_t>(r->output_len());
+        r->abort_requested = true;
         return true;
       }
   r->finish = finish_reason::aborted;
@@ -169,6 +169,10 @@ std::vector<token_event> engine::complete() {
       events.push_back({r->id, token, sr.reason != finish_reason::none, sr.reason, {}});
       if (config_.capture_logits) events.back().logits.assign(logits.begin(), logits.end());
       if (sr.reason != finish_reason::none) r->finish = sr.reason;
+    }
+    if (r->abort_requested && r->finish == finish_reason::none) {
+      r->finish = finish_reason::aborted;
+      events.push_back({r->id, -1, true, finish_reason::aborted, {}});
     }
     caches_.commit(*r);
     if (r->finish != finish_reason::none) sched_.finish(r);

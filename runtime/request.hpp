@@ -38,6 +38,7 @@ struct request {
   bool swa_approx = false;       // the SWA window came from bounded replay
   int64_t snapshot_at = -1;      // last position an SWA snapshot was saved at
   int64_t preemptions = 0;
+  bool abort_requested = false;  // aborted while its step was computing: finishes after it
 
   int64_t num_tokens() const { return static_cast<int64_t>(tokens.size()); }
   int64_t computed() const { return cache.computed; }

@@ -197,6 +197,27 @@ TEST_CASE("bounded replay: divergence from exact reconstruction stays below the 
   CHECK(kl_sum / 20 < 0.05);
 }
 
+TEST_CASE("abort: waiting and running requests finish as aborted and free their blocks") {
+  for (bool async : {false, true}) {
+    auto w = test::tiny_model("tiny");
+    auto cfg = base_config(64);
+    cfg.async_scheduling = async;
+    engine e(w, cfg);
+    auto a = e.add_request(test::random_tokens(20, 1), greedy(50));
+    auto b = e.add_request(test::random_tokens(20, 2), greedy(50));
+    e.step();
+    e.step();
+    CHECK(e.abort(*a));
+    while (e.has_work()) e.step();
+    CHECK(e.result(*a).reason == runtime::finish_reason::aborted);
+    CHECK(e.result(*a).output.size() < 50);
+    CHECK(e.result(*b).reason == runtime::finish_reason::length);
+    CHECK(e.result(*b).output.size() == 50);
+    CHECK(e.stats().blocks_free == 64);
+    CHECK_FALSE(e.abort(*a));  // already finished
+  }
+}
+
 TEST_CASE("bad requests get errors naming the problem, and leave nothing queued") {
   auto w = test::tiny_model("tiny");
   engine e(w, base_config(16));
