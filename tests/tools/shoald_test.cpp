@@ -1,0 +1,279 @@
+// The real `shoald` process, started from a config written here: rank 0's engine is reached
+// over loopback with remote_actor and must stream the same greedy tokens as a local engine on
+// the same checkpoint; SIGTERM lets a running request finish, then the daemon exits 0. Bad
+// configs exit 2 naming the key. Every wait is bounded; a daemon left running is killed.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <caf/actor_system.hpp>
+#include <caf/actor_system_config.hpp>
+#include <caf/after.hpp>
+#include <caf/io/middleman.hpp>
+#include <caf/io/remote_actor.hpp>
+#include <caf/scoped_actor.hpp>
+
+#include "actors/interfaces.hpp"
+#include "model/generate.hpp"
+#include "runtime/engine_setup.hpp"
+#include "tools/shoald/engine_options.hpp"
+
+extern char** environ;
+
+using namespace shoal;
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr auto request_timeout = std::chrono::seconds(20);
+constexpr auto start_timeout = std::chrono::seconds(60);
+constexpr int64_t drain_timeout_ms = 15'000;
+
+std::string read_text(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+void write_text(const fs::path& p, const std::string& text) {
+  std::ofstream f(p, std::ios::binary);
+  f << text;
+  REQUIRE(f.good());
+}
+
+// A fresh directory under /tmp, removed with everything in it.
+struct temp_dir {
+  fs::path path;
+  temp_dir() {
+    std::string tmpl = (fs::temp_directory_path() / "shoald_test.XXXXXX").string();
+    REQUIRE(mkdtemp(tmpl.data()) != nullptr);
+    path = tmpl;
+  }
+  ~temp_dir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+// One shoald process with stdout and stderr redirected to files in `dir`.
+struct daemon_process {
+  pid_t pid = -1;
+  fs::path out, err;
+  std::optional<int> status;  // exit code (128 + signal when killed), once reaped
+
+  daemon_process(const fs::path& config, const fs::path& dir) : out(dir / "stdout"), err(dir / "stderr") {
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_addopen(&fa, 2, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    std::string bin = SHOAL_SHOALD_BIN, flag = "--config", cfg = config.string();
+    char* argv[] = {bin.data(), flag.data(), cfg.data(), nullptr};
+    int rc = posix_spawn(&pid, bin.c_str(), &fa, nullptr, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    REQUIRE_MESSAGE(rc == 0, "cannot start " << bin);
+  }
+
+  ~daemon_process() {
+    if (pid > 0 && !status) {
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+    }
+  }
+
+  // Reaps the process if it has exited; true then.
+  bool exited() {
+    if (status) return true;
+    int st = 0;
+    if (waitpid(pid, &st, WNOHANG) != pid) return false;
+    status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    return true;
+  }
+
+  // The exit code within `timeout`, or nullopt (the process is then still running).
+  std::optional<int> wait_exit(std::chrono::milliseconds timeout) {
+    auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (!exited() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(10ms);
+    return status;
+  }
+
+  // The port of the "shoald: listening on HOST:PORT" line, or nullopt when the process exits
+  // or prints nothing within `timeout`.
+  std::optional<uint16_t> wait_listening(std::chrono::milliseconds timeout) {
+    const std::string marker = "shoald: listening on ";
+    auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < deadline) {
+      std::string text = read_text(out);
+      if (auto at = text.find(marker); at != std::string::npos) {
+        auto eol = text.find('\n', at);
+        if (eol != std::string::npos) {
+          std::string addr = text.substr(at + marker.size(), eol - at - marker.size());
+          return static_cast<uint16_t>(std::stoi(addr.substr(addr.rfind(':') + 1)));
+        }
+      }
+      if (exited()) return std::nullopt;
+      std::this_thread::sleep_for(10ms);
+    }
+    return std::nullopt;
+  }
+};
+
+std::string engine_config_text(const std::string& extra_node, int ranks) {
+  return "[node]\nname = \"test-node\"\nlisten = \"127.0.0.1:0\"\nmodel_dir = \"model\"\n" + extra_node +
+         "drain_timeout_ms = " + std::to_string(drain_timeout_ms) + "\n\n[engine]\nranks = " +
+         std::to_string(ranks) +
+         "\n\n[cluster]\nheartbeat_interval_ms = 200\nconnection_timeout_ms = 5000\n"
+         "request_timeout_ms = 20000\n\n[log]\nlevel = \"debug\"\nfile = \"shoald.log\"\n";
+}
+
+struct client_config : caf::actor_system_config {
+  client_config() {
+    load<caf::io::middleman>();
+    actors::add_message_types(*this);
+    set("middleman.heartbeat-interval", caf::timespan{std::chrono::milliseconds(200)});
+    set("middleman.connection-timeout", caf::timespan{std::chrono::seconds(5)});
+  }
+};
+
+actors::generation_request greedy_request(int64_t id, std::vector<int32_t> prompt, int32_t max_tokens) {
+  actors::generation_request r{request_id(id), std::move(prompt), {}};
+  r.sampling.max_tokens = max_tokens;
+  r.sampling.ignore_eos = true;
+  return r;
+}
+
+// Submits `req` to `engine`; false (and a failed check) when it is refused or times out.
+bool submit(caf::scoped_actor& self, const actors::engine_actor& engine, const actors::generation_request& req) {
+  bool accepted = false;
+  self->request(engine, request_timeout, submit_atom_v, req)
+    .receive([&](request_id id) { accepted = id == req.id; },
+             [&](caf::error& e) { FAIL_CHECK("submit refused: " << self->system().render(e)); });
+  return accepted;
+}
+
+// Collects token events until every request in `open` has finished (or a timeout passes).
+void collect(caf::scoped_actor& self, std::map<int64_t, std::vector<int32_t>>& tokens, int open) {
+  bool timed_out = false;
+  self->receive_while([&] { return open > 0 && !timed_out; })(
+    [&](const actors::token_event& ev) {
+      tokens[ev.id.value].push_back(ev.token);
+      if (ev.finished) --open;
+    },
+    caf::after(request_timeout) >> [&] { timed_out = true; });
+  CHECK_MESSAGE(!timed_out, "no token within the timeout");
+}
+
+}  // namespace
+
+TEST_CASE("shoald serves a remote engine with the local engine's greedy tokens and drains on SIGTERM") {
+  temp_dir dir;
+  model::generate_options gen;
+  gen.preset = "tiny";
+  gen.seed = 7;
+  gen.out_dir = (dir.path / "model").string();
+  REQUIRE(model::generate_checkpoint(gen));
+  write_text(dir.path / "node.toml", engine_config_text("roles = [\"engine\"]\n", 2));
+
+  auto model = runtime::load_model_dir(gen.out_dir, false);
+  REQUIRE(model);
+  std::vector<actors::generation_request> reqs = {
+    greedy_request(1, runtime::encode_prompt(*model->tokenizer, "The quick brown fox"), 12),
+    greedy_request(2, runtime::encode_prompt(*model->tokenizer, "jumps over the lazy dog, twice."), 9)};
+  std::map<int64_t, std::vector<int32_t>> expected;
+  {
+    runtime::engine local(model->weights, tools::shoald::engine_config_for(model->weights->config));
+    std::map<int64_t, int64_t> caller_id;  // engine id → request id
+    for (const auto& r : reqs) {
+      auto id = local.add_request(r.prompt, actors::to_sampling_params(r.sampling));
+      REQUIRE(id);
+      caller_id[id->value] = r.id.value;
+    }
+    for (auto& c : local.run_to_completion()) expected[caller_id.at(c.id.value)] = c.output;
+  }
+
+  daemon_process d(dir.path / "node.toml", dir.path);
+  auto port = d.wait_listening(start_timeout);
+  REQUIRE_MESSAGE(port, "shoald did not start; stderr:\n" << read_text(d.err));
+
+  {
+    client_config cfg;
+    caf::actor_system client{cfg};
+    auto engine = caf::io::remote_actor<actors::engine_actor>(client, "127.0.0.1", *port);
+    REQUIRE_MESSAGE(engine, client.render(engine.error()));
+    caf::scoped_actor self{client};
+
+    for (const auto& r : reqs) REQUIRE(submit(self, *engine, r));
+    std::map<int64_t, std::vector<int32_t>> got;
+    collect(self, got, static_cast<int>(reqs.size()));
+    CHECK(got == expected);
+
+    // A long request is running when SIGTERM arrives: it still streams to its end.
+    auto long_req = greedy_request(3, runtime::encode_prompt(*model->tokenizer, "drain me"), 200);
+    REQUIRE(submit(self, *engine, long_req));
+    bool first = false;
+    self->receive([&](const actors::token_event& ev) { first = ev.id == long_req.id && !ev.finished; },
+                  caf::after(request_timeout) >> [] {});
+    REQUIRE(first);
+    REQUIRE(kill(d.pid, SIGTERM) == 0);
+    // Once it has unpublished, a new client is refused while the old connection keeps streaming.
+    auto deadline = std::chrono::steady_clock::now() + request_timeout;
+    while (read_text(dir.path / "shoald.log").find("stopped accepting") == std::string::npos &&
+           std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(5ms);
+    {
+      client_config late_cfg;
+      caf::actor_system late{late_cfg};
+      CHECK(!caf::io::remote_actor<actors::engine_actor>(late, "127.0.0.1", *port));
+    }
+    std::map<int64_t, std::vector<int32_t>> drained;
+    collect(self, drained, 1);
+    CHECK(drained[3].size() + 1 == 200);
+  }
+
+  auto code = d.wait_exit(std::chrono::milliseconds(drain_timeout_ms) + 10s);
+  REQUIRE_MESSAGE(code, "shoald still running after SIGTERM; stderr:\n" << read_text(d.err));
+  CHECK(*code == 0);
+  std::string log = read_text(dir.path / "shoald.log");
+  CHECK(log.find("SIGTERM: draining") != std::string::npos);
+  CHECK(log.find("drained: no request running") != std::string::npos);
+  CHECK(read_text(d.err).find("2 engine rank(s)") != std::string::npos);  // stderr has the log too
+}
+
+TEST_CASE("shoald refuses an invalid config or an unsupported role with exit code 2 naming the key") {
+  struct bad_case {
+    std::string config, key;
+  };
+  std::vector<bad_case> cases = {
+    {engine_config_text("roles = [\"engine\"]\n", 0), "engine.ranks"},
+    {engine_config_text("roles = [\"gateway\", \"engine\"]\n", 1) + "\n[gateway]\nlisten = \"127.0.0.1:0\"\n",
+     "node.roles"},
+  };
+  for (const auto& c : cases) {
+    CAPTURE(c.key);
+    temp_dir dir;
+    write_text(dir.path / "node.toml", c.config);
+    daemon_process d(dir.path / "node.toml", dir.path);
+    auto code = d.wait_exit(30s);
+    REQUIRE_MESSAGE(code, "shoald did not exit on a bad config");
+    CHECK(*code == 2);
+    std::string err = read_text(d.err);
+    CHECK_MESSAGE(err.find(c.key) != std::string::npos, err);
+    CHECK(read_text(d.out).empty());
+  }
+}
