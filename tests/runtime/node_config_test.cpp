@@ -52,6 +52,16 @@ TEST_CASE("node_config: config/local-1node.toml is one gateway + engine node wit
   CHECK_FALSE(c.log_file);
 }
 
+TEST_CASE("node_config: config/local-engine.toml is an engine-only node (what shoald serves today)") {
+  const node_config c = load_sample("config/local-engine.toml");
+  CHECK(c.name == "engine-local");
+  CHECK(c.listen == host_port{"127.0.0.1", 7110});
+  CHECK(c.roles == std::vector<role>{role::engine});
+  CHECK(c.model_dir == (source_dir() / "models/small").lexically_normal());
+  CHECK(c.ranks == 1);
+  CHECK_FALSE(c.http_listen);
+}
+
 TEST_CASE("node_config: config/local-3node/ is 1 gateway node and 2 engine nodes of 2 ranks") {
   const node_config gw = load_sample("config/local-3node/gateway.toml");
   const node_config a = load_sample("config/local-3node/engine-a.toml");
