@@ -3,6 +3,7 @@
 #include "model/weights.hpp"
 
 #include <cmath>
+#include <cstdio>
 #include <numbers>
 #include <optional>
 #include <algorithm>
@@ -178,6 +179,12 @@ void derive(model_weights& w) {
   }
   w.attn_factor = y.yarn ? static_cast<float>(m(y.factor, y.mscale) / m(y.factor, y.mscale_all_dim)) : 1.0f;
   w.softmax_scale = static_cast<float>(c.softmax_scale());
+}
+
+void print_load_progress(size_t done, size_t total) {
+  if (total < (64u << 20)) return;
+  std::fprintf(stderr, "\rloading weights: %zu / %zu MiB", done >> 20, total >> 20);
+  if (done == total) std::fprintf(stderr, "\n");
 }
 
 result<model_weights> load_weights(const std::string& dir, void (*progress)(size_t, size_t)) {

@@ -106,6 +106,10 @@ void visit_tensors(model_weights& w, const std::function<void(const tensor_slot&
 // softmax_scale from w.config, and each layer's transposed W_UK.
 void derive(model_weights& w);
 
+// A progress callback for load_weights that prints MiB loaded to stderr for checkpoints of
+// 64 MiB and more (small ones load too fast to be worth a line).
+void print_load_progress(size_t done, size_t total);
+
 // Loads config.json + safetensors from `dir`. Errors name the file and tensor.
 result<model_weights> load_weights(const std::string& dir,
                                    void (*progress)(size_t done, size_t total) = nullptr);

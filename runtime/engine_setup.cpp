@@ -1,21 +1,9 @@
 // Model directory loading and engine sizing.
 #include "runtime/engine_setup.hpp"
 
-#include <cstdio>
-
 namespace shoal::runtime {
-namespace {
-
-void progress(size_t done, size_t total) {
-  if (total < (64u << 20)) return;
-  std::fprintf(stderr, "\rloading %s: %zu / %zu MiB", "weights", done >> 20, total >> 20);
-  if (done == total) std::fprintf(stderr, "\n");
-}
-
-}  // namespace
-
 model::result<loaded_model> load_model_dir(const std::string& dir, bool show_progress) {
-  auto w = model::load_weights(dir, show_progress ? progress : nullptr);
+  auto w = model::load_weights(dir, show_progress ? model::print_load_progress : nullptr);
   if (!w) return std::unexpected(w.error());
   auto tok = model::tokenizer::load(dir + "/tokenizer.json");
   if (!tok) return std::unexpected(tok.error());

@@ -55,9 +55,10 @@ double attn_flops(const model::model_config& c, double keys) {
   return 2 * H * (keys * (r + c.qk_rope_head_dim) + keys * r + c.qk_nope_head_dim * r + c.v_head_dim * r);
 }
 
-double visible_keys(const model::model_config& c, int64_t t) {
+// Entries query t sees when raw windows are truncated at `floor` (0 = none).
+double visible_keys(const model::model_config& c, int64_t t, int64_t floor = 0) {
   int64_t W = c.window(), start = t - W + 1;
-  return static_cast<double>(std::min<int64_t>(t + 1, W) + (start > 0 ? start / c.ratio() : 0));
+  return static_cast<double>(std::min<int64_t>(t - floor + 1, W) + (start > 0 ? start / c.ratio() : 0));
 }
 
 // FLOPs of prefilling n tokens with the decoder tail `tail`, logits at the last position.
@@ -69,8 +70,7 @@ double prefill_flops(const model::model_config& c, int64_t n, int64_t tail) {
     if (c.is_flash()) f += 2.0 * c.hidden_size * (c.entry_dim() + 1);
     if (t >= n - tail)
       for (int64_t j = 0; j < c.decoder_layers(); ++j)
-        f += layer_gemm_flops(c, c.encoder_layers() + j, false) +
-             attn_flops(c, std::min<double>(visible_keys(c, t), t - (n - tail) + 1 + (t - c.window() + 1 > 0 ? (t - c.window() + 1) / c.ratio() : 0)));
+        f += layer_gemm_flops(c, c.encoder_layers() + j, false) + attn_flops(c, visible_keys(c, t, n - tail));
   }
   return f + 2.0 * c.hidden_size * c.vocab_size;
 }

@@ -20,12 +20,6 @@ namespace {
 
 int code = 0;
 
-void print_progress(size_t done, size_t total) {
-  if (total < (64u << 20)) return;  // only worth showing for large checkpoints
-  std::fprintf(stderr, "\rloading weights: %zu / %zu MiB", done >> 20, total >> 20);
-  if (done == total) std::fprintf(stderr, "\n");
-}
-
 std::vector<int32_t> parse_ids(const std::string& text) {
   std::vector<int32_t> ids;
   std::stringstream ss(text);
@@ -76,7 +70,7 @@ void add_model_commands(CLI::App& app) {
   lg->add_option("--mtp-out", *mtp_out, "MTP draft logits at the last position");
   lg->add_flag("--naive", *naive, "naive (expanded) attention instead of absorbed");
   lg->callback([=] {
-    auto w = model::load_weights(*model_dir, print_progress);
+    auto w = model::load_weights(*model_dir, model::print_load_progress);
     if (!w) {
       fmt::print(stderr, "shoal logits: {}\n", w.error().message);
       set_exit_code(1);
