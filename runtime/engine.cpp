@@ -63,7 +63,6 @@ std::expected<request_id, std::string> engine::add_request(std::vector<int32_t> 
   r->tokens = std::move(prompt);
   r->params = params;
   r->seq_seed = sequence_seed(params, static_cast<uint64_t>(r->id.value));
-  r->arrival = r->id.value;
   request* raw = r.get();
   requests_[r->id.value] = std::move(r);
   sched_.add(raw);

@@ -24,7 +24,6 @@ struct request {
   uint64_t seq_seed = 0;
   request_status status = request_status::waiting;
   finish_reason finish = finish_reason::none;
-  int64_t arrival = 0;           // admission order, for FCFS and LIFO preemption
 
   // Cache state (valid while running).
   model::sequence_cache cache;

@@ -17,10 +17,9 @@ void scheduler::add(request* r) {
 }
 
 scheduler::view scheduler::view_of(const request* r, const std::vector<planned_item>& in_flight) const {
-  view v{r->computed(), r->num_tokens(), false};
+  view v{r->computed(), r->num_tokens()};
   for (const auto& it : in_flight)
     if (it.req == r) {
-      v.in_flight = true;
       v.computed = it.base + it.n_tokens;
       if (v.computed == r->num_tokens()) v.tokens += 1;  // its step samples one more token
     }
@@ -97,7 +96,7 @@ step_plan scheduler::plan(const std::vector<planned_item>& in_flight) {
 bool scheduler::try_admit(request* r, step_plan& plan, int64_t& budget, double& time_left) {
   if (!caches_.can_admit(*r)) return false;
   caches_.admit(*r);
-  view v{r->computed(), r->num_tokens(), false};
+  view v{r->computed(), r->num_tokens()};
   int64_t n = chunk_for(r, v, budget, time_left);
   int64_t need = caches_.blocks_for(v.computed + std::max<int64_t>(n, 1)) - static_cast<int64_t>(r->blocks.size());
   if (n == 0 || need > caches_.pool().num_free()) {

@@ -60,7 +60,6 @@ class scheduler {
  private:
   struct view {  // a request's positions as of the end of the in-flight step
     int64_t computed = 0, tokens = 0;
-    bool in_flight = false;
   };
   view view_of(const request* r, const std::vector<planned_item>& in_flight) const;
   int64_t chunk_for(const request* r, const view& v, int64_t budget, double time_left) const;
