@@ -37,6 +37,9 @@ class pool {
       fn(0, n);
       return;
     }
+    // One job at a time: callers on several threads (engines of the ranks of an EP group in
+    // one process) take turns instead of overwriting each other's job.
+    std::lock_guard turn(run_mu_);
     std::unique_lock lock(mu_);
     job_ = &fn;
     job_n_ = n;
@@ -90,6 +93,7 @@ class pool {
   }
 
   std::vector<std::thread> workers_;
+  std::mutex run_mu_;
   std::mutex mu_;
   std::condition_variable cv_, done_cv_;
   const std::function<void(int64_t, int64_t)>* job_ = nullptr;

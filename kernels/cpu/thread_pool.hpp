@@ -14,7 +14,8 @@ void set_num_threads(int n);
 int num_threads();
 
 // Runs fn(begin, end) over static ranges covering [0, n); returns when all are done.
-// Nested calls from inside a worker run inline on that worker.
+// Nested calls from inside a worker run inline on that worker. Calls from several threads
+// are safe: they run one after another.
 void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn);
 
 }  // namespace shoal::kernels
