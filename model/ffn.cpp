@@ -11,9 +11,7 @@
 #include "model/forward_internal.hpp"
 
 namespace shoal::model::detail {
-namespace {
 
-// out (rows, d) = SwiGLU_e(xn (rows, d)).
 void swiglu(const expert_weights& e, const float* xn, int64_t rows, int64_t d, bool invariant,
             float* out) {
   int64_t width = e.gate_up.out / 2;
@@ -27,11 +25,10 @@ void swiglu(const expert_weights& e, const float* xn, int64_t rows, int64_t d, b
   kernels::matmul(h.data(), e.down.w.data(), out, rows, d, width, invariant);
 }
 
-}  // namespace
-
 void ffn(const model_weights& w, const layer_weights& l, const float* x, int64_t rows,
-         bool invariant, float* out) {
+         const forward_options& o, int64_t moe_slot, float* out) {
   const model_config& c = w.config;
+  const bool invariant = o.batch_invariant;
   int64_t d = c.hidden_size;
   std::vector<float> xn(static_cast<size_t>(rows * d));
   kernels::rmsnorm(x, l.post_norm.data(), xn.data(), rows, d, static_cast<float>(c.rms_norm_eps));
@@ -54,6 +51,10 @@ void ffn(const model_weights& w, const layer_weights& l, const float* x, int64_t
       kernels::moe_gate(logits.data() + i * E, f.router_bias.data(), gp, ids.data() + i * k,
                         weights.data() + i * k);
   });
+  if (o.moe) {  // expert parallelism: routed experts run on their owners
+    o.moe->routed_experts(w, moe_slot, xn.data(), rows, ids.data(), weights.data(), invariant, out);
+    return;
+  }
   // rows routed to each expert, in row order
   std::vector<std::vector<std::pair<int64_t, float>>> routed(static_cast<size_t>(E));
   for (int64_t i = 0; i < rows; ++i)

@@ -31,6 +31,33 @@ int64_t exact_decoder_tail(const model_config& c) {
   return (c.decoder_layers() + c.num_nextn_predict_layers) * c.window();
 }
 
+int64_t moe_slot_count(const model_config& c) {
+  if (c.n_routed_experts <= 0) return 0;
+  int64_t layers = c.num_hidden_layers + c.num_nextn_predict_layers;
+  return std::max<int64_t>(0, layers - c.first_k_dense_replace);
+}
+
+int64_t moe_slot_of_layer(const model_config& c, int64_t layer) {
+  SHOAL_ASSERT(layer >= 0 && layer < c.num_hidden_layers + c.num_nextn_predict_layers);
+  return c.is_moe_layer(layer) ? layer - c.first_k_dense_replace : -1;
+}
+
+const layer_weights& moe_slot_layer(const model_weights& w, int64_t moe_slot) {
+  const model_config& c = w.config;
+  SHOAL_ASSERT(moe_slot >= 0 && moe_slot < moe_slot_count(c));
+  int64_t layer = c.first_k_dense_replace + moe_slot;
+  const layer_weights& l = layer < c.num_hidden_layers ? w.layers[layer] : w.mtp[layer - c.num_hidden_layers].layer;
+  SHOAL_ASSERT(l.ffn.moe);
+  return l;
+}
+
+void routed_expert(const model_weights& w, int64_t moe_slot, int64_t expert, const float* xn,
+                   int64_t rows, bool batch_invariant, float* out) {
+  const ffn_weights& f = moe_slot_layer(w, moe_slot).ffn;
+  SHOAL_ASSERT(expert >= 0 && expert < static_cast<int64_t>(f.experts.size()));
+  detail::swiglu(f.experts[expert], xn, rows, w.config.hidden_size, batch_invariant, out);
+}
+
 void sequence_cache::init(const model_config& c, int64_t ring) {
   SHOAL_ASSERT(ring >= min_ring_tokens(c));
   ring_tokens = ring;
@@ -126,7 +153,7 @@ void run_layer(const model_weights& w, const layer_weights& l, std::span<forward
   std::vector<float> tmp(static_cast<size_t>(rows * d));
   detail::attention(w, l, items, spans, io, x, rows, o, tmp.data());
   add_into(x, tmp.data(), rows * d);
-  detail::ffn(w, l, x, rows, o.batch_invariant, tmp.data());
+  detail::ffn(w, l, x, rows, o, io.moe_slot, tmp.data());
   add_into(x, tmp.data(), rows * d);
 }
 
@@ -161,7 +188,7 @@ forward_output forward(const model_weights& w, std::span<forward_item> items,
       }
   }
   for (int64_t l = 0; l < c.encoder_layers(); ++l)
-    run_layer(w, w.layers[l], items, spans, {l, l, true, positions.data(), 0}, x.data(), rows, o);
+    run_layer(w, w.layers[l], items, spans, {l, l, true, positions.data(), 0, moe_slot_of_layer(c, l)}, x.data(), rows, o);
 
   forward_output out;
   out.hidden.resize(items.size());
@@ -187,7 +214,8 @@ forward_output forward(const model_weights& w, std::span<forward_item> items,
     }
     for (int64_t j = 0; j < c.n_decoder_layers; ++j)
       run_layer(w, w.layers[c.n_encoder_layers + j], items, dspans,
-                {sl.decoder(j), sl.dec_kv(), false, dpos.data(), 0}, xd.data(), drows, o);
+                {sl.decoder(j), sl.dec_kv(), false, dpos.data(), 0,
+                 moe_slot_of_layer(c, c.n_encoder_layers + j)}, xd.data(), drows, o);
   } else {
     xd = std::move(x);
     drows = rows;
@@ -242,7 +270,7 @@ mtp_output mtp_last(const model_weights& w, std::span<const int32_t> tokens,
   forward_item item{&view, tokens.subspan(p0, rows), 0, INT64_MAX, false, false};
   std::vector<row_span> spans = {{0, p0, p0 + rows}};
   detail::layer_io io{sl.mtp(0), c.is_flash() ? sl.dec_kv() : 0, false, pos.data(),
-              c.is_flash() ? 0 : n + 1};
+              c.is_flash() ? 0 : n + 1, moe_slot_of_layer(c, c.num_hidden_layers)};
   run_layer(w, m.layer, std::span<forward_item>(&item, 1), spans, io, x.data(), rows, o);
   mtp_output out;
   std::vector<float> u(static_cast<size_t>(d));

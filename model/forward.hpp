@@ -55,10 +55,48 @@ struct forward_item {
   bool hidden = false;               // decoder-stack output rows wanted (pre-norm), for MTP
 };
 
+// Routed experts of a MoE layer computed elsewhere (expert parallelism, runtime/expert_parallel).
+// Every MoE FFN invocation point of the model has a stable "MoE slot": slot s is layer index
+// first_k_dense_replace + s, counting the main layers 0…L−1 and then MTP module k as layer
+// L + k (encoder, flash decoder and MTP layers alike). forward() reaches its slots in
+// increasing order, each at most once (also with zero rows: a slot of the flash decoder is
+// reached even when no item has decoder rows); mtp_last() uses MTP module 0's slot, so
+// forward() then mtp_last() in one step still reaches slots in increasing order.
+class moe_exchange {
+ public:
+  virtual ~moe_exchange() = default;
+  // out (rows, d) += Σ over each row's k experts in ascending expert id of
+  // weights[i, j] · SwiGLU_{ids[i, j]}(xn[i]), summed exactly as the local path does (axpy per
+  // expert, ascending id) so results are bit-identical in batch-invariant mode. `out` already
+  // holds the shared expert's output. May throw to abort the forward pass: the items' caches
+  // are then partly written and the caller must discard those sequences (the one exception
+  // that crosses model code, see runtime::ep_error).
+  virtual void routed_experts(const model_weights& w, int64_t moe_slot,
+                              const float* xn,       // (rows, d) post-attention-normed input
+                              int64_t rows,
+                              const int32_t* ids,    // (rows, k) top-k expert ids
+                              const float* weights,  // (rows, k) gate weights
+                              bool batch_invariant,
+                              float* out) = 0;       // (rows, d), accumulated into
+};
+
 struct forward_options {
   bool batch_invariant = false;  // fixed-order GEMMs: row results independent of the batch
   bool naive_attention = false;  // expand latents through kv_b (prefill form) instead of absorbing
+  moe_exchange* moe = nullptr;   // routed experts elsewhere; nullptr = all experts local
 };
+
+// Number of MoE slots (see moe_exchange): MoE layers among the main layers and MTP modules.
+int64_t moe_slot_count(const model_config& c);
+// The MoE slot of layer index `layer` (0…L−1 main, L + k MTP module k); −1 for a dense layer.
+int64_t moe_slot_of_layer(const model_config& c, int64_t layer);
+// The layer weights behind MoE slot `moe_slot`.
+const layer_weights& moe_slot_layer(const model_weights& w, int64_t moe_slot);
+// out (rows, d) = SwiGLU of routed expert `expert` of MoE slot `moe_slot` over xn (rows, d),
+// with the kernels of the local path (bit-identical rows in batch-invariant mode). Run it
+// on one thread per expert as ffn does (from inside a parallel_for part).
+void routed_expert(const model_weights& w, int64_t moe_slot, int64_t expert, const float* xn,
+                   int64_t rows, bool batch_invariant, float* out);
 
 struct forward_output {
   std::vector<float> logits;          // (items with logits, V), in item order

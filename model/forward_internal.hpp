@@ -20,6 +20,7 @@ struct layer_io {
   bool writes_comp;        // encoder layers write their own compressed runs
   const int32_t* positions;  // (rows)
   int64_t window = 0;        // 0 = the model's window; MTP of deepseek_v3 sees all its rows
+  int64_t moe_slot = -1;     // this layer's MoE slot (moe_slot_of_layer), −1 when dense
 };
 
 void compute_entries(const model_weights& w, const linear& kv_a, const std::vector<float>& kv_a_norm,
@@ -38,9 +39,12 @@ void attention(const model_weights& w, const layer_weights& l, std::span<forward
 void run_layer(const model_weights& w, const layer_weights& l, std::span<forward_item> items,
                const std::vector<row_span>& spans, const layer_io& io, float* x, int64_t rows,
                const forward_options& o);
-// out (rows, d) = ffn(post_norm(x)).
+// out (rows, d) = ffn(post_norm(x)); routed experts through o.moe when set (slot moe_slot).
 void ffn(const model_weights& w, const layer_weights& l, const float* x, int64_t rows,
-         bool invariant, float* out);
+         const forward_options& o, int64_t moe_slot, float* out);
+// out (rows, d) = SwiGLU_e(xn (rows, d)).
+void swiglu(const expert_weights& e, const float* xn, int64_t rows, int64_t d, bool invariant,
+            float* out);
 // Projects the shoal_flash shared decoder cache from the encoder output h_E (rows, d).
 void decoder_cache(const model_weights& w, std::span<forward_item> items,
                    const std::vector<row_span>& spans, const float* h_e, int64_t rows,
