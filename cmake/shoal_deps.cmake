@@ -6,6 +6,9 @@ find_package(nlohmann_json 3 REQUIRED)
 find_package(fmt REQUIRED)
 find_package(doctest REQUIRED)
 find_package(CLI11 QUIET)
+# msgpack-c (Debian libmsgpack-cxx-dev, header-only): config msgpack-config.cmake under
+# lib/<arch>/cmake/msgpackc-cxx, target msgpackc-cxx. Frames the EP payloads (runtime/).
+find_package(msgpack CONFIG REQUIRED)
 pkg_check_modules(OPENBLAS REQUIRED IMPORTED_TARGET openblas)
 pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
 pkg_check_modules(XXHASH REQUIRED IMPORTED_TARGET libxxhash)

@@ -1,0 +1,547 @@
+// Expert parallelism: expert ownership, the msgpack frame codec (every incoming field
+// checked), the per-slot dispatch → own experts → combine → weighted sum of ep_moe_exchange,
+// and the in-process mailbox hub tests use as the transport.
+#include "runtime/expert_parallel.hpp"
+
+#include <algorithm>
+#include <bit>
+#include <condition_variable>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <tuple>
+
+#include <msgpack.hpp>
+
+#include "kernels/assert.hpp"
+#include "kernels/cpu/ops.hpp"
+#include "kernels/cpu/thread_pool.hpp"
+
+namespace shoal::runtime {
+
+static_assert(std::endian::native == std::endian::little, "frames carry little-endian tensors");
+
+expert_range owned_experts(const ep_layout& layout, int64_t n_experts) {
+  SHOAL_ASSERT(layout.size >= 1 && layout.rank >= 0 && layout.rank < layout.size);
+  return {layout.rank * n_experts / layout.size, (layout.rank + 1) * n_experts / layout.size};
+}
+
+int32_t expert_owner(int64_t expert, int64_t n_experts, int32_t size) {
+  SHOAL_ASSERT(expert >= 0 && expert < n_experts && size >= 1);
+  // the largest r with r·E/size ≤ expert
+  return static_cast<int32_t>(((expert + 1) * size - 1) / n_experts);
+}
+
+// ---- frames ----
+
+namespace {
+
+constexpr const char* frame_magic = "shoal-ep";
+constexpr uint64_t frame_version = 1;
+constexpr uint32_t dispatch_fields = 12, combine_fields = 9;
+
+// msgpack::packer output straight into a byte vector.
+struct byte_sink {
+  std::vector<uint8_t> bytes;
+  void write(const char* p, size_t n) { bytes.insert(bytes.end(), p, p + n); }
+};
+
+void pack_header(msgpack::packer<byte_sink>& pk, uint32_t fields, uint64_t phase, uint64_t step,
+                 int32_t slot, int32_t source, int64_t hidden) {
+  pk.pack_array(fields);
+  pk.pack(std::string_view(frame_magic));
+  pk.pack(frame_version);
+  pk.pack(phase);
+  pk.pack(step);
+  pk.pack(static_cast<uint64_t>(slot));
+  pk.pack(static_cast<uint64_t>(source));
+  pk.pack(static_cast<uint64_t>(hidden));
+}
+
+template <class T>
+void pack_tensor(msgpack::packer<byte_sink>& pk, const T* data, size_t count) {
+  size_t bytes = count * sizeof(T);
+  SHOAL_ASSERT(bytes <= UINT32_MAX);
+  pk.pack_bin(static_cast<uint32_t>(bytes));
+  pk.pack_bin_body(reinterpret_cast<const char*>(data), static_cast<uint32_t>(bytes));
+}
+
+// A parsed frame's fields with checked access; every failure names the field.
+class frame_reader {
+ public:
+  frame_reader(const std::vector<uint8_t>& bytes, uint32_t fields, const char* kind) : kind_(kind) {
+    if (bytes.empty()) {
+      error_ = std::string(kind) + " frame is empty";
+      return;
+    }
+    try {
+      // bins stay in `bytes` (no copy); a tiny structure: one array, no maps, depth 2
+      auto ref_bins = [](msgpack::type::object_type t, size_t, void*) { return t == msgpack::type::BIN; };
+      msgpack::unpack_limit limit(fields, 0, 64, bytes.size(), 0, 2);
+      size_t off = 0;
+      handle_ = msgpack::unpack(reinterpret_cast<const char*>(bytes.data()), bytes.size(), off, ref_bins,
+                                nullptr, limit);
+      if (off != bytes.size()) { set_error("has " + std::to_string(bytes.size() - off) + " trailing bytes"); return; }
+    } catch (const std::exception& e) {
+      { set_error(std::string("is not valid msgpack (") + e.what() + ")"); return; }
+    }
+    const msgpack::object& o = handle_.get();
+    if (o.type != msgpack::type::ARRAY) { set_error("is not a msgpack array"); return; }
+    if (o.via.array.size != fields)
+      { set_error("has " + std::to_string(o.via.array.size) + " fields, expected " + std::to_string(fields)); return; }
+    fields_ = o.via.array.ptr;
+    const msgpack::object& magic = fields_[0];
+    if (magic.type != msgpack::type::STR || std::string_view(magic.via.str.ptr, magic.via.str.size) != frame_magic)
+      { set_error("field 0 (magic) is not \"shoal-ep\""); return; }
+  }
+  bool ok() const { return error_.empty(); }
+  const std::string& error() const { return error_; }
+
+  // Unsigned field `i` named `name`, required to equal `expect` when given, or ≤ `max`.
+  bool uint_field(uint32_t i, const char* name, uint64_t& value, std::optional<uint64_t> expect = {},
+                  uint64_t max = UINT64_MAX) {
+    if (!ok()) return false;
+    const msgpack::object& f = fields_[i];
+    if (f.type != msgpack::type::POSITIVE_INTEGER) {
+      set_error("field " + std::to_string(i) + " (" + name + ") is not an unsigned integer");
+      return false;
+    }
+    value = f.via.u64;
+    if (expect && value != *expect) {
+      set_error("field " + std::to_string(i) + " (" + name + ") is " + std::to_string(value) + ", expected " +
+                std::to_string(*expect));
+      return false;
+    }
+    if (value > max) {
+      set_error("field " + std::to_string(i) + " (" + name + ") is " + std::to_string(value) + ", above the limit " +
+                std::to_string(max));
+      return false;
+    }
+    return true;
+  }
+  // Bin field `i` holding exactly `count` values of T, copied out.
+  template <class T>
+  bool tensor_field(uint32_t i, const char* name, uint64_t count, std::vector<T>& out) {
+    if (!ok()) return false;
+    const msgpack::object& f = fields_[i];
+    if (f.type != msgpack::type::BIN) {
+      set_error("field " + std::to_string(i) + " (" + name + ") is not a bin");
+      return false;
+    }
+    if (f.via.bin.size != count * sizeof(T)) {
+      set_error("field " + std::to_string(i) + " (" + name + ") has " + std::to_string(f.via.bin.size) +
+                " bytes, expected " + std::to_string(count * sizeof(T)));
+      return false;
+    }
+    out.resize(count);
+    if (count > 0) std::memcpy(out.data(), f.via.bin.ptr, count * sizeof(T));
+    return true;
+  }
+  void set_error(const std::string& what) { error_ = std::string(kind_) + " frame " + what; }
+
+ private:
+  const char* kind_;
+  msgpack::object_handle handle_;
+  const msgpack::object* fields_ = nullptr;
+  std::string error_;
+};
+
+// Checks the common header fields 1…6.
+bool read_header(frame_reader& r, uint64_t phase, uint64_t step, int32_t slot, int32_t source, int64_t hidden) {
+  uint64_t v;
+  return r.uint_field(1, "version", v, frame_version) && r.uint_field(2, "phase", v, phase) &&
+         r.uint_field(3, "step", v, step) && r.uint_field(4, "slot", v, static_cast<uint64_t>(slot)) &&
+         r.uint_field(5, "source rank", v, static_cast<uint64_t>(source)) &&
+         r.uint_field(6, "hidden size", v, static_cast<uint64_t>(hidden));
+}
+
+}  // namespace
+
+std::vector<uint8_t> encode_dispatch(const dispatch_frame& f) {
+  SHOAL_ASSERT(static_cast<int64_t>(f.xn.size()) == f.rows * f.hidden && f.pair_row.size() == f.pair_expert.size());
+  byte_sink sink;
+  msgpack::packer<byte_sink> pk(sink);
+  pack_header(pk, dispatch_fields, 0, f.step, f.slot, f.source, f.hidden);
+  pk.pack(static_cast<uint64_t>(f.rows));
+  pk.pack(static_cast<uint64_t>(f.pair_row.size()));
+  pack_tensor(pk, f.xn.data(), f.xn.size());
+  pack_tensor(pk, f.pair_row.data(), f.pair_row.size());
+  pack_tensor(pk, f.pair_expert.data(), f.pair_expert.size());
+  return std::move(sink.bytes);
+}
+
+std::expected<dispatch_frame, std::string> decode_dispatch(const std::vector<uint8_t>& bytes, uint64_t step,
+                                                           int32_t slot, int32_t source, const ep_layout& layout,
+                                                           int64_t hidden, int64_t n_experts, int64_t top_k,
+                                                           const ep_frame_limits& limits) {
+  frame_reader r(bytes, dispatch_fields, "dispatch");
+  dispatch_frame f;
+  uint64_t rows = 0, pairs = 0;
+  if (!read_header(r, 0, step, slot, source, hidden) ||
+      !r.uint_field(7, "rows", rows, {}, static_cast<uint64_t>(limits.max_rows)) ||
+      !r.uint_field(8, "pairs", pairs, {}, rows * static_cast<uint64_t>(top_k)) ||
+      !r.tensor_field(9, "xn", rows * static_cast<uint64_t>(hidden), f.xn) ||
+      !r.tensor_field(10, "pair_row", pairs, f.pair_row) || !r.tensor_field(11, "pair_expert", pairs, f.pair_expert))
+    return std::unexpected(r.error());
+  expert_range own = owned_experts(layout, n_experts);
+  std::vector<int32_t> per_row(rows, 0);
+  for (uint64_t p = 0; p < pairs; ++p) {
+    int32_t row = f.pair_row[p], e = f.pair_expert[p];
+    if (row < 0 || static_cast<uint64_t>(row) >= rows)
+      return std::unexpected("dispatch frame pair " + std::to_string(p) + ": row " + std::to_string(row) +
+                             " outside [0, " + std::to_string(rows) + ")");
+    if (e < own.first || e >= own.last)
+      return std::unexpected("dispatch frame pair " + std::to_string(p) + ": expert " + std::to_string(e) +
+                             " is not owned by rank " + std::to_string(layout.rank) + " (owns [" +
+                             std::to_string(own.first) + ", " + std::to_string(own.last) + "))");
+    if (++per_row[row] > top_k)
+      return std::unexpected("dispatch frame row " + std::to_string(row) + " has more than top_k = " +
+                             std::to_string(top_k) + " pairs");
+  }
+  f.step = step;
+  f.slot = slot;
+  f.source = source;
+  f.hidden = hidden;
+  f.rows = static_cast<int64_t>(rows);
+  return f;
+}
+
+std::vector<uint8_t> encode_combine(uint64_t step, int32_t slot, int32_t source, int64_t hidden, const float* out,
+                                    int64_t pairs) {
+  byte_sink sink;
+  msgpack::packer<byte_sink> pk(sink);
+  pack_header(pk, combine_fields, 1, step, slot, source, hidden);
+  pk.pack(static_cast<uint64_t>(pairs));
+  pack_tensor(pk, out, static_cast<size_t>(pairs * hidden));
+  return std::move(sink.bytes);
+}
+
+std::expected<std::vector<float>, std::string> decode_combine(const std::vector<uint8_t>& bytes, uint64_t step,
+                                                              int32_t slot, int32_t source, int64_t hidden,
+                                                              int64_t pairs) {
+  frame_reader r(bytes, combine_fields, "combine");
+  uint64_t n = 0;
+  std::vector<float> out;
+  if (!read_header(r, 1, step, slot, source, hidden) ||
+      !r.uint_field(7, "pairs", n, static_cast<uint64_t>(pairs)) ||
+      !r.tensor_field(8, "out", n * static_cast<uint64_t>(hidden), out))
+    return std::unexpected(r.error());
+  return out;
+}
+
+// ---- ep_moe_exchange ----
+
+ep_moe_exchange::ep_moe_exchange(std::shared_ptr<const model::model_weights> weights, ep_layout layout,
+                                 std::shared_ptr<expert_transport> transport, bool batch_invariant,
+                                 ep_frame_limits limits)
+    : weights_(std::move(weights)), invariant_(batch_invariant), limits_(limits) {
+  const model::model_config& c = weights_->config;
+  slots_ = model::moe_slot_count(c);
+  experts_ = c.n_routed_experts;
+  top_k_ = c.num_experts_per_tok;
+  hidden_ = c.hidden_size;
+  reconfigure(layout, std::move(transport));
+}
+
+void ep_moe_exchange::reconfigure(ep_layout layout, std::shared_ptr<expert_transport> transport) {
+  SHOAL_ASSERT(!in_step_);
+  SHOAL_ASSERT(layout.size >= 1 && layout.rank >= 0 && layout.rank < layout.size && transport);
+  layout_ = layout;
+  transport_ = std::move(transport);
+  steps_started_ = 0;
+}
+
+void ep_moe_exchange::begin_step() {
+  SHOAL_ASSERT(!in_step_);
+  in_step_ = true;
+  next_slot_ = 0;
+  ++steps_started_;
+}
+
+std::expected<void, std::string> ep_moe_exchange::end_step() {
+  SHOAL_ASSERT(in_step_);
+  try {
+    for (int64_t s = next_slot_; s < slots_; ++s) {
+      next_slot_ = s + 1;
+      run_slot(s, nullptr, 0, nullptr, nullptr, nullptr);
+    }
+  } catch (const ep_error& e) {
+    return std::unexpected(e.what());  // fail() already abandoned the step
+  }
+  in_step_ = false;
+  return {};
+}
+
+void ep_moe_exchange::abandon_step() { in_step_ = false; }
+
+void ep_moe_exchange::fail(const std::string& what) {
+  in_step_ = false;
+  throw ep_error("EP rank " + std::to_string(layout_.rank) + "/" + std::to_string(layout_.size) + " step " +
+                 std::to_string(steps_started_ - 1) + ": " + what);
+}
+
+ep_payloads ep_moe_exchange::exchange(int64_t slot, int32_t phase, ep_payloads outgoing) {
+  auto in = transport_->exchange(steps_started_ - 1, static_cast<int32_t>(slot), phase, std::move(outgoing));
+  if (!in) fail("slot " + std::to_string(slot) + (phase == 0 ? " dispatch: " : " combine: ") + in.error());
+  if (in->size() != static_cast<size_t>(layout_.size))
+    fail("transport returned " + std::to_string(in->size()) + " payloads for a group of " +
+         std::to_string(layout_.size));
+  return std::move(*in);
+}
+
+void ep_moe_exchange::routed_experts(const model::model_weights& w, int64_t moe_slot, const float* xn,
+                                     int64_t rows, const int32_t* ids, const float* weights,
+                                     bool batch_invariant, float* out) {
+  SHOAL_ASSERT(&w == weights_.get() && batch_invariant == invariant_);
+  SHOAL_ASSERT(in_step_);
+  // each slot at most once per step, in increasing order
+  SHOAL_ASSERT(moe_slot >= next_slot_ && moe_slot < slots_);
+  for (int64_t s = next_slot_; s < moe_slot; ++s) {  // slots this forward skipped: peers may need us
+    next_slot_ = s + 1;
+    run_slot(s, nullptr, 0, nullptr, nullptr, nullptr);
+  }
+  next_slot_ = moe_slot + 1;
+  run_slot(moe_slot, xn, rows, ids, weights, out);
+}
+
+namespace {
+
+// Every (row, expert) pair this rank computes in one slot, grouped by expert.
+struct owned_work {
+  struct ref {
+    int32_t source, pair;
+  };
+  std::vector<std::vector<ref>> by_expert;  // index e − first
+  int64_t first = 0;
+};
+
+// Runs the owned experts over the dispatched rows; results[src] (pairs of src, d). Experts run
+// whole on one thread each (largest first to the least loaded thread), as ffn.cpp does.
+void compute_owned(const model::model_weights& w, int64_t slot, bool invariant, const owned_work& work,
+                   const std::vector<dispatch_frame>& in, std::vector<std::vector<float>>& results) {
+  int64_t d = w.config.hidden_size, n_exp = static_cast<int64_t>(work.by_expert.size());
+  std::vector<int64_t> order;
+  for (int64_t e = 0; e < n_exp; ++e)
+    if (!work.by_expert[e].empty()) order.push_back(e);
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+    return work.by_expert[a].size() > work.by_expert[b].size();
+  });
+  int64_t parts = kernels::num_threads();
+  std::vector<std::vector<int64_t>> assigned(static_cast<size_t>(parts));
+  std::vector<size_t> load(static_cast<size_t>(parts), 0);
+  for (int64_t e : order) {
+    size_t t = static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+    assigned[t].push_back(e);
+    load[t] += work.by_expert[e].size();
+  }
+  kernels::parallel_for(parts, [&](int64_t p0, int64_t p1) {
+    std::vector<float> x, y;
+    for (int64_t part = p0; part < p1; ++part)
+      for (int64_t e : assigned[part]) {
+        const auto& list = work.by_expert[e];
+        int64_t n = static_cast<int64_t>(list.size());
+        x.resize(static_cast<size_t>(n * d));
+        y.resize(static_cast<size_t>(n * d));
+        for (int64_t i = 0; i < n; ++i) {
+          const dispatch_frame& f = in[list[i].source];
+          std::memcpy(x.data() + i * d, f.xn.data() + int64_t(f.pair_row[list[i].pair]) * d, sizeof(float) * d);
+        }
+        model::routed_expert(w, slot, work.first + e, x.data(), n, invariant, y.data());
+        for (int64_t i = 0; i < n; ++i)
+          std::memcpy(results[list[i].source].data() + int64_t(list[i].pair) * d, y.data() + i * d,
+                      sizeof(float) * d);
+      }
+  });
+}
+
+}  // namespace
+
+void ep_moe_exchange::run_slot(int64_t slot, const float* xn, int64_t rows, const int32_t* ids,
+                               const float* weights, float* out) {
+  const int32_t R = layout_.size, me = layout_.rank;
+  const int64_t d = hidden_, k = top_k_;
+  const uint64_t step = steps_started_ - 1;
+  const int32_t s32 = static_cast<int32_t>(slot);
+  // Dispatch: each row once per owner rank, with its pairs for that owner in row order.
+  std::vector<dispatch_frame> send(static_cast<size_t>(R));
+  std::vector<int64_t> last_row(static_cast<size_t>(R), -1);
+  std::vector<int32_t> owner_of(static_cast<size_t>(rows * k)), pair_of(static_cast<size_t>(rows * k));
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < k; ++j) {
+      int32_t e = ids[i * k + j];
+      int32_t r = expert_owner(e, experts_, R);
+      dispatch_frame& f = send[r];
+      if (last_row[r] != i) {
+        last_row[r] = i;
+        f.xn.insert(f.xn.end(), xn + i * d, xn + (i + 1) * d);
+        ++f.rows;
+      }
+      owner_of[i * k + j] = r;
+      pair_of[i * k + j] = static_cast<int32_t>(f.pair_row.size());
+      f.pair_row.push_back(static_cast<int32_t>(f.rows - 1));
+      f.pair_expert.push_back(e);
+    }
+  ep_payloads outgoing(static_cast<size_t>(R));
+  for (int32_t r = 0; r < R; ++r) {
+    send[r].step = step, send[r].slot = s32, send[r].source = me, send[r].hidden = d;
+    outgoing[r] = encode_dispatch(send[r]);
+    send[r].xn = {};  // only the pair counts are needed from here on
+  }
+  ep_payloads incoming = exchange(slot, 0, std::move(outgoing));
+
+  // Own experts over every source's rows.
+  std::vector<dispatch_frame> in(static_cast<size_t>(R));
+  owned_work work;
+  expert_range own = owned_experts(layout_, experts_);
+  work.first = own.first;
+  work.by_expert.resize(static_cast<size_t>(own.last - own.first));
+  for (int32_t src = 0; src < R; ++src) {
+    auto f = decode_dispatch(incoming[src], step, s32, src, layout_, d, experts_, k, limits_);
+    if (!f) fail("slot " + std::to_string(slot) + ": from rank " + std::to_string(src) + ": " + f.error());
+    in[src] = std::move(*f);
+    for (size_t p = 0; p < in[src].pair_expert.size(); ++p)
+      work.by_expert[in[src].pair_expert[p] - own.first].push_back({src, static_cast<int32_t>(p)});
+  }
+  incoming = {};
+  std::vector<std::vector<float>> results(static_cast<size_t>(R));
+  for (int32_t src = 0; src < R; ++src) results[src].resize(in[src].pair_row.size() * static_cast<size_t>(d));
+  compute_owned(*weights_, slot, invariant_, work, in, results);
+  outgoing.assign(static_cast<size_t>(R), {});
+  for (int32_t src = 0; src < R; ++src)
+    outgoing[src] = encode_combine(step, s32, me, d, results[src].data(),
+                                   static_cast<int64_t>(in[src].pair_row.size()));
+  in = {};
+  results = {};
+  incoming = exchange(slot, 1, std::move(outgoing));
+
+  // Combine: per row, contributions in ascending expert id, as the local path sums them.
+  std::vector<std::vector<float>> back(static_cast<size_t>(R));
+  for (int32_t r = 0; r < R; ++r) {
+    auto b = decode_combine(incoming[r], step, s32, r, d, static_cast<int64_t>(send[r].pair_row.size()));
+    if (!b) fail("slot " + std::to_string(slot) + ": from rank " + std::to_string(r) + ": " + b.error());
+    back[r] = std::move(*b);
+  }
+  kernels::parallel_for(rows, [&](int64_t i0, int64_t i1) {
+    std::vector<int64_t> js(static_cast<size_t>(k));
+    for (int64_t i = i0; i < i1; ++i) {
+      for (int64_t j = 0; j < k; ++j) js[j] = j;
+      std::sort(js.begin(), js.end(), [&](int64_t a, int64_t b) { return ids[i * k + a] < ids[i * k + b]; });
+      for (int64_t j : js)
+        kernels::axpy(weights[i * k + j], back[owner_of[i * k + j]].data() + int64_t(pair_of[i * k + j]) * d,
+                      out + i * d, d);
+    }
+  });
+}
+
+// ---- local_ep_hub ----
+
+struct local_ep_hub::state {
+  using key = std::tuple<uint64_t, int32_t, int32_t, int32_t>;  // step, slot, phase, destination
+  int32_t size;
+  std::chrono::milliseconds timeout;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::map<key, std::vector<std::optional<std::vector<uint8_t>>>> boxes;  // [source]
+  std::vector<bool> failed;
+};
+
+namespace {
+
+class hub_transport final : public expert_transport {
+ public:
+  hub_transport(std::shared_ptr<local_ep_hub::state> s, int32_t rank) : s_(std::move(s)), rank_(rank) {}
+
+  std::expected<ep_payloads, std::string> exchange(uint64_t step, int32_t slot, int32_t phase,
+                                                   ep_payloads outgoing) override {
+    auto& s = *s_;
+    if (outgoing.size() != static_cast<size_t>(s.size))
+      return std::unexpected("outgoing has " + std::to_string(outgoing.size()) + " payloads for " +
+                             std::to_string(s.size) + " ranks");
+    std::unique_lock lock(s.mu);
+    auto lost = [&]() -> std::optional<std::string> {
+      for (int32_t r = 0; r < s.size; ++r)
+        if (s.failed[r]) return r == rank_ ? "this rank was failed" : "rank " + std::to_string(r) + " lost";
+      return std::nullopt;
+    };
+    if (s.failed[rank_]) return std::unexpected("this rank was failed");
+    // entries of abandoned earlier exchanges addressed to this rank are dead
+    using key = local_ep_hub::state::key;
+    for (auto it = s.boxes.begin(); it != s.boxes.end();) {
+      auto [st, sl, ph, dest] = it->first;
+      bool stale = dest == rank_ && std::tuple(st, sl, ph) < std::tuple(step, slot, phase);
+      it = stale ? s.boxes.erase(it) : std::next(it);
+    }
+    ep_payloads incoming(static_cast<size_t>(s.size));
+    for (int32_t r = 0; r < s.size; ++r) {
+      if (r == rank_) {
+        incoming[r] = std::move(outgoing[r]);
+        continue;
+      }
+      auto& box = s.boxes[key{step, slot, phase, r}];
+      box.resize(static_cast<size_t>(s.size));
+      box[rank_] = std::move(outgoing[r]);
+    }
+    s.cv.notify_all();
+    key mine{step, slot, phase, rank_};
+    auto complete = [&] {
+      auto it = s.boxes.find(mine);
+      if (s.size == 1) return true;
+      if (it == s.boxes.end()) return false;
+      for (int32_t r = 0; r < s.size; ++r)
+        if (r != rank_ && !it->second[r]) return false;
+      return true;
+    };
+    s.cv.wait_for(lock, s.timeout, [&] { return complete() || lost(); });
+    if (complete()) {
+      if (s.size > 1) {
+        auto it = s.boxes.find(mine);
+        for (int32_t r = 0; r < s.size; ++r)
+          if (r != rank_) incoming[r] = std::move(*it->second[r]);
+        s.boxes.erase(it);
+      }
+      return incoming;
+    }
+    if (auto why = lost()) return std::unexpected(*why);
+    std::string missing;
+    auto it = s.boxes.find(mine);
+    for (int32_t r = 0; r < s.size; ++r)
+      if (r != rank_ && (it == s.boxes.end() || !it->second[r])) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+    return std::unexpected("timed out after " + std::to_string(s.timeout.count()) + " ms waiting for rank(s) " +
+                           missing);
+  }
+
+ private:
+  std::shared_ptr<local_ep_hub::state> s_;
+  int32_t rank_;
+};
+
+}  // namespace
+
+local_ep_hub::local_ep_hub(int32_t size, std::chrono::milliseconds timeout) : state_(std::make_shared<state>()) {
+  SHOAL_ASSERT(size >= 1);
+  state_->size = size;
+  state_->timeout = timeout;
+  state_->failed.assign(static_cast<size_t>(size), false);
+  for (int32_t r = 0; r < size; ++r) transports_.push_back(std::make_shared<hub_transport>(state_, r));
+}
+
+local_ep_hub::~local_ep_hub() = default;
+
+std::shared_ptr<expert_transport> local_ep_hub::transport(int32_t rank) {
+  SHOAL_ASSERT(rank >= 0 && rank < state_->size);
+  return transports_[rank];
+}
+
+void local_ep_hub::fail(int32_t rank) {
+  SHOAL_ASSERT(rank >= 0 && rank < state_->size);
+  {
+    std::lock_guard lock(state_->mu);
+    state_->failed[rank] = true;
+  }
+  state_->cv.notify_all();
+}
+
+int32_t local_ep_hub::size() const { return state_->size; }
+
+}  // namespace shoal::runtime
