@@ -26,6 +26,11 @@ engine::engine(std::shared_ptr<const model::model_weights> weights, const engine
   // returning it to the kernel, so each step does not page-fault its buffers in again.
   mallopt(M_MMAP_THRESHOLD, 32 << 20);  // the largest value glibc accepts
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  if (config_.ep) {
+    config_.async_scheduling = false;  // see engine_config::ep
+    ep_ = std::make_unique<ep_moe_exchange>(weights_, config_.ep->layout, config_.ep->transport,
+                                            config_.batch_invariant, config_.ep->limits);
+  }
   if (config_.async_scheduling) worker_ = std::thread([this] { compute_loop(); });
 }
 
@@ -106,7 +111,7 @@ void engine::dispatch(step_plan plan) {
 }
 
 void engine::run_forward() {
-  model::forward_options fo{config_.batch_invariant, config_.naive_prefill};
+  model::forward_options fo{config_.batch_invariant, config_.naive_prefill, ep_.get()};
   double t0 = now_s();
   if (last_done_ >= 0) stats_.idle_s += t0 - last_done_;
   flight_->output = model::forward(*weights_, flight_->items, fo);
@@ -182,6 +187,7 @@ std::vector<token_event> engine::complete() {
 }
 
 std::vector<token_event> engine::step() {
+  if (ep_) return step_ep();
   double t0 = now_s();
   if (!flight_) {
     step_plan p = sched_.plan({});
@@ -208,6 +214,56 @@ std::vector<token_event> engine::step() {
     }
   }
   return events;
+}
+
+// One lockstep step: plan → forward with the EP hook (or no forward) → join the slots it did
+// not use → complete. Synchronous (engine_config::ep).
+std::vector<token_event> engine::step_ep() {
+  double t0 = now_s();
+  step_plan p = sched_.plan({});
+  stats_.plan_s += now_s() - t0;
+  ep_->begin_step();
+  if (!p.items.empty()) {
+    dispatch(std::move(p));
+    try {
+      run_forward();
+    } catch (const ep_error& e) {  // the step was abandoned by the exchange
+      return fail_step(e.what());
+    }
+  }
+  if (auto joined = ep_->end_step(); !joined) return fail_step(joined.error());
+  if (!flight_) {
+    ++stats_.steps;
+    return {};
+  }
+  return complete();
+}
+
+// The step's forward pass did not finish: its requests' caches are partly written past
+// `computed`, so they finish with an error (blocks freed, nothing committed: no prefix-cache
+// registration, no SWA snapshot).
+std::vector<token_event> engine::fail_step(const std::string& why) {
+  last_error_ = why;
+  ++stats_.failed_steps;
+  std::vector<token_event> events;
+  if (!flight_) return events;
+  for (auto& item : flight_->plan.items) {
+    request* r = item.req;
+    r->finish = finish_reason::error;
+    sched_.finish(r);
+    events.push_back({r->id, -1, true, finish_reason::error, {}});
+  }
+  flight_.reset();
+  return events;
+}
+
+uint64_t engine::steps_started() const { return ep_ ? ep_->steps_started() : stats_.steps; }
+
+void engine::set_ep_group(ep_layout layout, std::shared_ptr<expert_transport> transport) {
+  SHOAL_ASSERT(ep_ && !flight_);
+  config_.ep->layout = layout;
+  config_.ep->transport = transport;
+  ep_->reconfigure(layout, std::move(transport));
 }
 
 std::vector<completion> engine::run_to_completion() {

@@ -2,6 +2,8 @@
 // step loop. step() plans, runs the forward pass, samples and returns token events. With
 // async scheduling the forward pass runs on a compute thread and the next step is planned
 // while it runs, so the compute thread waits only for the (measured) exposed overhead.
+// As one rank of an expert-parallel group (engine_config::ep) every step() is one lockstep
+// step of the group, also when this engine has nothing to run.
 #pragma once
 
 #include <condition_variable>
@@ -15,6 +17,7 @@
 #include "model/tokenizer.hpp"
 #include "model/weights.hpp"
 #include "runtime/cache_manager.hpp"
+#include "runtime/expert_parallel.hpp"
 #include "runtime/scheduler.hpp"
 
 namespace shoal::runtime {
@@ -26,6 +29,16 @@ struct engine_config {
   bool naive_prefill = false;   // naive (expanded) MLA for multi-token chunks
   bool async_scheduling = true;
   bool capture_logits = false;  // copy each sampled position's logits into its event (tests)
+  // Expert parallelism: this engine is rank `ep->layout.rank` of an EP group. Forces
+  // async_scheduling off: the forward pass blocks on the group's exchanges, and a failed
+  // exchange must fail the step that ran it, so a step is planned, computed and completed
+  // within one step() call (the lockstep step number is then exactly steps_started()).
+  struct ep_config {
+    ep_layout layout;
+    std::shared_ptr<expert_transport> transport;
+    ep_frame_limits limits;
+  };
+  std::optional<ep_config> ep;
 };
 
 struct token_event {
@@ -38,6 +51,7 @@ struct token_event {
 
 struct engine_stats {
   uint64_t steps = 0, prefill_tokens = 0, decode_tokens = 0, generated = 0;
+  uint64_t failed_steps = 0;   // EP steps whose exchange failed (their requests finished as error)
   double forward_s = 0;        // compute thread busy in forward passes
   double idle_s = 0;           // compute thread waiting between consecutive steps (exposed overhead)
   double plan_s = 0;           // time spent planning (overlapped when async)
@@ -68,6 +82,11 @@ class engine {
   std::expected<request_id, std::string> add_request(std::vector<int32_t> prompt,
                                                      const sampling_params& params);
   bool abort(request_id id);
+  // One step. In EP mode always one lockstep step of the group (an empty one when nothing is
+  // planned). When the group's exchange fails (ep_error: peer lost, timeout, bad frame) every
+  // request of the step finishes with finish_reason::error (an event each, token −1), its
+  // blocks are freed and nothing of the step is registered in the prefix cache; the engine
+  // stays usable and last_error() says what happened.
   std::vector<token_event> step();
   bool has_work() const;
   // Runs until every queued request finished; returns completions in request order.
@@ -76,6 +95,16 @@ class engine {
   void forget(request_id id);
 
   engine_stats stats() const;
+  // EP: lockstep steps begun since the last group change (the actor layer compares it with
+  // the group's step number); without EP, completed steps.
+  uint64_t steps_started() const;
+  bool expert_parallel() const { return ep_ != nullptr; }
+  // EP, between steps: a new group (e.g. the survivors re-partition the experts after a
+  // loss; every rank holds all weights, so this is a new layout and transport only). The
+  // step counter restarts at 0.
+  void set_ep_group(ep_layout layout, std::shared_ptr<expert_transport> transport);
+  // The error of the last failed step ("" when none failed yet).
+  const std::string& last_error() const { return last_error_; }
   const model::model_config& config() const { return weights_->config; }
   const model::tokenizer* tokenizer() const { return tok_.get(); }
 
@@ -86,6 +115,8 @@ class engine {
     model::forward_output output;
   };
   void dispatch(step_plan plan);
+  std::vector<token_event> step_ep();
+  std::vector<token_event> fail_step(const std::string& why);
   std::vector<token_event> complete();
   void compute_loop();
   void run_forward();
@@ -102,6 +133,8 @@ class engine {
   int64_t next_id_ = 0;
   std::optional<in_flight_step> flight_;
   engine_stats stats_;
+  std::unique_ptr<ep_moe_exchange> ep_;
+  std::string last_error_;
 
   // compute thread (async scheduling)
   std::thread worker_;
