@@ -89,7 +89,8 @@ class engine {
   // stays usable and last_error() says what happened.
   std::vector<token_event> step();
   bool has_work() const;
-  // Runs until every queued request finished; returns completions in request order.
+  // Runs until every queued request finished; returns completions in request order. Not for
+  // EP ranks: the group steps together, so each rank calls step() in lockstep instead.
   std::vector<completion> run_to_completion();
   completion result(request_id id) const;
   void forget(request_id id);

@@ -76,9 +76,9 @@ class frame_reader {
       return;
     }
     try {
-      // bins stay in `bytes` (no copy); a tiny structure: one array, no maps, depth 2
+      // bins stay in `bytes` (no copy); a tiny structure: one short array, no maps, depth 2
       auto ref_bins = [](msgpack::type::object_type t, size_t, void*) { return t == msgpack::type::BIN; };
-      msgpack::unpack_limit limit(fields, 0, 64, bytes.size(), 0, 2);
+      msgpack::unpack_limit limit(32, 0, 64, bytes.size(), 0, 2);
       size_t off = 0;
       handle_ = msgpack::unpack(reinterpret_cast<const char*>(bytes.data()), bytes.size(), off, ref_bins,
                                 nullptr, limit);

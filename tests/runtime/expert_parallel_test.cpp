@@ -1,0 +1,483 @@
+// Expert parallelism over the in-process hub: forward passes of N ranks with different
+// batches give logits bit-identical to the local path (both architectures, MTP included);
+// engines in lockstep (one idle) sample exactly what a single engine samples, also after a
+// layout change; a lost or silent rank fails its peers' steps within the timeout and the
+// survivors carry on in a new group; bad frames are rejected with an error naming the field.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <barrier>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <thread>
+
+#include "runtime/engine.hpp"
+#include "runtime/expert_parallel.hpp"
+#include "tests/support/tiny_models.hpp"
+
+using namespace shoal;
+using runtime::engine;
+using runtime::engine_config;
+using runtime::ep_layout;
+using runtime::local_ep_hub;
+using runtime::sampling_params;
+using runtime::token_event;
+using namespace std::chrono_literals;
+
+namespace {
+
+// ---- model level ----
+
+// One rank's work: two steps over its own sequences (prefill, then one decode token each).
+struct rank_batch {
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<int64_t> dec_from;  // per sequence (flash); ≥ prompt length: no decoder rows
+  std::vector<bool> logits;
+  bool full = false;              // instead: forward_full of prompts[0] (forward + mtp_last)
+};
+
+struct rank_result {
+  std::vector<std::vector<float>> logits;  // per step
+  std::vector<float> mtp;
+  std::string error;
+};
+
+// Runs `b` with `moe` (nullptr = local) and, when set, `ex` framing each step.
+rank_result run_batch(const model::model_weights& w, const rank_batch& b, runtime::ep_moe_exchange* ex) {
+  rank_result res;
+  model::forward_options o{true, false, ex};
+  auto step = [&](auto&& body) {
+    if (ex) ex->begin_step();
+    body();
+    if (ex)
+      if (auto r = ex->end_step(); !r) res.error = r.error();
+  };
+  if (b.full) {
+    step([&] {
+      auto f = model::forward_full(w, b.prompts[0], o);
+      res.logits.push_back(f.logits);
+      res.mtp = f.mtp.logits;
+    });
+    return res;
+  }
+  const model::model_config& c = w.config;
+  std::vector<std::unique_ptr<test::dense_cache>> caches;
+  std::vector<std::vector<int32_t>> seqs = b.prompts;
+  for (size_t i = 0; i < seqs.size(); ++i) caches.push_back(std::make_unique<test::dense_cache>(c, 8, model::min_ring_tokens(c) + 8));
+  for (int s = 0; s < 2; ++s) {
+    std::vector<model::forward_item> items;
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      if (s == 1) seqs[i].push_back(static_cast<int32_t>(7 + i));
+      int64_t from = caches[i]->cache.computed;
+      bool logits = s == 1 || b.logits[i];
+      items.push_back({&caches[i]->cache, std::span<const int32_t>(seqs[i]).subspan(from), b.dec_from[i], 0,
+                       logits, false});
+    }
+    step([&] { res.logits.push_back(model::forward(w, items, o).logits); });
+  }
+  return res;
+}
+
+std::vector<rank_batch> batches_for(int32_t n, const model::model_config& c) {
+  std::vector<rank_batch> out;
+  for (int32_t r = 0; r < n; ++r) {
+    rank_batch b;
+    if (r == 1) {  // nothing at all this step: joins every slot empty
+      out.push_back(b);
+      continue;
+    }
+    if (r == 2) {  // forward + MTP in one step
+      b.full = true;
+      b.prompts = {test::random_tokens(40, 900)};
+      out.push_back(b);
+      continue;
+    }
+    for (int i = 0; i < 2 + r; ++i) {
+      int64_t len = 20 + 13 * i + 5 * r;
+      b.prompts.push_back(test::random_tokens(static_cast<size_t>(len), 500 + 10 * r + i));
+      int64_t from = std::max<int64_t>(0, len - model::exact_decoder_tail(c));
+      bool no_decoder = c.is_flash() && r == 3 && i == 0;  // no decoder rows for this one
+      b.dec_from.push_back(no_decoder ? len : from);
+      b.logits.push_back(!no_decoder);
+    }
+    out.push_back(b);
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("ep forward: N ranks with different batches give the local path's logits bit for bit") {
+  for (const char* preset : {"v3-tiny", "tiny"}) {
+    auto w = test::tiny_model(preset);
+    for (int32_t n : {2, 3, 4}) {
+      CAPTURE(preset);
+      CAPTURE(n);
+      auto batches = batches_for(n, w->config);
+      local_ep_hub hub(n, 10s);
+      std::vector<rank_result> ep(static_cast<size_t>(n));
+      std::vector<std::thread> threads;
+      for (int32_t r = 0; r < n; ++r)
+        threads.emplace_back([&, r] {
+          runtime::ep_moe_exchange ex(w, {r, n}, hub.transport(r), true);
+          if (batches[r].prompts.empty()) {  // idle rank: two empty lockstep steps
+            for (int s = 0; s < 2; ++s) {
+              ex.begin_step();
+              if (auto e = ex.end_step(); !e) ep[r].error = e.error();
+            }
+            return;
+          }
+          ep[r] = run_batch(*w, batches[r], &ex);
+          if (batches[r].full) {  // match the two steps of the others
+            ex.begin_step();
+            if (auto e = ex.end_step(); !e) ep[r].error = e.error();
+          }
+        });
+      for (auto& t : threads) t.join();
+      for (int32_t r = 0; r < n; ++r) {
+        CAPTURE(r);
+        CHECK(ep[r].error == "");
+        if (batches[r].prompts.empty()) continue;
+        rank_result local = run_batch(*w, batches[r], nullptr);
+        REQUIRE(ep[r].logits.size() == local.logits.size());
+        for (size_t s = 0; s < local.logits.size(); ++s) {
+          REQUIRE(ep[r].logits[s].size() == local.logits[s].size());
+          CHECK(std::memcmp(ep[r].logits[s].data(), local.logits[s].data(), local.logits[s].size() * 4) == 0);
+        }
+        CHECK(ep[r].mtp == local.mtp);
+        if (batches[r].full) CHECK(!local.mtp.empty());
+      }
+    }
+  }
+}
+
+TEST_CASE("ep ownership: contiguous blocks, expert_owner agrees with owned_experts") {
+  for (int32_t size : {1, 2, 3, 4, 5, 16, 20})
+    for (int64_t E : {16, 17, 32}) {
+      std::vector<int32_t> owner(static_cast<size_t>(E), -1);
+      for (int32_t r = 0; r < size; ++r) {
+        auto range = runtime::owned_experts({r, size}, E);
+        CHECK(range.first == r * E / size);
+        for (int64_t e = range.first; e < range.last; ++e) owner[e] = r;
+      }
+      for (int64_t e = 0; e < E; ++e) CHECK(runtime::expert_owner(e, E, size) == owner[e]);
+    }
+}
+
+namespace {
+
+// ---- engine level ----
+
+engine_config base_config(int64_t blocks = 128) {
+  engine_config c;
+  c.cache.num_blocks = blocks;
+  c.cache.snapshot_storage = runtime::swa_storage::fp32;
+  c.batch_invariant = true;
+  c.capture_logits = true;
+  return c;
+}
+
+engine_config ep_config(local_ep_hub& hub, int32_t rank) {
+  engine_config c = base_config();
+  c.ep = engine_config::ep_config{{rank, hub.size()}, hub.transport(rank), {}};
+  return c;
+}
+
+struct job {
+  std::vector<int32_t> prompt;
+  sampling_params params;
+};
+
+// Requests of rank r (none for `idle`): greedy and seeded sampling, different lengths.
+std::vector<job> jobs_for(int32_t r, uint32_t salt, int32_t idle) {
+  std::vector<job> out;
+  if (r == idle) return out;
+  for (uint32_t i = 0; i < 3; ++i) {
+    job j;
+    j.prompt = test::random_tokens(10 + 17 * i + 3 * static_cast<uint32_t>(r), salt + 100 * r + i);
+    j.params.max_tokens = 6 + static_cast<int32_t>(i) * 3;
+    j.params.ignore_eos = true;
+    if (i % 2 == 1) {
+      j.params.temperature = 0.8f;
+      j.params.top_p = 0.9f;
+      j.params.seed = salt + 1000 * r + i;
+    }
+    out.push_back(j);
+  }
+  return out;
+}
+
+// Steps every engine on its own thread in lockstep until none has work; each engine's events.
+std::vector<std::vector<token_event>> run_lockstep(const std::vector<engine*>& engines) {
+  size_t n = engines.size();
+  std::vector<std::vector<token_event>> events(n);
+  std::vector<char> busy(n, 0);
+  std::barrier sync(static_cast<std::ptrdiff_t>(n));
+  std::vector<std::thread> threads;
+  for (size_t r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      for (int s = 0; s < 10000; ++s) {
+        busy[r] = engines[r]->has_work();
+        sync.arrive_and_wait();
+        bool any = std::any_of(busy.begin(), busy.end(), [](char b) { return b != 0; });
+        sync.arrive_and_wait();
+        if (!any) return;
+        for (auto& ev : engines[r]->step()) events[r].push_back(std::move(ev));
+      }
+    });
+  for (auto& t : threads) t.join();
+  return events;
+}
+
+// Per request id: its tokens and captured logits, in order.
+using trace = std::map<int64_t, std::pair<std::vector<int32_t>, std::vector<std::vector<float>>>>;
+trace trace_of(const std::vector<token_event>& events) {
+  trace t;
+  for (auto& ev : events)
+    if (ev.token >= 0) {
+      t[ev.id.value].first.push_back(ev.token);
+      t[ev.id.value].second.push_back(ev.logits);
+    }
+  return t;
+}
+
+// The same jobs on one engine without EP, all at once; per (rank, job index) its trace entry.
+std::map<std::pair<int32_t, size_t>, trace::mapped_type> reference(
+    const std::shared_ptr<model::model_weights>& w, const std::vector<std::vector<job>>& jobs) {
+  engine e(w, base_config(512));
+  std::map<int64_t, std::pair<int32_t, size_t>> who;
+  for (int32_t r = 0; r < static_cast<int32_t>(jobs.size()); ++r)
+    for (size_t i = 0; i < jobs[r].size(); ++i)
+      who[e.add_request(jobs[r][i].prompt, jobs[r][i].params)->value] = {r, i};
+  std::vector<token_event> events;
+  while (e.has_work())
+    for (auto& ev : e.step()) events.push_back(std::move(ev));
+  std::map<std::pair<int32_t, size_t>, trace::mapped_type> out;
+  for (auto& [id, t] : trace_of(events)) out[who[id]] = t;
+  return out;
+}
+
+// Adds rank r's jobs to its engine, returning id → job index.
+std::map<int64_t, size_t> add_jobs(engine& e, const std::vector<job>& jobs) {
+  std::map<int64_t, size_t> ids;
+  for (size_t i = 0; i < jobs.size(); ++i) ids[e.add_request(jobs[i].prompt, jobs[i].params)->value] = i;
+  return ids;
+}
+
+// Checks each rank's traces against the reference.
+void check_against(const std::vector<std::vector<token_event>>& events,
+                   const std::vector<std::map<int64_t, size_t>>& ids,
+                   const std::map<std::pair<int32_t, size_t>, trace::mapped_type>& ref) {
+  for (int32_t r = 0; r < static_cast<int32_t>(events.size()); ++r) {
+    trace t = trace_of(events[r]);
+    CHECK(t.size() == ids[r].size());
+    for (auto& [id, i] : ids[r]) {
+      CAPTURE(r);
+      CAPTURE(i);
+      REQUIRE(t.count(id) == 1);
+      const auto& want = ref.at({r, i});
+      CHECK(t[id].first == want.first);
+      CHECK(t[id].second == want.second);
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("ep engines in lockstep sample what one engine samples, one rank idle, then 4 to 2 ranks") {
+  for (const char* preset : {"tiny", "v3-tiny"}) {
+    CAPTURE(preset);
+    auto w = test::tiny_model(preset);
+    local_ep_hub hub(4, 10s);
+    std::vector<std::unique_ptr<engine>> engines;
+    for (int32_t r = 0; r < 4; ++r) engines.push_back(std::make_unique<engine>(w, ep_config(hub, r)));
+    std::vector<std::vector<job>> jobs;
+    std::vector<std::map<int64_t, size_t>> ids;
+    for (int32_t r = 0; r < 4; ++r) {
+      jobs.push_back(jobs_for(r, 1, 3));
+      ids.push_back(add_jobs(*engines[r], jobs[r]));
+    }
+    auto events = run_lockstep({engines[0].get(), engines[1].get(), engines[2].get(), engines[3].get()});
+    check_against(events, ids, reference(w, jobs));
+    uint64_t steps = engines[0]->steps_started();
+    CHECK(steps > 0);
+    for (auto& e : engines) {
+      CHECK(e->steps_started() == steps);  // the idle rank joined every step
+      CHECK(e->last_error() == "");
+      CHECK(e->stats().blocks_free == e->stats().blocks_total);
+    }
+
+    // The group shrinks to ranks 0 and 1: a new layout, the step counter restarts.
+    local_ep_hub pair(2, 10s);
+    jobs.clear();
+    ids.clear();
+    for (int32_t r = 0; r < 2; ++r) {
+      engines[r]->set_ep_group({r, 2}, pair.transport(r));
+      CHECK(engines[r]->steps_started() == 0);
+      jobs.push_back(jobs_for(r, 77, -1));
+      ids.push_back(add_jobs(*engines[r], jobs[r]));
+    }
+    events = run_lockstep({engines[0].get(), engines[1].get()});
+    check_against(events, ids, reference(w, jobs));
+    CHECK(engines[0]->steps_started() == engines[1]->steps_started());
+  }
+}
+
+TEST_CASE("ep failure: a lost or silent rank fails its peers' steps, survivors regroup") {
+  auto w = test::tiny_model("v3-tiny");
+  for (bool silent : {false, true}) {
+    CAPTURE(silent);
+    local_ep_hub hub(4, silent ? 300ms : 5s);
+    std::vector<std::unique_ptr<engine>> engines;
+    std::vector<std::vector<job>> jobs;
+    std::vector<std::map<int64_t, size_t>> ids;
+    for (int32_t r = 0; r < 4; ++r) {
+      engines.push_back(std::make_unique<engine>(w, ep_config(hub, r)));
+      jobs.push_back(jobs_for(r, 5, -1));
+      for (auto& j : jobs[r]) j.params.max_tokens = 40;
+      ids.push_back(add_jobs(*engines[r], jobs[r]));
+    }
+    std::vector<std::vector<token_event>> events(3);
+    auto t0 = std::chrono::steady_clock::now();
+    std::vector<std::thread> threads;
+    for (int32_t r = 0; r < 4; ++r)
+      threads.emplace_back([&, r] {
+        if (r == 3) {  // three steps, then lost (fail) or gone quiet
+          for (int s = 0; s < 3; ++s) engines[r]->step();
+          if (!silent) hub.fail(3);
+          return;
+        }
+        for (int s = 0; s < 1000 && engines[r]->has_work(); ++s)
+          for (auto& ev : engines[r]->step()) events[r].push_back(std::move(ev));
+      });
+    for (auto& t : threads) t.join();
+    CHECK(std::chrono::steady_clock::now() - t0 < 30s);
+    for (int32_t r = 0; r < 3; ++r) {
+      CAPTURE(r);
+      int errors = 0;
+      for (auto& ev : events[r])
+        if (ev.finished) {
+          CHECK(ev.reason == runtime::finish_reason::error);
+          CHECK(ev.token == -1);
+          ++errors;
+        }
+      CHECK(errors == 3);
+      CHECK(engines[r]->stats().failed_steps >= 1);
+      CHECK(engines[r]->last_error().find(silent ? "timed out" : "rank 3 lost") != std::string::npos);
+      CHECK(engines[r]->stats().blocks_free == engines[r]->stats().blocks_total);
+      CHECK_FALSE(engines[r]->has_work());
+    }
+    // Survivors 0…2 regroup and compute exactly again.
+    local_ep_hub trio(3, 10s);
+    jobs.clear();
+    ids.clear();
+    for (int32_t r = 0; r < 3; ++r) {
+      engines[r]->set_ep_group({r, 3}, trio.transport(r));
+      jobs.push_back(jobs_for(r, 9, -1));
+      ids.push_back(add_jobs(*engines[r], jobs[r]));
+    }
+    auto after = run_lockstep({engines[0].get(), engines[1].get(), engines[2].get()});
+    check_against(after, ids, reference(w, jobs));
+  }
+}
+
+namespace {
+
+// A transport that hands each incoming dispatch frame to `corrupt` first (group of one).
+struct corrupting_transport final : runtime::expert_transport {
+  std::shared_ptr<runtime::expert_transport> inner;
+  std::function<void(std::vector<uint8_t>&)> corrupt;
+  std::expected<runtime::ep_payloads, std::string> exchange(uint64_t step, int32_t slot, int32_t phase,
+                                                            runtime::ep_payloads out) override {
+    auto in = inner->exchange(step, slot, phase, std::move(out));
+    if (in && phase == 0)
+      for (auto& p : *in) corrupt(p);
+    return in;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("ep frames: bad bytes are errors naming what is wrong") {
+  const ep_layout me{1, 4};  // owns experts [4, 8) of 16
+  runtime::dispatch_frame f;
+  f.step = 7, f.slot = 2, f.source = 3, f.hidden = 8, f.rows = 2;
+  f.xn.assign(16, 0.5f);
+  f.pair_row = {0, 1, 1};
+  f.pair_expert = {4, 5, 7};
+  auto good = runtime::encode_dispatch(f);
+  auto decode = [&](const std::vector<uint8_t>& b, int64_t hidden = 8, uint64_t step = 7) {
+    return runtime::decode_dispatch(b, step, 2, 3, me, hidden, 16, 4);
+  };
+  auto round = decode(good);
+  REQUIRE(round.has_value());
+  CHECK(round->xn == f.xn);
+  CHECK(round->pair_expert == f.pair_expert);
+  auto expect_error = [](const auto& r, const char* needle) {
+    REQUIRE_FALSE(r.has_value());
+    CAPTURE(r.error());
+    CHECK(r.error().find(needle) != std::string::npos);
+  };
+  for (size_t cut : {size_t(0), size_t(1), size_t(12), good.size() / 2, good.size() - 1}) {
+    CAPTURE(cut);
+    auto r = decode(std::vector<uint8_t>(good.begin(), good.begin() + static_cast<std::ptrdiff_t>(cut)));
+    expect_error(r, cut == 0 ? "empty" : "not valid msgpack");
+  }
+  expect_error(decode(good, 16), "hidden size");
+  expect_error(decode(good, 8, 8), "step");
+  auto trailing = good;
+  trailing.push_back(0xc0);
+  expect_error(decode(trailing), "trailing");
+  {
+    auto foreign = f;
+    foreign.pair_expert[1] = 9;
+    expect_error(decode(runtime::encode_dispatch(foreign)), "expert 9 is not owned by rank 1");
+    foreign.pair_expert[1] = -3;
+    expect_error(decode(runtime::encode_dispatch(foreign)), "expert -3");
+    auto bad_row = f;
+    bad_row.pair_row[2] = 2;
+    expect_error(decode(runtime::encode_dispatch(bad_row)), "row 2 outside");
+  }
+  {
+    std::mt19937 rng(3);
+    for (int i = 0; i < 200; ++i) {  // garbage: never a crash, always an error
+      std::vector<uint8_t> junk(rng() % 200);
+      for (auto& b : junk) b = static_cast<uint8_t>(rng());
+      CHECK_FALSE(decode(junk).has_value());
+    }
+    auto flipped = good;  // a bin length pointing past the end
+    for (size_t i = 0; i + 2 < flipped.size(); ++i)
+      if (flipped[i] == 0xc4 && flipped[i + 1] == 64) flipped[i + 1] = 200;
+    CHECK_FALSE(decode(flipped).has_value());
+  }
+  std::vector<float> out(24, 1.0f);
+  auto comb = runtime::encode_combine(7, 2, 1, 8, out.data(), 3);
+  CHECK(runtime::decode_combine(comb, 7, 2, 1, 8, 3).value() == out);
+  expect_error(runtime::decode_combine(comb, 7, 2, 1, 8, 2), "pairs");
+  expect_error(runtime::decode_combine(comb, 7, 2, 0, 8, 3), "source rank");
+  expect_error(runtime::decode_combine(good, 7, 2, 3, 8, 3), "fields");
+
+  // Through the engine: a corrupted frame fails the step with the decoder's message.
+  auto w = test::tiny_model("v3-tiny");
+  local_ep_hub hub(1, 5s);
+  for (auto [name, corrupt] :
+       std::vector<std::pair<const char*, std::function<void(std::vector<uint8_t>&)>>>{
+           {"not valid msgpack", [](std::vector<uint8_t>& b) { b.resize(b.size() / 2); }},
+           {"is not a msgpack array", [](std::vector<uint8_t>& b) { b.assign(1, 0x05); }}}) {
+    CAPTURE(name);
+    auto t = std::make_shared<corrupting_transport>();
+    t->inner = hub.transport(0);
+    t->corrupt = corrupt;
+    engine_config cfg = base_config();
+    cfg.ep = engine_config::ep_config{{0, 1}, t, {}};
+    engine e(w, cfg);
+    auto id = e.add_request(test::random_tokens(20, 1), jobs_for(0, 1, -1)[0].params);
+    auto events = e.step();
+    REQUIRE(events.size() == 1);
+    CHECK(events[0].id == *id);
+    CHECK(events[0].reason == runtime::finish_reason::error);
+    CHECK(e.last_error().find(name) != std::string::npos);
+    CHECK(e.stats().blocks_free == e.stats().blocks_total);
+  }
+}
