@@ -280,6 +280,7 @@ class parser {
   using exp_expr = std::expected<expr, std::string>;
   using body_and_tag = std::pair<std::vector<stmt>, std::string>;
   static constexpr int max_depth = 100;
+  static constexpr uint32_t max_height = 256;
 
   const token& cur() const { return t_[i_]; }
   const token& peek(size_t k = 1) const { return t_[std::min(i_ + k, t_.size() - 1)]; }
@@ -431,7 +432,18 @@ class parser {
   static expr make(expr_kind k, std::string text, std::vector<expr> args, size_t offset) {
     expr e;
     e.kind = k, e.text = std::move(text), e.args = std::move(args), e.offset = offset;
+    set_height(e);
     return e;
+  }
+
+  static void set_height(expr& e) {
+    for (const expr& a : e.args) e.height = std::max(e.height, a.height + 1);
+  }
+
+  // Long operator or postfix chains (`1+1+...`) nest without parentheses; bound them too.
+  std::expected<void, std::string> check_height(const expr& e) const {
+    if (e.height > max_height) return fail("expression nested too deeply", e.offset);
+    return {};
   }
 
   exp_expr parse_expression() {
@@ -466,6 +478,7 @@ class parser {
       ++i_;
       SHOAL_TEMPLATE_TRY(rhs, (this->*next)());
       lhs = make(kind, std::string(*it), {std::move(lhs), std::move(rhs)}, at);
+      SHOAL_TEMPLATE_CHECK(check_height(lhs));
     }
   }
 
@@ -497,6 +510,7 @@ class parser {
       ++i_;
       SHOAL_TEMPLATE_TRY(rhs, parse_math1());
       lhs = make(expr_kind::binary, op, {std::move(lhs), std::move(rhs)}, at);
+      SHOAL_TEMPLATE_CHECK(check_height(lhs));
     }
   }
   exp_expr parse_math1() { return parse_level({"+", "-"}, expr_kind::binary, &parser::parse_concat); }
@@ -571,12 +585,14 @@ class parser {
       e.args.push_back(std::move(item));
     }
     ++i_;
+    set_height(e);
     return e;
   }
 
   // Attributes, subscripts and calls; then (with_filter) filters and tests, in any order.
   exp_expr parse_postfix(expr e, bool with_filter) {
     while (true) {
+      SHOAL_TEMPLATE_CHECK(check_height(e));
       const size_t at = cur().offset;
       if (at_op(".")) {
         ++i_;
@@ -640,6 +656,7 @@ class parser {
       e.args.push_back(std::move(arg));
     }
     ++i_;
+    set_height(e);
     return e;
   }
 

@@ -68,6 +68,7 @@ struct expr {
   std::vector<std::string> kwarg_names;  // call: names of the last kwarg_names.size() args
   bool negated = false;                  // test: `is not`
   size_t offset = 0;                     // in the normalised source
+  uint32_t height = 1;                   // of this subtree; the parser bounds it (eval recursion)
 };
 
 enum class stmt_kind : uint8_t { text, output, if_, for_, set };

@@ -9,6 +9,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -194,4 +195,42 @@ TEST_CASE("chat_template: load_chat_template reports missing files and fields") 
   CHECK(load_chat_template(wrong).error() ==
         wrong.string() + ": field 'eos_token' must be a string or {\"content\": string}");
   fs::remove_all(dir);
+}
+
+TEST_CASE("chat_template: long chains are bounded and seeded mutations of a real template never crash") {
+  CHECK(parse_error("{{ 1" + [] { std::string s; for (int i = 0; i < 10000; ++i) s += "+1"; return s; }() + " }}") ==
+        "chat template: expression nested too deeply at offset 514");
+  CHECK(parse_error("{{ x" + [] { std::string s; for (int i = 0; i < 1000; ++i) s += "|trim"; return s; }() + " }}")
+            .find("expression nested too deeply") != std::string::npos);
+
+  const json g = load_goldens()["templates"][0];
+  const std::string source = g["template"].get<std::string>();
+  const auto messages = to_messages(g["cases"][10]["messages"]);  // system, user, tool turns
+  std::mt19937 rng(1);
+  const std::string significant = "{}%#-+'\"()[]|.,=~ \n\\ab01";
+  int parsed = 0, rendered = 0;
+  for (int i = 0; i < 2000; ++i) {
+    std::string s = source;
+    for (int k = 0; k < 1 + static_cast<int>(rng() % 3); ++k) {
+      const size_t at = rng() % s.size();
+      switch (rng() % 4) {
+        case 0: s.resize(at); break;
+        case 1: s[at] = significant[rng() % significant.size()]; break;
+        case 2: s.erase(at, rng() % 16); break;
+        default: s.insert(at, s.substr(rng() % s.size(), rng() % 16)); break;
+      }
+      if (s.empty()) s = "x";
+    }
+    const auto t = chat_template::parse(s);
+    if (!t) {
+      CHECK(t.error().starts_with("chat template: "));
+      continue;
+    }
+    ++parsed;
+    const auto out = t->render(messages, true, "<s>", "</s>");
+    if (out) ++rendered;
+    else CHECK(out.error().starts_with("chat template: "));
+  }
+  MESSAGE("mutations parsed: " << parsed << ", rendered: " << rendered);
+  CHECK(parsed > 0);
 }

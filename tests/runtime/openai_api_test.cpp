@@ -250,3 +250,22 @@ TEST_CASE("openai_api: streamed chunks, SSE framing and the model list") {
         R"({"object":"list","data":[{"id":"deepseek-v3","object":"model","created":42,"owned_by":"shoal"},)"
         R"({"id":"small","object":"model","created":42,"owned_by":"shoal"}]})");
 }
+
+TEST_CASE("openai_api: every truncation of a good body, and deep nesting, fail cleanly") {
+  const std::string body = R"({"model": "small", "messages": [{"role": "user", "content": [{"type": "text",
+      "text": "h\u00e9"}]}], "max_tokens": 5, "stop": ["a"], "stream": true, "stream_options": {"include_usage": true},
+      "seed": 3, "temperature": 0.5})";
+  REQUIRE(parse_completion_request(body, true, limits()).has_value());
+  for (size_t n = 0; n < body.size(); ++n) {
+    CAPTURE(n);
+    const auto r = parse_completion_request(body.substr(0, n), true, limits());
+    REQUIRE_FALSE(r.has_value());
+    CHECK(r.error().status == 400);
+  }
+  api_limits big = limits();
+  big.max_body_bytes = size_t{1} << 20;
+  const std::string deep = std::string(200000, '[') + std::string(200000, ']');
+  const auto r = parse_completion_request(deep, false, big);
+  REQUIRE_FALSE(r.has_value());
+  CHECK(r.error().message == "request body must be a JSON object");
+}
