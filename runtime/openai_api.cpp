@@ -1,0 +1,364 @@
+// Request validation and response JSON of the OpenAI-compatible API (openai_api.hpp). Each
+// request field has one small parse step that fills completion_request or returns the 400 that
+// names it; JSON null counts as absent, as in OpenAI's API. Responses are built with
+// nlohmann::ordered_json so fields come out in OpenAI's order, and invalid UTF-8 in generated
+// text (a token boundary inside a character) is replaced rather than thrown on.
+#include "runtime/openai_api.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <limits>
+
+namespace shoal::runtime {
+
+namespace {
+
+using json = nlohmann::json;
+using ojson = nlohmann::ordered_json;
+using check = std::optional<api_error>;
+
+std::string dump(const ojson& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+// The field, or nullptr when absent or null.
+const json* field(const json& j, const char* key) {
+  const auto it = j.find(key);
+  return it == j.end() || it->is_null() ? nullptr : &*it;
+}
+
+// Integers only (16.0 is not one); values beyond int64 clamp to its maximum for range checks.
+std::optional<int64_t> as_int64(const json& v) {
+  if (v.is_number_unsigned()) {
+    const uint64_t u = v.get<uint64_t>();
+    return u > uint64_t(std::numeric_limits<int64_t>::max()) ? std::numeric_limits<int64_t>::max() : int64_t(u);
+  }
+  if (v.is_number_integer()) return v.get<int64_t>();
+  return std::nullopt;
+}
+
+api_error bad(std::string message, std::string param) { return invalid_request_error(std::move(message), std::move(param)); }
+
+check parse_model(const json& j, const api_limits& limits, completion_request& r) {
+  const json* m = field(j, "model");
+  if (!m) return bad("you must provide a model parameter ('model')", "model");
+  if (!m->is_string()) return bad("'model' must be a string", "model");
+  r.model = m->get<std::string>();
+  if (std::find(limits.model_ids.begin(), limits.model_ids.end(), r.model) == limits.model_ids.end())
+    return model_not_found_error(r.model);
+  return std::nullopt;
+}
+
+check parse_prompt(const json& j, completion_request& r) {
+  const json* p = field(j, "prompt");
+  if (!p) return bad("you must provide a prompt ('prompt')", "prompt");
+  if (p->is_array() && p->size() == 1 && (*p)[0].is_string()) p = &(*p)[0];  // ["text"]
+  if (p->is_string()) {
+    if (p->get_ref<const std::string&>().empty()) return bad("'prompt' must not be empty", "prompt");
+    r.prompt = p->get<std::string>();
+    return std::nullopt;
+  }
+  if (!p->is_array()) return bad("'prompt' must be a string or an array of token ids", "prompt");
+  if (p->empty()) return bad("'prompt' must not be empty", "prompt");
+  std::vector<int32_t> ids;
+  for (const json& t : *p) {
+    const auto id = as_int64(t);
+    if (t.is_string()) return bad("'prompt': batched prompts (more than one string) are not supported", "prompt");
+    if (!id || *id < 0 || *id > std::numeric_limits<int32_t>::max())
+      return bad("'prompt' must be a string or an array of non-negative integer token ids", "prompt");
+    ids.push_back(static_cast<int32_t>(*id));
+  }
+  r.prompt = std::move(ids);
+  return std::nullopt;
+}
+
+// Message content: a string, null (assistant only), or [{"type":"text","text":...}] parts.
+check parse_content(const json& m, const std::string& param, chat_message& out) {
+  const json* c = field(m, "content");
+  if (!c) {
+    if (out.role == "assistant") return std::nullopt;
+    return bad("'" + param + "' is required for role '" + out.role + "'", param);
+  }
+  if (c->is_string()) {
+    out.content = c->get<std::string>();
+    return std::nullopt;
+  }
+  if (!c->is_array()) return bad("'" + param + "' must be a string, an array of text parts or null", param);
+  std::string text;
+  for (const json& part : *c) {
+    const json* type = part.is_object() ? field(part, "type") : nullptr;
+    const json* t = part.is_object() ? field(part, "text") : nullptr;
+    if (!type || *type != "text" || !t || !t->is_string())
+      return bad("'" + param + "': only parts {\"type\": \"text\", \"text\": string} are supported", param);
+    text += t->get<std::string>();
+  }
+  out.content = std::move(text);
+  return std::nullopt;
+}
+
+check parse_messages(const json& j, completion_request& r) {
+  const json* ms = field(j, "messages");
+  if (!ms) return bad("you must provide 'messages'", "messages");
+  if (!ms->is_array()) return bad("'messages' must be an array", "messages");
+  if (ms->empty()) return bad("'messages' must not be empty", "messages");
+  static constexpr std::array<std::string_view, 4> roles = {"system", "user", "assistant", "tool"};
+  for (size_t i = 0; i < ms->size(); ++i) {
+    const json& m = (*ms)[i];
+    const std::string param = "messages[" + std::to_string(i) + "]";
+    if (!m.is_object()) return bad("'" + param + "' must be an object", param);
+    const json* role = field(m, "role");
+    if (!role || !role->is_string() ||
+        std::find(roles.begin(), roles.end(), role->get_ref<const std::string&>()) == roles.end())
+      return bad("'" + param + ".role' must be one of 'system', 'user', 'assistant', 'tool'", param + ".role");
+    if (const json* tc = field(m, "tool_calls"); tc && !(tc->is_array() && tc->empty()))
+      return bad("'" + param + ".tool_calls': tool calls are not supported", param + ".tool_calls");
+    chat_message msg{role->get<std::string>(), std::nullopt};
+    if (auto e = parse_content(m, param + ".content", msg)) return e;
+    r.messages.push_back(std::move(msg));
+  }
+  return std::nullopt;
+}
+
+check parse_max_tokens(const json& j, const api_limits& limits, completion_request& r) {
+  const char* name = "max_tokens";
+  const json* v = field(j, name);
+  if (r.chat && field(j, "max_completion_tokens")) name = "max_completion_tokens", v = field(j, name);
+  if (!v) {
+    r.max_tokens = r.chat ? std::min(limits.max_tokens_limit, default_chat_max_tokens)
+                          : std::min(limits.max_tokens_limit, default_completion_max_tokens);
+    return std::nullopt;
+  }
+  const auto n = as_int64(*v);
+  if (!n || *n < 1 || *n > limits.max_tokens_limit)
+    return bad("'" + std::string(name) + "' must be an integer from 1 to " + std::to_string(limits.max_tokens_limit) +
+                   ", got " + v->dump(),
+               name);
+  r.max_tokens = static_cast<int32_t>(*n);
+  return std::nullopt;
+}
+
+check parse_sampling(const json& j, completion_request& r) {
+  if (const json* t = field(j, "temperature")) {
+    if (!t->is_number() || !(t->get<double>() >= 0.0 && t->get<double>() <= 2.0))
+      return bad("'temperature' must be a number from 0 to 2, got " + t->dump(), "temperature");
+    r.temperature = t->get<float>();
+  }
+  if (const json* p = field(j, "top_p")) {
+    if (!p->is_number() || !(p->get<double>() > 0.0 && p->get<double>() <= 1.0))
+      return bad("'top_p' must be a number in (0, 1], got " + p->dump(), "top_p");
+    r.top_p = p->get<float>();
+  }
+  if (const json* k = field(j, "top_k")) {
+    const auto n = as_int64(*k);
+    if (!n || *n < 0 || *n > std::numeric_limits<int32_t>::max())
+      return bad("'top_k' must be a non-negative integer (0: no top-k), got " + k->dump(), "top_k");
+    r.top_k = static_cast<int32_t>(*n);
+  }
+  if (const json* s = field(j, "seed")) {
+    if (!s->is_number_integer() || (!s->is_number_unsigned() && s->get<int64_t>() < 0))
+      return bad("'seed' must be a non-negative integer, got " + s->dump(), "seed");
+    r.seed = s->get<uint64_t>();
+  }
+  if (const json* n = field(j, "n"); n && !(as_int64(*n) == 1))
+    return bad("'n' must be 1: several choices per request are not supported", "n");
+  return std::nullopt;
+}
+
+check parse_stop(const json& j, completion_request& r) {
+  const json* s = field(j, "stop");
+  if (!s) return std::nullopt;
+  const auto add = [&](const json& v) -> check {
+    if (!v.is_string() || v.get_ref<const std::string&>().empty())
+      return bad("'stop' must be a non-empty string or an array of at most 4 of them", "stop");
+    r.stop.push_back(v.get<std::string>());
+    return std::nullopt;
+  };
+  if (!s->is_array()) return add(*s);
+  if (s->size() > 4) return bad("'stop' may hold at most 4 sequences, got " + std::to_string(s->size()), "stop");
+  for (const json& v : *s)
+    if (auto e = add(v)) return e;
+  return std::nullopt;
+}
+
+check parse_stream(const json& j, completion_request& r) {
+  if (const json* s = field(j, "stream")) {
+    if (!s->is_boolean()) return bad("'stream' must be a boolean", "stream");
+    r.stream = s->get<bool>();
+  }
+  const json* o = field(j, "stream_options");
+  if (!o) return std::nullopt;
+  if (!r.stream) return bad("'stream_options' is only allowed when 'stream' is true", "stream_options");
+  if (!o->is_object()) return bad("'stream_options' must be an object", "stream_options");
+  if (const json* u = field(*o, "include_usage")) {
+    if (!u->is_boolean()) return bad("'stream_options.include_usage' must be a boolean", "stream_options.include_usage");
+    r.include_usage = u->get<bool>();
+  }
+  return std::nullopt;
+}
+
+// Accepted only at their "off" values: logprobs, top_logprobs, echo, best_of.
+check parse_unsupported(const json& j) {
+  const auto is_off = [](const json& v) {
+    return (v.is_boolean() && !v.get<bool>()) || (v.is_number_integer() && v.get<int64_t>() == 0);
+  };
+  for (const char* name : {"logprobs", "top_logprobs", "echo"})
+    if (const json* v = field(j, name); v && !is_off(*v))
+      return bad("'" + std::string(name) + "' is not supported", name);
+  if (const json* b = field(j, "best_of"); b && !(as_int64(*b) == 1))
+    return bad("'best_of' is not supported (only 1)", "best_of");
+  return std::nullopt;
+}
+
+check parse_extensions(const json& j, completion_request& r) {
+  if (const json* e = field(j, "ignore_eos")) {
+    if (!e->is_boolean()) return bad("'ignore_eos' must be a boolean", "ignore_eos");
+    r.ignore_eos = e->get<bool>();
+  }
+  if (const json* t = field(j, "traffic_class")) {
+    if (!t->is_string() || (*t != "chat" && *t != "agent"))
+      return bad("'traffic_class' must be \"chat\" or \"agent\"", "traffic_class");
+    r.traffic_class = t->get<std::string>();
+  }
+  return std::nullopt;
+}
+
+const char* finish_string(finish_reason f) { return f == finish_reason::stop ? "stop" : "length"; }
+ojson finish_json(finish_reason f) { return f == finish_reason::none ? ojson(nullptr) : ojson(finish_string(f)); }
+
+ojson usage_json(const usage_info& u) {
+  return {{"prompt_tokens", u.prompt_tokens},
+          {"completion_tokens", u.completion_tokens},
+          {"total_tokens", u.prompt_tokens + u.completion_tokens},
+          {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}}};
+}
+
+ojson envelope(const response_meta& m, const char* object) {
+  return {{"id", m.id}, {"object", object}, {"created", m.created}, {"model", m.model}};
+}
+
+}  // namespace
+
+std::string to_json(const api_error& e) {
+  const auto null_if_empty = [](const std::string& s) { return s.empty() ? ojson(nullptr) : ojson(s); };
+  return dump({{"error", {{"message", e.message}, {"type", e.type}, {"param", null_if_empty(e.param)},
+                          {"code", null_if_empty(e.code)}}}});
+}
+
+api_error invalid_request_error(std::string message, std::string param, std::string code) {
+  return {400, "invalid_request_error", std::move(message), std::move(param), std::move(code)};
+}
+api_error authentication_error(std::string message) {
+  return {401, "authentication_error", std::move(message), "", "invalid_api_key"};
+}
+api_error model_not_found_error(const std::string& model) {
+  return {404, "not_found_error", "The model '" + model + "' does not exist", "model", "model_not_found"};
+}
+api_error not_found_error(std::string message) { return {404, "not_found_error", std::move(message), "", ""}; }
+api_error server_error(std::string message) { return {500, "server_error", std::move(message), "", ""}; }
+api_error overloaded_error(std::string message) {
+  return {503, "overloaded_error", std::move(message), "", "service_unavailable"};
+}
+
+std::optional<api_error> check_body_size(size_t body_bytes, const api_limits& limits) {
+  if (body_bytes <= limits.max_body_bytes) return std::nullopt;
+  return api_error{413, "request_too_large",
+                   "request body of " + std::to_string(body_bytes) + " bytes exceeds the limit of " +
+                       std::to_string(limits.max_body_bytes) + " bytes",
+                   "", ""};
+}
+
+std::expected<completion_request, api_error> parse_completion_request(std::string_view body, bool chat,
+                                                                      const api_limits& limits) {
+  if (auto e = check_body_size(body.size(), limits)) return std::unexpected(*e);
+  const json j = json::parse(body, nullptr, false);
+  if (j.is_discarded()) return std::unexpected(bad("request body is not valid JSON", ""));
+  if (!j.is_object()) return std::unexpected(bad("request body must be a JSON object", ""));
+  completion_request r;
+  r.chat = chat;
+  for (check e : {parse_model(j, limits, r), chat ? parse_messages(j, r) : parse_prompt(j, r),
+                  parse_max_tokens(j, limits, r), parse_sampling(j, r), parse_stop(j, r), parse_stream(j, r),
+                  parse_unsupported(j), parse_extensions(j, r)})
+    if (e) return std::unexpected(std::move(*e));
+  return r;
+}
+
+std::optional<api_error> check_context(int64_t prompt_tokens, int32_t max_tokens, int64_t context_length) {
+  if (prompt_tokens + max_tokens <= context_length) return std::nullopt;
+  return invalid_request_error(
+      "This model's maximum context length is " + std::to_string(context_length) + " tokens. However, you requested " +
+          std::to_string(prompt_tokens + max_tokens) + " tokens (" + std::to_string(prompt_tokens) +
+          " in the prompt, " + std::to_string(max_tokens) +
+          " for the completion). Please reduce the length of the prompt or completion.",
+      "", "context_length_exceeded");
+}
+
+std::string make_response_id(bool chat, uint64_t unique) {
+  static constexpr char hex[] = "0123456789abcdef";
+  std::string id = chat ? "chatcmpl-" : "cmpl-";
+  for (int shift = 60; shift >= 0; shift -= 4) id += hex[(unique >> shift) & 0xF];
+  return id;
+}
+
+std::string completion_response_json(const response_meta& m, const std::string& text, finish_reason f,
+                                     const usage_info& u) {
+  ojson j = envelope(m, "text_completion");
+  j["choices"] = ojson::array({{{"index", 0}, {"text", text}, {"logprobs", nullptr}, {"finish_reason", finish_json(f)}}});
+  j["usage"] = usage_json(u);
+  return dump(j);
+}
+
+std::string chat_completion_response_json(const response_meta& m, const std::string& content, finish_reason f,
+                                          const usage_info& u) {
+  ojson j = envelope(m, "chat.completion");
+  j["choices"] = ojson::array({{{"index", 0},
+                                {"message", {{"role", "assistant"}, {"content", content}}},
+                                {"logprobs", nullptr},
+                                {"finish_reason", finish_json(f)}}});
+  j["usage"] = usage_json(u);
+  return dump(j);
+}
+
+std::string completion_chunk_json(const response_meta& m, const std::string& text, finish_reason f) {
+  ojson j = envelope(m, "text_completion");
+  j["choices"] = ojson::array({{{"index", 0}, {"text", text}, {"logprobs", nullptr}, {"finish_reason", finish_json(f)}}});
+  return dump(j);
+}
+
+namespace {
+std::string chat_chunk(const response_meta& m, ojson delta, finish_reason f) {
+  ojson j = envelope(m, "chat.completion.chunk");
+  j["choices"] = ojson::array(
+      {{{"index", 0}, {"delta", std::move(delta)}, {"logprobs", nullptr}, {"finish_reason", finish_json(f)}}});
+  return dump(j);
+}
+}  // namespace
+
+std::string chat_role_chunk_json(const response_meta& m) {
+  return chat_chunk(m, {{"role", "assistant"}, {"content", ""}}, finish_reason::none);
+}
+std::string chat_content_chunk_json(const response_meta& m, const std::string& content) {
+  return chat_chunk(m, {{"content", content}}, finish_reason::none);
+}
+std::string chat_finish_chunk_json(const response_meta& m, finish_reason f) {
+  return chat_chunk(m, ojson::object(), f);
+}
+
+std::string usage_chunk_json(const response_meta& m, bool chat, const usage_info& u) {
+  ojson j = envelope(m, chat ? "chat.completion.chunk" : "text_completion");
+  j["choices"] = ojson::array();
+  j["usage"] = usage_json(u);
+  return dump(j);
+}
+
+std::string sse_event(std::string_view json_text) { return "data: " + std::string(json_text) + "\n\n"; }
+std::string sse_done() { return "data: [DONE]\n\n"; }
+
+std::string models_json(const std::vector<std::string>& model_ids, int64_t created) {
+  ojson data = ojson::array();
+  for (const std::string& id : model_ids)
+    data.push_back({{"id", id}, {"object", "model"}, {"created", created}, {"owned_by", "shoal"}});
+  return dump({{"object", "list"}, {"data", std::move(data)}});
+}
+
+}  // namespace shoal::runtime

@@ -1,0 +1,124 @@
+// The OpenAI-compatible HTTP API as plain data: request bodies of POST /v1/completions and
+// POST /v1/chat/completions parsed and validated into one completion_request, errors as
+// OpenAI-style api_error values, and response bodies (whole, streamed SSE chunks, model list)
+// built as JSON text. The HTTP server and actors call this; JSON stays inside openai_api.cpp.
+#pragma once
+
+#include "runtime/chat_template.hpp"
+
+#include <cstddef>
+#include <cstdint>
+#include <expected>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+namespace shoal::runtime {
+
+// One error response: HTTP status plus the body fields of {"error": {...}}; empty param or
+// code are written as null.
+struct api_error {
+  int status = 400;
+  std::string type;     // invalid_request_error, authentication_error, not_found_error, ...
+  std::string message;  // names the field at fault
+  std::string param;    // the request field, e.g. "max_tokens", "messages[2].role"
+  std::string code;     // e.g. "model_not_found", "context_length_exceeded"
+  bool operator==(const api_error&) const = default;
+};
+
+// {"error":{"message":...,"type":...,"param":...|null,"code":...|null}}
+std::string to_json(const api_error& e);
+
+api_error invalid_request_error(std::string message, std::string param = "", std::string code = "");  // 400
+api_error authentication_error(std::string message);  // 401, code invalid_api_key
+api_error model_not_found_error(const std::string& model);  // 404 not_found_error, code model_not_found
+api_error not_found_error(std::string message);  // 404 (unknown route)
+api_error server_error(std::string message);  // 500 server_error
+api_error overloaded_error(std::string message);  // 503 overloaded_error, code service_unavailable
+
+// What the node serves; requests are validated against it.
+struct api_limits {
+  std::vector<std::string> model_ids;  // accepted values of "model"
+  int32_t max_tokens_limit = 4096;     // largest max_tokens accepted
+  int64_t context_length = 4096;       // prompt + completion tokens
+  size_t max_body_bytes = size_t{1} << 20;
+};
+
+inline constexpr int32_t default_completion_max_tokens = 16;  // OpenAI's default for /v1/completions
+inline constexpr int32_t default_chat_max_tokens = 256;       // chat default: min(limit, this)
+
+// One request of either endpoint. Sampling defaults are OpenAI's (temperature 1, top_p 1);
+// top_k 0 means no top-k cut.
+struct completion_request {
+  bool chat = false;
+  std::string model;
+  std::variant<std::string, std::vector<int32_t>> prompt;  // completions: text or token ids
+  std::vector<chat_message> messages;                      // chat: non-empty
+  int32_t max_tokens = default_completion_max_tokens;
+  float temperature = 1.0f;  // [0, 2]
+  float top_p = 1.0f;        // (0, 1]
+  int32_t top_k = 0;         // >= 0
+  std::vector<std::string> stop;  // at most 4, none empty
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage: a final usage-only chunk
+  std::optional<uint64_t> seed;
+  bool ignore_eos = false;
+  std::string traffic_class = "chat";  // "chat" or "agent" (shoal extension field "traffic_class")
+};
+
+// 413 when a body of `body_bytes` exceeds limits.max_body_bytes; the server calls it with the
+// Content-Length before reading the body.
+std::optional<api_error> check_body_size(size_t body_bytes, const api_limits& limits);
+
+// Parses and validates a request body (`chat`: /v1/chat/completions). Unknown fields are
+// ignored, as OpenAI does; every rejected field yields its own 400 with `param` set.
+std::expected<completion_request, api_error> parse_completion_request(std::string_view body, bool chat,
+                                                                      const api_limits& limits);
+
+// After tokenisation: prompt_tokens + max_tokens must fit context_length (400,
+// code context_length_exceeded, message with the numbers).
+std::optional<api_error> check_context(int64_t prompt_tokens, int32_t max_tokens, int64_t context_length);
+
+enum class finish_reason : uint8_t { none, stop, length };  // none: still generating (JSON null)
+
+struct usage_info {
+  int64_t prompt_tokens = 0;
+  int64_t completion_tokens = 0;
+  int64_t cached_tokens = 0;  // prompt tokens served from the prefix cache
+};
+
+// Fields every response and chunk of one request repeats.
+struct response_meta {
+  std::string id;       // make_response_id
+  int64_t created = 0;  // unix seconds
+  std::string model;
+};
+
+// "cmpl-<16 hex>" or "chatcmpl-<16 hex>" from a per-node unique number.
+std::string make_response_id(bool chat, uint64_t unique);
+
+// Whole responses (stream = false). Text that is not valid UTF-8 is written with U+FFFD.
+std::string completion_response_json(const response_meta& m, const std::string& text, finish_reason f,
+                                     const usage_info& u);
+std::string chat_completion_response_json(const response_meta& m, const std::string& content,
+                                          finish_reason f, const usage_info& u);
+
+// Streamed chunks (stream = true), each sent as sse_event(...). Completions: text chunks, the
+// last with its finish_reason. Chat: chat_role_chunk_json first (delta {role, content ""}),
+// then content deltas, then chat_finish_chunk_json (empty delta, finish_reason). With
+// include_usage, usage_chunk_json (choices []) goes last, before sse_done().
+std::string completion_chunk_json(const response_meta& m, const std::string& text, finish_reason f);
+std::string chat_role_chunk_json(const response_meta& m);
+std::string chat_content_chunk_json(const response_meta& m, const std::string& content);
+std::string chat_finish_chunk_json(const response_meta& m, finish_reason f);
+std::string usage_chunk_json(const response_meta& m, bool chat, const usage_info& u);
+
+std::string sse_event(std::string_view json);  // "data: " + json + "\n\n"
+std::string sse_done();                        // "data: [DONE]\n\n"
+
+// GET /v1/models: {"object":"list","data":[{"id","object":"model","created","owned_by":"shoal"}]}
+std::string models_json(const std::vector<std::string>& model_ids, int64_t created);
+
+}  // namespace shoal::runtime
