@@ -191,7 +191,7 @@ gateway_metrics add_gateway_metrics(metrics_registry& r) {
                       latency_buckets_seconds(), "model"),
       r.add_histogram("shoal_time_per_output_token_seconds", "Mean time between output tokens of a request.",
                       latency_buckets_seconds(), "model"),
-      r.add_gauge("shoal_queue_depth", "Requests waiting to be scheduled."),
+      r.add_gauge("shoal_queue_depth", "Requests in flight at the gateway (admitted, not finished)."),
   };
 }
 

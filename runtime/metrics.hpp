@@ -84,7 +84,7 @@ struct gateway_metrics {
   counter cached_tokens;      // shoal_prefix_cache_hit_tokens_total: prompt tokens from the cache
   histogram ttft;             // shoal_time_to_first_token_seconds
   histogram tpot;             // shoal_time_per_output_token_seconds
-  gauge queue_depth;          // shoal_queue_depth (no label): requests waiting to be scheduled
+  gauge queue_depth;          // shoal_queue_depth (no label): requests in flight at the gateway
 };
 gateway_metrics add_gateway_metrics(metrics_registry& r);
 

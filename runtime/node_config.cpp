@@ -36,7 +36,7 @@ struct schema_section {
 const std::vector<schema_section>& schema() {
   static const std::vector<schema_section> sections = {
       {"node", {"name", "listen", "roles", "model_dir", "drain_timeout_ms"}},
-      {"engine", {"ranks"}},
+      {"engine", {"ranks", "cache_mib", "expert_parallel"}},
       {"gateway", {"listen", "auth_token_file"}},
       {"cluster", {"seeds", "heartbeat_interval_ms", "connection_timeout_ms", "request_timeout_ms"}},
       {"log", {"level", "file"}},
@@ -191,6 +191,14 @@ std::optional<int64_t> read_integer(error_sink& sink, const section& s, std::str
     return std::nullopt;
   }
   return x;
+}
+
+std::optional<bool> read_bool(error_sink& sink, const section& s, std::string_view key) {
+  const toml::node* n = s.get(key);
+  if (!n) return std::nullopt;
+  if (const toml::value<bool>* v = n->as_boolean()) return v->get();
+  sink.fail(config_errc::wrong_type, at(n->source()), s.path(key), "expected true or false, got " + type_name(*n));
+  return std::nullopt;
 }
 
 bool is_alnum(char c) {
@@ -363,6 +371,8 @@ void read_node(error_sink& sink, const section& s, const fs::path& base, node_co
 void read_sections(error_sink& sink, const sections& f, const fs::path& base, node_config& c) {
   read_node(sink, f.node, base, c);
   if (std::optional<int64_t> n = read_integer(sink, f.engine, "ranks", 1, 1024)) c.ranks = static_cast<int32_t>(*n);
+  if (std::optional<int64_t> n = read_integer(sink, f.engine, "cache_mib", 16, 1 << 20)) c.cache_mib = *n;
+  if (std::optional<bool> b = read_bool(sink, f.engine, "expert_parallel")) c.expert_parallel = *b;
   c.http_listen = read_host_port(sink, f.gateway, "listen", true);
   c.auth_token_file = read_path(sink, f.gateway, "auth_token_file", base);
   for (const auto& [text, pos] : read_string_array(sink, f.cluster, "seeds")) {

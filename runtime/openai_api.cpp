@@ -223,8 +223,8 @@ check parse_extensions(const json& j, completion_request& r) {
   return std::nullopt;
 }
 
-const char* finish_string(finish_reason f) { return f == finish_reason::stop ? "stop" : "length"; }
-ojson finish_json(finish_reason f) { return f == finish_reason::none ? ojson(nullptr) : ojson(finish_string(f)); }
+const char* finish_string(api_finish f) { return f == api_finish::stop ? "stop" : "length"; }
+ojson finish_json(api_finish f) { return f == api_finish::none ? ojson(nullptr) : ojson(finish_string(f)); }
 
 ojson usage_json(const usage_info& u) {
   return {{"prompt_tokens", u.prompt_tokens},
@@ -300,7 +300,7 @@ std::string make_response_id(bool chat, uint64_t unique) {
   return id;
 }
 
-std::string completion_response_json(const response_meta& m, const std::string& text, finish_reason f,
+std::string completion_response_json(const response_meta& m, const std::string& text, api_finish f,
                                      const usage_info& u) {
   ojson j = envelope(m, "text_completion");
   j["choices"] = ojson::array({{{"index", 0}, {"text", text}, {"logprobs", nullptr}, {"finish_reason", finish_json(f)}}});
@@ -308,7 +308,7 @@ std::string completion_response_json(const response_meta& m, const std::string& 
   return dump(j);
 }
 
-std::string chat_completion_response_json(const response_meta& m, const std::string& content, finish_reason f,
+std::string chat_completion_response_json(const response_meta& m, const std::string& content, api_finish f,
                                           const usage_info& u) {
   ojson j = envelope(m, "chat.completion");
   j["choices"] = ojson::array({{{"index", 0},
@@ -319,14 +319,14 @@ std::string chat_completion_response_json(const response_meta& m, const std::str
   return dump(j);
 }
 
-std::string completion_chunk_json(const response_meta& m, const std::string& text, finish_reason f) {
+std::string completion_chunk_json(const response_meta& m, const std::string& text, api_finish f) {
   ojson j = envelope(m, "text_completion");
   j["choices"] = ojson::array({{{"index", 0}, {"text", text}, {"logprobs", nullptr}, {"finish_reason", finish_json(f)}}});
   return dump(j);
 }
 
 namespace {
-std::string chat_chunk(const response_meta& m, ojson delta, finish_reason f) {
+std::string chat_chunk(const response_meta& m, ojson delta, api_finish f) {
   ojson j = envelope(m, "chat.completion.chunk");
   j["choices"] = ojson::array(
       {{{"index", 0}, {"delta", std::move(delta)}, {"logprobs", nullptr}, {"finish_reason", finish_json(f)}}});
@@ -335,12 +335,12 @@ std::string chat_chunk(const response_meta& m, ojson delta, finish_reason f) {
 }  // namespace
 
 std::string chat_role_chunk_json(const response_meta& m) {
-  return chat_chunk(m, {{"role", "assistant"}, {"content", ""}}, finish_reason::none);
+  return chat_chunk(m, {{"role", "assistant"}, {"content", ""}}, api_finish::none);
 }
 std::string chat_content_chunk_json(const response_meta& m, const std::string& content) {
-  return chat_chunk(m, {{"content", content}}, finish_reason::none);
+  return chat_chunk(m, {{"content", content}}, api_finish::none);
 }
-std::string chat_finish_chunk_json(const response_meta& m, finish_reason f) {
+std::string chat_finish_chunk_json(const response_meta& m, api_finish f) {
   return chat_chunk(m, ojson::object(), f);
 }
 

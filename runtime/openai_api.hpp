@@ -81,7 +81,7 @@ std::expected<completion_request, api_error> parse_completion_request(std::strin
 // code context_length_exceeded, message with the numbers).
 std::optional<api_error> check_context(int64_t prompt_tokens, int32_t max_tokens, int64_t context_length);
 
-enum class finish_reason : uint8_t { none, stop, length };  // none: still generating (JSON null)
+enum class api_finish : uint8_t { none, stop, length };  // none: still generating (JSON null)
 
 struct usage_info {
   int64_t prompt_tokens = 0;
@@ -100,19 +100,19 @@ struct response_meta {
 std::string make_response_id(bool chat, uint64_t unique);
 
 // Whole responses (stream = false). Text that is not valid UTF-8 is written with U+FFFD.
-std::string completion_response_json(const response_meta& m, const std::string& text, finish_reason f,
+std::string completion_response_json(const response_meta& m, const std::string& text, api_finish f,
                                      const usage_info& u);
 std::string chat_completion_response_json(const response_meta& m, const std::string& content,
-                                          finish_reason f, const usage_info& u);
+                                          api_finish f, const usage_info& u);
 
 // Streamed chunks (stream = true), each sent as sse_event(...). Completions: text chunks, the
 // last with its finish_reason. Chat: chat_role_chunk_json first (delta {role, content ""}),
 // then content deltas, then chat_finish_chunk_json (empty delta, finish_reason). With
 // include_usage, usage_chunk_json (choices []) goes last, before sse_done().
-std::string completion_chunk_json(const response_meta& m, const std::string& text, finish_reason f);
+std::string completion_chunk_json(const response_meta& m, const std::string& text, api_finish f);
 std::string chat_role_chunk_json(const response_meta& m);
 std::string chat_content_chunk_json(const response_meta& m, const std::string& content);
-std::string chat_finish_chunk_json(const response_meta& m, finish_reason f);
+std::string chat_finish_chunk_json(const response_meta& m, api_finish f);
 std::string usage_chunk_json(const response_meta& m, bool chat, const usage_info& u);
 
 std::string sse_event(std::string_view json);  // "data: " + json + "\n\n"

@@ -199,7 +199,7 @@ TEST_CASE("openai_api: chat requests parse messages and max_completion_tokens") 
 
 TEST_CASE("openai_api: whole responses carry OpenAI's fields") {
   const usage_info u{10, 5, 8};
-  const json c = json::parse(completion_response_json(meta, "Hello", finish_reason::length, u));
+  const json c = json::parse(completion_response_json(meta, "Hello", api_finish::length, u));
   CHECK(c["id"] == "cmpl-00000000000000ff");
   CHECK(c["object"] == "text_completion");
   CHECK(c["created"] == 1700000000);
@@ -209,7 +209,7 @@ TEST_CASE("openai_api: whole responses carry OpenAI's fields") {
   CHECK(c["usage"] == json::parse(R"({"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15,
                                       "prompt_tokens_details": {"cached_tokens": 8}})"));
 
-  const json ch = json::parse(chat_completion_response_json(meta, "Hi \xff", finish_reason::stop, u));
+  const json ch = json::parse(chat_completion_response_json(meta, "Hi \xff", api_finish::stop, u));
   CHECK(ch["object"] == "chat.completion");
   CHECK(ch["choices"][0]["index"] == 0);
   CHECK(ch["choices"][0]["message"] == json::parse(R"({"role": "assistant", "content": "Hi \ufffd"})"));
@@ -221,11 +221,11 @@ TEST_CASE("openai_api: whole responses carry OpenAI's fields") {
 }
 
 TEST_CASE("openai_api: streamed chunks, SSE framing and the model list") {
-  const json t = json::parse(completion_chunk_json(meta, "He", finish_reason::none));
+  const json t = json::parse(completion_chunk_json(meta, "He", api_finish::none));
   CHECK(t["object"] == "text_completion");
   CHECK(t["choices"][0]["text"] == "He");
   CHECK(t["choices"][0]["finish_reason"].is_null());
-  CHECK(json::parse(completion_chunk_json(meta, "", finish_reason::stop))["choices"][0]["finish_reason"] == "stop");
+  CHECK(json::parse(completion_chunk_json(meta, "", api_finish::stop))["choices"][0]["finish_reason"] == "stop");
 
   const json role = json::parse(chat_role_chunk_json(meta));
   CHECK(role["object"] == "chat.completion.chunk");
@@ -233,7 +233,7 @@ TEST_CASE("openai_api: streamed chunks, SSE framing and the model list") {
   CHECK(role["choices"][0]["finish_reason"].is_null());
   const json content = json::parse(chat_content_chunk_json(meta, "llo"));
   CHECK(content["choices"][0]["delta"] == json::parse(R"({"content": "llo"})"));
-  const json fin = json::parse(chat_finish_chunk_json(meta, finish_reason::length));
+  const json fin = json::parse(chat_finish_chunk_json(meta, api_finish::length));
   CHECK(fin["choices"][0]["delta"] == json::object());
   CHECK(fin["choices"][0]["finish_reason"] == "length");
 
