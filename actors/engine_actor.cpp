@@ -7,6 +7,7 @@
 #include <map>
 #include <optional>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include <caf/actor_system.hpp>
@@ -35,10 +36,13 @@ struct engine_state {
   std::unordered_map<request_id, request_id> engine_ids;  // caller's id → engine request id
   std::map<caf::actor_addr, int64_t> sinks;               // monitored sink → open requests
   bool step_pending = false;                              // a step message is in the mailbox
+  bool draining = false;                                  // refuses new requests
+  std::shared_ptr<caf_ep_transport> ep;                   // expert parallelism, else null
 
   // Refusals that need no engine: bad id, id still running, nowhere to stream.
   std::optional<error_reply> check_submit(const generation_request& req,
                                           const token_sink_actor& sink) const {
+    if (draining) return error_reply{errc::draining, "engine is draining: it takes no new requests"};
     if (!sink) return error_reply{errc::no_sink, "no actor to stream tokens to (anonymous sender?)"};
     if (!req.id.valid()) return error_reply{errc::invalid_request, "request id must be >= 0"};
     if (engine_ids.contains(req.id))
@@ -99,7 +103,8 @@ void release_sink(self_pointer self, const token_sink_actor& sink) {
 void deliver(self_pointer self, const runtime::token_event& ev) {
   auto& st = self->state;
   if (auto it = st.routes.find(ev.id); it != st.routes.end()) {
-    self->send(it->second.sink, token_event{it->second.id, ev.token, ev.finished, ev.reason});
+    int32_t cached = ev.finished ? static_cast<int32_t>(st.engine->result(ev.id).cached_tokens) : 0;
+    self->send(it->second.sink, token_event{it->second.id, ev.token, ev.finished, ev.reason, cached});
     if (ev.finished) release_sink(self, st.remove_route(ev.id).sink);
   }
   if (ev.finished) st.engine->forget(ev.id);
@@ -125,12 +130,35 @@ bool cancel(self_pointer self, request_id id) {
   return true;
 }
 
-void step(self_pointer self) {
+// One engine step (with expert parallelism: one lockstep step of the group, which runs even
+// without work when a peer began it, see join).
+void run_step(self_pointer self) {
   auto& st = self->state;
-  st.step_pending = false;
-  if (!st.engine->has_work()) return;
   for (const runtime::token_event& ev : st.engine->step()) deliver(self, ev);
   schedule_step(self);
+}
+
+void step(self_pointer self) {
+  self->state.step_pending = false;
+  if (self->state.engine->has_work()) run_step(self);
+}
+
+// A peer began lockstep step `s` of `group`: join it unless this engine has begun it.
+void join(self_pointer self, uint64_t group, uint64_t s) {
+  auto& st = self->state;
+  if (!st.ep || st.ep->group() != group || st.engine->steps_started() > s) return;
+  run_step(self);
+}
+
+void adopt_group(self_pointer self, uint64_t group, int32_t rank, std::vector<caf::actor>& ranks) {
+  auto& st = self->state;
+  if (!st.ep) return;
+  std::vector<rank_actor> peers;
+  for (auto& r : ranks) peers.push_back(caf::actor_cast<rank_actor>(std::move(r)));
+  auto size = static_cast<int32_t>(peers.size());
+  bool waiting = st.ep->set_group(group, rank, std::move(peers));
+  st.engine->set_ep_group({rank, size}, st.ep);
+  if (waiting) run_step(self);
 }
 
 // A sink went away: its requests stop (nobody would read their tokens).
@@ -145,7 +173,10 @@ void on_sink_down(self_pointer self, const caf::down_msg& msg) {
 
 engine_actor_impl::behavior_type engine_behavior(self_pointer self,
                                                  std::shared_ptr<const model::model_weights> weights,
-                                                 runtime::engine_config config) {
+                                                 runtime::engine_config config,
+                                                 std::shared_ptr<caf_ep_transport> ep) {
+  if (ep) config.ep = runtime::engine_config::ep_config{{0, 1}, ep, {}};
+  self->state.ep = std::move(ep);
   self->state.engine = std::make_unique<runtime::engine>(std::move(weights), config);
   self->set_down_handler([self](caf::down_msg& msg) { on_sink_down(self, msg); });
   return {
@@ -157,16 +188,22 @@ engine_actor_impl::behavior_type engine_behavior(self_pointer self,
     },
     [self](cancel_atom, request_id id) { return cancel(self, id); },
     [self](stats_atom) { return self->state.snapshot(); },
+    [self](drain_atom) { return !std::exchange(self->state.draining, true); },
     [self](step_atom) { step(self); },
+    [self](lockstep_atom, uint64_t group, uint64_t s) { join(self, group, s); },
+    [self](lockstep_atom, uint64_t group, int32_t rank, std::vector<caf::actor>& ranks) {
+      adopt_group(self, group, rank, ranks);
+    },
   };
 }
 
 }  // namespace
 
 engine_actor spawn_engine(caf::actor_system& sys, std::shared_ptr<const model::model_weights> weights,
-                          const runtime::engine_config& config, bool detached) {
-  if (detached) return sys.spawn<caf::detached>(engine_behavior, std::move(weights), config);
-  return sys.spawn(engine_behavior, std::move(weights), config);
+                          const runtime::engine_config& config, bool detached,
+                          std::shared_ptr<caf_ep_transport> ep) {
+  if (detached || ep) return sys.spawn<caf::detached>(engine_behavior, std::move(weights), config, std::move(ep));
+  return sys.spawn(engine_behavior, std::move(weights), config, std::move(ep));
 }
 
 }  // namespace shoal::actors

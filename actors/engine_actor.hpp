@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "actors/interfaces.hpp"
+#include "actors/rank_actor.hpp"
 #include "model/weights.hpp"
 #include "runtime/engine.hpp"
 
@@ -14,8 +15,11 @@ namespace shoal::actors {
 
 // Spawns an engine actor in `sys` owning runtime::engine(weights, config). detached = on its
 // own thread, as production wants (a step blocks for a whole forward pass); not detached =
-// on the scheduler, which tests with the deterministic test coordinator need.
+// on the scheduler, which tests with the deterministic test coordinator need. With `ep` the
+// engine is one rank of an expert-parallel group (a group of itself until its rank actor,
+// spawn_rank over the same transport, hands it one) and always runs detached.
 engine_actor spawn_engine(caf::actor_system& sys, std::shared_ptr<const model::model_weights> weights,
-                          const runtime::engine_config& config, bool detached = false);
+                          const runtime::engine_config& config, bool detached = false,
+                          std::shared_ptr<caf_ep_transport> ep = nullptr);
 
 }  // namespace shoal::actors

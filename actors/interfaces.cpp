@@ -39,6 +39,9 @@ const char* to_string(errc e) {
     case errc::timed_out: return "timed_out";
     case errc::unreachable: return "unreachable";
     case errc::unknown: return "unknown";
+    case errc::draining: return "draining";
+    case errc::no_engine: return "no_engine";
+    case errc::not_found: return "not_found";
   }
   return "errc(?)";
 }

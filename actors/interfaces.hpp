@@ -42,6 +42,9 @@ enum class errc : uint8_t {
   timed_out,            // the request's timeout expired; the peer may still have acted on it
   unreachable,          // the peer is down or its node disconnected
   unknown,              // any other caf::error
+  draining,             // the engine or node is draining: no new requests (retry elsewhere)
+  no_engine,            // the router knows no engine that could take the request
+  not_found,            // a named actor or node does not exist (shell commands)
 };
 
 const char* to_string(errc e);
@@ -113,12 +116,13 @@ struct token_event {
   int32_t token = -1;
   bool finished = false;
   runtime::finish_reason reason = runtime::finish_reason::none;  // on the wire: its integer
+  int32_t cached_tokens = 0;  // on the last event: prompt tokens served from the prefix cache
   friend bool operator==(const token_event&, const token_event&) = default;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, token_event& x) {
-  return f(caf::meta::type_name("token_event"), x.id, x.token, x.finished, x.reason);
+  return f(caf::meta::type_name("token_event"), x.id, x.token, x.finished, x.reason, x.cached_tokens);
 }
 
 // A snapshot of an engine's counters (runtime::engine_stats plus the actor's own).
@@ -140,6 +144,93 @@ typename Inspector::result_type inspect(Inspector& f, engine_stats_snapshot& x) 
            x.generated, x.prefix_hit_tokens, x.requests_running, x.blocks_free, x.blocks_total);
 }
 
+
+// A piece of generated text for an operator's `submit` (the shell): the gateway decodes
+// tokens incrementally (never splitting a UTF-8 character) and streams the new text.
+struct text_event {
+  request_id id;
+  std::string text;
+  bool finished = false;
+  std::string finish_reason;  // "stop", "length", "aborted", or "error: <message>"; set when finished
+  friend bool operator==(const text_event&, const text_event&) = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, text_event& x) {
+  return f(caf::meta::type_name("text_event"), x.id, x.text, x.finished, x.finish_reason);
+}
+
+// -- cluster membership ---------------------------------------------------------------------
+
+// One rank of an engine node: its engine replica and, with expert parallelism, the rank
+// actor that exchanges expert activations with the other ranks of its group. Handles are
+// caf::actor on the wire (typed handles are cast back by the receiver) so that the structs
+// below do not depend on the interfaces declared after them.
+struct rank_info {
+  int32_t index = 0;    // rank number on its node, 0-based
+  caf::actor engine;    // an engine_actor
+  caf::actor rank;      // a rank_actor; invalid when the node runs without expert parallelism
+  friend bool operator==(const rank_info&, const rank_info&) = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, rank_info& x) {
+  return f(caf::meta::type_name("rank_info"), x.index, x.engine, x.rank);
+}
+
+// What a node announces about itself when it joins (and again whenever it changes).
+struct node_info {
+  std::string name;                // node.name, unique in the cluster
+  std::string host;                // node.listen host
+  uint16_t port = 0;               // node.listen port (the bound one when 0 was asked)
+  std::vector<std::string> roles;  // "gateway", "engine", "storage"
+  caf::actor agent;                // the node's node_agent_actor
+  std::vector<rank_info> ranks;    // engine role: one per rank, by index
+  bool draining = false;           // SIGTERM or `drain`: takes no new requests
+  friend bool operator==(const node_info&, const node_info&) = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, node_info& x) {
+  return f(caf::meta::type_name("node_info"), x.name, x.host, x.port, x.roles, x.agent, x.ranks,
+           x.draining);
+}
+
+// The nodes one node agent knows to be up, sorted by name. version grows with every change
+// that agent saw (it is local: two agents may number the same view differently).
+struct membership {
+  uint64_t version = 0;
+  std::vector<node_info> nodes;
+  friend bool operator==(const membership&, const membership&) = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, membership& x) {
+  return f(caf::meta::type_name("membership"), x.version, x.nodes);
+}
+
+// -- expert parallelism ---------------------------------------------------------------------
+
+// One payload of the expert-parallel collective (runtime::expert_transport) from rank
+// `source` of group `group` (a hash of the group's member list, so frames of an older or a
+// newer group are never mixed with the current one): the dispatch (phase 0) or combine
+// (phase 1) bytes of MoE slot `slot` in lockstep step `step`. The bytes are msgpack-framed
+// tensors (runtime/expert_parallel.hpp) and are validated by the receiver.
+struct ep_frame {
+  uint64_t group = 0;
+  uint64_t step = 0;
+  int32_t slot = 0;
+  int32_t phase = 0;
+  int32_t source = 0;
+  std::vector<uint8_t> bytes;
+  friend bool operator==(const ep_frame&, const ep_frame&) = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, ep_frame& x) {
+  return f(caf::meta::type_name("ep_frame"), x.group, x.step, x.slot, x.phase, x.source, x.bytes);
+}
+
 }  // namespace shoal::actors
 
 // -- atoms (≤ 10 characters) -----------------------------------------------------------------
@@ -148,6 +239,18 @@ CAF_ADD_ATOM(shoal, shoal, submit_atom, "submit")
 CAF_ADD_ATOM(shoal, shoal, cancel_atom, "cancel")
 CAF_ADD_ATOM(shoal, shoal, stats_atom, "stats")
 CAF_ADD_ATOM(shoal, shoal, step_atom, "step")
+CAF_ADD_ATOM(shoal, shoal, join_atom, "join")
+CAF_ADD_ATOM(shoal, shoal, update_atom, "update")
+CAF_ADD_ATOM(shoal, shoal, members_atom, "members")
+CAF_ADD_ATOM(shoal, shoal, drain_atom, "drain")
+CAF_ADD_ATOM(shoal, shoal, kill_atom, "kill")
+CAF_ADD_ATOM(shoal, shoal, requests_atom, "requests")
+CAF_ADD_ATOM(shoal, shoal, describe_atom, "describe")
+CAF_ADD_ATOM(shoal, shoal, subscribe_atom, "subscribe")
+CAF_ADD_ATOM(shoal, shoal, route_atom, "route")
+CAF_ADD_ATOM(shoal, shoal, done_atom, "done")
+CAF_ADD_ATOM(shoal, shoal, expert_atom, "expert")
+CAF_ADD_ATOM(shoal, shoal, lockstep_atom, "lockstep")
 
 // -- typed interfaces -----------------------------------------------------------------------
 
@@ -171,7 +274,75 @@ using engine_actor = caf::typed_actor<
   // reason aborted and nothing after it), false when unknown or already finished.
   caf::replies_to<cancel_atom, request_id>::with<bool>,
   // Reports the engine's counters.
-  caf::replies_to<stats_atom>::with<engine_stats_snapshot>>;
+  caf::replies_to<stats_atom>::with<engine_stats_snapshot>,
+  // Stops taking new requests (submit then fails with errc::draining); running ones finish.
+  // Replies true when the engine was not draining before.
+  caf::replies_to<drain_atom>::with<bool>,
+  // Expert parallelism, from the engine's rank actor: join lockstep step `step` of group
+  // `group` unless this engine has begun it already. No reply.
+  caf::reacts_to<lockstep_atom, uint64_t, uint64_t>,
+  // Expert parallelism, from the engine's rank actor: adopt group `group` (between steps),
+  // in which this engine is rank `rank` of the rank actors `ranks`. No reply.
+  caf::reacts_to<lockstep_atom, uint64_t, int32_t, std::vector<caf::actor>>>;
+
+// The expert-parallel endpoint of one rank: receives the frames its group's other ranks send
+// and hands them to its engine's transport (actors/rank_actor.hpp). Never blocks.
+using rank_actor = caf::typed_actor<
+  // One frame of the collective; frames of another group are kept until that group is
+  // current (a newer one) or dropped when it is replaced (an older one). No reply.
+  caf::reacts_to<expert_atom, ep_frame>>;
+
+// The agent of one shoald node: membership (join through any member, announce, monitor the
+// others' agents), the node's local actors by name, and the operator commands of the shell.
+using node_agent_actor = caf::typed_actor<
+  // A node joins through this one: adds `joining` (monitoring its agent) and replies the
+  // membership as this agent knows it, the joiner included.
+  caf::replies_to<join_atom, node_info>::with<membership>,
+  // A member announces itself or a change (draining); added or replaced by name. No reply.
+  caf::reacts_to<update_atom, node_info>,
+  // The membership as this agent knows it.
+  caf::replies_to<members_atom>::with<membership>,
+  // Drains this node: its engines and gateway stop taking requests, the change is announced;
+  // true when it was not draining before.
+  caf::replies_to<drain_atom>::with<bool>,
+  // Human-readable state of one local actor: "node", "gateway", "rank<i>" (engine counters).
+  // Error not_found for other names.
+  caf::replies_to<describe_atom, std::string>::with<std::string>,
+  // One line per request in flight at this node's gateway (empty without the role).
+  caf::replies_to<requests_atom>::with<std::vector<std::string>>,
+  // Kills a local actor ("rank<i>": its engine stops) or, with the node's own name, the
+  // whole node process (as kill -9 would, after the reply is sent). Error not_found.
+  caf::replies_to<kill_atom, std::string>::with<bool>,
+  // Generates `max_tokens` for the prompt text through this node's gateway and streams
+  // text_events to `sink`; replies the request id. Error not_found without the gateway role.
+  caf::replies_to<submit_atom, std::string, int32_t, caf::actor>::with<request_id>,
+  // Local actors (router, rank actors) that want the membership after every change. No reply.
+  caf::reacts_to<subscribe_atom, caf::actor>>;
+
+// Picks engines for the gateway's requests. Local to a gateway node; fed the membership by
+// the node agent. Balancers of later issues replace its policy (least in-flight requests).
+using router_actor = caf::typed_actor<
+  // An engine for one request, never one of `exclude` (engines that failed it already);
+  // error no_engine when none is left. The caller must send done for it later.
+  caf::replies_to<route_atom, std::vector<caf::actor>>::with<caf::actor>,
+  // A request routed to `engine` ended (finished, failed or re-routed). No reply.
+  caf::reacts_to<done_atom, caf::actor>,
+  // The node agent's view after a change. No reply.
+  caf::reacts_to<membership>>;
+
+// The OpenAI-compatible HTTP front of a gateway node (actors/gateway_actor.hpp). Its HTTP
+// connections run on threads of their own; this interface is the node's view of it.
+using gateway_actor = caf::typed_actor<
+  // One line per request in flight (id, tokens so far, age, engine attempts).
+  caf::replies_to<requests_atom>::with<std::vector<std::string>>,
+  // Stops taking new requests (503); running ones finish. True when not draining before.
+  caf::replies_to<drain_atom>::with<bool>,
+  // Counters as one line of text (requests, tokens, in flight, engines known).
+  caf::replies_to<describe_atom>::with<std::string>,
+  // Requests in flight.
+  caf::replies_to<stats_atom>::with<int64_t>,
+  // An operator's request (see node_agent_actor's submit): text_events go to the sink.
+  caf::replies_to<submit_atom, std::string, int32_t, caf::actor>::with<request_id>>;
 
 // What an engine actor really handles: its public interface plus the step message it sends
 // itself. Only engine_actor.cpp spawns this; everyone else holds an engine_actor.
@@ -192,6 +363,16 @@ CAF_BEGIN_TYPE_ID_BLOCK(shoal, caf::first_custom_type_id)
   CAF_ADD_TYPE_ID(shoal, (shoal::actors::engine_stats_snapshot))
   CAF_ADD_TYPE_ID(shoal, (shoal::actors::token_sink_actor))
   CAF_ADD_TYPE_ID(shoal, (shoal::actors::engine_actor))
+  CAF_ADD_TYPE_ID(shoal, (shoal::actors::rank_info))
+  CAF_ADD_TYPE_ID(shoal, (shoal::actors::node_info))
+  CAF_ADD_TYPE_ID(shoal, (shoal::actors::membership))
+  CAF_ADD_TYPE_ID(shoal, (shoal::actors::ep_frame))
+  CAF_ADD_TYPE_ID(shoal, (shoal::actors::text_event))
+  CAF_ADD_TYPE_ID(shoal, (shoal::actors::rank_actor))
+  CAF_ADD_TYPE_ID(shoal, (shoal::actors::node_agent_actor))
+  CAF_ADD_TYPE_ID(shoal, (shoal::actors::router_actor))
+  CAF_ADD_TYPE_ID(shoal, (shoal::actors::gateway_actor))
+  CAF_ADD_TYPE_ID(shoal, (std::vector<std::string>))
 CAF_END_TYPE_ID_BLOCK(shoal)
 
 namespace shoal::actors {

@@ -1,0 +1,64 @@
+// The node agent: one per shoald. It keeps the cluster membership as this node sees it
+// (nodes join through any member, announce changes, and leave when their agent goes down),
+// names the node's local actors for the shell, and runs the operator commands through hooks
+// the daemon provides, so the agent itself knows nothing of engines or gateways.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "actors/interfaces.hpp"
+
+namespace shoal::actors {
+
+// The membership as one agent knows it: nodes by name, a version bumped on every change.
+// Plain state (no actor system needed), tested directly.
+class membership_table {
+ public:
+  explicit membership_table(node_info self);
+
+  const node_info& self() const { return members_.at(self_name_); }
+  // Adds or replaces `n` by name; false when nothing changed.
+  bool upsert(const node_info& n);
+  // Removes the node whose agent is `agent`; its name, or nullopt when unknown / self.
+  std::optional<std::string> remove_agent(const caf::actor_addr& agent);
+  bool set_draining(bool draining);
+  const node_info* find(const std::string& name) const;
+  membership view() const;
+
+ private:
+  std::string self_name_;
+  std::map<std::string, node_info> members_;
+  uint64_t version_ = 1;
+};
+
+// What the daemon lets its agent do. Each hook may be empty (the command is then refused).
+struct node_hooks {
+  std::function<std::optional<std::string>(const std::string& actor)> describe;
+  std::function<std::vector<std::string>()> requests;
+  std::function<void()> drain;                          // stop taking new requests
+  std::function<bool(const std::string& actor)> kill_actor;
+  std::function<void()> kill_node;                      // ends the process, as kill -9 would
+  // Hands an operator's prompt to the local gateway; nullopt without one.
+  std::optional<gateway_actor> gateway;
+};
+
+// Spawns the agent of the node described by `self` (its agent field is filled in here).
+node_agent_actor spawn_node_agent(caf::actor_system& sys, node_info self, node_hooks hooks);
+
+// Joins the cluster through the first of `seeds` that answers within `timeout` each, then
+// connects to every member directly and announces this node to them. Blocking; call from
+// the daemon's main thread. Returns the membership, or an error naming the seeds tried.
+struct seed_address {
+  std::string host;
+  uint16_t port = 0;
+};
+std::optional<membership> join_cluster(caf::actor_system& sys, const node_agent_actor& agent,
+                                       const std::vector<seed_address>& seeds,
+                                       std::chrono::milliseconds timeout, std::string& error);
+
+}  // namespace shoal::actors

@@ -1,0 +1,180 @@
+// caf_ep_transport (mailbox + condition variable, CAF sends) and the rank actor.
+#include "actors/rank_actor.hpp"
+
+#include <algorithm>
+
+#include <caf/actor_system.hpp>
+#include <caf/event_based_actor.hpp>
+#include <caf/send.hpp>
+#include <caf/stateful_actor.hpp>
+#include <caf/typed_event_based_actor.hpp>
+
+namespace shoal::actors {
+
+namespace {
+constexpr size_t max_inbox = 1 << 16;  // frames kept; beyond, frames of other groups are dropped
+}
+
+std::expected<runtime::ep_payloads, std::string> caf_ep_transport::exchange(uint64_t step, int32_t slot,
+                                                                            int32_t phase,
+                                                                            runtime::ep_payloads outgoing) {
+  uint64_t g;
+  int32_t me;
+  std::vector<rank_actor> peers;
+  {
+    std::lock_guard lock(mu_);
+    if (interrupted_) return std::unexpected(*interrupted_);
+    g = group_;
+    me = rank_;
+    peers = peers_;
+    last_local_step_ = std::max(last_local_step_, static_cast<int64_t>(step));
+  }
+  const auto n = static_cast<int32_t>(peers.size());
+  if (static_cast<int32_t>(outgoing.size()) != std::max(n, 1))
+    return std::unexpected("exchange: " + std::to_string(outgoing.size()) + " payloads for a group of " +
+                           std::to_string(n));
+  runtime::ep_payloads incoming(outgoing.size());
+  incoming[me] = std::move(outgoing[me]);
+  for (int32_t r = 0; r < n; ++r)
+    if (r != me) caf::anon_send(peers[r], expert_atom_v, ep_frame{g, step, slot, phase, me, std::move(outgoing[r])});
+  std::unique_lock lock(mu_);
+  auto missing = [&] {
+    std::vector<int32_t> out;
+    for (int32_t r = 0; r < n; ++r)
+      if (r != me && !inbox_.contains(key{g, step, slot, phase, r})) out.push_back(r);
+    return out;
+  };
+  bool complete = cv_.wait_for(lock, timeout_, [&] { return interrupted_ || group_ != g || missing().empty(); });
+  if (interrupted_) return std::unexpected(*interrupted_);
+  if (group_ != g) return std::unexpected("expert-parallel group changed during the exchange");
+  if (!complete) {
+    std::string who;
+    for (int32_t r : missing()) who += (who.empty() ? "" : ", ") + std::to_string(r);
+    return std::unexpected("expert-parallel exchange timed out after " + std::to_string(timeout_.count()) +
+                           " ms waiting for rank(s) " + who + " (step " + std::to_string(step) + ", slot " +
+                           std::to_string(slot) + ")");
+  }
+  for (int32_t r = 0; r < n; ++r) {
+    if (r == me) continue;
+    auto it = inbox_.find(key{g, step, slot, phase, r});
+    incoming[r] = std::move(it->second);
+    inbox_.erase(it);
+  }
+  return incoming;
+}
+
+bool caf_ep_transport::deliver(ep_frame f) {
+  bool join = false;
+  {
+    std::lock_guard lock(mu_);
+    if (retired_.contains(f.group)) return false;
+    if (inbox_.size() >= max_inbox)
+      std::erase_if(inbox_, [&](const auto& e) { return std::get<0>(e.first) != group_; });
+    auto step = static_cast<int64_t>(f.step);
+    if (f.group == group_ && !interrupted_ && step > last_local_step_ && step > last_join_) {
+      last_join_ = step;
+      join = true;
+    }
+    inbox_[key{f.group, f.step, f.slot, f.phase, f.source}] = std::move(f.bytes);
+  }
+  cv_.notify_all();
+  return join;
+}
+
+void caf_ep_transport::interrupt(const std::string& why) {
+  {
+    std::lock_guard lock(mu_);
+    interrupted_ = why;
+  }
+  cv_.notify_all();
+}
+
+bool caf_ep_transport::set_group(uint64_t group, int32_t rank, std::vector<rank_actor> peers) {
+  std::lock_guard lock(mu_);
+  if (group != group_) retired_.insert(group_);
+  retired_.erase(group);
+  std::erase_if(inbox_, [&](const auto& e) { return retired_.contains(std::get<0>(e.first)); });
+  group_ = group;
+  rank_ = rank;
+  peers_ = std::move(peers);
+  interrupted_.reset();
+  last_local_step_ = last_join_ = -1;
+  bool waiting = std::any_of(inbox_.begin(), inbox_.end(), [&](const auto& e) { return std::get<0>(e.first) == group; });
+  if (waiting) last_join_ = 0;
+  return waiting;
+}
+
+uint64_t caf_ep_transport::group() const {
+  std::lock_guard lock(mu_);
+  return group_;
+}
+
+int32_t caf_ep_transport::size() const {
+  std::lock_guard lock(mu_);
+  return static_cast<int32_t>(peers_.size());
+}
+
+// -- groups ------------------------------------------------------------------------------------
+
+int32_t ep_group_view::index_of(const caf::actor& rank) const {
+  auto it = std::find(ranks.begin(), ranks.end(), rank);
+  return it == ranks.end() ? -1 : static_cast<int32_t>(it - ranks.begin());
+}
+
+ep_group_view ep_group_of(const membership& m) {
+  std::vector<std::pair<std::string, caf::actor>> members;
+  for (const node_info& n : m.nodes)
+    for (const rank_info& r : n.ranks)
+      if (r.rank) members.emplace_back(n.name + "/rank" + std::to_string(r.index), r.rank);
+  std::sort(members.begin(), members.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  ep_group_view g;
+  uint64_t h = 1469598103934665603ull;  // FNV-1a 64
+  for (auto& [name, actor] : members) {
+    for (char c : name + "\n") h = (h ^ static_cast<uint8_t>(c)) * 1099511628211ull;
+    g.names.push_back(name);
+    g.ranks.push_back(actor);
+  }
+  g.id = h;
+  return g;
+}
+
+// -- the rank actor ------------------------------------------------------------------------------
+
+namespace {
+
+struct rank_state {
+  static inline const char* name = "rank";
+  std::shared_ptr<caf_ep_transport> transport;
+  engine_actor engine;
+  uint64_t group = 0;  // the last group sent to the engine
+};
+
+caf::behavior rank_behavior(caf::stateful_actor<rank_state>* self, std::shared_ptr<caf_ep_transport> transport,
+                            engine_actor engine) {
+  self->state.transport = std::move(transport);
+  self->state.engine = std::move(engine);
+  return {
+    [self](expert_atom, ep_frame& f) {
+      uint64_t group = f.group, step = f.step;
+      if (self->state.transport->deliver(std::move(f)))
+        caf::anon_send(self->state.engine, lockstep_atom_v, group, step);
+    },
+    [self](const membership& m) {
+      ep_group_view g = ep_group_of(m);
+      int32_t me = g.index_of(caf::actor_cast<caf::actor>(self));
+      if (me < 0 || g.id == self->state.group) return;
+      self->state.group = g.id;
+      self->state.transport->interrupt("expert-parallel group changed (now " + std::to_string(g.ranks.size()) +
+                                       " ranks)");
+      caf::anon_send(self->state.engine, lockstep_atom_v, g.id, me, g.ranks);
+    },
+  };
+}
+
+}  // namespace
+
+rank_actor spawn_rank(caf::actor_system& sys, std::shared_ptr<caf_ep_transport> transport, engine_actor engine) {
+  return caf::actor_cast<rank_actor>(sys.spawn(rank_behavior, std::move(transport), std::move(engine)));
+}
+
+}  // namespace shoal::actors

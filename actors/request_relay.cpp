@@ -1,0 +1,151 @@
+// The relay actor: route → submit → forward tokens; on failure exclude a dead engine, back
+// off, and submit again elsewhere, skipping the tokens already forwarded.
+#include "actors/request_relay.hpp"
+
+#include <algorithm>
+
+#include <caf/actor_system.hpp>
+#include <caf/event_based_actor.hpp>
+#include <caf/send.hpp>
+#include <caf/stateful_actor.hpp>
+#include <caf/system_messages.hpp>
+
+namespace shoal::actors {
+
+void stream_channel::push(stream_item item) {
+  {
+    std::lock_guard lock(mu_);
+    items_.push_back(std::move(item));
+  }
+  cv_.notify_one();
+}
+
+std::optional<stream_item> stream_channel::pop(std::chrono::steady_clock::time_point deadline) {
+  std::unique_lock lock(mu_);
+  if (!cv_.wait_until(lock, deadline, [&] { return !items_.empty(); })) return std::nullopt;
+  stream_item item = std::move(items_.front());
+  items_.pop_front();
+  return item;
+}
+
+namespace {
+
+// Private self-messages: route_atom = try (again) now, kill_atom = the request's time is up.
+struct relay_state {
+  static inline const char* name = "request_relay";
+  router_actor router;
+  generation_request req;
+  std::shared_ptr<stream_channel> channel;
+  relay_options options;
+  std::vector<caf::actor> exclude;  // engines that went down under this request
+  caf::actor engine;                // the current attempt's engine
+  int attempt = 0;
+  int64_t forwarded = 0;            // tokens the client has
+  int64_t received = 0;             // tokens of the current attempt
+};
+
+using relay_pointer = caf::stateful_actor<relay_state>*;
+
+void finish(relay_pointer self) {
+  auto& st = self->state;
+  if (st.engine) self->send(st.router, done_atom_v, st.engine);
+  st.engine = nullptr;
+  self->quit();
+}
+
+void give_up(relay_pointer self, error_reply err) {
+  self->state.channel->push({-1, true, runtime::finish_reason::error, std::move(err), 0});
+  finish(self);
+}
+
+// Drops the current engine (excluded from now on when it is gone for good) and tries again
+// after a backoff, unless the error is the request's own fault or attempts are used up.
+void retry(relay_pointer self, error_reply err, bool exclude_engine) {
+  auto& st = self->state;
+  if (st.engine) {
+    self->demonitor(st.engine);
+    self->send(st.router, done_atom_v, st.engine);
+    if (exclude_engine) st.exclude.push_back(st.engine);
+    st.engine = nullptr;
+  }
+  if (err.code == errc::invalid_request) return give_up(self, std::move(err));
+  if (++st.attempt >= st.options.max_attempts) {
+    err.message = "gave up after " + std::to_string(st.attempt) + " attempt(s): " + err.message;
+    return give_up(self, std::move(err));
+  }
+  self->delayed_send(self, st.options.retry_backoff * st.attempt, route_atom_v);
+}
+
+void submit_to(relay_pointer self, caf::actor engine) {
+  auto& st = self->state;
+  st.engine = engine;
+  st.received = 0;
+  self->monitor(engine);
+  self->request(caf::actor_cast<engine_actor>(engine), st.options.request_timeout, submit_atom_v, st.req,
+                caf::actor_cast<token_sink_actor>(self))
+    .then([](request_id) {},
+          [self, engine](caf::error& e) {
+            if (engine != self->state.engine) return;  // a stale attempt
+            error_reply r = to_error_reply(e);
+            retry(self, r, r.code == errc::unreachable || r.code == errc::draining);
+          });
+}
+
+void attempt(relay_pointer self) {
+  self->request(self->state.router, self->state.options.request_timeout, route_atom_v, self->state.exclude)
+    .then([self](caf::actor& engine) { submit_to(self, std::move(engine)); },
+          [self](caf::error& e) { give_up(self, to_error_reply(e)); });
+}
+
+void on_token(relay_pointer self, const token_event& ev) {
+  auto& st = self->state;
+  if (!st.engine || self->current_sender() != caf::actor_cast<caf::strong_actor_ptr>(st.engine)) return;
+  if (ev.finished && ev.reason == runtime::finish_reason::error)
+    return retry(self, {errc::unknown, "the engine failed a step of this request"}, false);
+  if (ev.token >= 0 && ++st.received > st.forwarded) {
+    ++st.forwarded;
+    st.channel->push({ev.token, false, runtime::finish_reason::none, std::nullopt, 0});
+  }
+  if (ev.finished) {
+    st.channel->push({-1, true, ev.reason, std::nullopt, ev.cached_tokens});
+    finish(self);
+  }
+}
+
+caf::behavior relay_behavior(caf::stateful_actor<relay_state>* self, router_actor router,
+                             generation_request req, std::shared_ptr<stream_channel> channel,
+                             relay_options options) {
+  auto& st = self->state;
+  st.router = std::move(router);
+  st.req = std::move(req);
+  st.channel = std::move(channel);
+  st.options = options;
+  self->set_down_handler([self](caf::down_msg& msg) {
+    if (self->state.engine && msg.source == self->state.engine.address())
+      retry(self, {errc::unreachable, "its engine went down"}, true);
+  });
+  self->delayed_send(self, options.request_timeout, kill_atom_v);
+  attempt(self);
+  return {
+    [self](const token_event& ev) { on_token(self, ev); },
+    [self](route_atom) { attempt(self); },
+    [self](cancel_atom) {
+      if (self->state.engine) caf::anon_send(caf::actor_cast<engine_actor>(self->state.engine), cancel_atom_v,
+                                             self->state.req.id);
+      finish(self);
+    },
+    [self](kill_atom) {
+      give_up(self, {errc::timed_out, "no answer within the request timeout of " +
+                                          std::to_string(self->state.options.request_timeout.count()) + " ms"});
+    },
+  };
+}
+
+}  // namespace
+
+caf::actor spawn_request_relay(caf::actor_system& sys, router_actor router, generation_request req,
+                               std::shared_ptr<stream_channel> channel, relay_options options) {
+  return sys.spawn(relay_behavior, std::move(router), std::move(req), std::move(channel), options);
+}
+
+}  // namespace shoal::actors

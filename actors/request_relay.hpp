@@ -1,0 +1,55 @@
+// One request of the gateway in flight: a relay actor that asks the router for an engine,
+// submits, forwards the token events into a stream_channel the HTTP connection thread reads,
+// and re-routes the request when its engine fails (down, draining, a failed expert-parallel
+// step): the new engine recomputes from the prompt with the same seed, and the tokens the
+// client already has are skipped, so the client sees one uninterrupted stream.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include "actors/interfaces.hpp"
+
+namespace shoal::actors {
+
+// What the relay hands the connection thread: tokens, then one final item.
+struct stream_item {
+  int32_t token = -1;                    // -1 on the final item
+  bool finished = false;
+  runtime::finish_reason reason = runtime::finish_reason::none;
+  std::optional<error_reply> error;      // set when the request failed for good
+  int32_t cached_tokens = 0;             // final item: prompt tokens from the prefix cache
+};
+
+// A bounded-by-construction queue between one relay actor (producer) and one connection
+// thread (consumer; at most max_tokens + 1 items ever). cancel() is the consumer's way to
+// say the client left.
+class stream_channel {
+ public:
+  void push(stream_item item);
+  // The next item, or nullopt when `deadline` passed first.
+  std::optional<stream_item> pop(std::chrono::steady_clock::time_point deadline);
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<stream_item> items_;
+};
+
+struct relay_options {
+  int max_attempts = 4;                          // engines tried before giving up
+  std::chrono::milliseconds request_timeout{60'000};  // whole request, all attempts
+  std::chrono::milliseconds retry_backoff{200};  // × attempt number, before re-routing
+};
+
+// Spawns the relay of `req` (its sampling must carry a seed: re-routing relies on it).
+// Cancel it by sending cancel_atom (it then cancels at the engine and quits).
+caf::actor spawn_request_relay(caf::actor_system& sys, router_actor router, generation_request req,
+                               std::shared_ptr<stream_channel> channel, relay_options options);
+
+}  // namespace shoal::actors
