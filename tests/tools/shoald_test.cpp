@@ -1,6 +1,7 @@
-// The real `shoald` process, started from a config written here: rank 0's engine is reached
-// over loopback with remote_actor and must stream the same greedy tokens as a local engine on
-// the same checkpoint; SIGTERM lets a running request finish, then the daemon exits 0. Bad
+// The real `shoald` process, started from a config written here: its node agent is reached
+// over loopback with remote_actor, rank 0's engine found in the membership must stream the
+// same greedy tokens as a local engine on the same checkpoint; SIGTERM lets a running request
+// finish while new ones are refused as draining, then the daemon exits 0. Bad
 // configs exit 2 naming the key. Every wait is bounded; a daemon left running is killed.
 #include <doctest/doctest.h>
 
@@ -29,6 +30,7 @@
 #include <caf/scoped_actor.hpp>
 
 #include "actors/interfaces.hpp"
+#include "actors/node_agent_actor.hpp"
 #include "model/generate.hpp"
 #include "runtime/engine_setup.hpp"
 #include "tools/shoald/engine_options.hpp"
@@ -167,6 +169,13 @@ bool submit(caf::scoped_actor& self, const actors::engine_actor& engine, const a
   return accepted;
 }
 
+std::optional<actors::membership> members(caf::scoped_actor& self, const actors::node_agent_actor& agent) {
+  std::optional<actors::membership> out;
+  self->request(agent, request_timeout, members_atom_v)
+    .receive([&](actors::membership& m) { out = std::move(m); }, [&](caf::error&) {});
+  return out;
+}
+
 // Collects token events until every request in `open` has finished (or a timeout passes).
 void collect(caf::scoped_actor& self, std::map<int64_t, std::vector<int32_t>>& tokens, int open) {
   bool timed_out = false;
@@ -214,33 +223,44 @@ TEST_CASE("shoald serves a remote engine with the local engine's greedy tokens a
   {
     client_config cfg;
     caf::actor_system client{cfg};
-    auto engine = caf::io::remote_actor<actors::engine_actor>(client, "127.0.0.1", *port);
-    REQUIRE_MESSAGE(engine, client.render(engine.error()));
+    auto agent = caf::io::remote_actor<actors::node_agent_actor>(client, "127.0.0.1", *port);
+    REQUIRE_MESSAGE(agent, client.render(agent.error()));
     caf::scoped_actor self{client};
+    std::optional<actors::membership> view = members(self, *agent);
+    REQUIRE(view);
+    REQUIRE(view->nodes.size() == 1);
+    CHECK(view->nodes[0].name == "test-node");
+    CHECK(view->nodes[0].port == *port);
+    REQUIRE(view->nodes[0].ranks.size() == 2);
+    auto engine = caf::actor_cast<actors::engine_actor>(view->nodes[0].ranks[0].engine);
 
-    for (const auto& r : reqs) REQUIRE(submit(self, *engine, r));
+    for (const auto& r : reqs) REQUIRE(submit(self, engine, r));
     std::map<int64_t, std::vector<int32_t>> got;
     collect(self, got, static_cast<int>(reqs.size()));
     CHECK(got == expected);
 
-    // A long request is running when SIGTERM arrives: it still streams to its end.
+    // A long request is running when SIGTERM arrives: it still streams to its end, while a new
+    // request is refused as draining once the node announces it drains.
     auto long_req = greedy_request(3, runtime::encode_prompt(*model->tokenizer, "drain me"), 200);
-    REQUIRE(submit(self, *engine, long_req));
+    REQUIRE(submit(self, engine, long_req));
     bool first = false;
     self->receive([&](const actors::token_event& ev) { first = ev.id == long_req.id && !ev.finished; },
                   caf::after(request_timeout) >> [] {});
     REQUIRE(first);
     REQUIRE(kill(d.pid, SIGTERM) == 0);
-    // Once it has unpublished, a new client is refused while the old connection keeps streaming.
     auto deadline = std::chrono::steady_clock::now() + request_timeout;
-    while (read_text(dir.path / "shoald.log").find("stopped accepting") == std::string::npos &&
-           std::chrono::steady_clock::now() < deadline)
-      std::this_thread::sleep_for(5ms);
-    {
-      client_config late_cfg;
-      caf::actor_system late{late_cfg};
-      CHECK(!caf::io::remote_actor<actors::engine_actor>(late, "127.0.0.1", *port));
+    bool draining = false;
+    while (!draining && std::chrono::steady_clock::now() < deadline) {
+      auto v = members(self, *agent);
+      draining = v && v->nodes.size() == 1 && v->nodes[0].draining;
+      if (!draining) std::this_thread::sleep_for(5ms);
     }
+    REQUIRE(draining);
+    std::optional<actors::error_reply> refused;
+    self->request(engine, request_timeout, submit_atom_v, greedy_request(4, {1, 2, 3}, 4))
+      .receive([&](request_id) {}, [&](caf::error& e) { refused = actors::to_error_reply(e); });
+    REQUIRE(refused);
+    CHECK(refused->code == actors::errc::draining);
     std::map<int64_t, std::vector<int32_t>> drained;
     collect(self, drained, 1);
     CHECK(drained[3].size() + 1 == 200);
@@ -261,8 +281,7 @@ TEST_CASE("shoald refuses an invalid config or an unsupported role with exit cod
   };
   std::vector<bad_case> cases = {
     {engine_config_text("roles = [\"engine\"]\n", 0), "engine.ranks"},
-    {engine_config_text("roles = [\"gateway\", \"engine\"]\n", 1) + "\n[gateway]\nlisten = \"127.0.0.1:0\"\n",
-     "node.roles"},
+    {engine_config_text("roles = [\"engine\", \"storage\"]\n", 1), "node.roles"},
   };
   for (const auto& c : cases) {
     CAPTURE(c.key);

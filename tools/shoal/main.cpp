@@ -12,6 +12,8 @@ int main(int argc, char** argv) {
   shoal::tools::add_model_commands(app);
   shoal::tools::add_generate_command(app);
   shoal::tools::add_bench_commands(app);
+  shoal::tools::add_shell_command(app);
+  shoal::tools::add_cluster_commands(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,359 @@
+// `shoal shell [--connect HOST:PORT] [-c "cmd; cmd"]`: the operator's shell, connected to any
+// node's agent over CAF's middleman. Interactive with readline (history, tab completion of
+// commands and actor names), or scripted with -c (exit code 1 when a command failed).
+// Actor names: "<node>" for a node, "<node>/rank<i>", "<node>/gateway"; a bare "rank<i>" or
+// "gateway" means the connected node's.
+#include <CLI/CLI.hpp>
+#include <fmt/core.h>
+
+#include <readline/history.h>
+#include <readline/readline.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <iostream>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <caf/actor_system.hpp>
+#include <caf/actor_system_config.hpp>
+#include <caf/after.hpp>
+#include <caf/io/middleman.hpp>
+#include <caf/scoped_actor.hpp>
+
+#include "actors/interfaces.hpp"
+#include "tools/shoal/commands.hpp"
+
+namespace shoal::tools {
+
+namespace {
+
+using namespace std::chrono_literals;
+constexpr auto ask_timeout = 10s;
+
+struct shell_config : caf::actor_system_config {
+  shell_config() {
+    load<caf::io::middleman>();
+    actors::add_message_types(*this);
+    set("middleman.heartbeat-interval", caf::timespan{std::chrono::milliseconds(500)});
+    set("middleman.connection-timeout", caf::timespan{std::chrono::seconds(5)});
+    set("middleman.enable-automatic-connections", true);
+  }
+};
+
+const std::vector<std::string> command_names = {"nodes", "actors", "stats", "requests", "submit",
+                                                "drain", "kill", "help", "quit"};
+
+const char* help_text =
+  "nodes                     the cluster's nodes (name, address, roles, ranks, state)\n"
+  "actors [node]             actors by name: <node>, <node>/gateway, <node>/rank<i>\n"
+  "stats <actor>             counters of one actor (a node name for the node itself)\n"
+  "requests                  requests in flight at every gateway\n"
+  "submit <prompt>           generates through a gateway, streaming the text (max 32 tokens)\n"
+  "drain <node>              the node stops taking requests and finishes running ones\n"
+  "kill <actor|node>         kills a rank's engine, or a whole node process\n"
+  "help                      this text\n"
+  "quit                      leaves the shell\n";
+
+class shell {
+ public:
+  shell(caf::actor_system& sys, actors::node_agent_actor agent, std::string where)
+      : sys_(sys), self_(sys), agent_(std::move(agent)), where_(std::move(where)) {}
+
+  // Runs one command line; false when it failed (the message is printed).
+  bool run(const std::string& line);
+  std::vector<std::string> completions() const;
+
+ private:
+  std::optional<actors::membership> members();
+  const actors::node_info* node(const actors::membership& m, const std::string& name);
+  // Splits "<node>/<actor>" (or "<actor>" on the connected node) and finds the node's agent.
+  bool resolve(const std::string& target, actors::node_agent_actor& agent, std::string& actor);
+  bool fail(const std::string& message) {
+    fmt::print(stderr, "error: {}\n", message);
+    return false;
+  }
+  template <class T, class Handle, class... Ts>
+  std::optional<T> ask(const Handle& h, Ts... xs);
+
+  bool cmd_nodes();
+  bool cmd_actors(const std::string& which);
+  bool cmd_stats(const std::string& target);
+  bool cmd_requests();
+  bool cmd_submit(const std::string& prompt);
+  bool cmd_drain(const std::string& name);
+  bool cmd_kill(const std::string& target);
+
+  caf::actor_system& sys_;
+  caf::scoped_actor self_;
+  actors::node_agent_actor agent_;
+  std::string where_;
+  std::string self_name_;
+  std::vector<std::string> known_names_;
+};
+
+template <class T, class Handle, class... Ts>
+std::optional<T> shell::ask(const Handle& h, Ts... xs) {
+  std::optional<T> out;
+  self_->request(h, ask_timeout, xs...)
+    .receive([&](T& x) { out = std::move(x); },
+             [&](caf::error& e) { fail(actors::to_error_reply(e).message); });
+  return out;
+}
+
+std::optional<actors::membership> shell::members() {
+  auto m = ask<actors::membership>(agent_, members_atom_v);
+  if (!m) return std::nullopt;
+  known_names_.clear();
+  for (const auto& n : m->nodes) {
+    if (n.agent == caf::actor_cast<caf::actor>(agent_)) self_name_ = n.name;
+    known_names_.push_back(n.name);
+    for (const auto& r : n.ranks) known_names_.push_back(n.name + "/rank" + std::to_string(r.index));
+    for (const auto& role : n.roles)
+      if (role == "gateway") known_names_.push_back(n.name + "/gateway");
+  }
+  return m;
+}
+
+const actors::node_info* shell::node(const actors::membership& m, const std::string& name) {
+  for (const auto& n : m.nodes)
+    if (n.name == name) return &n;
+  return nullptr;
+}
+
+bool shell::resolve(const std::string& target, actors::node_agent_actor& agent, std::string& actor) {
+  auto m = members();
+  if (!m) return false;
+  std::string node_name = self_name_;
+  actor = target;
+  if (auto slash = target.find('/'); slash != std::string::npos) {
+    node_name = target.substr(0, slash);
+    actor = target.substr(slash + 1);
+  } else if (node(*m, target)) {
+    node_name = actor = target;
+  }
+  const actors::node_info* n = node(*m, node_name);
+  if (!n) return fail("no node '" + node_name + "' in the cluster (try `nodes`)");
+  agent = caf::actor_cast<actors::node_agent_actor>(n->agent);
+  return true;
+}
+
+bool shell::cmd_nodes() {
+  auto m = members();
+  if (!m) return false;
+  fmt::print("{:<16} {:<22} {:<16} {:>5}  {}\n", "NODE", "ADDRESS", "ROLES", "RANKS", "STATE");
+  for (const auto& n : m->nodes) {
+    std::string roles;
+    for (const auto& r : n.roles) roles += (roles.empty() ? "" : ",") + r;
+    fmt::print("{:<16} {:<22} {:<16} {:>5}  {}\n", n.name, n.host + ":" + std::to_string(n.port), roles,
+               n.ranks.size(), n.draining ? "draining" : "up");
+  }
+  return true;
+}
+
+bool shell::cmd_actors(const std::string& which) {
+  auto m = members();
+  if (!m) return false;
+  if (!which.empty() && !node(*m, which)) return fail("no node '" + which + "' in the cluster");
+  for (const auto& n : m->nodes) {
+    if (!which.empty() && n.name != which) continue;
+    fmt::print("{}  (node agent)\n", n.name);
+    for (const auto& role : n.roles)
+      if (role == "gateway") fmt::print("{}/gateway  (gateway + router)\n", n.name);
+    for (const auto& r : n.ranks)
+      fmt::print("{}/rank{}  (engine{})\n", n.name, r.index, r.rank ? " + expert-parallel rank" : "");
+  }
+  return true;
+}
+
+bool shell::cmd_stats(const std::string& target) {
+  if (target.empty()) return fail("usage: stats <actor>");
+  actors::node_agent_actor agent;
+  std::string actor;
+  if (!resolve(target, agent, actor)) return false;
+  auto text = ask<std::string>(agent, describe_atom_v, actor);
+  if (!text) return false;
+  fmt::print("{}\n", *text);
+  return true;
+}
+
+bool shell::cmd_requests() {
+  auto m = members();
+  if (!m) return false;
+  size_t total = 0;
+  for (const auto& n : m->nodes) {
+    auto lines = ask<std::vector<std::string>>(caf::actor_cast<actors::node_agent_actor>(n.agent), requests_atom_v);
+    if (!lines) return false;
+    for (const auto& l : *lines) fmt::print("{}: {}\n", n.name, l);
+    total += lines->size();
+  }
+  fmt::print("{} request(s) in flight\n", total);
+  return true;
+}
+
+bool shell::cmd_submit(const std::string& prompt) {
+  if (prompt.empty()) return fail("usage: submit <prompt>");
+  auto m = members();
+  if (!m) return false;
+  const actors::node_info* gw = nullptr;
+  for (const auto& n : m->nodes)
+    for (const auto& role : n.roles)
+      if (role == "gateway" && !n.draining && (!gw || n.name == self_name_)) gw = &n;
+  if (!gw) return fail("no gateway node is up");
+  auto id = ask<request_id>(caf::actor_cast<actors::node_agent_actor>(gw->agent), submit_atom_v, prompt,
+                            int32_t{32}, caf::actor_cast<caf::actor>(self_));
+  if (!id) return false;
+  bool done = false, ok = true;
+  self_->receive_while([&] { return !done; })(
+    [&](const actors::text_event& ev) {
+      if (ev.id != *id) return;
+      fmt::print("{}", ev.text);
+      std::fflush(stdout);
+      if (ev.finished) {
+        done = true;
+        ok = ev.finish_reason.rfind("error", 0) != 0;
+        fmt::print("\n[{}]\n", ev.finish_reason);
+      }
+    },
+    caf::after(std::chrono::seconds(120)) >> [&] {
+      done = true;
+      ok = fail("no text within 120 s");
+    });
+  return ok;
+}
+
+bool shell::cmd_drain(const std::string& name) {
+  if (name.empty()) return fail("usage: drain <node>");
+  auto m = members();
+  if (!m) return false;
+  const actors::node_info* n = node(*m, name);
+  if (!n) return fail("no node '" + name + "' in the cluster (try `nodes`)");
+  auto changed = ask<bool>(caf::actor_cast<actors::node_agent_actor>(n->agent), drain_atom_v);
+  if (!changed) return false;
+  fmt::print("{}: {}\n", name, *changed ? "draining" : "was already draining");
+  return true;
+}
+
+bool shell::cmd_kill(const std::string& target) {
+  if (target.empty()) return fail("usage: kill <actor|node>");
+  actors::node_agent_actor agent;
+  std::string actor;
+  if (!resolve(target, agent, actor)) return false;
+  if (!ask<bool>(agent, kill_atom_v, actor)) return false;
+  fmt::print("killed {}\n", target);
+  return true;
+}
+
+std::string trim(const std::string& s) {
+  auto b = s.find_first_not_of(" \t\r\n");
+  if (b == std::string::npos) return {};
+  return s.substr(b, s.find_last_not_of(" \t\r\n") - b + 1);
+}
+
+bool shell::run(const std::string& raw) {
+  std::string line = trim(raw);
+  if (line.empty()) return true;
+  auto space = line.find(' ');
+  std::string cmd = line.substr(0, space);
+  std::string arg = space == std::string::npos ? "" : trim(line.substr(space + 1));
+  if (cmd == "nodes") return cmd_nodes();
+  if (cmd == "actors") return cmd_actors(arg);
+  if (cmd == "stats") return cmd_stats(arg);
+  if (cmd == "requests") return cmd_requests();
+  if (cmd == "submit") return cmd_submit(arg);
+  if (cmd == "drain") return cmd_drain(arg);
+  if (cmd == "kill") return cmd_kill(arg);
+  if (cmd == "help") {
+    fmt::print("{}", help_text);
+    return true;
+  }
+  return fail("unknown command '" + cmd + "' (try `help`)");
+}
+
+std::vector<std::string> shell::completions() const {
+  std::vector<std::string> out = command_names;
+  out.insert(out.end(), known_names_.begin(), known_names_.end());
+  return out;
+}
+
+// readline's completion callbacks are C functions: the shell they complete for.
+shell* completing = nullptr;
+
+char* complete_next(const char* text, int state) {
+  static std::vector<std::string> matches;
+  static size_t next = 0;
+  if (state == 0) {
+    matches.clear();
+    next = 0;
+    for (const auto& w : completing->completions())
+      if (w.rfind(text, 0) == 0) matches.push_back(w);
+  }
+  return next < matches.size() ? strdup(matches[next++].c_str()) : nullptr;
+}
+
+char** complete(const char* text, int, int) {
+  rl_attempted_completion_over = 1;
+  return rl_completion_matches(text, complete_next);
+}
+
+int interactive(shell& sh) {
+  completing = &sh;
+  rl_attempted_completion_function = complete;
+  rl_completer_word_break_characters = const_cast<char*>(" \t");
+  sh.run("nodes");
+  while (char* raw = readline("shoal> ")) {
+    std::string line = raw;
+    std::free(raw);
+    if (trim(line).empty()) continue;
+    add_history(line.c_str());
+    if (trim(line) == "quit" || trim(line) == "exit") break;
+    sh.run(line);
+  }
+  return 0;
+}
+
+int run_shell(const std::string& connect, const std::string& script) {
+  auto colon = connect.rfind(':');
+  if (colon == std::string::npos) {
+    fmt::print(stderr, "shoal shell: --connect wants HOST:PORT, got '{}'\n", connect);
+    return 2;
+  }
+  std::string host = connect.substr(0, colon);
+  uint16_t port = static_cast<uint16_t>(std::atoi(connect.c_str() + colon + 1));
+  shell_config cfg;
+  caf::actor_system sys{cfg};
+  auto agent = sys.middleman().remote_actor<actors::node_agent_actor>(host, port);
+  if (!agent) {
+    fmt::print(stderr, "shoal shell: cannot reach a shoal node at {}: {}\n", connect, sys.render(agent.error()));
+    std::fflush(stderr);
+    std::_Exit(1);
+  }
+  int rc = 0;
+  {
+    shell sh(sys, *agent, connect);
+    if (script.empty()) {
+      rc = interactive(sh);
+    } else {
+      std::stringstream in(script);
+      for (std::string cmd; std::getline(in, cmd, ';');)
+        if (!sh.run(cmd)) rc = 1;
+    }
+  }
+  std::fflush(stdout);
+  std::fflush(stderr);
+  std::_Exit(rc);  // the middleman's teardown can block once remote nodes are gone (CAF 0.17)
+}
+
+}  // namespace
+
+void add_shell_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand("shell", "interactive shell connected to a shoal node");
+  static std::string connect = "127.0.0.1:7100", script;
+  cmd->add_option("--connect", connect, "HOST:PORT of any node's node.listen")->capture_default_str();
+  cmd->add_option("-c", script, "run these ';'-separated commands and exit (exit code 1 when one failed)");
+  cmd->callback([] { set_exit_code(run_shell(connect, script)); });
+}
+
+}  // namespace shoal::tools

@@ -1,0 +1,308 @@
+// The node's life: actor system (middleman with heartbeats and connection timeout), the
+// roles' actors, the node agent published on node.listen, the join through the seeds, and
+// the drain. Leaves with _Exit (see the end of run_node).
+#include "tools/shoald/node.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include <caf/actor_system.hpp>
+#include <caf/actor_system_config.hpp>
+#include <caf/exit_reason.hpp>
+#include <caf/io/middleman.hpp>
+#include <caf/io/publish.hpp>
+#include <caf/scoped_actor.hpp>
+#include <caf/send.hpp>
+
+#include "actors/engine_actor.hpp"
+#include "actors/gateway_actor.hpp"
+#include "actors/interfaces.hpp"
+#include "actors/node_agent_actor.hpp"
+#include "actors/rank_actor.hpp"
+#include "actors/router_actor.hpp"
+#include "model/config.hpp"
+#include "runtime/engine_setup.hpp"
+#include "tools/shoald/engine_options.hpp"
+
+namespace shoal::tools::shoald {
+
+namespace {
+
+using namespace std::chrono_literals;
+using clock_type = std::chrono::steady_clock;
+constexpr int exit_failure = 1;
+constexpr auto join_deadline = 60s;
+
+struct node_parts {
+  std::vector<actors::engine_actor> engines;  // by rank
+  std::vector<actors::rank_actor> ranks;      // by rank, with expert parallelism
+  std::optional<actors::gateway_actor> gateway;
+  std::optional<actors::router_actor> router;
+};
+
+struct system_config : caf::actor_system_config {
+  explicit system_config(const runtime::node_config& cfg) {
+    load<caf::io::middleman>();
+    actors::add_message_types(*this);
+    set("middleman.heartbeat-interval", caf::timespan{std::chrono::milliseconds(cfg.heartbeat_interval_ms)});
+    set("middleman.connection-timeout", caf::timespan{std::chrono::milliseconds(cfg.connection_timeout_ms)});
+    set("middleman.enable-automatic-connections", true);
+  }
+};
+
+std::vector<std::string> role_names(const runtime::node_config& cfg) {
+  std::vector<std::string> out;
+  for (runtime::role r : cfg.roles) out.emplace_back(runtime::to_string(r));
+  return out;
+}
+
+// "rank<i>" → i, or -1.
+int rank_of(const std::string& name, size_t ranks) {
+  if (name.rfind("rank", 0) != 0 || name.size() == 4) return -1;
+  for (size_t i = 4; i < name.size(); ++i)
+    if (name[i] < '0' || name[i] > '9') return -1;
+  int r = std::atoi(name.c_str() + 4);
+  return r >= 0 && static_cast<size_t>(r) < ranks ? r : -1;
+}
+
+std::string describe_engine(caf::actor_system& sys, const actors::engine_actor& e, int rank) {
+  caf::scoped_actor self{sys};
+  std::string out = "rank" + std::to_string(rank) + ": no answer";
+  self->request(e, 5s, stats_atom_v)
+    .receive(
+      [&](const actors::engine_stats_snapshot& s) {
+        out = fmt::format("rank{}: running={} steps={} prefill_tokens={} decode_tokens={} generated={} "
+                          "prefix_hit_tokens={} blocks_free={}/{}",
+                          rank, s.requests_running, s.steps, s.prefill_tokens, s.decode_tokens, s.generated,
+                          s.prefix_hit_tokens, s.blocks_free, s.blocks_total);
+      },
+      [&](caf::error& err) { out = "rank" + std::to_string(rank) + ": " + sys.render(err); });
+  return out;
+}
+
+template <class Handle, class T>
+std::optional<T> ask(caf::actor_system& sys, const Handle& h, std::chrono::milliseconds timeout, auto... xs) {
+  caf::scoped_actor self{sys};
+  std::optional<T> out;
+  self->request(h, timeout, xs...).receive([&](T& x) { out = std::move(x); }, [&](caf::error&) {});
+  return out;
+}
+
+actors::node_hooks make_hooks(caf::actor_system& sys, node_parts& parts, logger& log) {
+  actors::node_hooks h;
+  h.gateway = parts.gateway;
+  h.describe = [&sys, &parts](const std::string& actor) -> std::optional<std::string> {
+    if (int r = rank_of(actor, parts.engines.size()); r >= 0) return describe_engine(sys, parts.engines[r], r);
+    if (actor == "gateway" && parts.gateway)
+      return ask<actors::gateway_actor, std::string>(sys, *parts.gateway, 5s, describe_atom_v);
+    return std::nullopt;
+  };
+  h.requests = [&sys, &parts] {
+    if (!parts.gateway) return std::vector<std::string>{};
+    return ask<actors::gateway_actor, std::vector<std::string>>(sys, *parts.gateway, 5s, requests_atom_v)
+      .value_or(std::vector<std::string>{});
+  };
+  h.drain = [&parts] {
+    for (auto& e : parts.engines) caf::anon_send(e, drain_atom_v);
+    if (parts.gateway) caf::anon_send(*parts.gateway, drain_atom_v);
+  };
+  h.kill_actor = [&parts, &log](const std::string& actor) {
+    int r = rank_of(actor, parts.engines.size());
+    if (r < 0) return false;
+    log.warn("killing rank{} on request", r);
+    caf::anon_send_exit(parts.engines[r], caf::exit_reason::kill);
+    return true;
+  };
+  h.kill_node = [&log] {
+    log.warn("killing this node on request");
+    std::thread([] {
+      std::this_thread::sleep_for(100ms);  // lets the reply leave
+      std::_Exit(137);
+    }).detach();
+  };
+  return h;
+}
+
+// Requests still running on this node's engines and gateway; -1 when one did not answer.
+int64_t running_here(caf::actor_system& sys, const node_parts& parts) {
+  int64_t total = 0;
+  for (const auto& e : parts.engines) {
+    auto s = ask<actors::engine_actor, actors::engine_stats_snapshot>(sys, e, 5s, stats_atom_v);
+    if (!s) return -1;
+    total += s->requests_running;
+  }
+  if (parts.gateway) {
+    auto n = ask<actors::gateway_actor, int64_t>(sys, *parts.gateway, 5s, stats_atom_v);
+    if (!n) return -1;
+    total += *n;
+  }
+  return total;
+}
+
+void drain(caf::actor_system& sys, const actors::node_agent_actor& agent, const node_parts& parts,
+           std::chrono::milliseconds budget, logger& log) {
+  ask<actors::node_agent_actor, bool>(sys, agent, 5s, drain_atom_v);
+  auto deadline = clock_type::now() + budget;
+  int64_t left = 0;
+  while ((left = running_here(sys, parts)) > 0 && clock_type::now() < deadline) {
+    log.debug("draining: {} request(s) running", left);
+    std::this_thread::sleep_for(20ms);
+  }
+  if (left > 0) log.warn("drain timeout: abandoning {} running request(s)", left);
+  else if (left < 0) log.warn("drain: an actor stopped answering");
+  else log.info("drained: no request running");
+}
+
+std::optional<actors::membership> join(caf::actor_system& sys, const runtime::node_config& cfg,
+                                       const actors::node_agent_actor& agent, logger& log) {
+  std::vector<actors::seed_address> seeds;
+  for (const auto& s : cfg.seeds) seeds.push_back({s.host, s.port});
+  auto deadline = clock_type::now() + join_deadline;
+  std::string error;
+  for (int attempt = 1;; ++attempt) {
+    auto m = actors::join_cluster(sys, agent, seeds, std::chrono::milliseconds(cfg.request_timeout_ms), error);
+    if (m) {
+      if (!error.empty()) log.warn("joined, but: {}", error);
+      return m;
+    }
+    if (clock_type::now() >= deadline) {
+      log.error("cannot join the cluster through any seed within {} s: {}", join_deadline.count(), error);
+      return std::nullopt;
+    }
+    log.info("join attempt {} failed ({}); retrying", attempt, error);
+    std::this_thread::sleep_for(500ms);
+  }
+}
+
+}  // namespace
+
+sigset_t stop_signals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  return set;
+}
+
+int run_node(const runtime::node_config& cfg, logger& log) {
+  // Everything the node needs from its model directory, before any actor exists.
+  std::shared_ptr<const model::model_weights> weights;
+  std::shared_ptr<const model::tokenizer> tok;
+  std::optional<model::model_config> mcfg;
+  if (cfg.has_role(runtime::role::engine)) {
+    log.info("loading model {}", cfg.model_dir.string());
+    auto m = runtime::load_model_dir(cfg.model_dir.string(), false);
+    if (!m) {
+      log.error("cannot load model dir {}: {}", cfg.model_dir.string(), m.error().message);
+      return exit_failure;
+    }
+    weights = m->weights;
+    tok = m->tokenizer;
+    mcfg = weights->config;
+  } else if (cfg.has_role(runtime::role::gateway)) {
+    auto c = model::load_config(cfg.model_dir.string());
+    auto t = c ? model::tokenizer::load((cfg.model_dir / "tokenizer.json").string())
+               : model::result<model::tokenizer>(std::unexpected(c.error()));
+    if (!t) {
+      log.error("cannot load model dir {}: {}", cfg.model_dir.string(), t.error().message);
+      return exit_failure;
+    }
+    mcfg = *c;
+    tok = std::make_shared<const model::tokenizer>(std::move(*t));
+  }
+
+  system_config sys_cfg(cfg);
+  caf::actor_system sys{sys_cfg};
+  node_parts parts;
+  actors::node_info me{cfg.name, cfg.listen.host, cfg.listen.port, role_names(cfg), {}, {}, false};
+
+  if (cfg.has_role(runtime::role::engine)) {
+    runtime::engine_config ecfg = engine_config_for(weights->config, static_cast<double>(cfg.cache_mib));
+    // A silent peer fails an expert-parallel exchange after this long at the latest (a dead
+    // one sooner: the membership change interrupts it).
+    auto ep_timeout = std::chrono::milliseconds(std::max<int64_t>(2 * cfg.connection_timeout_ms, 5000));
+    for (int32_t r = 0; r < cfg.ranks; ++r) {
+      std::shared_ptr<actors::caf_ep_transport> ep;
+      if (cfg.expert_parallel) ep = std::make_shared<actors::caf_ep_transport>(ep_timeout);
+      parts.engines.push_back(actors::spawn_engine(sys, weights, ecfg, /*detached=*/true, ep));
+      caf::actor rank;
+      if (ep) {
+        parts.ranks.push_back(actors::spawn_rank(sys, ep, parts.engines.back()));
+        rank = caf::actor_cast<caf::actor>(parts.ranks.back());
+      }
+      me.ranks.push_back({r, caf::actor_cast<caf::actor>(parts.engines.back()), rank});
+    }
+    log.info("{} engine rank(s), {} cache blocks each, batch-invariant{}", cfg.ranks, ecfg.cache.num_blocks,
+             cfg.expert_parallel ? ", expert-parallel" : "");
+  }
+  if (cfg.has_role(runtime::role::gateway)) {
+    parts.router = actors::spawn_router(sys);
+    actors::gateway_config g;
+    g.host = cfg.http_listen->host;
+    g.port = cfg.http_listen->port;
+    g.model_id = cfg.model_dir.filename().string();
+    g.context_length = mcfg->max_position_embeddings;
+    g.request_timeout = std::chrono::milliseconds(cfg.request_timeout_ms);
+    g.tokenizer_config = cfg.model_dir / "tokenizer_config.json";
+    if (cfg.auth_token_file) {
+      auto tokens = actors::read_auth_tokens(*cfg.auth_token_file);
+      if (!tokens) {
+        log.error("key 'gateway.auth_token_file': {}", tokens.error());
+        return exit_failure;
+      }
+      g.auth_tokens = std::move(*tokens);
+    }
+    auto gw = actors::spawn_gateway(sys, *parts.router, tok, g);
+    if (!gw) {
+      log.error("gateway: {}", gw.error());
+      std::_Exit(exit_failure);
+    }
+    parts.gateway = gw->actor;
+    fmt::print("shoald: http on {}:{}\n", g.host, gw->port);
+    log.info("gateway: OpenAI API on http://{}:{} (model id '{}'{})", g.host, gw->port, g.model_id,
+             g.auth_tokens.empty() ? "" : ", bearer auth");
+  }
+
+  auto agent = actors::spawn_node_agent(sys, me, make_hooks(sys, parts, log));
+  auto port = caf::io::publish(agent, cfg.listen.port, cfg.listen.host.c_str(), true);
+  if (!port) {
+    log.error("cannot listen on {}: {}", runtime::to_string(cfg.listen), sys.render(port.error()));
+    std::_Exit(exit_failure);
+  }
+  me.port = *port;
+  me.agent = caf::actor_cast<caf::actor>(agent);
+  caf::anon_send(agent, update_atom_v, me);
+  if (parts.router) caf::anon_send(agent, subscribe_atom_v, caf::actor_cast<caf::actor>(*parts.router));
+  for (const auto& r : parts.ranks) caf::anon_send(agent, subscribe_atom_v, caf::actor_cast<caf::actor>(r));
+
+  if (!cfg.seeds.empty()) {
+    auto m = join(sys, cfg, agent, log);
+    if (!m) std::_Exit(exit_failure);
+    log.info("joined the cluster: {} node(s)", m->nodes.size());
+  }
+  runtime::host_port bound{cfg.listen.host, *port};
+  fmt::print("shoald: listening on {}\n", runtime::to_string(bound));
+  std::fflush(stdout);
+  log.info("node '{}' up on {}", cfg.name, runtime::to_string(bound));
+
+  sigset_t set = stop_signals();
+  int sig = 0;
+  while (sigwait(&set, &sig) != 0) {
+  }
+  log.info("{}: draining (at most {} ms)", sig == SIGTERM ? "SIGTERM" : "SIGINT", cfg.drain_timeout_ms);
+  drain(sys, agent, parts, std::chrono::milliseconds(cfg.drain_timeout_ms), log);
+  log.info("node '{}' stopped", cfg.name);
+  // Leave without destroying the actor system: CAF 0.17's ~actor_system can block for good in
+  // await_detached_threads once remote peers have connected (a terminated detached engine
+  // still referenced by the middleman). Everything owed to clients is done at this point:
+  // requests drained, log lines flushed as written.
+  std::fflush(stdout);
+  std::fflush(stderr);
+  std::_Exit(0);
+}
+
+}  // namespace shoal::tools::shoald
