@@ -33,11 +33,15 @@
 #include "actors/node_agent_actor.hpp"
 #include "model/generate.hpp"
 #include "runtime/engine_setup.hpp"
+#include "tests/support/process.hpp"
 #include "tools/shoald/engine_options.hpp"
 
 extern char** environ;
 
 using namespace shoal;
+using test::read_text;
+using test::temp_dir;
+using test::write_text;
 using namespace std::chrono_literals;
 namespace fs = std::filesystem;
 
@@ -47,73 +51,10 @@ constexpr auto request_timeout = std::chrono::seconds(20);
 constexpr auto start_timeout = std::chrono::seconds(60);
 constexpr int64_t drain_timeout_ms = 15'000;
 
-std::string read_text(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
-
-void write_text(const fs::path& p, const std::string& text) {
-  std::ofstream f(p, std::ios::binary);
-  f << text;
-  REQUIRE(f.good());
-}
-
-// A fresh directory under /tmp, removed with everything in it.
-struct temp_dir {
-  fs::path path;
-  temp_dir() {
-    std::string tmpl = (fs::temp_directory_path() / "shoald_test.XXXXXX").string();
-    REQUIRE(mkdtemp(tmpl.data()) != nullptr);
-    path = tmpl;
-  }
-  ~temp_dir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
-
 // One shoald process with stdout and stderr redirected to files in `dir`.
-struct daemon_process {
-  pid_t pid = -1;
-  fs::path out, err;
-  std::optional<int> status;  // exit code (128 + signal when killed), once reaped
-
-  daemon_process(const fs::path& config, const fs::path& dir) : out(dir / "stdout"), err(dir / "stderr") {
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_addopen(&fa, 2, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    std::string bin = SHOAL_SHOALD_BIN, flag = "--config", cfg = config.string();
-    char* argv[] = {bin.data(), flag.data(), cfg.data(), nullptr};
-    int rc = posix_spawn(&pid, bin.c_str(), &fa, nullptr, argv, environ);
-    posix_spawn_file_actions_destroy(&fa);
-    REQUIRE_MESSAGE(rc == 0, "cannot start " << bin);
-  }
-
-  ~daemon_process() {
-    if (pid > 0 && !status) {
-      kill(pid, SIGKILL);
-      waitpid(pid, nullptr, 0);
-    }
-  }
-
-  // Reaps the process if it has exited; true then.
-  bool exited() {
-    if (status) return true;
-    int st = 0;
-    if (waitpid(pid, &st, WNOHANG) != pid) return false;
-    status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-    return true;
-  }
-
-  // The exit code within `timeout`, or nullopt (the process is then still running).
-  std::optional<int> wait_exit(std::chrono::milliseconds timeout) {
-    auto deadline = std::chrono::steady_clock::now() + timeout;
-    while (!exited() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(10ms);
-    return status;
-  }
+struct daemon_process : test::child_process {
+  daemon_process(const fs::path& config, const fs::path& dir)
+      : child_process({SHOAL_SHOALD_BIN, "--config", config.string()}, dir / "stdout", dir / "stderr") {}
 
   // The port of the "shoald: listening on HOST:PORT" line, or nullopt when the process exits
   // or prints nothing within `timeout`.

@@ -1,0 +1,118 @@
+// Process-level test helpers: temp directories, file text, and child processes (shoald,
+// shoal) with their output in files. Every wait is bounded; a child left running is killed.
+#pragma once
+
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+extern char** environ;
+
+namespace shoal::test {
+
+namespace fs = std::filesystem;
+
+inline std::string read_text(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+inline void write_text(const fs::path& p, const std::string& text) {
+  std::ofstream f(p, std::ios::binary);
+  f << text;
+  REQUIRE(f.good());
+}
+
+// A fresh directory under /tmp, removed with everything in it.
+struct temp_dir {
+  fs::path path;
+  temp_dir() {
+    std::string tmpl = (fs::temp_directory_path() / "shoal_test.XXXXXX").string();
+    REQUIRE(mkdtemp(tmpl.data()) != nullptr);
+    path = tmpl;
+  }
+  ~temp_dir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+// One child process with stdout and stderr redirected to files.
+struct child_process {
+  pid_t pid = -1;
+  fs::path out, err;
+  std::optional<int> status;  // exit code (128 + signal when killed), once reaped
+
+  child_process(std::vector<std::string> args, const fs::path& out_file, const fs::path& err_file)
+      : out(out_file), err(err_file) {
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+    posix_spawn_file_actions_addopen(&fa, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_addopen(&fa, 2, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    int rc = posix_spawn(&pid, args[0].c_str(), &fa, nullptr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&fa);
+    REQUIRE_MESSAGE(rc == 0, "cannot start " << args[0]);
+  }
+
+  ~child_process() {
+    if (pid > 0 && !status) {
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+    }
+  }
+
+  // Reaps the process if it has exited; true then.
+  bool exited() {
+    if (status) return true;
+    int st = 0;
+    if (waitpid(pid, &st, WNOHANG) != pid) return false;
+    status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    return true;
+  }
+
+  // The exit code within `timeout`, or nullopt (the process is then still running).
+  std::optional<int> wait_exit(std::chrono::milliseconds timeout) {
+    auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (!exited() && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    return status;
+  }
+};
+
+// A TCP port that was free a moment ago (bound to port 0, then released).
+inline uint16_t free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+}  // namespace shoal::test
