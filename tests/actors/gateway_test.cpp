@@ -369,6 +369,8 @@ TEST_CASE("gateway answers bad input with the exact OpenAI error and keeps servi
      ""},
     {"body over max_body_bytes", "POST", completions,
      with({{"model", "tiny"}, {"prompt", std::string(5000, 'x')}}), 413, "request_too_large", "", ""},
+    {"body far over max_body_bytes", "POST", completions,
+     with({{"model", "tiny"}, {"prompt", std::string(400'000, 'x')}}), 413, "request_too_large", "", ""},
     {"unknown route", "GET", "/v1/nothing", "", 404, "not_found_error", "", ""},
     {"unknown POST route", "POST", "/v1/embeddings", with({{"model", "tiny"}}), 404, "not_found_error", "", ""},
     {"wrong method on completions", "GET", completions, "", 405, "invalid_request_error", "", ""},
@@ -590,6 +592,14 @@ TEST_CASE("gateway lists its model and exports request metrics") {
 
   for (int i = 0; i < 2; ++i) CHECK(post(port, "/v1/completions", completion_body("metrics", 4)).status == 200);
   check_error(post(port, "/v1/completions", {{"model", "tiny"}}), 400, "invalid_request_error", "prompt");
+  // Without a context limit (context_length 0: none) requests are not refused as too long.
+  auto unlimited = cluster::default_gateway();
+  unlimited.context_length = 0;
+  uint16_t port0 = c.start_gateway(unlimited);
+  auto r0 = post(port0, "/v1/completions", completion_body("no limit", 4));
+  CHECK(r0.status == 200);
+  CHECK(parse(r0.body)["usage"]["completion_tokens"] == 4);
+
   auto metrics = call(port, "GET", "/metrics");
   REQUIRE(metrics.status == 200);
   const std::string& text = metrics.body;
