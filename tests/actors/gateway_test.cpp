@@ -308,27 +308,20 @@ std::vector<json> sse_chunks(const std::string& body) {
   return out;
 }
 
-}  // namespace
+// One bad request through real HTTP and the error it must get (param, code: empty = null).
+struct bad_case {
+  const char* name;
+  std::string method, target, body;
+  int status;
+  std::string type, param, code;
+};
 
-// -- bad input ---------------------------------------------------------------------------------
-
-TEST_CASE("gateway answers bad input with the exact OpenAI error and keeps serving") {
-  cluster c(1);
-  auto g = cluster::default_gateway();
-  g.context_length = 64;
-  g.max_body_bytes = 4096;
-  uint16_t port = c.start_gateway(g);
-
+// The gateway under test limits the context to 64 tokens and bodies to 4,096 bytes.
+std::vector<bad_case> bad_input_cases() {
   const json user_hi = json::array({{{"role", "user"}, {"content", "hi"}}});
-  struct bad_case {
-    const char* name;
-    std::string method, target, body;
-    int status;
-    std::string type, param, code;
-  };
   auto with = [](json j) { return j.dump(); };
   const std::string completions = "/v1/completions", chat = "/v1/chat/completions";
-  std::vector<bad_case> cases = {
+  return {
     {"malformed JSON", "POST", completions, R"({"model": "tiny", "prompt": )", 400, "invalid_request_error", "", ""},
     {"body not an object", "POST", completions, "[1, 2, 3]", 400, "invalid_request_error", "", ""},
     {"unknown model", "POST", completions, with({{"model", "gpt-4"}, {"prompt", "hi"}}), 404, "not_found_error",
@@ -376,6 +369,20 @@ TEST_CASE("gateway answers bad input with the exact OpenAI error and keeps servi
     {"wrong method on completions", "GET", completions, "", 405, "invalid_request_error", "", ""},
     {"wrong method on models", "DELETE", "/v1/models", "", 405, "invalid_request_error", "", ""},
   };
+}
+
+}  // namespace
+
+// -- bad input ---------------------------------------------------------------------------------
+
+TEST_CASE("gateway answers bad input with the exact OpenAI error and keeps serving") {
+  cluster c(1);
+  auto g = cluster::default_gateway();
+  g.context_length = 64;
+  g.max_body_bytes = 4096;
+  uint16_t port = c.start_gateway(g);
+
+  const std::vector<bad_case> cases = bad_input_cases();
   REQUIRE(cases.size() >= 14);
   for (const auto& bc : cases) {
     INFO("case: " << bc.name);
