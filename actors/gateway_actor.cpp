@@ -311,8 +311,9 @@ int serve_generate(gateway_shared& g, const http_request& req, http_writer& w, b
   if (!parsed) return send_error(w, parsed.error()), parsed.error().status;
   auto ids = prompt_ids(g, *parsed);
   if (!ids) return send_error(w, ids.error()), ids.error().status;
-  if (auto e = runtime::check_context(static_cast<int64_t>(ids->size()), parsed->max_tokens, g.config.context_length))
-    return send_error(w, *e), e->status;
+  if (g.config.context_length > 0)  // 0: no limit (gateway_config); check_context would refuse everything
+    if (auto e = runtime::check_context(static_cast<int64_t>(ids->size()), parsed->max_tokens, g.config.context_length))
+      return send_error(w, *e), e->status;
   return serve_generation(g, *parsed, std::move(*ids), w);
 }
 
