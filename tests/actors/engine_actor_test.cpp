@@ -302,11 +302,42 @@ void round_trip(caf::scoped_actor& self, const caf::actor& remote, const Ts&... 
 
 }  // namespace
 
+namespace {
+
+// True when Ts are exactly the types of the shoal type-ID block: a type added to the block
+// without a round trip below fails to compile here.
+template <class... Ts>
+constexpr bool is_the_type_id_block() {
+  constexpr caf::type_id_t ids[] = {caf::type_id<Ts>::value...};
+  for (caf::type_id_t id = caf::id_block::shoal::begin; id < caf::id_block::shoal::end; ++id) {
+    bool found = false;
+    for (caf::type_id_t x : ids) found = found || x == id;
+    if (!found) return false;
+  }
+  return sizeof...(Ts) == caf::id_block::shoal::end - caf::id_block::shoal::begin;
+}
+
+static_assert(is_the_type_id_block<request_id, error_reply, actors::sampling_options, generation_request, token_event,
+                                   engine_stats_snapshot, token_sink_actor, actors::engine_actor, actors::rank_info,
+                                   actors::node_info, actors::membership, actors::ep_frame, actors::text_event,
+                                   actors::rank_actor, actors::node_agent_actor, actors::router_actor,
+                                   actors::gateway_actor, std::vector<std::string>>(),
+              "the round trip below covers exactly these types");
+
+}  // namespace
+
 TEST_CASE("every type of the type-ID block round-trips through a remote actor") {
   remote_fixture f;
   caf::actor remote = f.connect(f.server.spawn(echo));
   caf::scoped_actor self{f.client};
   auto sink = caf::actor_cast<token_sink_actor>(self);
+  // Distinct local actors stand in for engines, ranks and agents: handles must come back as
+  // the same actors (and `remote`, a proxy, as the same proxy).
+  std::vector<caf::actor> locals;
+  for (int i = 0; i < 3; ++i) locals.push_back(f.client.spawn(echo));
+  auto stop_locals = [&] {
+    for (auto& a : locals) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+  };
 
   actors::sampling_options full;
   full.temperature = 0.7f;
@@ -320,18 +351,41 @@ TEST_CASE("every type of the type-ID block round-trips through a remote actor") 
   full.seed = 0xfedcba9876543210ull;
   generation_request req{request_id(1ll << 40), {256, 1, 2, 299}, full};
 
+  actors::rank_info rank0{0, locals[0], locals[1]};
+  actors::rank_info rank1{1, remote, {}};  // a remote engine, no rank actor (no expert parallelism)
+  actors::node_info engine_node{"node-b", "127.0.0.1", 4711, {"engine", "storage"},
+                                caf::actor_cast<caf::actor>(self), {rank0, rank1}, true};
+  actors::node_info gateway_node{"node-a", "::1", 0, {"gateway"}, locals[2], {}, false};
+  std::vector<uint8_t> mib(1 << 20);
+  for (size_t i = 0; i < mib.size(); ++i) mib[i] = static_cast<uint8_t>(i * 131 + (i >> 12));
+
+  // One row per type of the block, in block order.
   round_trip(self, remote, request_id(42));
-  round_trip(self, remote, full);
-  round_trip(self, remote, submit_atom_v, req);
-  round_trip(self, remote, submit_atom_v, req, sink);  // a local handle comes back as itself
-  round_trip(self, remote, token_event{request_id(3), 77, true, runtime::finish_reason::stop});
-  round_trip(self, remote, engine_stats_snapshot{1, 2, 3, 4, 5, 6, 7, 8});
   round_trip(self, remote, error_reply{errc::duplicate_request, "request 3 is still running"});
-  round_trip(self, remote, cancel_atom_v, request_id(9));
-  round_trip(self, remote, stats_atom_v);
-  // engine_actor handles travel too (a gateway learns engines from node agents); any local
-  // actor stands in, the handle only has to come back as itself.
-  round_trip(self, remote, caf::actor_cast<actors::engine_actor>(self));
+  round_trip(self, remote, full);
+  round_trip(self, remote, actors::sampling_options{});
+  round_trip(self, remote, req);
+  round_trip(self, remote, token_event{request_id(3), 77, true, runtime::finish_reason::stop});
+  round_trip(self, remote, token_event{request_id(4), 12, true, runtime::finish_reason::length, 48});
+  round_trip(self, remote, engine_stats_snapshot{1, 2, 3, 4, 5, 6, 7, 8});
+  round_trip(self, remote, sink);  // a local handle comes back as itself
+  round_trip(self, remote, caf::actor_cast<actors::engine_actor>(locals[0]));
+  round_trip(self, remote, rank0);
+  round_trip(self, remote, rank1);
+  round_trip(self, remote, engine_node);
+  round_trip(self, remote, actors::membership{7, {gateway_node, engine_node}});
+  round_trip(self, remote, actors::membership{});
+  round_trip(self, remote, actors::ep_frame{0xabcdef0123456789ull, 1ull << 33, 5, 1, 3, mib});
+  round_trip(self, remote, actors::ep_frame{1, 0, 0, 0, 0, {}});
+  round_trip(self, remote, actors::text_event{request_id(8), "h\xc3\xa9llo \xe2\x9c\x93", false, ""});
+  round_trip(self, remote, actors::text_event{request_id(8), "", true, "error: rank 1 lost"});
+  round_trip(self, remote, caf::actor_cast<actors::rank_actor>(locals[1]));
+  round_trip(self, remote, caf::actor_cast<actors::node_agent_actor>(self));
+  round_trip(self, remote, caf::actor_cast<actors::router_actor>(locals[2]));
+  round_trip(self, remote, caf::actor_cast<actors::gateway_actor>(locals[0]));
+  round_trip(self, remote, caf::actor_cast<actors::rank_actor>(remote));  // a proxy stays that proxy
+  round_trip(self, remote, std::vector<std::string>{"id=1 tokens=3", "", "id=2 tokens=0"});
+  round_trip(self, remote, std::vector<std::string>{});
 
   // A caf::error carrying an error_reply (how actors answer a refused request; the remote
   // engine case checks that path end to end). A message holding only an error would go to
@@ -347,6 +401,56 @@ TEST_CASE("every type of the type-ID block round-trips through a remote actor") 
       },
       [&](caf::error& e) { FAIL("round trip failed: " << f.client.render(e)); });
   CHECK(replied);
+  stop_locals();
+}
+
+TEST_CASE("every message of the typed interfaces that crosses processes round-trips through a remote actor") {
+  remote_fixture f;
+  caf::actor remote = f.connect(f.server.spawn(echo));
+  caf::scoped_actor self{f.client};
+  caf::actor me = caf::actor_cast<caf::actor>(self);
+  caf::actor other = f.client.spawn(echo);
+  auto sink = caf::actor_cast<token_sink_actor>(self);
+  generation_request req{request_id(5), {256, 9, 8}, greedy(3)};
+  actors::node_info node{"node-c", "10.0.0.3", 7000, {"engine"}, me, {{0, other, me}}, false};
+  actors::ep_frame frame{11, 3, 2, 0, 1, std::vector<uint8_t>(4096, 0x5a)};
+
+  // engine_actor (replies: request_id, bool, engine_stats_snapshot)
+  round_trip(self, remote, submit_atom_v, req);
+  round_trip(self, remote, submit_atom_v, req, sink);
+  round_trip(self, remote, cancel_atom_v, request_id(9));
+  round_trip(self, remote, stats_atom_v);
+  round_trip(self, remote, drain_atom_v);
+  round_trip(self, remote, lockstep_atom_v, uint64_t{0xfeedull << 40}, uint64_t{17});
+  round_trip(self, remote, lockstep_atom_v, uint64_t{42}, int32_t{1}, std::vector<caf::actor>{me, remote, other});
+  round_trip(self, remote, lockstep_atom_v, uint64_t{43}, int32_t{0}, std::vector<caf::actor>{});
+  round_trip(self, remote, true);
+  // token_sink_actor and the shell's text sink
+  round_trip(self, remote, token_event{request_id(5), -1, true, runtime::finish_reason::aborted});
+  round_trip(self, remote, actors::text_event{request_id(5), "abc", true, "stop"});
+  // rank_actor
+  round_trip(self, remote, expert_atom_v, frame);
+  round_trip(self, remote, expert_atom_v, actors::ep_frame{11, 3, 2, 1, 0, {}});
+  // node_agent_actor (replies: membership, bool, string, vector<string>, request_id)
+  round_trip(self, remote, join_atom_v, node);
+  round_trip(self, remote, update_atom_v, node);
+  round_trip(self, remote, members_atom_v);
+  round_trip(self, remote, describe_atom_v, std::string{"rank0"});
+  round_trip(self, remote, requests_atom_v);
+  round_trip(self, remote, kill_atom_v, std::string{"node-c"});
+  round_trip(self, remote, submit_atom_v, std::string{"Hello"}, int32_t{12}, me);
+  round_trip(self, remote, subscribe_atom_v, other);
+  round_trip(self, remote, actors::membership{3, {node}});
+  round_trip(self, remote, std::string{"node-c listen=10.0.0.3:7000 roles=engine"});
+  // router_actor (replies: caf::actor)
+  round_trip(self, remote, route_atom_v, std::vector<caf::actor>{other, remote});
+  round_trip(self, remote, route_atom_v, std::vector<caf::actor>{});
+  round_trip(self, remote, done_atom_v, other);
+  round_trip(self, remote, remote);
+  // gateway_actor (replies: vector<string>, bool, string, int64_t, request_id)
+  round_trip(self, remote, describe_atom_v);
+  round_trip(self, remote, int64_t{-3});
+  caf::anon_send_exit(other, caf::exit_reason::user_shutdown);
 }
 
 TEST_CASE("remote engine: streamed tokens equal the plain engine's, errors arrive as error replies") {

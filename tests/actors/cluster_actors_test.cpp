@@ -1,0 +1,582 @@
+// Cluster actors: the plain state behind the node agent (membership_table), the router
+// (least_loaded_policy) and expert parallelism (ep_group_of, caf_ep_transport) tested
+// directly, then node agents and expert-parallel engines in two actor systems of this process
+// connected over loopback, as two shoald processes would be. Every wait is bounded.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <future>
+#include <map>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <caf/actor_system.hpp>
+#include <caf/actor_system_config.hpp>
+#include <caf/after.hpp>
+#include <caf/event_based_actor.hpp>
+#include <caf/exit_reason.hpp>
+#include <caf/io/basp_broker.hpp>
+#include <caf/io/middleman.hpp>
+#include <caf/io/publish.hpp>
+#include <caf/io/remote_actor.hpp>
+#include <caf/scoped_actor.hpp>
+#include <caf/send.hpp>
+
+#include "actors/engine_actor.hpp"
+#include "actors/interfaces.hpp"
+#include "actors/node_agent_actor.hpp"
+#include "actors/rank_actor.hpp"
+#include "actors/router_actor.hpp"
+#include "tests/support/tiny_models.hpp"
+
+using namespace shoal;
+using namespace std::chrono_literals;
+using actors::caf_ep_transport;
+using actors::ep_frame;
+using actors::membership;
+using actors::node_info;
+using actors::rank_info;
+using runtime::ep_payloads;
+
+namespace {
+
+using strings = std::vector<std::string>;
+
+struct local_config : caf::actor_system_config {
+  local_config() {
+    actors::add_message_types(*this);
+    set("scheduler.max-threads", size_t{2});
+  }
+};
+
+// Two of these in one process talk over loopback like two shoald processes. Short heartbeats
+// so that a lost connection is noticed within the tests' bounded waits.
+struct net_config : caf::actor_system_config {
+  net_config() {
+    load<caf::io::middleman>();
+    actors::add_message_types(*this);
+    set("scheduler.max-threads", size_t{2});
+    set("middleman.heartbeat-interval", caf::timespan{100ms});
+    set("middleman.connection-timeout", caf::timespan{2s});
+  }
+};
+
+caf::behavior idle(caf::event_based_actor*) {
+  return {[](caf::ok_atom) {}};
+}
+
+// Exits `actors` when it goes (before the systems they live in: declare it after them).
+struct stop_on_exit {
+  std::vector<caf::actor> actors;
+  ~stop_on_exit() {
+    for (auto& a : actors) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+  }
+};
+
+// A local actor system and `n` idle actors whose handles stand in for engines, ranks, agents.
+struct handles {
+  local_config cfg;
+  caf::actor_system sys{cfg};
+  stop_on_exit a;
+  explicit handles(int n) {
+    for (int i = 0; i < n; ++i) a.actors.push_back(sys.spawn(idle));
+  }
+  const caf::actor& operator[](size_t i) const { return a.actors.at(i); }
+};
+
+node_info make_node(std::string name, strings roles, caf::actor agent, std::vector<rank_info> ranks = {},
+                    bool draining = false) {
+  return {std::move(name), "127.0.0.1", 0, std::move(roles), std::move(agent), std::move(ranks), draining};
+}
+
+strings names_of(const membership& m) {
+  strings out;
+  for (const auto& n : m.nodes) out.push_back(n.name);
+  return out;
+}
+
+}  // namespace
+
+// -- membership_table -----------------------------------------------------------------------------
+
+TEST_CASE("membership_table: upsert adds, replaces or changes nothing, the view is sorted by name") {
+  handles h(3);
+  actors::membership_table t(make_node("b", {"engine"}, h[0]));
+  CHECK(t.self().name == "b");
+  CHECK(t.view().version == 1);
+  CHECK(names_of(t.view()) == strings{"b"});
+
+  node_info c = make_node("c", {"gateway"}, h[1]);
+  node_info a = make_node("a", {"engine"}, h[2], {{0, h[1], {}}});
+  CHECK(t.upsert(c));
+  CHECK(t.upsert(a));
+  membership v = t.view();
+  CHECK(v.version == 3);
+  CHECK(names_of(v) == strings{"a", "b", "c"});
+  CHECK(v.nodes[0] == a);
+  CHECK(v.nodes[2] == c);
+
+  CHECK_FALSE(t.upsert(a));  // the same entry again: no change, no new version
+  CHECK(t.view().version == 3);
+
+  a.port = 9000;
+  a.draining = true;
+  CHECK(t.upsert(a));  // replaced by name
+  v = t.view();
+  CHECK(v.version == 4);
+  CHECK(names_of(v) == strings{"a", "b", "c"});
+  REQUIRE(t.find("a") != nullptr);
+  CHECK(*t.find("a") == a);
+  CHECK(t.find("d") == nullptr);
+}
+
+TEST_CASE("membership_table: remove_agent ignores unknown agents and never self, set_draining bumps the version") {
+  handles h(4);
+  actors::membership_table t(make_node("b", {"engine"}, h[0]));
+  REQUIRE(t.upsert(make_node("a", {"engine"}, h[1])));
+  REQUIRE(t.upsert(make_node("c", {"gateway"}, h[2])));
+  REQUIRE(t.view().version == 3);
+
+  CHECK(t.remove_agent(h[3].address()) == std::nullopt);     // not a member
+  CHECK(t.remove_agent(caf::actor_addr{}) == std::nullopt);  // no actor at all
+  CHECK(t.remove_agent(h[0].address()) == std::nullopt);     // self stays
+  CHECK(t.view().version == 3);
+  CHECK(t.remove_agent(h[1].address()) == std::optional<std::string>("a"));
+  CHECK(t.view().version == 4);
+  CHECK(names_of(t.view()) == strings{"b", "c"});
+  CHECK(t.remove_agent(h[1].address()) == std::nullopt);  // gone already
+
+  CHECK(t.set_draining(true));
+  CHECK(t.self().draining);
+  CHECK(t.view().version == 5);
+  CHECK(t.view().nodes[0].draining);
+  CHECK_FALSE(t.view().nodes[1].draining);
+  CHECK_FALSE(t.set_draining(true));
+  CHECK(t.view().version == 5);
+  CHECK(t.set_draining(false));
+  CHECK(t.view().version == 6);
+}
+
+// -- least_loaded_policy --------------------------------------------------------------------------
+
+TEST_CASE("least_loaded_policy: non-draining engine nodes only, least in flight first, ties to the first") {
+  handles e(6);
+  // Which of e[] an answer is (-1: none).
+  auto which = [&](const std::optional<caf::actor>& x) {
+    if (!x) return -1;
+    for (int i = 0; i < 6; ++i)
+      if (*x == e[i]) return i;
+    return -2;
+  };
+  membership m;
+  m.nodes = {
+    make_node("a", {"gateway"}, {}, {{0, e[0], {}}}),                          // not an engine node
+    make_node("b", {"engine"}, {}, {{0, e[1], {}}, {1, e[2], {}}, {2, {}, {}}}),  // rank 2: no engine
+    make_node("c", {"engine"}, {}, {{0, e[3], {}}}, /*draining=*/true),
+    make_node("d", {"gateway", "engine"}, {}, {{0, e[4], {}}}),
+  };
+  actors::least_loaded_policy p;
+  CHECK(which(p.pick({})) == -1);  // nothing known yet
+  p.update(m);
+  CHECK(p.engines() == 3);
+
+  using actor_list = std::vector<caf::actor>;
+  CHECK(which(p.pick({})) == 1);  // in flight: e1 1, e2 0, e4 0
+  CHECK(which(p.pick({})) == 2);  // 1 1 0
+  CHECK(which(p.pick({})) == 4);  // 1 1 1
+  CHECK(which(p.pick({})) == 1);  // ties to the first: 2 1 1
+  p.done(e[1]);                   // 1 1 1
+  CHECK(which(p.pick({})) == 1);  // 2 1 1
+  CHECK(which(p.pick(actor_list{e[1]})) == 2);  // e1 excluded, e2 and e4 tie: 2 2 1
+  CHECK(which(p.pick({})) == 4);  // 2 2 2
+  for (int i = 0; i < 4; ++i) p.done(e[4]);  // never below zero: 2 2 0
+  p.done(e[5]);                              // unknown: ignored
+  CHECK(which(p.pick({})) == 4);  // 2 2 1
+  CHECK(which(p.pick({})) == 4);  // 2 2 2
+  CHECK(which(p.pick({})) == 1);  // 3 2 2
+  CHECK(which(p.pick(actor_list{e[1], e[2], e[4]})) == -1);  // everything excluded
+  CHECK(which(p.pick(actor_list{e[1], e[2]})) == 4);          // 3 2 3
+
+  p.update(m);  // a new view of the same engines keeps their counts
+  CHECK(which(p.pick({})) == 2);  // 3 3 3
+
+  m.nodes[3].draining = true;
+  p.update(m);
+  CHECK(p.engines() == 2);
+  CHECK(which(p.pick(actor_list{e[1], e[2]})) == -1);
+  p.update(membership{});
+  CHECK(p.engines() == 0);
+  CHECK(which(p.pick({})) == -1);
+}
+
+// -- ep_group_of ----------------------------------------------------------------------------------
+
+namespace {
+
+uint64_t fnv1a(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;
+  for (char c : s) h = (h ^ static_cast<uint8_t>(c)) * 1099511628211ull;
+  return h;
+}
+
+}  // namespace
+
+TEST_CASE("ep_group_of: ranks with a rank actor sorted by node and rank name, id from the names") {
+  handles h(6);  // h[0..2] rank actors, h[3..5] engines and agents
+  membership m;
+  m.version = 4;
+  m.nodes = {
+    make_node("a", {"engine"}, h[3], {{0, h[4], h[0]}, {1, h[5], {}}}),  // rank 1 without expert parallelism
+    make_node("b", {"engine"}, h[4], {{1, h[5], h[2]}, {0, h[3], h[1]}}),
+    make_node("g", {"gateway"}, h[5]),
+  };
+  actors::ep_group_view g = actors::ep_group_of(m);
+  CHECK(g.names == strings{"a/rank0", "b/rank0", "b/rank1"});
+  CHECK(g.ranks == std::vector<caf::actor>{h[0], h[1], h[2]});
+  CHECK(g.id == fnv1a("a/rank0\nb/rank0\nb/rank1\n"));
+  CHECK(g.index_of(h[0]) == 0);
+  CHECK(g.index_of(h[2]) == 2);
+  CHECK(g.index_of(h[3]) == -1);  // an engine, not a rank actor
+  CHECK(g.index_of(caf::actor{}) == -1);
+
+  membership same = m;  // another version, nodes in another order: the same group
+  same.version = 9;
+  std::reverse(same.nodes.begin(), same.nodes.end());
+  CHECK(actors::ep_group_of(same).id == g.id);
+  CHECK(actors::ep_group_of(same).ranks == g.ranks);
+
+  membership left = m;  // node b left
+  left.nodes.erase(left.nodes.begin() + 1);
+  actors::ep_group_view smaller = actors::ep_group_of(left);
+  CHECK(smaller.names == strings{"a/rank0"});
+  CHECK(smaller.id != g.id);
+  CHECK(smaller.index_of(h[1]) == -1);
+
+  actors::ep_group_view none = actors::ep_group_of(membership{});
+  CHECK(none.names.empty());
+  CHECK(none.id == fnv1a(""));
+}
+
+// -- caf_ep_transport -------------------------------------------------------------------------------
+
+namespace {
+
+ep_frame frame(uint64_t group, uint64_t step, int32_t slot, int32_t phase, int32_t source, uint8_t byte) {
+  return {group, step, slot, phase, source, {byte}};
+}
+
+// A group of `n` ranks whose peers are no actors: sends go nowhere.
+std::vector<actors::rank_actor> nobody(size_t n) { return std::vector<actors::rank_actor>(n); }
+
+}  // namespace
+
+TEST_CASE("caf_ep_transport: a frame of an unbegun step asks for one join, retired groups are dropped, future ones kept") {
+  caf_ep_transport t(10s);
+  CHECK(t.group() == 0);
+  CHECK(t.size() == 0);
+  CHECK_FALSE(t.set_group(100, 1, nobody(2)));
+  CHECK(t.group() == 100);
+  CHECK(t.size() == 2);
+
+  CHECK(t.deliver(frame(100, 0, 0, 0, 0, 1)));        // step 0 not begun here: join it
+  CHECK_FALSE(t.deliver(frame(100, 0, 1, 0, 0, 2)));  // the same step: asked already
+  CHECK(t.deliver(frame(100, 1, 0, 0, 0, 3)));        // the next step: join again
+
+  // Rank 1 runs step 0, slot 0: rank 0's frame is waiting, its own payload stays local.
+  auto in = t.exchange(0, 0, 0, {{9}, {10}});
+  REQUIRE(in);
+  CHECK(*in == ep_payloads{{1}, {10}});
+  in = t.exchange(1, 0, 0, {{11}, {12}});
+  REQUIRE(in);
+  CHECK(*in == ep_payloads{{3}, {12}});
+  CHECK_FALSE(t.deliver(frame(100, 1, 1, 0, 0, 4)));  // step 1 begun here: no join
+  CHECK(t.deliver(frame(100, 2, 0, 0, 0, 5)));
+
+  CHECK_FALSE(t.deliver(frame(300, 0, 0, 0, 0, 6)));  // a future group: kept, no join yet
+  CHECK_FALSE(t.set_group(200, 0, nobody(2)));        // 100 retired; nothing of 200 waiting
+  CHECK_FALSE(t.deliver(frame(100, 3, 0, 0, 1, 7)));  // a retired group: dropped
+  CHECK(t.deliver(frame(200, 0, 0, 0, 1, 8)));
+
+  CHECK(t.set_group(300, 1, nobody(2)));              // its frame is waiting: step to join it
+  CHECK_FALSE(t.deliver(frame(300, 0, 1, 0, 0, 9)));  // the join of step 0 counts as asked
+  in = t.exchange(0, 0, 0, {{20}, {21}});
+  REQUIRE(in);
+  CHECK(*in == ep_payloads{{6}, {21}});
+
+  // Back to 100: its frames were dropped when it retired, the late one was never kept.
+  CHECK_FALSE(t.set_group(100, 1, nobody(2)));
+}
+
+TEST_CASE("caf_ep_transport: interrupt makes a blocked exchange on another thread fail at once") {
+  local_config cfg;
+  caf::actor_system sys{cfg};
+  caf::scoped_actor peer{sys};
+  caf_ep_transport t(60s);
+  CHECK_FALSE(t.set_group(7, 0, {actors::rank_actor{}, caf::actor_cast<actors::rank_actor>(peer)}));
+
+  auto pending = std::async(std::launch::async, [&] { return t.exchange(3, 1, 0, {{1}, {2, 3}}); });
+  // Rank 1 got its frame: the exchange is waiting (or about to) for rank 1's.
+  bool sent = false;
+  peer->receive([&](expert_atom, const ep_frame& f) { sent = f == ep_frame{7, 3, 1, 0, 0, {2, 3}}; },
+                caf::after(10s) >> [] {});
+  CHECK(sent);
+  t.interrupt("expert-parallel group changed (now 1 ranks)");
+  REQUIRE(pending.wait_for(10s) == std::future_status::ready);  // not the 60 s timeout
+  auto result = pending.get();
+  REQUIRE_FALSE(result);
+  CHECK(result.error() == "expert-parallel group changed (now 1 ranks)");
+
+  // Until the next group: exchanges fail at once, frames ask for no join.
+  auto again = t.exchange(4, 0, 0, {{}, {}});
+  REQUIRE_FALSE(again);
+  CHECK(again.error() == "expert-parallel group changed (now 1 ranks)");
+  CHECK_FALSE(t.deliver(frame(7, 9, 0, 0, 1, 1)));
+  CHECK_FALSE(t.set_group(8, 0, nobody(2)));
+  CHECK(t.deliver(frame(8, 0, 0, 0, 1, 2)));
+}
+
+TEST_CASE("caf_ep_transport: an exchange times out naming the missing ranks, a group of one needs no peer") {
+  caf_ep_transport t(150ms);
+  auto alone = t.exchange(0, 0, 0, {{1, 2, 3}});  // before any group: a group of itself
+  REQUIRE(alone);
+  CHECK(*alone == ep_payloads{{1, 2, 3}});
+  auto wrong = t.exchange(1, 0, 0, {{1}, {2}});
+  REQUIRE_FALSE(wrong);
+  CHECK(wrong.error() == "exchange: 2 payloads for a group of 0");
+
+  CHECK_FALSE(t.set_group(5, 0, nobody(1)));  // a group of one, named by its rank actor
+  alone = t.exchange(0, 2, 1, {{4}});
+  REQUIRE(alone);
+  CHECK(*alone == ep_payloads{{4}});
+
+  CHECK_FALSE(t.set_group(9, 1, nobody(3)));
+  CHECK(t.deliver(frame(9, 0, 2, 1, 0, 4)));  // rank 0's frame is there, rank 2's never comes
+  auto late = t.exchange(0, 2, 1, {{}, {}, {}});
+  REQUIRE_FALSE(late);
+  CHECK(late.error() == "expert-parallel exchange timed out after 150 ms waiting for rank(s) 2 (step 0, slot 2)");
+  late = t.exchange(1, 0, 0, {{}, {}, {}});
+  REQUIRE_FALSE(late);
+  CHECK(late.error() == "expert-parallel exchange timed out after 150 ms waiting for rank(s) 0, 2 (step 1, slot 0)");
+}
+
+// -- node agents over loopback ------------------------------------------------------------------------
+
+namespace {
+
+// Receives memberships on `sub` until one satisfies `pred`; nullopt when none did within `within`.
+template <class Pred>
+std::optional<membership> await_view(caf::scoped_actor& sub, Pred pred, std::chrono::milliseconds within = 15s) {
+  auto deadline = std::chrono::steady_clock::now() + within;
+  std::optional<membership> found;
+  bool expired = false;
+  while (!found && !expired) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left <= 0ms) break;
+    sub->receive(
+      [&](membership& m) {
+        if (pred(m)) found = std::move(m);
+      },
+      caf::after(left) >> [&] { expired = true; });
+  }
+  return found;
+}
+
+auto named(strings names) {
+  return [names = std::move(names)](const membership& m) { return names_of(m) == names; };
+}
+
+// Two node agents, "a" published on loopback (the seed) and "b", each in its own system.
+struct two_nodes {
+  net_config cfg_a, cfg_b;
+  caf::actor_system a{cfg_a};
+  caf::actor_system b{cfg_b};
+  actors::node_agent_actor agent_a = actors::spawn_node_agent(a, make_node("a", {"gateway"}, {}), {});
+  actors::node_agent_actor agent_b = actors::spawn_node_agent(b, make_node("b", {"engine"}, {}), {});
+  stop_on_exit stop{{caf::actor_cast<caf::actor>(agent_a), caf::actor_cast<caf::actor>(agent_b)}};
+  uint16_t port_a = 0;
+
+  two_nodes() {
+    auto port = caf::io::publish(agent_a, 0, "127.0.0.1");
+    REQUIRE(port);
+    port_a = *port;
+    // As the daemon does: the agent learns its bound port.
+    node_info me = make_node("a", {"gateway"}, caf::actor_cast<caf::actor>(agent_a));
+    me.port = port_a;
+    caf::anon_send(agent_a, update_atom_v, me);
+  }
+
+  // Joins b through a; the membership join_cluster returned.
+  membership join() {
+    std::string error;
+    auto view = actors::join_cluster(b, agent_b, {{"127.0.0.1", port_a}}, 10s, error);
+    REQUIRE_MESSAGE(view, error);
+    return *view;
+  }
+};
+
+void subscribe(caf::scoped_actor& sub, const actors::node_agent_actor& agent) {
+  caf::anon_send(agent, subscribe_atom_v, caf::actor_cast<caf::actor>(sub));
+}
+
+}  // namespace
+
+TEST_CASE("node agents over loopback: join through a seed, both see both, a drain is seen by the other, a killed agent leaves") {
+  two_nodes f;
+  caf::scoped_actor sub_a{f.a}, sub_b{f.b};
+  subscribe(sub_a, f.agent_a);
+  REQUIRE(await_view(sub_a, named({"a"})));
+
+  membership joined = f.join();
+  CHECK(names_of(joined) == strings{"a", "b"});
+  CHECK(joined.nodes[0].port == f.port_a);
+  CHECK(joined.nodes[0].agent.node() == f.a.node());  // a proxy of a's agent in b
+
+  auto in_a = await_view(sub_a, named({"a", "b"}));
+  REQUIRE(in_a);
+  CHECK(in_a->nodes[1].agent.node() == f.b.node());
+  CHECK(in_a->nodes[1].roles == strings{"engine"});
+  subscribe(sub_b, f.agent_b);  // b's agent learned a from join_cluster
+  auto in_b = await_view(sub_b, named({"a", "b"}));
+  REQUIRE(in_b);
+  CHECK(in_b->nodes[0].agent == joined.nodes[0].agent);
+  CHECK(in_b->nodes[0].roles == strings{"gateway"});
+
+  caf::scoped_actor self_b{f.b};
+  for (bool first : {true, false})
+    self_b->request(f.agent_b, 10s, drain_atom_v)
+      .receive([&](bool fresh) { CHECK(fresh == first); },
+               [&](caf::error& e) { FAIL("drain: " << f.b.render(e)); });
+  auto drained = await_view(sub_a, [](const membership& m) { return m.nodes.size() == 2 && m.nodes[1].draining; });
+  REQUIRE(drained);
+  CHECK_FALSE(drained->nodes[0].draining);
+
+  caf::anon_send_exit(f.agent_b, caf::exit_reason::kill);
+  auto left = await_view(sub_a, named({"a"}));
+  REQUIRE(left);
+  CHECK(left->nodes[0].agent == caf::actor_cast<caf::actor>(f.agent_a));
+}
+
+TEST_CASE("node agents over loopback: when a node's connection goes, the other removes it") {
+  two_nodes f;
+  caf::scoped_actor sub_a{f.a}, sub_b{f.b};
+  subscribe(sub_a, f.agent_a);
+  f.join();
+  REQUIRE(await_view(sub_a, named({"a", "b"})));
+  subscribe(sub_b, f.agent_b);
+  REQUIRE(await_view(sub_b, named({"a", "b"})));
+
+  // b's BASP broker owns all of b's connections; without it b is unreachable, as when its
+  // process dies (its agent stays up in b).
+  caf::anon_send_exit(f.b.middleman().named_broker<caf::io::basp_broker>(caf::atom("BASP")), caf::exit_reason::kill);
+  CHECK(await_view(sub_a, named({"a"})));
+  CHECK(await_view(sub_b, named({"b"})));
+}
+
+// -- expert parallelism across two actor systems ---------------------------------------------------
+
+namespace {
+
+runtime::engine_config ep_engine_config() {
+  runtime::engine_config c;
+  c.cache.num_blocks = 256;
+  c.cache.snapshot_storage = runtime::swa_storage::fp32;
+  c.batch_invariant = true;
+  return c;
+}
+
+actors::generation_request greedy_request(int64_t id, std::vector<int32_t> prompt, int32_t max_tokens) {
+  actors::sampling_options o;
+  o.max_tokens = max_tokens;
+  o.ignore_eos = true;
+  return {request_id(id), std::move(prompt), o};
+}
+
+actors::engine_stats_snapshot stats_of(caf::actor_system& sys, const actors::engine_actor& engine) {
+  caf::scoped_actor self{sys};
+  actors::engine_stats_snapshot out;
+  self->request(engine, 10s, stats_atom_v)
+    .receive([&](const actors::engine_stats_snapshot& s) { out = s; },
+             [&](caf::error& e) { FAIL("stats: " << sys.render(e)); });
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("expert parallelism across two actor systems: tokens equal a plain engine's, the idle rank steps along") {
+  net_config cfg_a, cfg_b;
+  caf::actor_system a{cfg_a};
+  caf::actor_system b{cfg_b};
+  auto weights = test::tiny_model("tiny");
+  auto ep_a = std::make_shared<caf_ep_transport>(10s);
+  auto ep_b = std::make_shared<caf_ep_transport>(10s);
+  auto engine_a = actors::spawn_engine(a, weights, ep_engine_config(), true, ep_a);
+  auto engine_b = actors::spawn_engine(b, weights, ep_engine_config(), true, ep_b);
+  auto rank_a = actors::spawn_rank(a, ep_a, engine_a);
+  auto rank_b = actors::spawn_rank(b, ep_b, engine_b);
+  stop_on_exit stop{{caf::actor_cast<caf::actor>(engine_a), caf::actor_cast<caf::actor>(engine_b),
+                     caf::actor_cast<caf::actor>(rank_a), caf::actor_cast<caf::actor>(rank_b)}};
+
+  // b's rank actor as a proxy in a; a's membership names both ranks and goes to both rank
+  // actors, to b's over the wire (rank_a arrives there as a proxy, rank_b as itself).
+  auto port = caf::io::publish(rank_b, 0, "127.0.0.1");
+  REQUIRE(port);
+  auto rank_b_in_a = caf::io::remote_actor<actors::rank_actor>(a, "127.0.0.1", *port);
+  REQUIRE(rank_b_in_a);
+  auto as_actor = [](const auto& h) { return caf::actor_cast<caf::actor>(h); };
+  membership m{2,
+               {make_node("node-a", {"engine"}, {}, {{0, as_actor(engine_a), as_actor(rank_a)}}),
+                make_node("node-b", {"engine"}, {}, {{0, {}, as_actor(*rank_b_in_a)}})}};
+  actors::ep_group_view group = actors::ep_group_of(m);
+  REQUIRE(group.ranks.size() == 2);
+  caf::anon_send(as_actor(rank_a), m);
+  caf::anon_send(as_actor(*rank_b_in_a), m);
+
+  // Both engines adopt the group (their transports say so; a submit queues behind it).
+  auto adopted = [&](const caf_ep_transport& t) { return t.group() == group.id && t.size() == 2; };
+  auto deadline = std::chrono::steady_clock::now() + 15s;
+  while (!(adopted(*ep_a) && adopted(*ep_b)) && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(2ms);
+  REQUIRE(adopted(*ep_a));
+  REQUIRE(adopted(*ep_b));
+
+  std::vector<actors::generation_request> reqs = {greedy_request(1, test::random_tokens(20, 11), 8),
+                                                  greedy_request(2, test::random_tokens(37, 12), 5),
+                                                  greedy_request(3, test::random_tokens(9, 13), 11)};
+  runtime::engine plain(weights, ep_engine_config());
+  for (const auto& r : reqs) REQUIRE(plain.add_request(r.prompt, actors::to_sampling_params(r.sampling)));
+  std::vector<std::vector<int32_t>> expected;
+  for (auto& c : plain.run_to_completion()) expected.push_back(c.output);
+
+  caf::scoped_actor client{a};
+  for (const auto& r : reqs)
+    client->request(engine_a, 10s, submit_atom_v, r)
+      .receive([&](request_id id) { CHECK(id == r.id); },
+               [&](caf::error& e) { FAIL("submit: " << a.render(e)); });
+  std::map<int64_t, std::vector<int32_t>> tokens;
+  std::map<int64_t, runtime::finish_reason> reasons;
+  bool timed_out = false;
+  client->receive_while([&] { return reasons.size() < reqs.size() && !timed_out; })(
+    [&](const actors::token_event& ev) {
+      tokens[ev.id.value].push_back(ev.token);
+      if (ev.finished) reasons[ev.id.value] = ev.reason;
+    },
+    caf::after(30s) >> [&] { timed_out = true; });
+  REQUIRE_FALSE(timed_out);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    CAPTURE(i);
+    CHECK(tokens[reqs[i].id.value] == expected[i]);
+    CHECK(reasons[reqs[i].id.value] == runtime::finish_reason::length);
+  }
+
+  auto sa = stats_of(a, engine_a);
+  CHECK(sa.generated == 8 + 5 + 11);
+  CHECK(sa.requests_running == 0);
+  auto sb = stats_of(b, engine_b);
+  CHECK(sb.steps > 0);  // it joined a's lockstep steps
+  CHECK(sb.generated == 0);
+  CHECK(sb.prefill_tokens == 0);
+  CHECK(sb.requests_running == 0);
+}
