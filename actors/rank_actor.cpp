@@ -130,7 +130,10 @@ ep_group_view ep_group_of(const membership& m) {
   ep_group_view g;
   uint64_t h = 1469598103934665603ull;  // FNV-1a 64
   for (auto& [name, actor] : members) {
-    for (char c : name + "\n") h = (h ^ static_cast<uint8_t>(c)) * 1099511628211ull;
+    // The actor's address (node id + actor id) too: a node restarted under the same name is
+    // another incarnation, so another group (its predecessor's frames never mix in).
+    for (char c : name + " " + to_string(actor.address()) + "\n")
+      h = (h ^ static_cast<uint8_t>(c)) * 1099511628211ull;
     g.names.push_back(name);
     g.ranks.push_back(actor);
   }

@@ -61,7 +61,8 @@ class caf_ep_transport final : public runtime::expert_transport {
 };
 
 // The group a membership defines: sorted rank names and their actors; id = FNV-1a of the
-// names. Plain function, tested directly.
+// names and the rank actors' addresses (a restarted node is a new group). Plain function,
+// tested directly.
 struct ep_group_view {
   uint64_t id = 0;
   std::vector<std::string> names;  // "<node>/rank<i>"

@@ -224,7 +224,7 @@ uint64_t fnv1a(const std::string& s) {
 
 }  // namespace
 
-TEST_CASE("ep_group_of: ranks with a rank actor sorted by node and rank name, id from the names") {
+TEST_CASE("ep_group_of: ranks with a rank actor sorted by node and rank name, id from names and addresses") {
   handles h(6);  // h[0..2] rank actors, h[3..5] engines and agents
   membership m;
   m.version = 4;
@@ -236,7 +236,8 @@ TEST_CASE("ep_group_of: ranks with a rank actor sorted by node and rank name, id
   actors::ep_group_view g = actors::ep_group_of(m);
   CHECK(g.names == strings{"a/rank0", "b/rank0", "b/rank1"});
   CHECK(g.ranks == std::vector<caf::actor>{h[0], h[1], h[2]});
-  CHECK(g.id == fnv1a("a/rank0\nb/rank0\nb/rank1\n"));
+  auto entry = [](const std::string& name, const caf::actor& a) { return name + " " + to_string(a.address()) + "\n"; };
+  CHECK(g.id == fnv1a(entry("a/rank0", h[0]) + entry("b/rank0", h[1]) + entry("b/rank1", h[2])));
   CHECK(g.index_of(h[0]) == 0);
   CHECK(g.index_of(h[2]) == 2);
   CHECK(g.index_of(h[3]) == -1);  // an engine, not a rank actor
@@ -258,6 +259,12 @@ TEST_CASE("ep_group_of: ranks with a rank actor sorted by node and rank name, id
   actors::ep_group_view none = actors::ep_group_of(membership{});
   CHECK(none.names.empty());
   CHECK(none.id == fnv1a(""));
+
+  membership restarted = m;  // node b again under the same name, with new actors
+  restarted.nodes[1].ranks = {{1, h[5], h[4]}, {0, h[3], h[3]}};
+  actors::ep_group_view again = actors::ep_group_of(restarted);
+  CHECK(again.names == g.names);
+  CHECK(again.id != g.id);
 }
 
 // -- caf_ep_transport -------------------------------------------------------------------------------
