@@ -62,19 +62,10 @@ void ffn(const model_weights& w, const layer_weights& l, const float* x, int64_t
   // Experts run whole on one thread each (largest first, each to the least loaded thread), so
   // every GEMM is one unsplit single-threaded call; results are summed afterwards in expert
   // order.
-  std::vector<int64_t> order;
-  for (int64_t e = 0; e < E; ++e)
-    if (!routed[e].empty()) order.push_back(e);
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int64_t a, int64_t b) { return routed[a].size() > routed[b].size(); });
+  std::vector<size_t> rows_of(static_cast<size_t>(E));
+  for (int64_t e = 0; e < E; ++e) rows_of[e] = routed[e].size();
   int64_t parts = kernels::num_threads();
-  std::vector<std::vector<int64_t>> assigned(static_cast<size_t>(parts));
-  std::vector<size_t> load(static_cast<size_t>(parts), 0);
-  for (int64_t e : order) {
-    size_t t = static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
-    assigned[t].push_back(e);
-    load[t] += routed[e].size();
-  }
+  std::vector<std::vector<int64_t>> assigned = assign_experts(rows_of, parts);
   std::vector<std::vector<float>> results(static_cast<size_t>(E));
   kernels::parallel_for(parts, [&](int64_t p0, int64_t p1) {
     std::vector<float> in;
@@ -108,3 +99,22 @@ void ffn(const model_weights& w, const layer_weights& l, const float* x, int64_t
 }
 
 }  // namespace shoal::model::detail
+
+namespace shoal::model {
+
+std::vector<std::vector<int64_t>> assign_experts(const std::vector<size_t>& rows, int64_t parts) {
+  std::vector<int64_t> order;
+  for (size_t e = 0; e < rows.size(); ++e)
+    if (rows[e] > 0) order.push_back(static_cast<int64_t>(e));
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return rows[a] > rows[b]; });
+  std::vector<std::vector<int64_t>> assigned(static_cast<size_t>(parts));
+  std::vector<size_t> load(static_cast<size_t>(parts), 0);
+  for (int64_t e : order) {
+    size_t t = static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+    assigned[t].push_back(e);
+    load[t] += rows[e];
+  }
+  return assigned;
+}
+
+}  // namespace shoal::model

@@ -95,6 +95,10 @@ const layer_weights& moe_slot_layer(const model_weights& w, int64_t moe_slot);
 // out (rows, d) = SwiGLU of routed expert `expert` of MoE slot `moe_slot` over xn (rows, d),
 // with the kernels of the local path (bit-identical rows in batch-invariant mode). Run it
 // on one thread per expert as ffn does (from inside a parallel_for part).
+// Places experts on `parts` threads: those with rows, largest first, each on the least loaded
+// part (rows[e] = rows routed to expert e). Each expert then runs whole on one thread, so its
+// GEMMs are unsplit single-threaded calls. Returns the expert indices per part.
+std::vector<std::vector<int64_t>> assign_experts(const std::vector<size_t>& rows, int64_t parts);
 void routed_expert(const model_weights& w, int64_t moe_slot, int64_t expert, const float* xn,
                    int64_t rows, bool batch_invariant, float* out);
 

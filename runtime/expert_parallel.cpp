@@ -321,20 +321,10 @@ struct owned_work {
 void compute_owned(const model::model_weights& w, int64_t slot, bool invariant, const owned_work& work,
                    const std::vector<dispatch_frame>& in, std::vector<std::vector<float>>& results) {
   int64_t d = w.config.hidden_size, n_exp = static_cast<int64_t>(work.by_expert.size());
-  std::vector<int64_t> order;
-  for (int64_t e = 0; e < n_exp; ++e)
-    if (!work.by_expert[e].empty()) order.push_back(e);
-  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
-    return work.by_expert[a].size() > work.by_expert[b].size();
-  });
+  std::vector<size_t> rows_of(static_cast<size_t>(n_exp));
+  for (int64_t e = 0; e < n_exp; ++e) rows_of[e] = work.by_expert[e].size();
   int64_t parts = kernels::num_threads();
-  std::vector<std::vector<int64_t>> assigned(static_cast<size_t>(parts));
-  std::vector<size_t> load(static_cast<size_t>(parts), 0);
-  for (int64_t e : order) {
-    size_t t = static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
-    assigned[t].push_back(e);
-    load[t] += work.by_expert[e].size();
-  }
+  std::vector<std::vector<int64_t>> assigned = model::assign_experts(rows_of, parts);
   kernels::parallel_for(parts, [&](int64_t p0, int64_t p1) {
     std::vector<float> x, y;
     for (int64_t part = p0; part < p1; ++part)

@@ -18,14 +18,7 @@ using runtime::sampling_params;
 
 namespace {
 
-engine_config base_config(int64_t blocks = 256) {
-  engine_config c;
-  c.cache.num_blocks = blocks;
-  c.cache.snapshot_storage = runtime::swa_storage::fp32;
-  c.batch_invariant = true;
-  c.capture_logits = true;
-  return c;
-}
+engine_config base_config(int64_t blocks = 256) { return test::exact_engine_config(blocks); }
 
 sampling_params greedy(int32_t n) {
   sampling_params p;

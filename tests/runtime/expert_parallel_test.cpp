@@ -169,14 +169,7 @@ namespace {
 
 // ---- engine level ----
 
-engine_config base_config(int64_t blocks = 128) {
-  engine_config c;
-  c.cache.num_blocks = blocks;
-  c.cache.snapshot_storage = runtime::swa_storage::fp32;
-  c.batch_invariant = true;
-  c.capture_logits = true;
-  return c;
-}
+engine_config base_config(int64_t blocks = 128) { return test::exact_engine_config(blocks); }
 
 engine_config ep_config(local_ep_hub& hub, int32_t rank) {
   engine_config c = base_config();

@@ -8,6 +8,7 @@
 
 #include "model/generate.hpp"
 #include "model/weights.hpp"
+#include "runtime/engine.hpp"
 
 namespace shoal::test {
 
@@ -21,6 +22,17 @@ inline std::shared_ptr<model::model_weights> tiny_model(const std::string& prese
   if (tweak) tweak(w->config);
   model::init_random(*w, seed);
   return w;
+}
+
+// An engine config for exact comparisons: `blocks` cache blocks, fp32 window snapshots,
+// batch-invariant kernels, logits captured per event.
+inline runtime::engine_config exact_engine_config(int64_t blocks) {
+  runtime::engine_config c;
+  c.cache.num_blocks = blocks;
+  c.cache.snapshot_storage = runtime::swa_storage::fp32;
+  c.batch_invariant = true;
+  c.capture_logits = true;
+  return c;
 }
 
 inline std::vector<int32_t> random_tokens(size_t n, uint32_t seed, int32_t vocab = 256) {
