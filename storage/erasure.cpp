@@ -240,7 +240,7 @@ std::expected<std::vector<uint8_t>, error> ec_codec::decode(std::span<const chun
   const survivors& s = *checked;
   if (s.n_valid < k_) return fail(errc::unrecoverable, unrecoverable_message(s, k_));
 
-  const chunk_view& any = *std::find_if(s.valid.begin(), s.valid.end(), [](const chunk_view& v) { return v.k != 0; });
+  const chunk_view& any = s.valid[std::find(s.present.begin(), s.present.end(), true) - s.present.begin()];
   const size_t len = any.payload_bytes;
   std::vector<uint8_t> out(len * k_);  // (k, len) data chunks; trimmed to block_bytes below
   std::vector<uint8_t*> lost_out;      // where each lost data chunk is rebuilt
@@ -268,7 +268,8 @@ std::expected<std::vector<uint8_t>, error> ec_codec::decode(std::span<const chun
     for (size_t e = 0; e < lost.size(); ++e)
       std::memcpy(decode_rows.data() + e * k_, inverse.data() + static_cast<size_t>(lost[e]) * k_, k_);
     std::vector<uint8_t*> sources(k_);
-    for (int r = 0; r < k_; ++r) sources[r] = const_cast<uint8_t*>(s.valid[use[r]].payload.data());  // read only
+    for (int r = 0; r < k_; ++r)  // ISA-L only reads the sources
+      sources[r] = const_cast<uint8_t*>(s.valid[use[r]].payload.data());
     ec_init_tables(k_, static_cast<int>(lost.size()), decode_rows.data(), tables.data());
     ec_encode_data(static_cast<int>(len), k_, static_cast<int>(lost.size()), tables.data(), sources.data(),
                    lost_out.data());
