@@ -1,0 +1,31 @@
+// Traffic classes and their time-to-live. Every chunk is put under a class; a chunk of class c
+// put at time p is expired from p + ttl(c) on (inclusive). Pure arithmetic on times the caller
+// passes in: no clock is read here, the chunk store supplies its injectable clock's reading.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+namespace shoal::storage {
+
+// Stored as one byte in the chunk file header: values are part of the on-disk format.
+enum class traffic_class : uint8_t { agent = 0, chat = 1 };
+inline constexpr int n_traffic_classes = 2;
+const char* to_string(traffic_class c);
+std::optional<traffic_class> traffic_class_from_byte(uint8_t b);  // nullopt for unknown values
+
+inline constexpr int64_t ms_per_day = 24LL * 3600 * 1000;
+
+struct ttl_policy {
+  int64_t agent_ms = 3 * ms_per_day;
+  int64_t chat_ms = 7 * ms_per_day;
+
+  int64_t ttl_ms(traffic_class c) const;
+  // First instant at which a chunk put at put_ms is expired.
+  int64_t expires_at_ms(int64_t put_ms, traffic_class c) const;
+  bool expired(int64_t put_ms, traffic_class c, int64_t now_ms) const;
+  bool valid() const { return agent_ms > 0 && chat_ms > 0; }
+};
+
+}  // namespace shoal::storage
