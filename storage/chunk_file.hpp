@@ -54,7 +54,8 @@ std::array<std::byte, chunk_header_bytes> encode_header(const chunk_header& h);
 std::optional<chunk_header> decode_header(std::span<const std::byte, chunk_header_bytes> bytes);
 
 // Layout under the store root:
-//   <root>/chunks/<hh>/<32 hex key>-<2 hex index>.chk   hh = top byte of key.hi, 256 shards
+//   <root>/chunks/<hh>/<32 hex key>-<2 hex index>.chk   hh = top byte of key.hi (2 lowercase hex):
+//                                                      up to 256 shard dirs, each made on first put
 //   <root>/chunks/<hh>/.tmp-<name>.<pid>.<seq>          a write in progress (removed at open)
 inline constexpr int n_shards = 256;
 inline constexpr std::string_view chunk_suffix = ".chk";

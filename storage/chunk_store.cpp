@@ -24,6 +24,16 @@ store_error sys_error(const char* call, const std::string& path, int err) {
           std::string(call) + " " + path + ": " + std::strerror(err)};
 }
 
+int parse_shard(std::string_view n) {
+  int v = 0;
+  for (const char c : n) {
+    if (c >= '0' && c <= '9') v = v * 16 + (c - '0');
+    else if (c >= 'a' && c <= 'f') v = v * 16 + (c - 'a' + 10);
+    else return -1;
+  }
+  return v;
+}
+
 int make_dir(const std::string& path, bool& created) {
   created = false;
   if (::mkdir(path.c_str(), 0755) == 0) {
@@ -139,10 +149,21 @@ store_result<void> chunk_store::scan() {
   for (const std::string& d : {root, root + "/chunks"}) {
     if (const int e = make_dir(d, created); e != 0) return std::unexpected(sys_error("mkdir", d, e));
   }
-  for (int shard = 0; shard < n_shards; ++shard) {
+  // Shard directories are created on first use (put), so scan only those that exist.
+  std::vector<int> shards;
+  {
+    const std::string chunks = root + "/chunks";
+    DIR* dp = ::opendir(chunks.c_str());
+    if (!dp) return std::unexpected(sys_error("opendir", chunks, errno));
+    while (const dirent* de = ::readdir(dp)) {
+      const std::string_view n = de->d_name;
+      const auto v = n.size() == 2 ? parse_shard(n) : -1;
+      if (v >= 0) shards.push_back(v);
+    }
+    ::closedir(dp);
+  }
+  for (const int shard : shards) {
     const std::string dir = shard_dir(root, shard);
-    if (const int e = make_dir(dir, created); e != 0)
-      return std::unexpected(sys_error("mkdir", dir, e));
     DIR* dp = ::opendir(dir.c_str());
     if (!dp) return std::unexpected(sys_error("opendir", dir, errno));
     std::vector<std::string> names;
@@ -226,7 +247,20 @@ store_result<void> chunk_store::reserve_locked(uint64_t bytes, std::unique_lock<
 
 store_result<void> chunk_store::write_temp(const std::string& tmp, std::span<const std::byte> header,
                                            std::span<const std::byte> payload) {
-  fd_guard f{::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644)};
+  constexpr int flags = O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC;
+  fd_guard f{::open(tmp.c_str(), flags, 0644)};
+  if (f.fd < 0 && errno == ENOENT) {  // first chunk of this shard: create its directory
+    const std::string dir = tmp.substr(0, tmp.rfind('/'));
+    bool created = false;
+    if (const int e = make_dir(dir, created); e != 0)
+      return std::unexpected(sys_error("mkdir", dir, e));
+    if (created && opts_.sync == sync_policy::always) {
+      const std::string parent = opts_.root + "/chunks";
+      if (const int e = fsync_path(parent, true); e != 0)
+        return std::unexpected(sys_error("fsync", parent, e));
+    }
+    f.fd = ::open(tmp.c_str(), flags, 0644);
+  }
   if (f.fd < 0) return std::unexpected(sys_error("open", tmp, errno));
   // Simulated disk: how many of this file's bytes still fit (checked against the bytes on disk).
   uint64_t allowed = std::numeric_limits<uint64_t>::max();
