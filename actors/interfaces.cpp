@@ -42,6 +42,8 @@ const char* to_string(errc e) {
     case errc::draining: return "draining";
     case errc::no_engine: return "no_engine";
     case errc::not_found: return "not_found";
+    case errc::corrupt: return "corrupt";
+    case errc::storage_full: return "storage_full";
   }
   return "errc(?)";
 }

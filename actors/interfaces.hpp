@@ -44,7 +44,9 @@ enum class errc : uint8_t {
   unknown,              // any other caf::error
   draining,             // the engine or node is draining: no new requests (retry elsewhere)
   no_engine,            // the router knows no engine that could take the request
-  not_found,            // a named actor or node does not exist (shell commands)
+  not_found,            // a named actor, node or chunk does not exist
+  corrupt,              // a stored chunk failed its checksum (removed, never served)
+  storage_full,         // a storage node cannot take the chunk (capacity or disk full)
 };
 
 const char* to_string(errc e);
@@ -160,6 +162,53 @@ typename Inspector::result_type inspect(Inspector& f, text_event& x) {
   return f(caf::meta::type_name("text_event"), x.id, x.text, x.finished, x.finish_reason);
 }
 
+// -- KV-cache storage ------------------------------------------------------------------------
+
+// One erasure-coded chunk of a KV block (storage/erasure.hpp frames it, crc included): block
+// key (the prefix hash chain's 128-bit key) + chunk index, and the traffic class (0 agent,
+// 1 chat) whose TTL the storage node applies.
+struct chunk_put {
+  uint64_t key_hi = 0, key_lo = 0;
+  int32_t index = 0;
+  int32_t traffic_class = 0;
+  std::vector<uint8_t> bytes;
+  friend bool operator==(const chunk_put&, const chunk_put&) = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, chunk_put& x) {
+  return f(caf::meta::type_name("chunk_put"), x.key_hi, x.key_lo, x.index, x.traffic_class, x.bytes);
+}
+
+// Which of a list of chunks a storage node holds: keys as (hi, lo) pairs flattened, one chunk
+// index each; the answer has one byte (0/1) per chunk.
+struct chunk_query {
+  std::vector<uint64_t> keys;    // (n, 2): hi, lo
+  std::vector<int32_t> indices;  // (n)
+  friend bool operator==(const chunk_query&, const chunk_query&) = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, chunk_query& x) {
+  return f(caf::meta::type_name("chunk_query"), x.keys, x.indices);
+}
+
+// A storage node's state for the shell and the benches.
+struct storage_stats_snapshot {
+  uint64_t chunks = 0, usage_bytes = 0, capacity_bytes = 0;
+  int32_t high_watermark_pct = 0, low_watermark_pct = 0;
+  uint64_t puts = 0, put_failures = 0, gets = 0, get_hits = 0;
+  uint64_t gc_runs = 0, evicted_chunks = 0, sweeps = 0, expired_chunks = 0, corrupt_removed = 0;
+  friend bool operator==(const storage_stats_snapshot&, const storage_stats_snapshot&) = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, storage_stats_snapshot& x) {
+  return f(caf::meta::type_name("storage_stats_snapshot"), x.chunks, x.usage_bytes, x.capacity_bytes,
+           x.high_watermark_pct, x.low_watermark_pct, x.puts, x.put_failures, x.gets, x.get_hits, x.gc_runs,
+           x.evicted_chunks, x.sweeps, x.expired_chunks, x.corrupt_removed);
+}
+
 // -- cluster membership ---------------------------------------------------------------------
 
 // One rank of an engine node: its engine replica and, with expert parallelism, the rank
@@ -186,6 +235,7 @@ struct node_info {
   std::vector<std::string> roles;  // "gateway", "engine", "storage"
   caf::actor agent;                // the node's node_agent_actor
   std::vector<rank_info> ranks;    // engine role: one per rank, by index
+  std::vector<caf::actor> storage; // storage role: its storage_node_actors, by index
   bool draining = false;           // SIGTERM or `drain`: takes no new requests
   friend bool operator==(const node_info&, const node_info&) = default;
 };
@@ -193,7 +243,7 @@ struct node_info {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, node_info& x) {
   return f(caf::meta::type_name("node_info"), x.name, x.host, x.port, x.roles, x.agent, x.ranks,
-           x.draining);
+           x.storage, x.draining);
 }
 
 // The nodes one node agent knows to be up, sorted by name. version grows with every change
@@ -251,6 +301,11 @@ CAF_ADD_ATOM(shoal, shoal, route_atom, "route")
 CAF_ADD_ATOM(shoal, shoal, done_atom, "done")
 CAF_ADD_ATOM(shoal, shoal, expert_atom, "expert")
 CAF_ADD_ATOM(shoal, shoal, lockstep_atom, "lockstep")
+CAF_ADD_ATOM(shoal, shoal, put_atom, "put")
+CAF_ADD_ATOM(shoal, shoal, get_atom, "get")
+CAF_ADD_ATOM(shoal, shoal, exists_atom, "exists")
+CAF_ADD_ATOM(shoal, shoal, corrupt_atom, "corrupt")
+CAF_ADD_ATOM(shoal, shoal, gc_atom, "gc")
 
 // -- typed interfaces -----------------------------------------------------------------------
 
@@ -319,6 +374,24 @@ using node_agent_actor = caf::typed_actor<
   // Local actors (router, rank actors) that want the membership after every change. No reply.
   caf::reacts_to<subscribe_atom, caf::actor>>;
 
+// One storage node: a chunk store on a local directory with its GC and TTL sweeper
+// (actors/storage_node_actor.hpp). Every reply is bounded by the request's timeout; bad
+// requests (empty or oversized chunks, unknown keys) get an error naming the problem.
+using storage_node_actor = caf::typed_actor<
+  // Stores a chunk durably (per the node's fsync policy) before replying true. Errors:
+  // invalid_request (empty, too large, bad class), storage_full (capacity or disk), unknown.
+  caf::replies_to<put_atom, chunk_put>::with<bool>,
+  // The chunk's bytes (key hi, key lo, index). Error not_found (absent or expired) or
+  // corrupt (failed its checksum: removed, never served).
+  caf::replies_to<get_atom, uint64_t, uint64_t, int32_t>::with<std::vector<uint8_t>>,
+  // One byte per queried chunk: 1 when held and not expired.
+  caf::replies_to<exists_atom, chunk_query>::with<std::vector<uint8_t>>,
+  caf::replies_to<stats_atom>::with<storage_stats_snapshot>,
+  // Test fault: flips a byte of the chunk's file on disk; true when the chunk existed.
+  caf::replies_to<corrupt_atom, uint64_t, uint64_t, int32_t>::with<bool>,
+  // Runs GC (if over the high watermark) and the TTL sweep now; replies chunks removed.
+  caf::replies_to<gc_atom>::with<uint64_t>>;
+
 // Picks engines for the gateway's requests. Local to a gateway node; fed the membership by
 // the node agent. Balancers of later issues replace its policy (least in-flight requests).
 using router_actor = caf::typed_actor<
@@ -373,6 +446,11 @@ CAF_BEGIN_TYPE_ID_BLOCK(shoal, caf::first_custom_type_id)
   CAF_ADD_TYPE_ID(shoal, (shoal::actors::router_actor))
   CAF_ADD_TYPE_ID(shoal, (shoal::actors::gateway_actor))
   CAF_ADD_TYPE_ID(shoal, (std::vector<std::string>))
+  CAF_ADD_TYPE_ID(shoal, (shoal::actors::chunk_put))
+  CAF_ADD_TYPE_ID(shoal, (shoal::actors::chunk_query))
+  CAF_ADD_TYPE_ID(shoal, (shoal::actors::storage_stats_snapshot))
+  CAF_ADD_TYPE_ID(shoal, (shoal::actors::storage_node_actor))
+  CAF_ADD_TYPE_ID(shoal, (std::vector<uint8_t>))
 CAF_END_TYPE_ID_BLOCK(shoal)
 
 namespace shoal::actors {

@@ -39,6 +39,8 @@ const std::vector<schema_section>& schema() {
       {"engine", {"ranks", "cache_mib", "expert_parallel"}},
       {"gateway", {"listen", "auth_token_file"}},
       {"cluster", {"seeds", "heartbeat_interval_ms", "connection_timeout_ms", "request_timeout_ms"}},
+      {"storage", {"dir", "nodes", "capacity_mib", "high_watermark_pct", "low_watermark_pct", "fsync",
+                   "ttl_agent_s", "ttl_chat_s"}},
       {"log", {"level", "file"}},
   };
   return sections;
@@ -347,10 +349,10 @@ bool valid_node_name(std::string_view name) {
 }
 
 struct sections {
-  section node{"node"}, engine{"engine"}, gateway{"gateway"}, cluster{"cluster"}, log{"log"};
+  section node{"node"}, engine{"engine"}, gateway{"gateway"}, cluster{"cluster"}, storage{"storage"}, log{"log"};
 
   explicit sections(const toml::table& root) {
-    for (section* s : {&node, &engine, &gateway, &cluster, &log}) s->table = root[s->name].as_table();
+    for (section* s : {&node, &engine, &gateway, &cluster, &storage, &log}) s->table = root[s->name].as_table();
   }
 };
 
@@ -366,6 +368,21 @@ void read_node(error_sink& sink, const section& s, const fs::path& base, node_co
   c.roles = read_roles(sink, s);
   if (std::optional<fs::path> p = read_path(sink, s, "model_dir", base)) c.model_dir = *p;
   if (std::optional<int64_t> ms = read_integer(sink, s, "drain_timeout_ms", 0, day_ms)) c.drain_timeout_ms = *ms;
+}
+
+void read_storage(error_sink& sink, const section& s, const fs::path& base, node_config& c) {
+  constexpr int64_t ten_years_s = 10LL * 366 * 24 * 3600;
+  c.storage_dir = read_path(sink, s, "dir", base);
+  if (auto n = read_integer(sink, s, "nodes", 1, 64)) c.storage_nodes = static_cast<int32_t>(*n);
+  if (auto n = read_integer(sink, s, "capacity_mib", 1, int64_t{1} << 24)) c.storage_capacity_mib = *n;
+  if (auto n = read_integer(sink, s, "high_watermark_pct", 1, 100)) c.storage_high_watermark_pct = static_cast<int32_t>(*n);
+  if (auto n = read_integer(sink, s, "low_watermark_pct", 0, 99)) c.storage_low_watermark_pct = static_cast<int32_t>(*n);
+  if (auto n = read_integer(sink, s, "ttl_agent_s", 1, ten_years_s)) c.storage_ttl_agent_s = *n;
+  if (auto n = read_integer(sink, s, "ttl_chat_s", 1, ten_years_s)) c.storage_ttl_chat_s = *n;
+  if (std::optional<std::string> v = read_string(sink, s, "fsync")) {
+    if (*v == "always" || *v == "never") c.storage_fsync = *v == "always";
+    else sink.fail(config_errc::bad_value, s.pos("fsync"), s.path("fsync"), "expected \"always\" or \"never\", got \"" + *v + "\"");
+  }
 }
 
 void read_sections(error_sink& sink, const sections& f, const fs::path& base, node_config& c) {
@@ -384,6 +401,7 @@ void read_sections(error_sink& sink, const sections& f, const fs::path& base, no
   if (auto ms = read_integer(sink, cl, "heartbeat_interval_ms", 1, hour_ms)) c.heartbeat_interval_ms = *ms;
   if (auto ms = read_integer(sink, cl, "connection_timeout_ms", 1, day_ms)) c.connection_timeout_ms = *ms;
   if (auto ms = read_integer(sink, cl, "request_timeout_ms", 1, day_ms)) c.request_timeout_ms = *ms;
+  read_storage(sink, f.storage, base, c);
   if (std::optional<log_level> l = read_log_level(sink, f.log)) c.level = *l;
   c.log_file = read_path(sink, f.log, "file", base);
 }
@@ -399,7 +417,8 @@ void check_required(error_sink& sink, const sections& f) {
 void check_consistency(error_sink& sink, const sections& f, const node_config& c) {
   const bool gateway = c.has_role(role::gateway);
   const bool engine = c.has_role(role::engine);
-  for (auto [s, needed] : {std::pair{&f.engine, engine}, std::pair{&f.gateway, gateway}}) {
+  const bool storage = c.has_role(role::storage);
+  for (auto [s, needed] : {std::pair{&f.engine, engine}, std::pair{&f.gateway, gateway}, std::pair{&f.storage, storage}}) {
     if (s->table && !needed)
       sink.fail(config_errc::bad_value, s->pos(), std::string(s->name),
                 "section [" + std::string(s->name) + "] given but node.roles has no '" +
@@ -408,6 +427,12 @@ void check_consistency(error_sink& sink, const sections& f, const node_config& c
   if (gateway && !c.http_listen)
     sink.fail(config_errc::missing_key, f.gateway.table ? f.gateway.pos() : f.node.pos("roles"),
               "gateway.listen", "required with the gateway role");
+  if (storage && !c.storage_dir)
+    sink.fail(config_errc::missing_key, f.storage.table ? f.storage.pos() : f.node.pos("roles"), "storage.dir",
+              "required with the storage role");
+  if (storage && c.storage_low_watermark_pct >= c.storage_high_watermark_pct)
+    sink.fail(config_errc::bad_value, f.storage.pos("low_watermark_pct"), "storage.low_watermark_pct",
+              "must be below storage.high_watermark_pct (" + std::to_string(c.storage_high_watermark_pct) + ")");
   if ((gateway || engine) && c.model_dir.empty())
     sink.fail(config_errc::missing_key, f.node.pos(), "node.model_dir",
               "required with the gateway or engine role");

@@ -48,6 +48,16 @@ struct node_config {
   std::optional<host_port> http_listen;                 // set iff the node has the gateway role
   std::optional<std::filesystem::path> auth_token_file;  // bearer tokens; nullopt = no auth
 
+  // [storage] (only with the storage role; dir required there)
+  std::optional<std::filesystem::path> storage_dir;  // chunk stores: DIR/<i> for node i
+  int32_t storage_nodes = 1;                 // storage node actors on this node (tests run several)
+  int64_t storage_capacity_mib = 1024;       // per storage node
+  int32_t storage_high_watermark_pct = 90;   // GC starts above this usage …
+  int32_t storage_low_watermark_pct = 70;    // … and evicts down to this
+  bool storage_fsync = true;                 // fsync before a put is acknowledged
+  int64_t storage_ttl_agent_s = 3 * 86400;   // traffic class TTLs
+  int64_t storage_ttl_chat_s = 7 * 86400;
+
   // [cluster]
   std::vector<host_port> seeds;               // empty = this node starts the cluster
   int64_t heartbeat_interval_ms = 1'000;      // middleman.heartbeat-interval

@@ -55,11 +55,11 @@ uint32_t crc32c(std::span<const std::byte> bytes) {
                       int(bytes.size()), ~0u);
 }
 
-std::array<std::byte, chunk_header_bytes> encode_header(const chunk_header& h) {
-  std::array<std::byte, chunk_header_bytes> b{};
+std::array<std::byte, file_header_bytes> encode_header(const chunk_header& h) {
+  std::array<std::byte, file_header_bytes> b{};
   std::byte* p = b.data();
-  put_at<uint32_t>(p, 0, chunk_magic);
-  put_at<uint16_t>(p, 4, chunk_version);
+  put_at<uint32_t>(p, 0, file_magic);
+  put_at<uint16_t>(p, 4, file_version);
   put_at<uint8_t>(p, 6, uint8_t(h.cls));
   put_at<uint8_t>(p, 7, h.key.index);
   put_at<uint64_t>(p, 8, h.key.hi);
@@ -71,9 +71,9 @@ std::array<std::byte, chunk_header_bytes> encode_header(const chunk_header& h) {
   return b;
 }
 
-std::optional<chunk_header> decode_header(std::span<const std::byte, chunk_header_bytes> b) {
+std::optional<chunk_header> decode_header(std::span<const std::byte, file_header_bytes> b) {
   const std::byte* p = b.data();
-  if (get_at<uint32_t>(p, 0) != chunk_magic || get_at<uint16_t>(p, 4) != chunk_version)
+  if (get_at<uint32_t>(p, 0) != file_magic || get_at<uint16_t>(p, 4) != file_version)
     return std::nullopt;
   if (get_at<uint32_t>(p, 44) != crc32c(b.first(44))) return std::nullopt;
   const auto cls = traffic_class_from_byte(get_at<uint8_t>(p, 6));

@@ -37,9 +37,9 @@ std::string to_string(const chunk_key& k);  // "<32 hex>-<2 hex>", also the file
 // Standard CRC32C (Castagnoli) via ISA-L.
 uint32_t crc32c(std::span<const std::byte> bytes);
 
-inline constexpr uint32_t chunk_magic = 0x4b434853;  // "SHCK"
-inline constexpr uint16_t chunk_version = 1;
-inline constexpr size_t chunk_header_bytes = 48;
+inline constexpr uint32_t file_magic = 0x4b434853;  // "SHCK"
+inline constexpr uint16_t file_version = 1;
+inline constexpr size_t file_header_bytes = 48;
 
 struct chunk_header {
   chunk_key key;
@@ -49,9 +49,9 @@ struct chunk_header {
   uint32_t payload_crc = 0;
 };
 
-std::array<std::byte, chunk_header_bytes> encode_header(const chunk_header& h);
+std::array<std::byte, file_header_bytes> encode_header(const chunk_header& h);
 // nullopt when the magic, version, class byte or header crc is wrong.
-std::optional<chunk_header> decode_header(std::span<const std::byte, chunk_header_bytes> bytes);
+std::optional<chunk_header> decode_header(std::span<const std::byte, file_header_bytes> bytes);
 
 // Layout under the store root:
 //   <root>/chunks/<hh>/<32 hex key>-<2 hex index>.chk   hh = top byte of key.hi (2 lowercase hex):

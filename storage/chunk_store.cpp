@@ -64,13 +64,13 @@ store_result<chunk_header> read_chunk_file(const std::string& path, const chunk_
   const auto corrupt = [&](const char* why) {
     return std::unexpected(store_error{store_errc::corrupt, path + ": " + why});
   };
-  if (uint64_t(st.st_size) < chunk_header_bytes) return corrupt("shorter than the header");
-  std::array<std::byte, chunk_header_bytes> hb;
+  if (uint64_t(st.st_size) < file_header_bytes) return corrupt("shorter than the header");
+  std::array<std::byte, file_header_bytes> hb;
   if (const int e = read_all(f.fd, hb); e != 0) return std::unexpected(sys_error("read", path, e));
   const auto h = decode_header(hb);
   if (!h) return corrupt("bad header (magic, version, class or header crc)");
   if (expect && h->key != *expect) return corrupt("header key differs from the file name");
-  if (uint64_t(st.st_size) != chunk_header_bytes + h->payload_bytes)
+  if (uint64_t(st.st_size) != file_header_bytes + h->payload_bytes)
     return corrupt("file size differs from header length");
   std::vector<std::byte> local;
   std::vector<std::byte>& body = payload ? *payload : local;
@@ -219,7 +219,7 @@ void chunk_store::drop_locked(const chunk_key& k) {
   ::unlink(path.c_str());  // ENOENT is fine: the index entry is what serves
   SHOAL_ASSERT(lru_.erase(lru_of(k, it->second)) == 1);
   usage_bytes_ -= it->second.payload_bytes;
-  disk_bytes_ -= std::min(disk_bytes_, chunk_header_bytes + it->second.payload_bytes);
+  disk_bytes_ -= std::min(disk_bytes_, file_header_bytes + it->second.payload_bytes);
   index_.erase(it);
 }
 
@@ -295,7 +295,7 @@ store_result<void> chunk_store::put(const chunk_key& key, std::span<const std::b
         store_errc::chunk_too_large, to_string(key) + ": " + std::to_string(bytes.size()) +
                                          " bytes > max_chunk_bytes " +
                                          std::to_string(opts_.max_chunk_bytes)});
-  const uint64_t file_bytes = chunk_header_bytes + bytes.size();
+  const uint64_t file_bytes = file_header_bytes + bytes.size();
   const std::string final_path = chunk_path(opts_.root, key);
   std::string tmp;
   int64_t put_ms = 0;
@@ -330,7 +330,7 @@ store_result<void> chunk_store::put(const chunk_key& key, std::span<const std::b
   if (const auto old = index_.find(key); old != index_.end()) {
     SHOAL_ASSERT(lru_.erase(lru_of(key, old->second)) == 1);
     usage_bytes_ -= old->second.payload_bytes;
-    disk_bytes_ -= chunk_header_bytes + old->second.payload_bytes;
+    disk_bytes_ -= file_header_bytes + old->second.payload_bytes;
     index_.erase(old);
   }
   insert_locked(key, chunk_meta{bytes.size(), cls, put_ms, put_ms, next_generation_++});
@@ -455,7 +455,7 @@ void chunk_store::check_invariants() const {
     usage += m.payload_bytes;
   }
   SHOAL_ASSERT(usage == usage_bytes_);
-  SHOAL_ASSERT(disk_bytes_ >= usage_bytes_ + chunk_header_bytes * index_.size());
+  SHOAL_ASSERT(disk_bytes_ >= usage_bytes_ + file_header_bytes * index_.size());
   for (const auto& [k, n] : leases_) SHOAL_ASSERT(n > 0);
 }
 

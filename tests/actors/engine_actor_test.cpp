@@ -321,7 +321,9 @@ static_assert(is_the_type_id_block<request_id, error_reply, actors::sampling_opt
                                    engine_stats_snapshot, token_sink_actor, actors::engine_actor, actors::rank_info,
                                    actors::node_info, actors::membership, actors::ep_frame, actors::text_event,
                                    actors::rank_actor, actors::node_agent_actor, actors::router_actor,
-                                   actors::gateway_actor, std::vector<std::string>>(),
+                                   actors::gateway_actor, std::vector<std::string>, actors::chunk_put,
+                                   actors::chunk_query, actors::storage_stats_snapshot, actors::storage_node_actor,
+                                   std::vector<uint8_t>>(),
               "the round trip below covers exactly these types");
 
 }  // namespace
@@ -354,8 +356,8 @@ TEST_CASE("every type of the type-ID block round-trips through a remote actor") 
   actors::rank_info rank0{0, locals[0], locals[1]};
   actors::rank_info rank1{1, remote, {}};  // a remote engine, no rank actor (no expert parallelism)
   actors::node_info engine_node{"node-b", "127.0.0.1", 4711, {"engine", "storage"},
-                                caf::actor_cast<caf::actor>(self), {rank0, rank1}, true};
-  actors::node_info gateway_node{"node-a", "::1", 0, {"gateway"}, locals[2], {}, false};
+                                caf::actor_cast<caf::actor>(self), {rank0, rank1}, {locals[2], remote}, true};
+  actors::node_info gateway_node{"node-a", "::1", 0, {"gateway"}, locals[2], {}, {}, false};
   std::vector<uint8_t> mib(1 << 20);
   for (size_t i = 0; i < mib.size(); ++i) mib[i] = static_cast<uint8_t>(i * 131 + (i >> 12));
 
@@ -386,6 +388,13 @@ TEST_CASE("every type of the type-ID block round-trips through a remote actor") 
   round_trip(self, remote, caf::actor_cast<actors::rank_actor>(remote));  // a proxy stays that proxy
   round_trip(self, remote, std::vector<std::string>{"id=1 tokens=3", "", "id=2 tokens=0"});
   round_trip(self, remote, std::vector<std::string>{});
+  round_trip(self, remote, actors::chunk_put{0x0123456789abcdefull, 0xfedcba9876543210ull, 11, 1, mib});
+  round_trip(self, remote, actors::chunk_put{});
+  round_trip(self, remote, actors::chunk_query{{1, 2, 3, 4}, {0, 11}});
+  round_trip(self, remote, actors::storage_stats_snapshot{1, 2, 3, 90, 70, 4, 5, 6, 7, 8, 9, 10, 11, 12});
+  round_trip(self, remote, caf::actor_cast<actors::storage_node_actor>(locals[1]));
+  round_trip(self, remote, mib);
+  round_trip(self, remote, std::vector<uint8_t>{});
 
   // A caf::error carrying an error_reply (how actors answer a refused request; the remote
   // engine case checks that path end to end). A message holding only an error would go to
@@ -412,7 +421,7 @@ TEST_CASE("every message of the typed interfaces that crosses processes round-tr
   caf::actor other = f.client.spawn(echo);
   auto sink = caf::actor_cast<token_sink_actor>(self);
   generation_request req{request_id(5), {256, 9, 8}, greedy(3)};
-  actors::node_info node{"node-c", "10.0.0.3", 7000, {"engine"}, me, {{0, other, me}}, false};
+  actors::node_info node{"node-c", "10.0.0.3", 7000, {"engine"}, me, {{0, other, me}}, {}, false};
   actors::ep_frame frame{11, 3, 2, 0, 1, std::vector<uint8_t>(4096, 0x5a)};
 
   // engine_actor (replies: request_id, bool, engine_stats_snapshot)
@@ -450,6 +459,13 @@ TEST_CASE("every message of the typed interfaces that crosses processes round-tr
   // gateway_actor (replies: vector<string>, bool, string, int64_t, request_id)
   round_trip(self, remote, describe_atom_v);
   round_trip(self, remote, int64_t{-3});
+  // storage_node_actor (replies: bool, vector<uint8_t>, storage_stats_snapshot, uint64_t)
+  round_trip(self, remote, put_atom_v, actors::chunk_put{7, 8, 3, 0, std::vector<uint8_t>(1000, 7)});
+  round_trip(self, remote, get_atom_v, uint64_t{7}, uint64_t{8}, int32_t{3});
+  round_trip(self, remote, exists_atom_v, actors::chunk_query{{7, 8, 9, 10}, {3, 4}});
+  round_trip(self, remote, corrupt_atom_v, uint64_t{7}, uint64_t{8}, int32_t{3});
+  round_trip(self, remote, gc_atom_v);
+  round_trip(self, remote, uint64_t{12});
   caf::anon_send_exit(other, caf::exit_reason::user_shutdown);
 }
 

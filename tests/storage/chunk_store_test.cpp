@@ -133,7 +133,7 @@ TEST_CASE("a flipped byte on disk is corrupt on get and quarantined on reopen") 
   {
     auto s = open_ok(o);
     for (const auto& k : {a, b, e}) REQUIRE(s->put(k, payload_of(k, 0, 500), traffic_class::agent));
-    flip(a, chunk_header_bytes + 100);  // payload byte
+    flip(a, file_header_bytes + 100);  // payload byte
     const auto g = s->get(a);
     REQUIRE_FALSE(g);
     CHECK(g.error().code == store_errc::corrupt);
@@ -141,7 +141,7 @@ TEST_CASE("a flipped byte on disk is corrupt on get and quarantined on reopen") 
     CHECK(s->get(a).error().code == store_errc::not_found);  // corruption became an erasure
     CHECK(s->usage_bytes() == 1000);
     flip(b, 30);  // header byte (put_ms)
-    ::truncate(chunk_path(d.path, e).c_str(), chunk_header_bytes + 499);  // torn tail
+    ::truncate(chunk_path(d.path, e).c_str(), file_header_bytes + 499);  // torn tail
   }
   auto s = open_ok(o);
   CHECK(s->stats().corrupt_removed == 2);
@@ -206,7 +206,7 @@ TEST_CASE("simulated full disk fails cleanly and recovers after space is freed")
   fake_clock c;
   auto o = options_for(d, c, 1 << 20);
   // Room for two 100-byte chunks with headers (2 × 148) and part of a third.
-  o.simulated_disk_bytes = 2 * (chunk_header_bytes + 100) + 60;
+  o.simulated_disk_bytes = 2 * (file_header_bytes + 100) + 60;
   auto s = open_ok(o);
   const auto a = key_of(1), b = key_of(2), x = key_of(3);
   REQUIRE(s->put(a, payload_of(a, 0, 100), traffic_class::agent));

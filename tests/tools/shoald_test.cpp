@@ -222,7 +222,7 @@ TEST_CASE("shoald refuses an invalid config or an unsupported role with exit cod
   };
   std::vector<bad_case> cases = {
     {engine_config_text("roles = [\"engine\"]\n", 0), "engine.ranks"},
-    {engine_config_text("roles = [\"engine\", \"storage\"]\n", 1), "node.roles"},
+    {engine_config_text("roles = [\"engine\", \"storage\"]\n", 1), "storage.dir"},
   };
   for (const auto& c : cases) {
     CAPTURE(c.key);

@@ -10,6 +10,7 @@
 #include <readline/readline.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <iostream>
 #include <optional>
@@ -43,8 +44,8 @@ struct shell_config : caf::actor_system_config {
   }
 };
 
-const std::vector<std::string> command_names = {"nodes", "actors", "stats", "requests", "submit",
-                                                "drain", "kill", "help", "quit"};
+const std::vector<std::string> command_names = {"nodes", "actors", "stats", "requests", "submit", "drain",
+                                                "kill", "storage", "corrupt", "help", "quit"};
 
 const char* help_text =
   "nodes                     the cluster's nodes (name, address, roles, ranks, state)\n"
@@ -53,7 +54,10 @@ const char* help_text =
   "requests                  requests in flight at every gateway\n"
   "submit <prompt>           generates through a gateway, streaming the text (max 32 tokens)\n"
   "drain <node>              the node stops taking requests and finishes running ones\n"
-  "kill <actor|node>         kills a rank's engine, or a whole node process\n"
+  "kill <actor|node>         kills a rank's engine or a storage node, or a whole node process\n"
+  "storage                   every storage node: chunks, usage, watermarks, GC/TTL counters\n"
+  "corrupt <node>/storage<i> <hi>:<lo>:<index>\n"
+  "                          flips a byte of that chunk's file (tests; key words in hex)\n"
   "help                      this text\n"
   "quit                      leaves the shell\n";
 
@@ -85,6 +89,10 @@ class shell {
   bool cmd_submit(const std::string& prompt);
   bool cmd_drain(const std::string& name);
   bool cmd_kill(const std::string& target);
+  bool cmd_storage();
+  bool cmd_corrupt(const std::string& args);
+  // The storage node actor named "<node>/storage<i>", or a printed error.
+  std::optional<actors::storage_node_actor> storage_node(const std::string& name);
 
   caf::actor_system& sys_;
   caf::scoped_actor self_;
@@ -113,6 +121,7 @@ std::optional<actors::membership> shell::members() {
     for (const auto& r : n.ranks) known_names_.push_back(n.name + "/rank" + std::to_string(r.index));
     for (const auto& role : n.roles)
       if (role == "gateway") known_names_.push_back(n.name + "/gateway");
+    for (size_t i = 0; i < n.storage.size(); ++i) known_names_.push_back(n.name + "/storage" + std::to_string(i));
   }
   return m;
 }
@@ -164,6 +173,7 @@ bool shell::cmd_actors(const std::string& which) {
       if (role == "gateway") fmt::print("{}/gateway  (gateway + router)\n", n.name);
     for (const auto& r : n.ranks)
       fmt::print("{}/rank{}  (engine{})\n", n.name, r.index, r.rank ? " + expert-parallel rank" : "");
+    for (size_t i = 0; i < n.storage.size(); ++i) fmt::print("{}/storage{}  (storage node)\n", n.name, i);
   }
   return true;
 }
@@ -246,6 +256,52 @@ bool shell::cmd_kill(const std::string& target) {
   return true;
 }
 
+std::optional<actors::storage_node_actor> shell::storage_node(const std::string& name) {
+  auto m = members();
+  if (!m) return std::nullopt;
+  for (const auto& n : m->nodes)
+    for (size_t i = 0; i < n.storage.size(); ++i)
+      if (name == n.name + "/storage" + std::to_string(i)) return caf::actor_cast<actors::storage_node_actor>(n.storage[i]);
+  fail("no storage node '" + name + "' (try `storage`)");
+  return std::nullopt;
+}
+
+bool shell::cmd_storage() {
+  auto m = members();
+  if (!m) return false;
+  size_t count = 0;
+  for (const auto& n : m->nodes)
+    for (size_t i = 0; i < n.storage.size(); ++i, ++count) {
+      auto s = ask<actors::storage_stats_snapshot>(caf::actor_cast<actors::storage_node_actor>(n.storage[i]), stats_atom_v);
+      if (!s) return false;
+      fmt::print("{}/storage{}: chunks={} usage={}/{} MiB ({:.1f}%) watermarks={}%/{}% gc_runs={} evicted={} "
+                 "expired={} corrupt_removed={} puts={} gets={} hits={}\n",
+                 n.name, i, s->chunks, s->usage_bytes >> 20, s->capacity_bytes >> 20,
+                 s->capacity_bytes ? 100.0 * static_cast<double>(s->usage_bytes) / static_cast<double>(s->capacity_bytes) : 0.0,
+                 s->high_watermark_pct, s->low_watermark_pct, s->gc_runs, s->evicted_chunks, s->expired_chunks,
+                 s->corrupt_removed, s->puts, s->gets, s->get_hits);
+    }
+  fmt::print("{} storage node(s)\n", count);
+  return true;
+}
+
+bool shell::cmd_corrupt(const std::string& args) {
+  std::istringstream in(args);
+  std::string name, chunk;
+  in >> name >> chunk;
+  unsigned long long hi = 0, lo = 0;
+  int index = -1;
+  if (name.empty() || std::sscanf(chunk.c_str(), "%llx:%llx:%d", &hi, &lo, &index) != 3)
+    return fail("usage: corrupt <node>/storage<i> <hi>:<lo>:<index> (key words in hex)");
+  auto node = storage_node(name);
+  if (!node) return false;
+  auto found = ask<bool>(*node, corrupt_atom_v, static_cast<uint64_t>(hi), static_cast<uint64_t>(lo), int32_t{index});
+  if (!found) return false;
+  if (!*found) return fail("no chunk " + chunk + " on " + name);
+  fmt::print("corrupted {} on {}\n", chunk, name);
+  return true;
+}
+
 std::string trim(const std::string& s) {
   auto b = s.find_first_not_of(" \t\r\n");
   if (b == std::string::npos) return {};
@@ -265,6 +321,8 @@ bool shell::run(const std::string& raw) {
   if (cmd == "submit") return cmd_submit(arg);
   if (cmd == "drain") return cmd_drain(arg);
   if (cmd == "kill") return cmd_kill(arg);
+  if (cmd == "storage") return cmd_storage();
+  if (cmd == "corrupt") return cmd_corrupt(arg);
   if (cmd == "help") {
     fmt::print("{}", help_text);
     return true;

@@ -20,16 +20,6 @@ namespace {
 using namespace shoal;
 constexpr int exit_usage = 2;
 
-// Refuses roles this shoald cannot run yet; the message names the key, as config errors do.
-std::string unsupported_role(const runtime::node_config& c, const std::string& file) {
-  for (runtime::role r : c.roles)
-    if (r == runtime::role::storage)
-      return fmt::format("{}: key 'node.roles': role \"storage\" is not supported by this shoald yet "
-                         "(the storage cluster is a later issue)",
-                         file);
-  return {};
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -45,10 +35,6 @@ int main(int argc, char** argv) {
   auto cfg = runtime::load_node_config(config_path);
   if (!cfg) {
     fmt::print(stderr, "shoald: {}\n", runtime::to_string(cfg.error()));
-    return exit_usage;
-  }
-  if (auto msg = unsupported_role(*cfg, config_path); !msg.empty()) {
-    fmt::print(stderr, "shoald: {}\n", msg);
     return exit_usage;
   }
   tools::shoald::logger log;

@@ -24,6 +24,7 @@
 #include "actors/node_agent_actor.hpp"
 #include "actors/rank_actor.hpp"
 #include "actors/router_actor.hpp"
+#include "actors/storage_node_actor.hpp"
 #include "model/config.hpp"
 #include "runtime/engine_setup.hpp"
 #include "tools/shoald/engine_options.hpp"
@@ -40,6 +41,7 @@ constexpr auto join_deadline = 60s;
 struct node_parts {
   std::vector<actors::engine_actor> engines;  // by rank
   std::vector<actors::rank_actor> ranks;      // by rank, with expert parallelism
+  std::vector<actors::storage_node_actor> storage;  // by index, storage role
   std::optional<actors::gateway_actor> gateway;
   std::optional<actors::router_actor> router;
 };
@@ -60,14 +62,16 @@ std::vector<std::string> role_names(const runtime::node_config& cfg) {
   return out;
 }
 
-// "rank<i>" → i, or -1.
-int rank_of(const std::string& name, size_t ranks) {
-  if (name.rfind("rank", 0) != 0 || name.size() == 4) return -1;
-  for (size_t i = 4; i < name.size(); ++i)
+// "<prefix><i>" → i when i < count, else -1.
+int index_of(const std::string& name, const std::string& prefix, size_t count) {
+  if (name.rfind(prefix, 0) != 0 || name.size() == prefix.size() || name.size() > prefix.size() + 4) return -1;
+  for (size_t i = prefix.size(); i < name.size(); ++i)
     if (name[i] < '0' || name[i] > '9') return -1;
-  int r = std::atoi(name.c_str() + 4);
-  return r >= 0 && static_cast<size_t>(r) < ranks ? r : -1;
+  int r = std::atoi(name.c_str() + prefix.size());
+  return r >= 0 && static_cast<size_t>(r) < count ? r : -1;
 }
+
+int rank_of(const std::string& name, size_t ranks) { return index_of(name, "rank", ranks); }
 
 std::string describe_engine(caf::actor_system& sys, const actors::engine_actor& e, int rank) {
   caf::scoped_actor self{sys};
@@ -97,6 +101,15 @@ actors::node_hooks make_hooks(caf::actor_system& sys, node_parts& parts, logger&
   h.gateway = parts.gateway;
   h.describe = [&sys, &parts](const std::string& actor) -> std::optional<std::string> {
     if (int r = rank_of(actor, parts.engines.size()); r >= 0) return describe_engine(sys, parts.engines[r], r);
+    if (int i = index_of(actor, "storage", parts.storage.size()); i >= 0) {
+      auto st = ask<actors::storage_node_actor, actors::storage_stats_snapshot>(sys, parts.storage[i], 5s, stats_atom_v);
+      if (!st) return actor + ": no answer";
+      return fmt::format("{}: chunks={} usage={}/{} bytes watermarks={}%/{}% puts={} gets={} hits={} gc_runs={} "
+                         "evicted={} expired={} corrupt_removed={}",
+                         actor, st->chunks, st->usage_bytes, st->capacity_bytes, st->high_watermark_pct,
+                         st->low_watermark_pct, st->puts, st->gets, st->get_hits, st->gc_runs, st->evicted_chunks,
+                         st->expired_chunks, st->corrupt_removed);
+    }
     if (actor == "gateway" && parts.gateway)
       return ask<actors::gateway_actor, std::string>(sys, *parts.gateway, 5s, describe_atom_v);
     return std::nullopt;
@@ -111,6 +124,11 @@ actors::node_hooks make_hooks(caf::actor_system& sys, node_parts& parts, logger&
     if (parts.gateway) caf::anon_send(*parts.gateway, drain_atom_v);
   };
   h.kill_actor = [&parts, &log](const std::string& actor) {
+    if (int i = index_of(actor, "storage", parts.storage.size()); i >= 0) {
+      log.warn("killing storage{} on request", i);
+      caf::anon_send_exit(parts.storage[i], caf::exit_reason::kill);
+      return true;
+    }
     int r = rank_of(actor, parts.engines.size());
     if (r < 0) return false;
     log.warn("killing rank{} on request", r);
@@ -218,7 +236,7 @@ int run_node(const runtime::node_config& cfg, logger& log) {
   system_config sys_cfg(cfg);
   caf::actor_system sys{sys_cfg};
   node_parts parts;
-  actors::node_info me{cfg.name, cfg.listen.host, cfg.listen.port, role_names(cfg), {}, {}, false};
+  actors::node_info me{cfg.name, cfg.listen.host, cfg.listen.port, role_names(cfg), {}, {}, {}, false};
 
   if (cfg.has_role(runtime::role::engine)) {
     runtime::engine_config ecfg = engine_config_for(weights->config, static_cast<double>(cfg.cache_mib));
@@ -238,6 +256,32 @@ int run_node(const runtime::node_config& cfg, logger& log) {
     }
     log.info("{} engine rank(s), {} cache blocks each, batch-invariant{}", cfg.ranks, ecfg.cache.num_blocks,
              cfg.expert_parallel ? ", expert-parallel" : "");
+  }
+  if (cfg.has_role(runtime::role::storage)) {
+    for (int32_t i = 0; i < cfg.storage_nodes; ++i) {
+      actors::storage_node_config sc;
+      sc.store.root = (*cfg.storage_dir / std::to_string(i)).string();
+      sc.store.capacity_bytes = static_cast<uint64_t>(cfg.storage_capacity_mib) << 20;
+      sc.store.gc_high_watermark = cfg.storage_high_watermark_pct / 100.0;
+      sc.store.gc_low_watermark = cfg.storage_low_watermark_pct / 100.0;
+      sc.store.sync = cfg.storage_fsync ? storage::sync_policy::always : storage::sync_policy::never;
+      sc.store.ttl.agent_ms = cfg.storage_ttl_agent_s * 1000;
+      sc.store.ttl.chat_ms = cfg.storage_ttl_chat_s * 1000;
+      sc.store.now_ms = [] {
+        return std::chrono::duration_cast<std::chrono::milliseconds>(
+                 std::chrono::system_clock::now().time_since_epoch())
+          .count();
+      };
+      auto node = actors::spawn_storage_node(sys, sc);
+      if (!node) {
+        log.error("{}", node.error());
+        std::_Exit(exit_failure);
+      }
+      parts.storage.push_back(*node);
+      me.storage.push_back(caf::actor_cast<caf::actor>(*node));
+    }
+    log.info("{} storage node(s) under {}, {} MiB each, fsync {}", cfg.storage_nodes, cfg.storage_dir->string(),
+             cfg.storage_capacity_mib, cfg.storage_fsync ? "always" : "never");
   }
   if (cfg.has_role(runtime::role::gateway)) {
     parts.router = actors::spawn_router(sys);

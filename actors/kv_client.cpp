@@ -1,0 +1,212 @@
+// kv_client: codec, rendezvous placement, and fan-out of storage requests through one-shot
+// actors whose replies land in a collector the calling thread waits on (bounded by the
+// configured timeout per request).
+#include "actors/kv_client.hpp"
+
+#include <algorithm>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+
+#include <xxhash.h>
+
+#include <caf/actor_system.hpp>
+#include <caf/event_based_actor.hpp>
+
+#include "storage/erasure.hpp"
+
+namespace shoal::actors {
+
+namespace {
+
+// Replies of one fan-out, filled by the one-shot actor, read by the waiting caller.
+template <class Reply>
+struct collector {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::map<size_t, Reply> ok;               // by request number
+  std::map<size_t, std::string> failed;
+  size_t expected = 0;
+  bool all_in() const { return ok.size() + failed.size() >= expected; }
+};
+
+// Sends `make(i)` to targets[i] for every i; replies and errors land in the collector.
+template <class Reply, class Handle, class Make>
+std::shared_ptr<collector<Reply>> fan_out(caf::actor_system& sys, const std::vector<Handle>& targets,
+                                          std::chrono::milliseconds timeout, Make make) {
+  auto c = std::make_shared<collector<Reply>>();
+  c->expected = targets.size();
+  if (targets.empty()) return c;
+  // Messages are built here, not in the actor: it may start after the caller gave up waiting.
+  std::vector<decltype(make(0))> msgs;
+  for (size_t i = 0; i < targets.size(); ++i) msgs.push_back(make(i));
+  sys.spawn([c, targets, timeout, msgs = std::move(msgs)](caf::event_based_actor* self) {
+    for (size_t i = 0; i < targets.size(); ++i) {
+      std::apply([&](const auto&... xs) { return self->request(targets[i], timeout, xs...); }, msgs[i])
+        .then(
+          [c, i](Reply& r) {
+            std::lock_guard lock(c->mu);
+            c->ok.emplace(i, std::move(r));
+            c->cv.notify_all();
+          },
+          [c, i](caf::error& e) {
+            std::lock_guard lock(c->mu);
+            c->failed.emplace(i, to_error_reply(e).message);
+            c->cv.notify_all();
+          });
+    }
+  });
+  return c;
+}
+
+uint64_t rank_score(const std::string& name, const block_key& key) {
+  uint64_t words[2] = {key.hi, key.lo};
+  uint64_t seed = XXH3_64bits(words, sizeof words);
+  return XXH3_64bits_withSeed(name.data(), name.size(), seed);
+}
+
+}  // namespace
+
+struct kv_client::impl {
+  caf::actor_system& sys;
+  kv_client_config cfg;
+  storage::ec_codec codec;
+  std::vector<storage_endpoint> nodes;
+};
+
+kv_client::kv_client(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
+kv_client::~kv_client() = default;
+
+std::expected<std::unique_ptr<kv_client>, std::string> kv_client::create(caf::actor_system& sys, kv_client_config cfg) {
+  auto codec = storage::ec_codec::create(cfg.k, cfg.m);
+  if (!codec) return std::unexpected("kv client: " + codec.error().message);
+  if (cfg.put_acks < cfg.k || cfg.put_acks > cfg.k + cfg.m)
+    return std::unexpected("kv client: put_acks must be in [k, k + m], got " + std::to_string(cfg.put_acks));
+  return std::unique_ptr<kv_client>(new kv_client(std::make_unique<impl>(impl{sys, cfg, std::move(*codec), {}})));
+}
+
+void kv_client::set_nodes(std::vector<storage_endpoint> nodes) { impl_->nodes = std::move(nodes); }
+
+std::vector<storage_endpoint> kv_client::nodes_of(const membership& m) {
+  std::vector<storage_endpoint> out;
+  for (const node_info& n : m.nodes)
+    for (size_t i = 0; i < n.storage.size(); ++i)
+      if (n.storage[i])
+        out.push_back({n.name + "/storage" + std::to_string(i), caf::actor_cast<storage_node_actor>(n.storage[i])});
+  return out;
+}
+
+std::vector<size_t> kv_client::placement(const block_key& key) const {
+  const auto& nodes = impl_->nodes;
+  std::vector<std::pair<uint64_t, size_t>> ranked;
+  for (size_t i = 0; i < nodes.size(); ++i) ranked.emplace_back(rank_score(nodes[i].name, key), i);
+  std::sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::vector<size_t> out;
+  for (size_t i = 0; i < ranked.size() && static_cast<int>(out.size()) < impl_->codec.n(); ++i)
+    out.push_back(ranked[i].second);
+  return out;
+}
+
+std::expected<void, std::string> kv_client::put(const block_key& key, std::span<const uint8_t> block,
+                                                int traffic_class) {
+  auto& im = *impl_;
+  std::vector<size_t> group = placement(key);
+  if (static_cast<int>(group.size()) < im.codec.n())
+    return std::unexpected("kv client: " + std::to_string(im.nodes.size()) + " storage node(s), a placement group needs " +
+                           std::to_string(im.codec.n()));
+  auto chunks = im.codec.encode(block);
+  if (!chunks) return std::unexpected("kv client: " + chunks.error().message);
+  std::vector<storage_node_actor> targets;
+  for (size_t n : group) targets.push_back(im.nodes[n].actor);
+  auto c = fan_out<bool>(im.sys, targets, im.cfg.timeout, [&](size_t i) {
+    return std::make_tuple(put_atom_v, chunk_put{key.hi, key.lo, static_cast<int32_t>(i), traffic_class, (*chunks)[i]});
+  });
+  std::unique_lock lock(c->mu);
+  c->cv.wait_for(lock, im.cfg.timeout + std::chrono::seconds(1),
+                 [&] { return static_cast<int>(c->ok.size()) >= im.cfg.put_acks || c->all_in(); });
+  if (static_cast<int>(c->ok.size()) >= im.cfg.put_acks) return {};
+  std::string why;
+  for (const auto& [i, e] : c->failed) why += (why.empty() ? "" : "; ") + im.nodes[group[i]].name + ": " + e;
+  return std::unexpected("kv client: put acknowledged by " + std::to_string(c->ok.size()) + " of " +
+                         std::to_string(im.cfg.put_acks) + " needed chunk(s)" + (why.empty() ? "" : " (" + why + ")"));
+}
+
+std::expected<std::vector<uint8_t>, std::string> kv_client::get(const block_key& key) {
+  auto& im = *impl_;
+  std::vector<size_t> group = placement(key);
+  if (static_cast<int>(group.size()) < im.codec.n()) return std::unexpected("kv client: not enough storage nodes");
+  std::vector<std::vector<uint8_t>> valid(group.size());
+  std::vector<storage::chunk_ref> refs;
+  std::string why;
+  // First the k + 1 nodes, then the rest only if fewer than k valid chunks came back.
+  for (auto [first, last] : {std::pair<size_t, size_t>{0, static_cast<size_t>(im.codec.k() + 1)},
+                             std::pair<size_t, size_t>{static_cast<size_t>(im.codec.k() + 1), group.size()}}) {
+    if (static_cast<int>(refs.size()) >= im.codec.k()) break;
+    std::vector<storage_node_actor> targets;
+    for (size_t i = first; i < last; ++i) targets.push_back(im.nodes[group[i]].actor);
+    auto c = fan_out<std::vector<uint8_t>>(im.sys, targets, im.cfg.timeout, [&](size_t i) {
+      return std::make_tuple(get_atom_v, key.hi, key.lo, static_cast<int32_t>(first + i));
+    });
+    std::unique_lock lock(c->mu);
+    auto enough = [&] {
+      int ok = 0;
+      for (const auto& [i, bytes] : c->ok)
+        if (storage::verify_chunk(bytes)) ++ok;
+      return static_cast<int>(refs.size()) + ok >= im.codec.k() || c->all_in();
+    };
+    c->cv.wait_for(lock, im.cfg.timeout + std::chrono::seconds(1), enough);
+    for (auto& [i, bytes] : c->ok) {
+      if (!storage::verify_chunk(bytes)) {
+        why += (why.empty() ? "" : "; ") + std::string("chunk ") + std::to_string(first + i) + " failed its checksum";
+        continue;
+      }
+      valid[first + i] = std::move(bytes);
+      refs.push_back({static_cast<uint32_t>(first + i), valid[first + i]});
+    }
+    for (const auto& [i, e] : c->failed)
+      why += (why.empty() ? "" : "; ") + std::string("chunk ") + std::to_string(first + i) + ": " + e;
+  }
+  auto block = im.codec.decode(refs);
+  if (!block) return std::unexpected("kv client: block miss: " + block.error().message + (why.empty() ? "" : " (" + why + ")"));
+  return std::move(*block);
+}
+
+size_t kv_client::lookup(const std::vector<block_key>& chain) {
+  auto& im = *impl_;
+  if (chain.empty() || static_cast<int>(im.nodes.size()) < im.codec.n()) return 0;
+  // One query per node with every (block, chunk) placed on it.
+  std::vector<chunk_query> queries(im.nodes.size());
+  std::vector<std::vector<size_t>> block_of(im.nodes.size());  // query entry → chain index
+  for (size_t b = 0; b < chain.size(); ++b) {
+    std::vector<size_t> group = placement(chain[b]);
+    for (size_t i = 0; i < group.size(); ++i) {
+      auto& q = queries[group[i]];
+      q.keys.push_back(chain[b].hi);
+      q.keys.push_back(chain[b].lo);
+      q.indices.push_back(static_cast<int32_t>(i));
+      block_of[group[i]].push_back(b);
+    }
+  }
+  std::vector<storage_node_actor> targets;
+  std::vector<size_t> node_of;
+  for (size_t n = 0; n < queries.size(); ++n)
+    if (!queries[n].indices.empty()) {
+      targets.push_back(im.nodes[n].actor);
+      node_of.push_back(n);
+    }
+  auto c = fan_out<std::vector<uint8_t>>(im.sys, targets, im.cfg.timeout, [&](size_t i) {
+    return std::make_tuple(exists_atom_v, queries[node_of[i]]);
+  });
+  std::unique_lock lock(c->mu);
+  c->cv.wait_for(lock, im.cfg.timeout + std::chrono::seconds(1), [&] { return c->all_in(); });
+  std::vector<int> held(chain.size(), 0);
+  for (const auto& [i, bits] : c->ok) {
+    const auto& blocks = block_of[node_of[i]];
+    for (size_t j = 0; j < blocks.size() && j < bits.size(); ++j) held[blocks[j]] += bits[j] ? 1 : 0;
+  }
+  size_t run = 0;
+  while (run < chain.size() && held[run] >= im.codec.k()) ++run;
+  return run;
+}
+
+}  // namespace shoal::actors

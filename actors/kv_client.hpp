@@ -1,0 +1,63 @@
+// The engines' client of the KV-cache storage cluster. A block (bytes of one KV-cache block,
+// keyed by its 128-bit prefix-hash-chain key) is erasure coded k + m (10 + 2) and its chunks
+// placed on the block's placement group: the first k + m storage nodes when all nodes are
+// ranked by XXH3(node name, key) (rendezvous hashing: adding or losing a node moves only the
+// blocks it held or would now hold). put sends chunk i to the group's node i and succeeds once
+// `put_acks` are durable; get asks the first k + 1 nodes, decodes from the first k valid
+// chunks (checksums checked; a bad one is an erasure) and asks the rest only when needed;
+// lookup finds the longest run of present blocks from the start of a chain with one
+// existence query per node. A missing or unreadable block is a miss, never wrong data.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <expected>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "actors/interfaces.hpp"
+
+namespace shoal::actors {
+
+struct block_key {
+  uint64_t hi = 0, lo = 0;
+  auto operator<=>(const block_key&) const = default;
+};
+
+struct kv_client_config {
+  int k = 10, m = 2;
+  int put_acks = 11;                                // durable chunks before a put succeeds (k + 1)
+  std::chrono::milliseconds timeout{5000};          // per storage request
+};
+
+struct storage_endpoint {
+  std::string name;  // "<node>/storage<i>", the rendezvous hash input
+  storage_node_actor actor;
+};
+
+class kv_client {
+ public:
+  static std::expected<std::unique_ptr<kv_client>, std::string> create(caf::actor_system& sys, kv_client_config cfg);
+  ~kv_client();
+
+  // The storage nodes to place over (e.g. every storage actor of the membership).
+  void set_nodes(std::vector<storage_endpoint> nodes);
+  static std::vector<storage_endpoint> nodes_of(const membership& m);
+  // Indices into the nodes of `key`'s placement group, chunk order (k + m of them).
+  std::vector<size_t> placement(const block_key& key) const;
+
+  std::expected<void, std::string> put(const block_key& key, std::span<const uint8_t> block, int traffic_class);
+  std::expected<std::vector<uint8_t>, std::string> get(const block_key& key);
+  // Number of leading blocks of `chain` with at least k chunks held.
+  size_t lookup(const std::vector<block_key>& chain);
+
+  struct impl;
+
+ private:
+  explicit kv_client(std::unique_ptr<impl> p);
+  std::unique_ptr<impl> impl_;
+};
+
+}  // namespace shoal::actors
