@@ -52,6 +52,7 @@ void cache_manager::admit(request& r) {
   int64_t hit = 0;
   if (config_.prefix_caching)
     while (hit < static_cast<int64_t>(r.keys.size()) && pool_.lookup(r.keys[hit])) ++hit;
+  if (config_.prefix_caching && config_.remote) hit = fetch_remote(r, hit);
   hit = usable_hit(r, hit);
   int64_t start = hit * bs_;  // first position to compute
   if (model_.is_flash() && hit > 0) {
@@ -117,8 +118,14 @@ void cache_manager::commit(request& r) {
   // Entries computed after an approximate (replayed) window are not exact: keep them out of
   // the prefix cache so no later request reads approximate data as exact.
   if (config_.prefix_caching && !r.swa_approx)
-    for (; r.blocks_cached < full; ++r.blocks_cached)
-      pool_.cache_block(r.blocks[r.blocks_cached], r.keys[r.blocks_cached]);
+    for (; r.blocks_cached < full; ++r.blocks_cached) {
+      block_id b = r.blocks[r.blocks_cached];
+      pool_.cache_block(b, r.keys[r.blocks_cached]);
+      if (config_.remote) {
+        bool queued = config_.remote->store_async(r.keys[r.blocks_cached], {pool_.data(b), pool_.block_floats()});
+        ++(queued ? stats_.remote_stored : stats_.remote_dropped);
+      }
+    }
   // Window snapshot at the last computed boundary, while the ring still holds it.
   int64_t p = full * bs_;
   if (model_.is_flash() && config_.prefix_caching && !r.swa_approx && full > 0 && p > r.snapshot_at &&
@@ -126,6 +133,30 @@ void cache_manager::commit(request& r) {
     swa_.save(r.keys[full - 1], r.cache, p);
     r.snapshot_at = p;
   }
+}
+
+int64_t cache_manager::fetch_remote(const request& r, int64_t hit) {
+  auto keys = std::span<const block_key>(r.keys).subspan(static_cast<size_t>(hit));
+  if (keys.empty()) return hit;
+  // The blocks a request computes are its own; fetched ones are taken from the free list the
+  // same way, and only while it keeps a block free for the request's own compute.
+  int64_t wanted = static_cast<int64_t>(config_.remote->lookup(keys));
+  int64_t fetched = 0;
+  for (; fetched < wanted && pool_.can_allocate(2); ++fetched) {
+    const block_key& key = keys[static_cast<size_t>(fetched)];
+    block_id b = pool_.allocate(1)[0];
+    if (!config_.remote->fetch(key, {pool_.data(b), pool_.block_floats()})) {
+      ++stats_.remote_fetch_failures;
+      give_back({b});
+      break;
+    }
+    pool_.cache_block(b, key);
+    give_back({b});  // now a cached free block: the lookup below takes it like any local hit
+  }
+  int64_t extended = hit;
+  while (extended < hit + fetched && pool_.lookup(r.keys[extended])) ++extended;
+  stats_.remote_hit_tokens += static_cast<uint64_t>((extended - hit) * bs_);
+  return extended;
 }
 
 void cache_manager::release(request& r) {

@@ -5,10 +5,12 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "model/config.hpp"
 #include "runtime/block_pool.hpp"
+#include "runtime/remote_blocks.hpp"
 #include "runtime/request.hpp"
 #include "runtime/swa_pool.hpp"
 
@@ -21,10 +23,15 @@ struct cache_config {
   int64_t swa_slots = 256;            // live SWA slots (running shoal_flash sequences)
   int64_t swa_snapshots = 1024;
   swa_storage snapshot_storage = swa_storage::mxfp8;
+  // Second tier behind the pool (the KV-cache storage cluster); null = local blocks only.
+  std::shared_ptr<remote_blocks> remote;
 };
 
 struct cache_stats {
   uint64_t lookups = 0, hit_tokens = 0, prompt_tokens = 0;
+  uint64_t remote_hit_tokens = 0;     // of hit_tokens: fetched from the remote tier
+  uint64_t remote_fetch_failures = 0; // blocks the remote tier listed but could not deliver
+  uint64_t remote_stored = 0, remote_dropped = 0;  // blocks offered for writing / dropped
   uint64_t replays = 0, swa_restores = 0;
   uint64_t preemptions = 0;
 };
@@ -62,6 +69,8 @@ class cache_manager {
 
  private:
   int64_t usable_hit(const request& r, int64_t hit_blocks) const;
+  // Extends a local hit of `hit` blocks with blocks fetched from the remote tier; the new hit.
+  int64_t fetch_remote(const request& r, int64_t hit);
 
   const model::model_config& model_;
   cache_config config_;

@@ -36,7 +36,7 @@ struct schema_section {
 const std::vector<schema_section>& schema() {
   static const std::vector<schema_section> sections = {
       {"node", {"name", "listen", "roles", "model_dir", "drain_timeout_ms"}},
-      {"engine", {"ranks", "cache_mib", "expert_parallel"}},
+      {"engine", {"ranks", "cache_mib", "expert_parallel", "kv_storage"}},
       {"gateway", {"listen", "auth_token_file"}},
       {"cluster", {"seeds", "heartbeat_interval_ms", "connection_timeout_ms", "request_timeout_ms"}},
       {"storage", {"dir", "nodes", "capacity_mib", "high_watermark_pct", "low_watermark_pct", "fsync",
@@ -390,6 +390,7 @@ void read_sections(error_sink& sink, const sections& f, const fs::path& base, no
   if (std::optional<int64_t> n = read_integer(sink, f.engine, "ranks", 1, 1024)) c.ranks = static_cast<int32_t>(*n);
   if (std::optional<int64_t> n = read_integer(sink, f.engine, "cache_mib", 16, 1 << 20)) c.cache_mib = *n;
   if (std::optional<bool> b = read_bool(sink, f.engine, "expert_parallel")) c.expert_parallel = *b;
+  if (std::optional<bool> b = read_bool(sink, f.engine, "kv_storage")) c.kv_storage = *b;
   c.http_listen = read_host_port(sink, f.gateway, "listen", true);
   c.auth_token_file = read_path(sink, f.gateway, "auth_token_file", base);
   for (const auto& [text, pos] : read_string_array(sink, f.cluster, "seeds")) {

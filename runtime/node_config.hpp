@@ -43,6 +43,7 @@ struct node_config {
   int32_t ranks = 1;  // data-parallel ranks hosted by this node, ≥ 1
   int64_t cache_mib = 512;        // KV block memory per rank
   bool expert_parallel = false;   // ranks of all such engine nodes form one EP group
+  bool kv_storage = false;        // the storage cluster is the ranks' second cache tier
 
   // [gateway] (required with the gateway role, rejected without it)
   std::optional<host_port> http_listen;                 // set iff the node has the gateway role

@@ -21,6 +21,7 @@
 #include "actors/engine_actor.hpp"
 #include "actors/gateway_actor.hpp"
 #include "actors/interfaces.hpp"
+#include "actors/kv_block_store.hpp"
 #include "actors/node_agent_actor.hpp"
 #include "actors/rank_actor.hpp"
 #include "actors/router_actor.hpp"
@@ -42,6 +43,8 @@ struct node_parts {
   std::vector<actors::engine_actor> engines;  // by rank
   std::vector<actors::rank_actor> ranks;      // by rank, with expert parallelism
   std::vector<actors::storage_node_actor> storage;  // by index, storage role
+  std::shared_ptr<actors::kv_block_store> kv;       // engine.kv_storage: the ranks' remote tier
+  caf::actor kv_watcher;                            // feeds it the storage nodes
   std::optional<actors::gateway_actor> gateway;
   std::optional<actors::router_actor> router;
 };
@@ -240,6 +243,18 @@ int run_node(const runtime::node_config& cfg, logger& log) {
 
   if (cfg.has_role(runtime::role::engine)) {
     runtime::engine_config ecfg = engine_config_for(weights->config, static_cast<double>(cfg.cache_mib));
+    if (cfg.kv_storage) {
+      actors::kv_client_config kc;
+      kc.timeout = std::chrono::milliseconds(std::min<int64_t>(cfg.request_timeout_ms, 5000));
+      auto client = actors::kv_client::create(sys, kc);
+      if (!client) {
+        log.error("{}", client.error());
+        std::_Exit(exit_failure);
+      }
+      parts.kv = std::make_shared<actors::kv_block_store>(std::move(*client));
+      parts.kv_watcher = actors::spawn_storage_watcher(sys, parts.kv);
+      ecfg.cache.remote = parts.kv;
+    }
     // A silent peer fails an expert-parallel exchange after this long at the latest (a dead
     // one sooner: the membership change interrupts it).
     auto ep_timeout = std::chrono::milliseconds(std::max<int64_t>(2 * cfg.connection_timeout_ms, 5000));
@@ -322,6 +337,7 @@ int run_node(const runtime::node_config& cfg, logger& log) {
   caf::anon_send(agent, update_atom_v, me);
   if (parts.router) caf::anon_send(agent, subscribe_atom_v, caf::actor_cast<caf::actor>(*parts.router));
   for (const auto& r : parts.ranks) caf::anon_send(agent, subscribe_atom_v, caf::actor_cast<caf::actor>(r));
+  if (parts.kv_watcher) caf::anon_send(agent, subscribe_atom_v, parts.kv_watcher);
 
   if (!cfg.seeds.empty()) {
     auto m = join(sys, cfg, agent, log);

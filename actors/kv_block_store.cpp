@@ -1,0 +1,102 @@
+// kv_block_store: key conversion, float blocks as raw bytes, the writer thread.
+#include "actors/kv_block_store.hpp"
+
+#include <cstring>
+
+#include <caf/actor_system.hpp>
+#include <caf/event_based_actor.hpp>
+
+namespace shoal::actors {
+
+namespace {
+
+block_key to_storage_key(const runtime::block_key& k) { return {k.hi, k.lo}; }
+
+}  // namespace
+
+kv_block_store::kv_block_store(std::unique_ptr<kv_client> client, size_t queue_blocks, int traffic_class)
+    : client_(std::move(client)), capacity_(queue_blocks), traffic_class_(traffic_class) {
+  writer_ = std::thread([this] { run(); });
+}
+
+kv_block_store::~kv_block_store() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  writer_.join();
+}
+
+size_t kv_block_store::lookup(std::span<const runtime::block_key> keys) {
+  std::vector<block_key> chain;
+  for (const auto& k : keys) chain.push_back(to_storage_key(k));
+  std::lock_guard lock(client_mu_);
+  return client_->lookup(chain);
+}
+
+bool kv_block_store::fetch(const runtime::block_key& key, std::span<float> dst) {
+  std::expected<std::vector<uint8_t>, std::string> block;
+  {
+    std::lock_guard lock(client_mu_);
+    block = client_->get(to_storage_key(key));
+  }
+  if (!block || block->size() != dst.size_bytes()) return false;  // a miss, or a block of another shape
+  std::memcpy(dst.data(), block->data(), block->size());
+  return true;
+}
+
+bool kv_block_store::store_async(const runtime::block_key& key, std::span<const float> src) {
+  std::vector<uint8_t> bytes(src.size_bytes());
+  std::memcpy(bytes.data(), src.data(), bytes.size());
+  {
+    std::lock_guard lock(mu_);
+    if (queue_.size() >= capacity_) {
+      ++counters_.dropped;
+      return false;
+    }
+    queue_.emplace_back(key, std::move(bytes));
+  }
+  cv_.notify_one();
+  return true;
+}
+
+void kv_block_store::set_nodes(std::vector<storage_endpoint> nodes) {
+  std::lock_guard lock(client_mu_);
+  client_->set_nodes(std::move(nodes));
+}
+
+kv_block_store::counters kv_block_store::stats(bool drain, std::chrono::milliseconds timeout) {
+  std::unique_lock lock(mu_);
+  if (drain) idle_cv_.wait_for(lock, timeout, [&] { return queue_.empty() && !busy_; });
+  return counters_;
+}
+
+void kv_block_store::run() {
+  std::unique_lock lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+    if (stopping_) return;
+    auto [key, bytes] = std::move(queue_.front());
+    queue_.pop_front();
+    busy_ = true;
+    lock.unlock();
+    bool ok;
+    {
+      std::lock_guard client_lock(client_mu_);
+      ok = client_->put(to_storage_key(key), bytes, traffic_class_).has_value();
+    }
+    lock.lock();
+    busy_ = false;
+    ++(ok ? counters_.written : counters_.failed);
+    if (queue_.empty()) idle_cv_.notify_all();
+  }
+}
+
+caf::actor spawn_storage_watcher(caf::actor_system& sys, std::shared_ptr<kv_block_store> store) {
+  return sys.spawn([store](caf::event_based_actor*) -> caf::behavior {
+    return {[store](const membership& m) { store->set_nodes(kv_client::nodes_of(m)); }};
+  });
+}
+
+}  // namespace shoal::actors

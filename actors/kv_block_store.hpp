@@ -1,0 +1,56 @@
+// runtime::remote_blocks over the storage cluster: the engine's second cache tier. Lookups
+// and fetches are synchronous kv_client calls (bounded by its timeout); writes go through a
+// bounded queue drained by one thread, so a step never waits on storage (a full queue drops
+// the write and counts it). The node list follows the membership (subscribe an updater).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "actors/kv_client.hpp"
+#include "runtime/remote_blocks.hpp"
+
+namespace shoal::actors {
+
+class kv_block_store final : public runtime::remote_blocks {
+ public:
+  // queue_blocks: writes waiting at most; traffic_class of every write (0 agent, 1 chat).
+  kv_block_store(std::unique_ptr<kv_client> client, size_t queue_blocks = 256, int traffic_class = 1);
+  ~kv_block_store() override;
+
+  size_t lookup(std::span<const runtime::block_key> keys) override;
+  bool fetch(const runtime::block_key& key, std::span<float> dst) override;
+  bool store_async(const runtime::block_key& key, std::span<const float> src) override;
+
+  void set_nodes(std::vector<storage_endpoint> nodes);
+  // Blocks written, failed, dropped so far; waits (bounded) until the queue is empty first
+  // when `drain` (tests, benches).
+  struct counters {
+    uint64_t written = 0, failed = 0, dropped = 0;
+  };
+  counters stats(bool drain = false, std::chrono::milliseconds timeout = std::chrono::seconds(30));
+
+ private:
+  void run();
+
+  std::unique_ptr<kv_client> client_;
+  std::mutex client_mu_;  // kv_client is used from the engines' threads and the writer
+  size_t capacity_;
+  int traffic_class_;
+  std::mutex mu_;
+  std::condition_variable cv_, idle_cv_;
+  std::deque<std::pair<runtime::block_key, std::vector<uint8_t>>> queue_;
+  bool busy_ = false, stopping_ = false;
+  counters counters_;
+  std::thread writer_;
+};
+
+// Spawns an actor that hands every membership it receives (subscribe it to the node agent)
+// to `store` as its storage node list.
+caf::actor spawn_storage_watcher(caf::actor_system& sys, std::shared_ptr<kv_block_store> store);
+
+}  // namespace shoal::actors

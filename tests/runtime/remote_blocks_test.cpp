@@ -1,0 +1,119 @@
+// The remote block tier through the engine: blocks one engine computed and offered are a
+// prefix hit for another engine with its own pool, with next-token logits bit-identical to a
+// cold computation; a remote tier that lists blocks it then cannot deliver is a miss (the
+// engine recomputes, same logits). The tier here is an in-memory map standing in for the
+// storage cluster (the cluster test uses the real storage nodes).
+#include <doctest/doctest.h>
+
+#include <map>
+#include <mutex>
+
+#include "runtime/engine.hpp"
+#include "runtime/remote_blocks.hpp"
+#include "tests/support/tiny_models.hpp"
+
+using namespace shoal;
+using runtime::block_key;
+
+namespace {
+
+struct key_less {
+  bool operator()(const block_key& a, const block_key& b) const { return std::tie(a.hi, a.lo) < std::tie(b.hi, b.lo); }
+};
+
+class memory_tier final : public runtime::remote_blocks {
+ public:
+  bool fail_fetches = false;
+  size_t fetches = 0;
+
+  size_t lookup(std::span<const block_key> keys) override {
+    std::lock_guard lock(mu_);
+    size_t n = 0;
+    while (n < keys.size() && blocks_.contains(keys[n])) ++n;
+    return n;
+  }
+  bool fetch(const block_key& key, std::span<float> dst) override {
+    std::lock_guard lock(mu_);
+    ++fetches;
+    auto it = blocks_.find(key);
+    if (fail_fetches || it == blocks_.end() || it->second.size() != dst.size()) return false;
+    std::copy(it->second.begin(), it->second.end(), dst.begin());
+    return true;
+  }
+  bool store_async(const block_key& key, std::span<const float> src) override {
+    std::lock_guard lock(mu_);
+    blocks_[key].assign(src.begin(), src.end());
+    return true;
+  }
+  size_t size() const {
+    std::lock_guard lock(mu_);
+    return blocks_.size();
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::map<block_key, std::vector<float>, key_less> blocks_;
+};
+
+runtime::sampling_params greedy(int32_t n) {
+  runtime::sampling_params p;
+  p.max_tokens = n;
+  p.ignore_eos = true;
+  return p;
+}
+
+std::vector<runtime::token_event> run_one(runtime::engine& e, const std::vector<int32_t>& prompt) {
+  auto id = e.add_request(prompt, greedy(6));
+  REQUIRE(id.has_value());
+  std::vector<runtime::token_event> events;
+  while (e.has_work())
+    for (auto& ev : e.step())
+      if (ev.id == *id) events.push_back(std::move(ev));
+  return events;
+}
+
+}  // namespace
+
+TEST_CASE("remote tier: blocks computed by one engine are a hit for another, logits bit-identical") {
+  auto w = test::tiny_model("v3-tiny");
+  auto tier = std::make_shared<memory_tier>();
+  auto cfg = test::exact_engine_config(256);
+  cfg.cache.remote = tier;
+  runtime::engine writer(w, cfg), reader(w, cfg), cold(w, test::exact_engine_config(256));
+  auto first = test::random_tokens(96, 21);
+  run_one(writer, first);
+  CHECK(tier->size() == static_cast<size_t>(96 / w->config.block_size));
+  CHECK(writer.stats().cache.remote_stored == tier->size());
+
+  auto second = first;
+  auto extra = test::random_tokens(40, 22);
+  second.insert(second.end(), extra.begin(), extra.end());
+  auto hit = run_one(reader, second);
+  auto ref = run_one(cold, second);
+  CHECK(reader.stats().cache.remote_hit_tokens > 0);
+  CHECK(reader.stats().cache.hit_tokens == reader.stats().cache.remote_hit_tokens);
+  REQUIRE(hit.size() == ref.size());
+  for (size_t i = 0; i < hit.size(); ++i) {
+    CHECK(hit[i].token == ref[i].token);
+    CHECK(hit[i].logits == ref[i].logits);
+  }
+}
+
+TEST_CASE("remote tier: listed blocks that cannot be fetched are a miss and the engine recomputes") {
+  auto w = test::tiny_model("v3-tiny");
+  auto tier = std::make_shared<memory_tier>();
+  auto cfg = test::exact_engine_config(256);
+  cfg.cache.remote = tier;
+  runtime::engine writer(w, cfg), reader(w, cfg), cold(w, test::exact_engine_config(256));
+  auto prompt = test::random_tokens(80, 31);
+  run_one(writer, prompt);
+  tier->fail_fetches = true;
+  auto got = run_one(reader, prompt);
+  auto ref = run_one(cold, prompt);
+  CHECK(tier->fetches > 0);
+  CHECK(reader.stats().cache.remote_fetch_failures == 1);
+  CHECK(reader.stats().cache.hit_tokens == 0);
+  REQUIRE(got.size() == ref.size());
+  for (size_t i = 0; i < got.size(); ++i) CHECK(got[i].logits == ref[i].logits);
+  CHECK(reader.stats().blocks_free == reader.stats().blocks_total);
+}
