@@ -36,12 +36,15 @@ std::shared_ptr<collector<Reply>> fan_out(caf::actor_system& sys, const std::vec
                                           std::chrono::milliseconds timeout, Make make) {
   auto c = std::make_shared<collector<Reply>>();
   c->expected = targets.size();
-  if (targets.empty()) return c;
+  for (size_t i = 0; i < targets.size(); ++i)
+    if (!targets[i]) c->failed.emplace(i, "storage node is down");
+  if (c->all_in()) return c;
   // Messages are built here, not in the actor: it may start after the caller gave up waiting.
   std::vector<decltype(make(0))> msgs;
   for (size_t i = 0; i < targets.size(); ++i) msgs.push_back(make(i));
   sys.spawn([c, targets, timeout, msgs = std::move(msgs)](caf::event_based_actor* self) {
     for (size_t i = 0; i < targets.size(); ++i) {
+      if (!targets[i]) continue;
       std::apply([&](const auto&... xs) { return self->request(targets[i], timeout, xs...); }, msgs[i])
         .then(
           [c, i](Reply& r) {
@@ -85,7 +88,17 @@ std::expected<std::unique_ptr<kv_client>, std::string> kv_client::create(caf::ac
   return std::unique_ptr<kv_client>(new kv_client(std::make_unique<impl>(impl{sys, cfg, std::move(*codec), {}})));
 }
 
-void kv_client::set_nodes(std::vector<storage_endpoint> nodes) { impl_->nodes = std::move(nodes); }
+void kv_client::set_nodes(std::vector<storage_endpoint> nodes) {
+  // Placement is over every node name ever seen: a node that left keeps its place (its
+  // chunks stay where the ranking put them), with no handle until it comes back.
+  auto& known = impl_->nodes;
+  for (auto& k : known) k.actor = nullptr;
+  for (auto& n : nodes) {
+    auto it = std::find_if(known.begin(), known.end(), [&](const storage_endpoint& k) { return k.name == n.name; });
+    if (it != known.end()) it->actor = std::move(n.actor);
+    else known.push_back(std::move(n));
+  }
+}
 
 std::vector<storage_endpoint> kv_client::nodes_of(const membership& m) {
   std::vector<storage_endpoint> out;

@@ -42,7 +42,9 @@ class kv_client {
   static std::expected<std::unique_ptr<kv_client>, std::string> create(caf::actor_system& sys, kv_client_config cfg);
   ~kv_client();
 
-  // The storage nodes to place over (e.g. every storage actor of the membership).
+  // The storage nodes that are up (e.g. every storage actor of the membership). Placement
+  // ranks every name ever given, so a node that is down keeps its chunks' places (its
+  // requests fail at once) and serves them again when it is back under the same name.
   void set_nodes(std::vector<storage_endpoint> nodes);
   static std::vector<storage_endpoint> nodes_of(const membership& m);
   // Indices into the nodes of `key`'s placement group, chunk order (k + m of them).

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <optional>
 #include <thread>
 #include <vector>
@@ -276,6 +277,12 @@ int run_node(const runtime::node_config& cfg, logger& log) {
     for (int32_t i = 0; i < cfg.storage_nodes; ++i) {
       actors::storage_node_config sc;
       sc.store.root = (*cfg.storage_dir / std::to_string(i)).string();
+      std::error_code ec;
+      std::filesystem::create_directories(sc.store.root, ec);
+      if (ec) {
+        log.error("key 'storage.dir': cannot create {}: {}", sc.store.root, ec.message());
+        std::_Exit(exit_failure);
+      }
       sc.store.capacity_bytes = static_cast<uint64_t>(cfg.storage_capacity_mib) << 20;
       sc.store.gc_high_watermark = cfg.storage_high_watermark_pct / 100.0;
       sc.store.gc_low_watermark = cfg.storage_low_watermark_pct / 100.0;

@@ -1,0 +1,249 @@
+// The KV-cache storage cluster as processes: 12 storage nodes (one shoald each), three engine
+// nodes with the storage tier on, and a gateway, started by `shoal up` on a deepseek_v3 tiny
+// checkpoint. A prompt computed once on one engine is a prefix hit for an engine on another
+// node (cached tokens in the usage, same greedy text as a cold computation); with 2 storage
+// nodes killed -9 the blocks are still read; with a 3rd the read is a miss and the request is
+// recomputed correctly; restarted storage nodes serve their chunks again.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include <caf/actor_system.hpp>
+#include <caf/actor_system_config.hpp>
+#include <caf/io/middleman.hpp>
+#include <caf/scoped_actor.hpp>
+
+#include "actors/http_client.hpp"
+#include "actors/interfaces.hpp"
+#include "actors/kv_client.hpp"
+#include "model/generate.hpp"
+#include "runtime/block_pool.hpp"
+#include "runtime/engine_setup.hpp"
+#include "tests/support/process.hpp"
+#include "tools/shoald/engine_options.hpp"
+
+using namespace shoal;
+using namespace std::chrono_literals;
+using nlohmann::json;
+using test::read_text;
+using test::write_text;
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr int storage_nodes = 12;
+
+std::string as_json_text(const std::string& bytes) {
+  return json::parse(json(bytes).dump(-1, ' ', false, json::error_handler_t::replace)).get<std::string>();
+}
+
+struct storage_cluster {
+  test::temp_dir dir;
+  fs::path model_dir, config_dir, state_dir;
+  uint16_t seed_port = 0, http_port = 0;
+  std::map<std::string, fs::path> configs;  // node name → its config file
+  std::optional<runtime::loaded_model> model;
+  bool up = false;
+
+  storage_cluster() {
+    model_dir = dir.path / "model";
+    config_dir = dir.path / "config";
+    state_dir = dir.path / "state";
+    fs::create_directories(config_dir);
+    model::generate_options gen;
+    gen.preset = "v3-tiny";
+    gen.seed = 5;
+    gen.out_dir = model_dir.string();
+    REQUIRE(model::generate_checkpoint(gen));
+    auto m = runtime::load_model_dir(model_dir.string(), false);
+    REQUIRE(m);
+    model = std::move(*m);
+    seed_port = test::free_port();
+    http_port = test::free_port();
+    add("gateway", "[\"gateway\"]", "[gateway]\nlisten = \"127.0.0.1:" + std::to_string(http_port) + "\"\n", false, true);
+    for (const char* e : {"engine-a", "engine-b", "engine-c"})
+      add(e, "[\"engine\"]", "[engine]\nranks = 1\ncache_mib = 32\nkv_storage = true\n", true, true);
+    for (int i = 0; i < storage_nodes; ++i) {
+      char name[32];
+      std::snprintf(name, sizeof name, "storage-%02d", i);
+      add(name, "[\"storage\"]",
+          "[storage]\ndir = \"" + (dir.path / "chunks" / name).string() + "\"\ncapacity_mib = 64\nfsync = \"never\"\n",
+          true, false);
+    }
+  }
+
+  void add(const std::string& name, const std::string& roles, const std::string& section, bool seeded, bool model) {
+    uint16_t port = name == "gateway" ? seed_port : test::free_port();
+    std::string text = "[node]\nname = \"" + name + "\"\nlisten = \"127.0.0.1:" + std::to_string(port) +
+                       "\"\nroles = " + roles + "\n" + (model ? "model_dir = \"" + model_dir.string() + "\"\n" : "") +
+                       "drain_timeout_ms = 5000\n\n" + section + "\n[cluster]\nseeds = [" +
+                       (seeded ? "\"127.0.0.1:" + std::to_string(seed_port) + "\"" : "") +
+                       "]\nheartbeat_interval_ms = 300\nconnection_timeout_ms = 2000\nrequest_timeout_ms = 30000\n\n"
+                       "[log]\nlevel = \"debug\"\n";
+    fs::path p = config_dir / (name + ".toml");
+    write_text(p, text);
+    configs[name] = p;
+  }
+
+  int shoal(std::vector<std::string> args, std::string& out, std::chrono::seconds timeout = 180s) {
+    static int n = 0;
+    fs::path o = dir.path / ("shoal." + std::to_string(n) + ".out"), e = dir.path / ("shoal." + std::to_string(n) + ".err");
+    ++n;
+    args.insert(args.begin(), SHOAL_SHOAL_BIN);
+    test::child_process p(args, o, e);
+    auto code = p.wait_exit(timeout);
+    out = read_text(o) + read_text(e);
+    REQUIRE_MESSAGE(code, "shoal did not finish: " << out);
+    return *code;
+  }
+
+  std::map<std::string, pid_t> pids() const {
+    std::map<std::string, pid_t> out;
+    std::ifstream f(state_dir / "cluster.pids");
+    pid_t pid;
+    std::string name;
+    while (f >> pid >> name) out[name] = pid;
+    return out;
+  }
+
+  ~storage_cluster() {
+    if (!up) return;
+    fs::path o = dir.path / "down.out";
+    test::child_process p({SHOAL_SHOAL_BIN, "down", "--state-dir", state_dir.string(), "--timeout", "20"}, o, o);
+    if (!p.wait_exit(60s))
+      for (auto& [name, pid] : pids()) kill(pid, SIGKILL);
+  }
+
+  json complete(const std::string& prompt, int max_tokens) {
+    json body = {{"model", "model"}, {"prompt", prompt}, {"max_tokens", max_tokens}, {"temperature", 0}, {"ignore_eos", true}};
+    auto r = actors::http_call("127.0.0.1", http_port, "POST", "/v1/completions", body.dump());
+    REQUIRE_MESSAGE(r, r.error());
+    REQUIRE_MESSAGE(r->status == 200, r->body);
+    return json::parse(r->body);
+  }
+
+  std::string offline(const std::string& prompt, int max_tokens) {
+    runtime::engine e(model->weights, tools::shoald::engine_config_for(model->weights->config));
+    runtime::sampling_params p;
+    p.max_tokens = max_tokens;
+    p.ignore_eos = true;
+    auto id = e.add_request(runtime::encode_prompt(*model->tokenizer, prompt), p);
+    REQUIRE(id);
+    return as_json_text(model->tokenizer->decode(e.run_to_completion().at(0).output));
+  }
+};
+
+struct client_config : caf::actor_system_config {
+  client_config() {
+    load<caf::io::middleman>();
+    actors::add_message_types(*this);
+  }
+};
+
+// Chunks held by each storage node, by node name, through the seed's membership.
+std::map<std::string, uint64_t> chunks_by_node(caf::actor_system& sys, uint16_t seed_port) {
+  std::map<std::string, uint64_t> out;
+  auto agent = sys.middleman().remote_actor<actors::node_agent_actor>("127.0.0.1", seed_port);
+  REQUIRE(agent);
+  caf::scoped_actor self{sys};
+  actors::membership m;
+  self->request(*agent, 10s, members_atom_v).receive([&](actors::membership& x) { m = x; }, [&](caf::error&) {});
+  for (const auto& n : m.nodes)
+    for (const auto& s : n.storage)
+      self->request(caf::actor_cast<actors::storage_node_actor>(s), 10s, stats_atom_v)
+        .receive([&](const actors::storage_stats_snapshot& st) { out[n.name] = st.chunks; }, [&](caf::error&) {});
+  return out;
+}
+
+uint64_t total(const std::map<std::string, uint64_t>& m) {
+  uint64_t t = 0;
+  for (const auto& [n, c] : m) t += c;
+  return t;
+}
+
+}  // namespace
+
+TEST_CASE("storage cluster: a prefix computed on one engine is read by others, survives 2 lost storage nodes") {
+  storage_cluster c;
+  std::string out;
+  REQUIRE_MESSAGE(c.shoal({"up", "--config", c.config_dir.string(), "--state-dir", c.state_dir.string(),
+                           "--timeout", "120"}, out) == 0, out);
+  c.up = true;
+  std::string at = "--connect=127.0.0.1:" + std::to_string(c.seed_port);
+  const int64_t bs = c.model->weights->config.block_size;
+  std::string prompt = "The storage cluster keeps every block of this prompt in ten data and two parity chunks, ";
+  while (static_cast<int64_t>(runtime::encode_prompt(*c.model->tokenizer, prompt).size()) < 2 * bs + 10)
+    prompt += "again and again, ";
+  const int n = 8;
+  const std::string expected = c.offline(prompt, n);
+  const auto prompt_len = static_cast<int64_t>(runtime::encode_prompt(*c.model->tokenizer, prompt).size());
+  const int64_t full_blocks = prompt_len / bs;                // a later request's prefix hit
+  const int64_t stored_blocks = (prompt_len + n - 1) / bs;    // full blocks computed (the last token is not)
+
+  // 1. engine-a (the router's first choice while all are idle) computes it; its blocks are
+  //    written back to every storage node (12 nodes: every placement group is all of them).
+  json first = c.complete(prompt, n);
+  CHECK(first["choices"][0]["text"] == expected);
+  CHECK(first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0);
+  client_config cfg;
+  caf::actor_system sys{cfg};
+  auto deadline = std::chrono::steady_clock::now() + 30s;
+  std::map<std::string, uint64_t> chunks;
+  while ((chunks = chunks_by_node(sys, c.seed_port), total(chunks)) < static_cast<uint64_t>(stored_blocks * storage_nodes) &&
+         std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(100ms);
+  CHECK(chunks.size() == storage_nodes);
+  CHECK(total(chunks) == static_cast<uint64_t>(stored_blocks * storage_nodes));
+
+  // 2. engine-a drains; with 2 storage nodes killed -9, engine-b reads the prefix from the rest.
+  REQUIRE(c.shoal({"shell", at, "-c", "drain engine-a"}, out) == 0);
+  auto pids = c.pids();
+  REQUIRE(kill(pids.at("storage-03"), SIGKILL) == 0);
+  REQUIRE(kill(pids.at("storage-07"), SIGKILL) == 0);
+  std::this_thread::sleep_for(3s);  // the heartbeat timeout removes them from the views
+  json second = c.complete(prompt, n);
+  CHECK(second["choices"][0]["text"] == expected);
+  CHECK(second["usage"]["prompt_tokens_details"]["cached_tokens"] == full_blocks * bs);
+  REQUIRE(c.shoal({"shell", at, "-c", "stats engine-b/rank0; drain engine-b"}, out) == 0);
+  CHECK(out.find("prefix_hit_tokens=" + std::to_string(full_blocks * bs)) != std::string::npos);
+
+  // 3. A 3rd storage node down: fewer than 10 chunks anywhere, engine-c misses and recomputes.
+  REQUIRE(kill(pids.at("storage-11"), SIGKILL) == 0);
+  std::this_thread::sleep_for(3s);
+  json third = c.complete(prompt, n);
+  CHECK(third["choices"][0]["text"] == expected);
+  CHECK(third["usage"]["prompt_tokens_details"]["cached_tokens"] == 0);
+
+  // 4. Restarted storage nodes rejoin and serve their chunks again (index rebuilt from disk).
+  std::vector<std::unique_ptr<test::child_process>> restarted;  // killed when the test ends
+  for (const char* name : {"storage-03", "storage-07", "storage-11"})
+    restarted.push_back(std::make_unique<test::child_process>(
+      std::vector<std::string>{SHOAL_SHOALD_BIN, "--config", c.configs.at(name).string()},
+      c.dir.path / (std::string(name) + ".restart.out"), c.dir.path / (std::string(name) + ".restart.err")));
+  std::this_thread::sleep_for(3s);
+  chunks = chunks_by_node(sys, c.seed_port);
+  CHECK(chunks.size() == storage_nodes);
+  for (const char* name : {"storage-03", "storage-07", "storage-11"}) CHECK(chunks[name] == static_cast<uint64_t>(stored_blocks));
+  auto client = actors::kv_client::create(sys, {});
+  REQUIRE(client);
+  {
+    auto agent = sys.middleman().remote_actor<actors::node_agent_actor>("127.0.0.1", c.seed_port);
+    REQUIRE(agent);
+    caf::scoped_actor self{sys};
+    self->request(*agent, 10s, members_atom_v)
+      .receive([&](actors::membership& m) { (*client)->set_nodes(actors::kv_client::nodes_of(m)); }, [&](caf::error&) {});
+  }
+  auto keys = runtime::chain_keys(runtime::encode_prompt(*c.model->tokenizer, prompt), static_cast<int>(bs));
+  std::vector<actors::block_key> chain;
+  for (const auto& k : keys) chain.push_back({k.hi, k.lo});
+  CHECK((*client)->lookup(chain) == static_cast<size_t>(full_blocks));  // the prompt's full blocks
+  auto block = (*client)->get(chain[0]);
+  CHECK_MESSAGE(block, (block ? "" : block.error()));
+  std::fflush(stdout);
+}
