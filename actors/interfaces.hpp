@@ -102,12 +102,13 @@ struct generation_request {
   request_id id;
   std::vector<int32_t> prompt;  // (n_prompt,) token ids, BOS included when the model wants one
   sampling_options sampling;
+  int32_t traffic_class = 1;    // storage TTL class of the blocks it writes back: 0 agent, 1 chat
   friend bool operator==(const generation_request&, const generation_request&) = default;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, generation_request& x) {
-  return f(caf::meta::type_name("generation_request"), x.id, x.prompt, x.sampling);
+  return f(caf::meta::type_name("generation_request"), x.id, x.prompt, x.sampling, x.traffic_class);
 }
 
 // One generated token of a request, streamed to the request's sink in generation order. The

@@ -14,8 +14,8 @@ block_key to_storage_key(const runtime::block_key& k) { return {k.hi, k.lo}; }
 
 }  // namespace
 
-kv_block_store::kv_block_store(std::unique_ptr<kv_client> client, size_t queue_blocks, int traffic_class)
-    : client_(std::move(client)), capacity_(queue_blocks), traffic_class_(traffic_class) {
+kv_block_store::kv_block_store(std::unique_ptr<kv_client> client, size_t queue_blocks)
+    : client_(std::move(client)), capacity_(queue_blocks) {
   writer_ = std::thread([this] { run(); });
 }
 
@@ -46,7 +46,7 @@ bool kv_block_store::fetch(const runtime::block_key& key, std::span<float> dst) 
   return true;
 }
 
-bool kv_block_store::store_async(const runtime::block_key& key, std::span<const float> src) {
+bool kv_block_store::store_async(const runtime::block_key& key, std::span<const float> src, int traffic_class) {
   std::vector<uint8_t> bytes(src.size_bytes());
   std::memcpy(bytes.data(), src.data(), bytes.size());
   {
@@ -55,7 +55,7 @@ bool kv_block_store::store_async(const runtime::block_key& key, std::span<const 
       ++counters_.dropped;
       return false;
     }
-    queue_.emplace_back(key, std::move(bytes));
+    queue_.push_back({key, std::move(bytes), traffic_class});
   }
   cv_.notify_one();
   return true;
@@ -77,14 +77,14 @@ void kv_block_store::run() {
   for (;;) {
     cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
     if (stopping_) return;
-    auto [key, bytes] = std::move(queue_.front());
+    pending job = std::move(queue_.front());
     queue_.pop_front();
     busy_ = true;
     lock.unlock();
     bool ok;
     {
       std::lock_guard client_lock(client_mu_);
-      ok = client_->put(to_storage_key(key), bytes, traffic_class_).has_value();
+      ok = client_->put(to_storage_key(job.key), job.bytes, job.traffic_class).has_value();
     }
     lock.lock();
     busy_ = false;

@@ -18,13 +18,13 @@ namespace shoal::actors {
 
 class kv_block_store final : public runtime::remote_blocks {
  public:
-  // queue_blocks: writes waiting at most; traffic_class of every write (0 agent, 1 chat).
-  kv_block_store(std::unique_ptr<kv_client> client, size_t queue_blocks = 256, int traffic_class = 1);
+  // queue_blocks: writes waiting at most.
+  explicit kv_block_store(std::unique_ptr<kv_client> client, size_t queue_blocks = 256);
   ~kv_block_store() override;
 
   size_t lookup(std::span<const runtime::block_key> keys) override;
   bool fetch(const runtime::block_key& key, std::span<float> dst) override;
-  bool store_async(const runtime::block_key& key, std::span<const float> src) override;
+  bool store_async(const runtime::block_key& key, std::span<const float> src, int traffic_class) override;
 
   void set_nodes(std::vector<storage_endpoint> nodes);
   // Blocks written, failed, dropped so far; waits (bounded) until the queue is empty first
@@ -39,11 +39,15 @@ class kv_block_store final : public runtime::remote_blocks {
 
   std::unique_ptr<kv_client> client_;
   std::mutex client_mu_;  // kv_client is used from the engines' threads and the writer
+  struct pending {
+    runtime::block_key key;
+    std::vector<uint8_t> bytes;
+    int traffic_class;
+  };
   size_t capacity_;
-  int traffic_class_;
   std::mutex mu_;
   std::condition_variable cv_, idle_cv_;
-  std::deque<std::pair<runtime::block_key, std::vector<uint8_t>>> queue_;
+  std::deque<pending> queue_;
   bool busy_ = false, stopping_ = false;
   counters counters_;
   std::thread writer_;

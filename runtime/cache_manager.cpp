@@ -122,7 +122,8 @@ void cache_manager::commit(request& r) {
       block_id b = r.blocks[r.blocks_cached];
       pool_.cache_block(b, r.keys[r.blocks_cached]);
       if (config_.remote) {
-        bool queued = config_.remote->store_async(r.keys[r.blocks_cached], {pool_.data(b), pool_.block_floats()});
+        bool queued = config_.remote->store_async(r.keys[r.blocks_cached], {pool_.data(b), pool_.block_floats()},
+                                                   r.traffic_class);
         ++(queued ? stats_.remote_stored : stats_.remote_dropped);
       }
     }

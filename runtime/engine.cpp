@@ -46,7 +46,9 @@ engine::~engine() {
 }
 
 std::expected<request_id, std::string> engine::add_request(std::vector<int32_t> prompt,
-                                                           const sampling_params& params) {
+                                                           const sampling_params& params, int traffic_class) {
+  if (traffic_class < 0 || traffic_class > 1)
+    return std::unexpected("traffic class " + std::to_string(traffic_class) + " is not 0 (agent) or 1 (chat)");
   const model::model_config& c = weights_->config;
   if (prompt.empty()) return std::unexpected("prompt is empty");
   for (size_t i = 0; i < prompt.size(); ++i)
@@ -67,6 +69,7 @@ std::expected<request_id, std::string> engine::add_request(std::vector<int32_t> 
   r->prompt_len = static_cast<int64_t>(prompt.size());
   r->tokens = std::move(prompt);
   r->params = params;
+  r->traffic_class = traffic_class;
   r->seq_seed = sequence_seed(params, static_cast<uint64_t>(r->id.value));
   request* raw = r.get();
   requests_[r->id.value] = std::move(r);

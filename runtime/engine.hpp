@@ -79,8 +79,9 @@ class engine {
 
   // Validates and queues a request. seq_seed: the seed of its sampling stream (defaults to
   // params.seed, else the request id).
+  // traffic_class: the storage TTL class of the blocks it writes back (0 agent, 1 chat).
   std::expected<request_id, std::string> add_request(std::vector<int32_t> prompt,
-                                                     const sampling_params& params);
+                                                     const sampling_params& params, int traffic_class = 1);
   bool abort(request_id id);
   // One step. In EP mode always one lockstep step of the group (an empty one when nothing is
   // planned). When the group's exchange fails (ep_error: peer lost, timeout, bad frame) every

@@ -20,9 +20,10 @@ class remote_blocks {
   virtual size_t lookup(std::span<const block_key> keys) = 0;
   // Reads block `key` into `dst` (exactly dst.size() floats); false on a miss or any failure.
   virtual bool fetch(const block_key& key, std::span<float> dst) = 0;
-  // Offers a computed block for writing; never blocks the step loop: false when dropped
-  // (queue full). `src` is copied before the call returns.
-  virtual bool store_async(const block_key& key, std::span<const float> src) = 0;
+  // Offers a computed block for writing under a traffic class (0 agent, 1 chat: the storage
+  // side's TTL); never blocks the step loop: false when dropped (queue full). `src` is copied
+  // before the call returns.
+  virtual bool store_async(const block_key& key, std::span<const float> src, int traffic_class) = 0;
 };
 
 }  // namespace shoal::runtime

@@ -31,6 +31,7 @@ struct request {
   std::vector<block_key> keys;   // chain keys of the full blocks of `tokens`
   int64_t blocks_cached = 0;     // leading blocks already registered in the pool
   int64_t cached_tokens = 0;     // prefix-hit tokens at the last admission (API usage)
+  int traffic_class = 1;         // storage TTL class of its written-back blocks: 0 agent, 1 chat
   int64_t dec_from = -1;         // decoder tail start (shoal_flash), fixed at first admission so
                                  // a preempted request recomputes exactly what it computed
   int64_t blocks_valid_until = 0;  // replay: runs ending before this are already in the blocks

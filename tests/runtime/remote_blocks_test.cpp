@@ -40,8 +40,10 @@ class memory_tier final : public runtime::remote_blocks {
     std::copy(it->second.begin(), it->second.end(), dst.begin());
     return true;
   }
-  bool store_async(const block_key& key, std::span<const float> src) override {
+  int last_class = -1;
+  bool store_async(const block_key& key, std::span<const float> src, int traffic_class) override {
     std::lock_guard lock(mu_);
+    last_class = traffic_class;
     blocks_[key].assign(src.begin(), src.end());
     return true;
   }
@@ -84,6 +86,7 @@ TEST_CASE("remote tier: blocks computed by one engine are a hit for another, log
   run_one(writer, first);
   CHECK(tier->size() == static_cast<size_t>(96 / w->config.block_size));
   CHECK(writer.stats().cache.remote_stored == tier->size());
+  CHECK(tier->last_class == 1);  // chat unless the request says otherwise
 
   auto second = first;
   auto extra = test::random_tokens(40, 22);
