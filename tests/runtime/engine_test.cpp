@@ -27,15 +27,8 @@ sampling_params greedy(int32_t n) {
   return p;
 }
 
-// Runs one request alone on `e`; returns its events.
 std::vector<runtime::token_event> run_one(engine& e, const std::vector<int32_t>& prompt, const sampling_params& p) {
-  auto id = e.add_request(prompt, p);
-  REQUIRE(id.has_value());
-  std::vector<runtime::token_event> events;
-  while (e.has_work())
-    for (auto& ev : e.step())
-      if (ev.id == *id) events.push_back(std::move(ev));
-  return events;
+  return test::run_alone(e, prompt, p);
 }
 
 }  // namespace

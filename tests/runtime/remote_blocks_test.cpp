@@ -65,13 +65,7 @@ runtime::sampling_params greedy(int32_t n) {
 }
 
 std::vector<runtime::token_event> run_one(runtime::engine& e, const std::vector<int32_t>& prompt) {
-  auto id = e.add_request(prompt, greedy(6));
-  REQUIRE(id.has_value());
-  std::vector<runtime::token_event> events;
-  while (e.has_work())
-    for (auto& ev : e.step())
-      if (ev.id == *id) events.push_back(std::move(ev));
-  return events;
+  return test::run_alone(e, prompt, greedy(6));
 }
 
 }  // namespace

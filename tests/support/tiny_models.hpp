@@ -2,6 +2,8 @@
 // weights from the generator's initialiser, no file I/O.
 #pragma once
 
+#include <doctest/doctest.h>
+
 #include <memory>
 #include <random>
 #include <vector>
@@ -33,6 +35,18 @@ inline runtime::engine_config exact_engine_config(int64_t blocks) {
   c.batch_invariant = true;
   c.capture_logits = true;
   return c;
+}
+
+// Runs one request alone on `e` until the engine is idle; returns its events.
+inline std::vector<runtime::token_event> run_alone(runtime::engine& e, const std::vector<int32_t>& prompt,
+                                                   const runtime::sampling_params& p) {
+  auto id = e.add_request(prompt, p);
+  REQUIRE(id.has_value());
+  std::vector<runtime::token_event> events;
+  while (e.has_work())
+    for (auto& ev : e.step())
+      if (ev.id == *id) events.push_back(std::move(ev));
+  return events;
 }
 
 inline std::vector<int32_t> random_tokens(size_t n, uint32_t seed, int32_t vocab = 256) {

@@ -25,7 +25,7 @@
 #include "model/generate.hpp"
 #include "runtime/block_pool.hpp"
 #include "runtime/engine_setup.hpp"
-#include "tests/support/process.hpp"
+#include "tests/support/cluster.hpp"
 #include "tools/shoald/engine_options.hpp"
 
 using namespace shoal;
@@ -38,10 +38,6 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr int storage_nodes = 12;
-
-std::string as_json_text(const std::string& bytes) {
-  return json::parse(json(bytes).dump(-1, ' ', false, json::error_handler_t::replace)).get<std::string>();
-}
 
 struct storage_cluster {
   test::temp_dir dir;
@@ -91,33 +87,12 @@ struct storage_cluster {
     configs[name] = p;
   }
 
-  int shoal(std::vector<std::string> args, std::string& out, std::chrono::seconds timeout = 180s) {
-    static int n = 0;
-    fs::path o = dir.path / ("shoal." + std::to_string(n) + ".out"), e = dir.path / ("shoal." + std::to_string(n) + ".err");
-    ++n;
-    args.insert(args.begin(), SHOAL_SHOAL_BIN);
-    test::child_process p(args, o, e);
-    auto code = p.wait_exit(timeout);
-    out = read_text(o) + read_text(e);
-    REQUIRE_MESSAGE(code, "shoal did not finish: " << out);
-    return *code;
-  }
+  int shoal(std::vector<std::string> args, std::string& out) { return test::run_shoal(dir.path, std::move(args), out); }
 
-  std::map<std::string, pid_t> pids() const {
-    std::map<std::string, pid_t> out;
-    std::ifstream f(state_dir / "cluster.pids");
-    pid_t pid;
-    std::string name;
-    while (f >> pid >> name) out[name] = pid;
-    return out;
-  }
+  std::map<std::string, pid_t> pids() const { return test::cluster_pids(state_dir); }
 
   ~storage_cluster() {
-    if (!up) return;
-    fs::path o = dir.path / "down.out";
-    test::child_process p({SHOAL_SHOAL_BIN, "down", "--state-dir", state_dir.string(), "--timeout", "20"}, o, o);
-    if (!p.wait_exit(60s))
-      for (auto& [name, pid] : pids()) kill(pid, SIGKILL);
+    if (up) test::cluster_down(dir.path, state_dir);
   }
 
   json complete(const std::string& prompt, int max_tokens) {
@@ -135,7 +110,7 @@ struct storage_cluster {
     p.ignore_eos = true;
     auto id = e.add_request(runtime::encode_prompt(*model->tokenizer, prompt), p);
     REQUIRE(id);
-    return as_json_text(model->tokenizer->decode(e.run_to_completion().at(0).output));
+    return test::as_json_text(model->tokenizer->decode(e.run_to_completion().at(0).output));
   }
 };
 
