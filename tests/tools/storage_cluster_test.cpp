@@ -177,7 +177,10 @@ TEST_CASE("storage cluster: a prefix computed on one engine is read by others, s
   CHECK(total(chunks) == static_cast<uint64_t>(stored_blocks * storage_nodes));
 
   // 2. engine-a drains; with 2 storage nodes killed -9, engine-b reads the prefix from the rest.
-  REQUIRE(c.shoal({"shell", at, "-c", "drain engine-a"}, out) == 0);
+  REQUIRE(c.shoal({"shell", at, "-c", "storage; drain engine-a"}, out) == 0);
+  CHECK(out.find("12 storage node(s)") != std::string::npos);
+  CHECK(out.find("storage-05/storage0: chunks=" + std::to_string(stored_blocks) + " ") != std::string::npos);
+  CHECK(out.find("watermarks=90%/70%") != std::string::npos);
   auto pids = c.pids();
   REQUIRE(kill(pids.at("storage-03"), SIGKILL) == 0);
   REQUIRE(kill(pids.at("storage-07"), SIGKILL) == 0);
