@@ -4,6 +4,9 @@
 // reached over the middleman through a kv_client: put and get GB/s, their ratios to raw encode
 // and to loopback (printed, never asserted), bit-exactness of every get, and single-block get
 // latency with 0, 1 and 2 storage nodes down.
+// First run (c3a84ae, 2 cores): with 2 nodes killed over the middleman, single-block gets take the
+// kv_client's full 5 s request timeout: requests to a killed remote storage actor are not failed
+// at once, so the get waits for the dead chunks of its first k + 1 before asking the rest.
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
