@@ -15,6 +15,7 @@ void add_engine_bench(CLI::App& bench);     // bench engine
 void add_model_benches(CLI::App& bench);    // bench fit-cost, bench replay
 void add_shell_command(CLI::App& app);      // shell
 void add_serve_bench(CLI::App& bench);      // bench serve
+void add_storage_bench(CLI::App& bench);    // bench storage
 void add_cluster_commands(CLI::App& app);   // up, down
 int exit_code();
 void set_exit_code(int code);

@@ -1,0 +1,557 @@
+// `shoal bench storage`: the KV-cache storage cluster measured against its own limits, in one
+// run (MEASURE.md): raw ISA-L 10+2 encode/decode of the block size (no I/O), a plain TCP bulk
+// transfer between two processes over loopback, then 12 storage nodes in a child process
+// reached over the middleman through a kv_client: put and get GB/s, their ratios to raw encode
+// and to loopback (printed, never asserted), bit-exactness of every get, and single-block get
+// latency with 0, 1 and 2 storage nodes down.
+// First run (c3a84ae, 2 cores): with 2 nodes killed over the middleman, single-block gets take the
+// kv_client's full 5 s request timeout: requests to a killed remote storage actor are not failed
+// at once, so the get waits for the dead chunks of its first k + 1 before asking the rest.
+#include <CLI/CLI.hpp>
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <thread>
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include <caf/actor_system.hpp>
+#include <caf/actor_system_config.hpp>
+#include <caf/event_based_actor.hpp>
+#include <caf/exit_reason.hpp>
+#include <caf/io/middleman.hpp>
+#include <caf/scoped_actor.hpp>
+#include <caf/send.hpp>
+
+#include "actors/interfaces.hpp"
+#include "actors/kv_client.hpp"
+#include "actors/storage_node_actor.hpp"
+#include "storage/erasure.hpp"
+#include "tools/shoal/bench_util.hpp"
+#include "tools/shoal/commands.hpp"
+
+namespace shoal::tools {
+
+namespace {
+
+using nlohmann::json;
+using namespace std::chrono_literals;
+
+constexpr int storage_nodes = 12;
+
+struct storage_args {
+  int blocks = 128;
+  int block_kib = 1024;
+  int reps = 5;
+  int loopback_mib = 256;
+  int latency_gets = 64;
+  bool fsync = false;
+  std::string out = "bench/results/storage.jsonl";
+};
+
+double pct(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, static_cast<size_t>(p * static_cast<double>(v.size() - 1) + 0.5))];
+}
+
+std::vector<uint8_t> random_block(size_t n, uint32_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<uint8_t> b(n);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t x = rng();
+    std::memcpy(b.data() + i, &x, 8);
+  }
+  for (; i < n; ++i) b[i] = static_cast<uint8_t>(rng());
+  return b;
+}
+
+bool write_all(int fd, const void* p, size_t n) {
+  auto* c = static_cast<const char*>(p);
+  while (n > 0) {
+    ssize_t w = ::write(fd, c, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    c += w;
+    n -= static_cast<size_t>(w);
+  }
+  return true;
+}
+
+bool read_all(int fd, void* p, size_t n) {
+  auto* c = static_cast<char*>(p);
+  while (n > 0) {
+    ssize_t r = ::read(fd, c, n);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    c += r;
+    n -= static_cast<size_t>(r);
+  }
+  return true;
+}
+
+// -- 1. raw ISA-L ---------------------------------------------------------------------------
+
+struct ec_result {
+  double encode_gbps = 0, decode_gbps = 0;
+  double encode_min = 0, encode_max = 0, decode_min = 0, decode_max = 0;
+  int blocks = 0, mismatches = 0;
+};
+
+ec_result measure_ec(const storage_args& a) {
+  auto codec = storage::ec_codec::create(10, 2);
+  if (!codec) throw std::runtime_error("ec_codec: " + codec.error().message);
+  size_t bytes = static_cast<size_t>(a.block_kib) * 1024;
+  ec_result r;
+  r.blocks = 64;
+  std::vector<std::vector<uint8_t>> blocks;
+  for (int b = 0; b < r.blocks; ++b) blocks.push_back(random_block(bytes, 1000 + b));
+  std::vector<std::vector<std::vector<uint8_t>>> encoded(blocks.size());
+  std::vector<double> enc, dec;
+  for (int rep = 0; rep < a.reps + 1; ++rep) {  // rep 0 warms up
+    double t0 = now_s();
+    for (size_t b = 0; b < blocks.size(); ++b) {
+      auto c = codec->encode(blocks[b]);
+      if (!c) throw std::runtime_error("encode: " + c.error().message);
+      encoded[b] = std::move(*c);
+    }
+    double te = now_s() - t0;
+    // Two data chunks lost (0 and 1): the decode has to rebuild from parity.
+    std::vector<std::vector<storage::chunk_ref>> refs(blocks.size());
+    for (size_t b = 0; b < blocks.size(); ++b)
+      for (size_t i = 2; i < encoded[b].size(); ++i) refs[b].push_back({static_cast<uint32_t>(i), encoded[b][i]});
+    std::vector<std::vector<uint8_t>> decoded(blocks.size());
+    int bad = 0;
+    t0 = now_s();
+    for (size_t b = 0; b < blocks.size(); ++b) {
+      auto d = codec->decode(refs[b]);
+      if (d) decoded[b] = std::move(*d);
+      else ++bad;
+    }
+    double td = now_s() - t0;
+    for (size_t b = 0; b < blocks.size(); ++b)
+      if (decoded[b] != blocks[b]) ++bad;
+    r.mismatches += bad;
+    if (rep == 0) continue;
+    enc.push_back(static_cast<double>(bytes) * blocks.size() / te / 1e9);
+    dec.push_back(static_cast<double>(bytes) * blocks.size() / td / 1e9);
+  }
+  r.encode_gbps = median(enc);
+  r.decode_gbps = median(dec);
+  r.encode_min = *std::min_element(enc.begin(), enc.end());
+  r.encode_max = *std::max_element(enc.begin(), enc.end());
+  r.decode_min = *std::min_element(dec.begin(), dec.end());
+  r.decode_max = *std::max_element(dec.begin(), dec.end());
+  return r;
+}
+
+// -- 2. plain loopback TCP ------------------------------------------------------------------
+
+struct loopback_result {
+  double gbps = 0, min = 0, max = 0;
+  size_t bytes = 0;
+};
+
+// One transfer: a forked sender writes `total` bytes in 1 MiB writes to 127.0.0.1; the GB/s is
+// taken at the receiver (accept → last byte).
+double loopback_once(size_t total) {
+  int ls = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (ls < 0) throw std::runtime_error("socket: " + std::string(strerror(errno)));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  if (::bind(ls, reinterpret_cast<sockaddr*>(&addr), sizeof addr) < 0 || ::listen(ls, 1) < 0)
+    throw std::runtime_error("bind/listen: " + std::string(strerror(errno)));
+  socklen_t len = sizeof addr;
+  ::getsockname(ls, reinterpret_cast<sockaddr*>(&addr), &len);
+  pid_t pid = ::fork();
+  if (pid < 0) throw std::runtime_error("fork: " + std::string(strerror(errno)));
+  if (pid == 0) {
+    ::close(ls);
+    int s = ::socket(AF_INET, SOCK_STREAM, 0);
+    if (::connect(s, reinterpret_cast<sockaddr*>(&addr), sizeof addr) < 0) std::_Exit(1);
+    std::vector<char> buf(1 << 20, 'x');
+    for (size_t sent = 0; sent < total; sent += buf.size())
+      if (!write_all(s, buf.data(), std::min(buf.size(), total - sent))) std::_Exit(1);
+    ::close(s);
+    std::_Exit(0);
+  }
+  int s = ::accept(ls, nullptr, nullptr);
+  ::close(ls);
+  if (s < 0) throw std::runtime_error("accept: " + std::string(strerror(errno)));
+  std::vector<char> buf(1 << 20);
+  size_t got = 0;
+  double t0 = now_s();
+  while (got < total) {
+    ssize_t r = ::read(s, buf.data(), buf.size());
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) break;
+    got += static_cast<size_t>(r);
+  }
+  double t = now_s() - t0;
+  ::close(s);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  if (got < total) throw std::runtime_error("loopback: received " + std::to_string(got) + " of " + std::to_string(total));
+  return static_cast<double>(total) / t / 1e9;
+}
+
+loopback_result measure_loopback(const storage_args& a) {
+  loopback_result r;
+  r.bytes = static_cast<size_t>(a.loopback_mib) << 20;
+  loopback_once(r.bytes / 4);  // warm-up
+  std::vector<double> v;
+  for (int rep = 0; rep < a.reps; ++rep) v.push_back(loopback_once(r.bytes));
+  r.gbps = median(v);
+  r.min = *std::min_element(v.begin(), v.end());
+  r.max = *std::max_element(v.begin(), v.end());
+  return r;
+}
+
+// -- 3. the storage cluster in a child process ----------------------------------------------
+
+struct storage_child {
+  pid_t pid = -1;
+  int ctl = -1;  // the parent's end: closing it (or exiting) tells the child to clean up and go
+  int port_fd = -1;  // the child writes its published port here once it is up
+  uint16_t port = 0;
+  std::string dir;
+};
+
+// The child: its own actor system with the middleman, 12 storage nodes on temp dirs, and a
+// published actor that answers members_atom with them. Never returns.
+[[noreturn]] void run_storage_child(int port_fd, int ctl_fd, const std::string& dir, bool fsync) {
+  int rc = 0;
+  {
+    caf::actor_system_config cfg;
+    cfg.load<caf::io::middleman>();
+    actors::add_message_types(cfg);
+    caf::actor_system sys{cfg};
+    actors::node_info info;
+    info.name = "bench";
+    info.host = "127.0.0.1";
+    info.roles = {"storage"};
+    for (int i = 0; i < storage_nodes; ++i) {
+      actors::storage_node_config c;
+      c.store.root = dir + "/" + std::to_string(i);
+      c.store.capacity_bytes = 16ull << 30;
+      c.store.max_chunk_bytes = 64ull << 20;
+      c.store.sync = fsync ? storage::sync_policy::always : storage::sync_policy::never;
+      c.store.now_ms = [] {
+        return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count();
+      };
+      auto a = actors::spawn_storage_node(sys, c);
+      if (!a) {
+        fmt::print(stderr, "storage child: {}\n", a.error());
+        uint16_t zero = 0;
+        write_all(port_fd, &zero, sizeof zero);
+        std::_Exit(1);
+      }
+      info.storage.push_back(caf::actor_cast<caf::actor>(*a));
+    }
+    actors::membership m;
+    m.version = 1;
+    m.nodes.push_back(info);
+    auto members = sys.spawn([m](caf::event_based_actor*) -> caf::behavior {
+      return {[m](members_atom) { return m; }};
+    });
+    auto port = sys.middleman().publish(members, 0, "127.0.0.1", true);
+    uint16_t p = port ? *port : 0;
+    if (!port) fmt::print(stderr, "storage child: publish: {}\n", sys.render(port.error()));
+    write_all(port_fd, &p, sizeof p);
+    ::close(port_fd);
+    for (char c;;) {
+      ssize_t r = ::read(ctl_fd, &c, 1);
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0) break;
+    }
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+    rc = port ? 0 : 1;
+  }
+  std::_Exit(rc);  // skip CAF's teardown (it can block with remote peers)
+}
+
+storage_child fork_storage_child(bool fsync) {
+  storage_child c;
+  char tmpl[] = "/tmp/shoal-bench-storage-XXXXXX";
+  if (!::mkdtemp(tmpl)) throw std::runtime_error("mkdtemp: " + std::string(strerror(errno)));
+  c.dir = tmpl;
+  int port_pipe[2], ctl_pipe[2];
+  if (::pipe(port_pipe) < 0 || ::pipe(ctl_pipe) < 0) throw std::runtime_error("pipe: " + std::string(strerror(errno)));
+  std::fflush(stdout);
+  std::fflush(stderr);
+  c.pid = ::fork();
+  if (c.pid < 0) throw std::runtime_error("fork: " + std::string(strerror(errno)));
+  if (c.pid == 0) {
+    ::close(port_pipe[0]);
+    ::close(ctl_pipe[1]);
+    run_storage_child(port_pipe[1], ctl_pipe[0], c.dir, fsync);
+  }
+  ::close(port_pipe[1]);
+  ::close(ctl_pipe[0]);
+  c.ctl = ctl_pipe[1];
+  ::fcntl(c.ctl, F_SETFD, FD_CLOEXEC);
+  // The port is read later, after the parent's own measurements (the child starts meanwhile).
+  c.port_fd = port_pipe[0];
+  return c;
+}
+
+void wait_port(storage_child& c) {
+  uint16_t p = 0;
+  bool ok = read_all(c.port_fd, &p, sizeof p);
+  ::close(c.port_fd);
+  c.port_fd = -1;
+  if (!ok || p == 0) throw std::runtime_error("storage child failed to start");
+  c.port = p;
+}
+
+void stop_storage_child(storage_child& c) {
+  if (c.pid <= 0) return;
+  ::close(c.ctl);  // EOF: the child removes its dirs and exits
+  int status = 0;
+  for (int i = 0; i < 100; ++i) {  // up to 10 s
+    if (::waitpid(c.pid, &status, WNOHANG) == c.pid) {
+      c.pid = -1;
+      break;
+    }
+    ::usleep(100'000);
+  }
+  if (c.pid > 0) {
+    ::kill(c.pid, SIGKILL);
+    ::waitpid(c.pid, &status, 0);
+    c.pid = -1;
+  }
+  std::error_code ec;
+  std::filesystem::remove_all(c.dir, ec);
+}
+
+actors::block_key key_of(int b) { return {0x5107a6e000000000ull + static_cast<uint64_t>(b), 0xb10c000000000000ull ^ static_cast<uint64_t>(b)}; }
+
+int run_storage_bench(const storage_args& a) {
+  json base = machine_facts();  // popen: before any thread of ours exists
+  base["bench"] = "storage";
+  base["block_bytes"] = static_cast<int64_t>(a.block_kib) * 1024;
+  base["k"] = 10;
+  base["m"] = 2;
+  base["fsync"] = a.fsync;
+  base["reps"] = a.reps;
+  // Fork the storage cluster first, before this process has an actor system or threads.
+  storage_child child = fork_storage_child(a.fsync);
+  struct guard {
+    storage_child& c;
+    ~guard() { stop_storage_child(c); }
+  } g{child};
+
+  ec_result ec = measure_ec(a);
+  loopback_result lb = measure_loopback(a);
+  wait_port(child);
+
+  // Never destroyed: CAF 0.17's teardown can block once a remote node was connected (the
+  // process ends with std::_Exit).
+  auto* cfg = new caf::actor_system_config;
+  cfg->load<caf::io::middleman>();
+  actors::add_message_types(*cfg);
+  auto& sys = *new caf::actor_system{*cfg};
+  auto members = sys.middleman().remote_actor("127.0.0.1", child.port);
+  if (!members) throw std::runtime_error("remote_actor: " + sys.render(members.error()));
+  actors::membership m;
+  {
+    caf::scoped_actor self{sys};
+    std::string err = "no reply";
+    self->request(*members, 10s, members_atom_v)
+      .receive([&](actors::membership& got) { m = std::move(got); err.clear(); },
+               [&](caf::error& e) { err = sys.render(e); });
+    if (!err.empty()) throw std::runtime_error("members: " + err);
+  }
+  actors::kv_client_config kc;
+  kc.timeout = 5s;
+  auto created = actors::kv_client::create(sys, kc);
+  if (!created) throw std::runtime_error(created.error());
+  actors::kv_client* client = created->release();  // leaked with the actor system
+  auto nodes = actors::kv_client::nodes_of(m);
+  if (static_cast<int>(nodes.size()) != storage_nodes)
+    throw std::runtime_error("membership lists " + std::to_string(nodes.size()) + " storage nodes");
+  client->set_nodes(nodes);
+
+  size_t bytes = static_cast<size_t>(a.block_kib) * 1024;
+  std::vector<std::vector<uint8_t>> blocks;
+  for (int b = 0; b < a.blocks; ++b) blocks.push_back(random_block(bytes, 7 + b));
+  // Warm-up: the connections to every node and the stores' first files (keys apart).
+  for (int b = 0; b < 4; ++b) {
+    actors::block_key k = key_of(1'000'000 + b);
+    if (auto r = client->put(k, blocks[b % blocks.size()], 0); !r) throw std::runtime_error("warm-up put: " + r.error());
+    if (auto r = client->get(k); !r) throw std::runtime_error("warm-up get: " + r.error());
+  }
+  int put_failed = 0, get_failed = 0, mismatches = 0;
+  double t0 = now_s();
+  for (int b = 0; b < a.blocks; ++b)
+    if (auto r = client->put(key_of(b), blocks[b], 0); !r) {
+      if (put_failed++ == 0) fmt::print(stderr, "put {}: {}\n", b, r.error());
+    }
+  double put_s = now_s() - t0;
+  t0 = now_s();
+  for (int b = 0; b < a.blocks; ++b) {
+    auto r = client->get(key_of(b));
+    if (!r) {
+      if (get_failed++ == 0) fmt::print(stderr, "get {}: {}\n", b, r.error());
+    } else if (*r != blocks[b]) {
+      ++mismatches;
+    }
+  }
+  double get_s = now_s() - t0;
+  double total = static_cast<double>(bytes) * a.blocks;
+  double put_gbps = total / put_s / 1e9, get_gbps = total / get_s / 1e9;
+  double put_ratio = put_gbps / ec.encode_gbps, get_ratio = get_gbps / lb.gbps;
+
+  // 4. Single-block get latency with 0, 1, 2 nodes down. Every node is in every block's group
+  // (12 nodes, groups of 12); killing the nodes of data chunks 0 and 1 of block 0 forces decodes.
+  struct lat_point {
+    int down;
+    double p50, p99;
+    int gets, failed, mismatches;
+  };
+  std::vector<lat_point> lat;
+  auto group0 = client->placement(key_of(0));
+  for (int down = 0; down <= 2; ++down) {
+    if (down > 0) {
+      caf::anon_send_exit(nodes[group0[static_cast<size_t>(down - 1)]].actor, caf::exit_reason::kill);
+      std::this_thread::sleep_for(200ms);  // let the exit reach the child and the down reach us
+    }
+    lat_point p{down, 0, 0, std::max(a.latency_gets, 50), 0, 0};
+    std::vector<double> v;
+    for (int i = 0; i < p.gets; ++i) {
+      int b = i % a.blocks;
+      double s = now_s();
+      auto r = client->get(key_of(b));
+      v.push_back((now_s() - s) * 1e3);
+      if (!r) {
+        if (p.failed++ == 0) fmt::print(stderr, "get with {} down: {}\n", down, r.error());
+      } else if (*r != blocks[b]) {
+        ++p.mismatches;
+      }
+    }
+    p.p50 = pct(v, 0.5);
+    p.p99 = pct(v, 0.99);
+    lat.push_back(p);
+  }
+
+  // Table.
+  fmt::print("shoal bench storage: ec 10+2, block {} KiB, {} reps, fsync {}\n", a.block_kib, a.reps,
+             a.fsync ? "always" : "never");
+  fmt::print("{:<34} {:>10} {:>21}\n", "measure", "GB/s", "min-max / note");
+  fmt::print("{:<34} {:>10.2f} {:>10.2f}-{:<10.2f}\n", "raw ISA-L encode (64 blocks)", ec.encode_gbps, ec.encode_min,
+             ec.encode_max);
+  fmt::print("{:<34} {:>10.2f} {:>10.2f}-{:<10.2f}\n", "raw ISA-L decode, 2 lost", ec.decode_gbps, ec.decode_min,
+             ec.decode_max);
+  fmt::print("{:<34} {:>10.2f} {:>10.2f}-{:<10.2f}\n", fmt::format("loopback TCP ({} MiB)", a.loopback_mib), lb.gbps,
+             lb.min, lb.max);
+  fmt::print("{:<34} {:>10.3f} {:>21}\n", fmt::format("cluster put ({} blocks)", a.blocks), put_gbps,
+             fmt::format("{} failed", put_failed));
+  fmt::print("{:<34} {:>10.3f} {:>21}\n", fmt::format("cluster get ({} blocks)", a.blocks), get_gbps,
+             fmt::format("{} failed, {} mismatch", get_failed, mismatches));
+  fmt::print("{:<34} {:>10.3f} {:>21}\n", "ratio put / raw encode", put_ratio, "(target >= 0.8)");
+  fmt::print("{:<34} {:>10.3f} {:>21}\n", "ratio get / loopback", get_ratio, "(target >= 0.5)");
+  fmt::print("\n{:>10} {:>6} {:>10} {:>10} {:>7} {:>9}\n", "nodes down", "gets", "p50 ms", "p99 ms", "failed", "mismatch");
+  for (const auto& p : lat)
+    fmt::print("{:>10} {:>6} {:>10.3f} {:>10.3f} {:>7} {:>9}\n", p.down, p.gets, p.p50, p.p99, p.failed, p.mismatches);
+  if (ec.mismatches) fmt::print("raw decode mismatches: {}\n", ec.mismatches);
+
+  json r = base;
+  r["point"] = "ec_raw";
+  r["blocks"] = ec.blocks;
+  r["encode_gbps"] = ec.encode_gbps;
+  r["encode_gbps_min"] = ec.encode_min;
+  r["encode_gbps_max"] = ec.encode_max;
+  r["decode2_gbps"] = ec.decode_gbps;
+  r["decode2_gbps_min"] = ec.decode_min;
+  r["decode2_gbps_max"] = ec.decode_max;
+  r["decode_mismatches"] = ec.mismatches;
+  append_jsonl(a.out, r);
+  r = base;
+  r["point"] = "loopback";
+  r["bytes"] = lb.bytes;
+  r["write_bytes"] = 1 << 20;
+  r["gbps"] = lb.gbps;
+  r["gbps_min"] = lb.min;
+  r["gbps_max"] = lb.max;
+  append_jsonl(a.out, r);
+  r = base;
+  r["point"] = "cluster";
+  r["nodes"] = storage_nodes;
+  r["blocks"] = a.blocks;
+  r["put_s"] = put_s;
+  r["get_s"] = get_s;
+  r["put_gbps"] = put_gbps;
+  r["get_gbps"] = get_gbps;
+  r["put_failed"] = put_failed;
+  r["get_failed"] = get_failed;
+  r["get_mismatches"] = mismatches;
+  r["put_over_raw_encode"] = put_ratio;
+  r["get_over_loopback"] = get_ratio;
+  append_jsonl(a.out, r);
+  for (const auto& p : lat) {
+    r = base;
+    r["point"] = "get_latency";
+    r["nodes_down"] = p.down;
+    r["gets"] = p.gets;
+    r["p50_ms"] = p.p50;
+    r["p99_ms"] = p.p99;
+    r["failed"] = p.failed;
+    r["mismatches"] = p.mismatches;
+    append_jsonl(a.out, r);
+  }
+  return (mismatches || ec.mismatches || put_failed || get_failed) ? 1 : 0;
+}
+
+}  // namespace
+
+void add_storage_bench(CLI::App& bench) {
+  auto* b = bench.add_subcommand("storage", "storage cluster put/get vs raw ISA-L and loopback TCP; get latency "
+                                            "with 0-2 nodes down (12 nodes in a child process)");
+  auto a = std::make_shared<storage_args>();
+  b->add_option("--blocks", a->blocks, "blocks put then got through the cluster")->capture_default_str()->check(
+    CLI::PositiveNumber);
+  b->add_option("--block-kib", a->block_kib, "block size in KiB")->capture_default_str()->check(CLI::PositiveNumber);
+  b->add_option("--reps", a->reps, "repetitions of the raw and loopback measures (median)")
+    ->capture_default_str()
+    ->check(CLI::Range(5, 1000));
+  b->add_option("--loopback-mib", a->loopback_mib, "bytes per loopback transfer, MiB")->capture_default_str()->check(
+    CLI::Range(256, 1 << 16));
+  b->add_option("--latency-gets", a->latency_gets, "single-block gets per nodes-down point (>= 50)")
+    ->capture_default_str()
+    ->check(CLI::Range(50, 1 << 20));
+  b->add_flag("--fsync", a->fsync, "storage nodes fsync every chunk (sync_policy always)");
+  b->add_option("--out", a->out, "JSONL output")->capture_default_str();
+  b->callback([a] {
+    int rc = 1;
+    try {
+      rc = run_storage_bench(*a);
+    } catch (const std::exception& e) {
+      fmt::print(stderr, "shoal bench storage: {}\n", e.what());
+    }
+    std::fflush(stdout);
+    std::fflush(stderr);
+    std::_Exit(rc);  // CAF 0.17's teardown can block once a remote node was connected
+  });
+}
+
+}  // namespace shoal::tools
