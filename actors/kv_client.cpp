@@ -148,27 +148,52 @@ std::expected<std::vector<uint8_t>, std::string> kv_client::get(const block_key&
   auto& im = *impl_;
   std::vector<size_t> group = placement(key);
   if (static_cast<int>(group.size()) < im.codec.n()) return std::unexpected("kv client: not enough storage nodes");
-  std::vector<std::vector<uint8_t>> valid(group.size());
-  std::vector<storage::chunk_ref> refs;
-  std::string why;
-  // First the k + 1 nodes, then the rest only if fewer than k valid chunks came back.
-  for (auto [first, last] : {std::pair<size_t, size_t>{0, static_cast<size_t>(im.codec.k() + 1)},
-                             std::pair<size_t, size_t>{static_cast<size_t>(im.codec.k() + 1), group.size()}}) {
-    if (static_cast<int>(refs.size()) >= im.codec.k()) break;
+  const int k = im.codec.k();
+  using reply = std::vector<uint8_t>;
+  auto ask = [&](size_t first, size_t last) {
     std::vector<storage_node_actor> targets;
     for (size_t i = first; i < last; ++i) targets.push_back(im.nodes[group[i]].actor);
-    auto c = fan_out<std::vector<uint8_t>>(im.sys, targets, im.cfg.timeout, [&](size_t i) {
+    return fan_out<reply>(im.sys, targets, im.cfg.timeout, [&](size_t i) {
       return std::make_tuple(get_atom_v, key.hi, key.lo, static_cast<int32_t>(first + i));
     });
-    std::unique_lock lock(c->mu);
-    auto enough = [&] {
+  };
+  auto valid_in = [](const std::shared_ptr<collector<reply>>& c) {
+    std::lock_guard lock(c->mu);
+    int ok = 0;
+    for (const auto& [i, bytes] : c->ok) ok += storage::verify_chunk(bytes) ? 1 : 0;
+    return std::pair<int, bool>{ok, c->all_in()};
+  };
+  // The first k + 1 nodes; when k valid chunks are not in after the hedge delay (a dead node
+  // may only show as a timeout), the rest as well, and the first k valid from either decode.
+  const size_t first_wave = static_cast<size_t>(k + 1);
+  auto c1 = ask(0, first_wave);
+  {
+    std::unique_lock lock(c1->mu);
+    c1->cv.wait_for(lock, im.cfg.hedge, [&] {
       int ok = 0;
-      for (const auto& [i, bytes] : c->ok)
-        if (storage::verify_chunk(bytes)) ++ok;
-      return static_cast<int>(refs.size()) + ok >= im.codec.k() || c->all_in();
-    };
-    c->cv.wait_for(lock, im.cfg.timeout + std::chrono::seconds(1), enough);
+      for (const auto& [i, bytes] : c1->ok) ok += storage::verify_chunk(bytes) ? 1 : 0;
+      return ok >= k || c1->all_in();
+    });
+  }
+  std::shared_ptr<collector<reply>> c2;
+  auto deadline = std::chrono::steady_clock::now() + im.cfg.timeout + std::chrono::seconds(1);
+  for (;;) {
+    auto [v1, in1] = valid_in(c1);
+    if (v1 >= k) break;
+    if (!c2 && group.size() > first_wave) c2 = ask(first_wave, group.size());
+    auto [v2, in2] = c2 ? valid_in(c2) : std::pair<int, bool>{0, true};
+    if (v1 + v2 >= k || (in1 && in2) || std::chrono::steady_clock::now() >= deadline) break;
+    std::unique_lock lock(c2 ? c2->mu : c1->mu);
+    (c2 ? c2->cv : c1->cv).wait_for(lock, std::chrono::milliseconds(2));
+  }
+  std::vector<reply> valid(group.size());
+  std::vector<storage::chunk_ref> refs;
+  std::string why;
+  for (auto [c, first] : {std::pair{c1, size_t{0}}, std::pair{c2, first_wave}}) {
+    if (!c) continue;
+    std::lock_guard lock(c->mu);
     for (auto& [i, bytes] : c->ok) {
+      if (static_cast<int>(refs.size()) >= k) break;
       if (!storage::verify_chunk(bytes)) {
         why += (why.empty() ? "" : "; ") + std::string("chunk ") + std::to_string(first + i) + " failed its checksum";
         continue;

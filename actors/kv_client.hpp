@@ -4,7 +4,8 @@
 // ranked by XXH3(node name, key) (rendezvous hashing: adding or losing a node moves only the
 // blocks it held or would now hold). put sends chunk i to the group's node i and succeeds once
 // `put_acks` are durable; get asks the first k + 1 nodes, decodes from the first k valid
-// chunks (checksums checked; a bad one is an erasure) and asks the rest only when needed;
+// chunks (checksums checked; a bad one is an erasure) and asks the rest only when k valid
+// chunks are not in within a short hedge delay (a killed node may only show as a timeout);
 // lookup finds the longest run of present blocks from the start of a chain with one
 // existence query per node. A missing or unreadable block is a miss, never wrong data.
 #pragma once
@@ -30,6 +31,7 @@ struct kv_client_config {
   int k = 10, m = 2;
   int put_acks = 11;                                // durable chunks before a put succeeds (k + 1)
   std::chrono::milliseconds timeout{5000};          // per storage request
+  std::chrono::milliseconds hedge{50};              // get: ask the rest of the group after this
 };
 
 struct storage_endpoint {
