@@ -52,7 +52,7 @@ TEST_CASE("node_config: config/local-1node.toml is one gateway + engine node wit
   CHECK_FALSE(c.log_file);
 }
 
-TEST_CASE("node_config: config/local-engine.toml is an engine-only node (what shoald serves today)") {
+TEST_CASE("node_config: config/local-engine.toml is an engine-only node (no gateway)") {
   const node_config c = load_sample("config/local-engine.toml");
   CHECK(c.name == "engine-local");
   CHECK(c.listen == host_port{"127.0.0.1", 7110});
