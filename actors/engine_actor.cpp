@@ -103,7 +103,7 @@ void release_sink(self_pointer self, const token_sink_actor& sink) {
 void deliver(self_pointer self, const runtime::token_event& ev) {
   auto& st = self->state;
   if (auto it = st.routes.find(ev.id); it != st.routes.end()) {
-    int32_t cached = ev.finished ? static_cast<int32_t>(st.engine->result(ev.id).cached_tokens) : 0;
+    int32_t cached = ev.finished ? static_cast<int32_t>(st.engine->cached_tokens(ev.id)) : 0;
     self->send(it->second.sink, token_event{it->second.id, ev.token, ev.finished, ev.reason, cached});
     if (ev.finished) release_sink(self, st.remove_route(ev.id).sink);
   }

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <mutex>
 
@@ -26,6 +27,9 @@ struct collector {
   std::condition_variable cv;
   std::map<size_t, Reply> ok;               // by request number
   std::map<size_t, std::string> failed;
+  std::function<bool(const Reply&)> accept;  // checked once per reply as it arrives; null = all
+  std::map<size_t, bool> accepted;           // by request number, for every reply in `ok`
+  int accepted_count = 0;
   size_t expected = 0;
   bool all_in() const { return ok.size() + failed.size() >= expected; }
 };
@@ -33,8 +37,10 @@ struct collector {
 // Sends `make(i)` to targets[i] for every i; replies and errors land in the collector.
 template <class Reply, class Handle, class Make>
 std::shared_ptr<collector<Reply>> fan_out(caf::actor_system& sys, const std::vector<Handle>& targets,
-                                          std::chrono::milliseconds timeout, Make make) {
+                                          std::chrono::milliseconds timeout, Make make,
+                                          std::function<bool(const Reply&)> accept = nullptr) {
   auto c = std::make_shared<collector<Reply>>();
+  c->accept = std::move(accept);
   c->expected = targets.size();
   for (size_t i = 0; i < targets.size(); ++i)
     if (!targets[i]) c->failed.emplace(i, "storage node is down");
@@ -48,7 +54,10 @@ std::shared_ptr<collector<Reply>> fan_out(caf::actor_system& sys, const std::vec
       std::apply([&](const auto&... xs) { return self->request(targets[i], timeout, xs...); }, msgs[i])
         .then(
           [c, i](Reply& r) {
+            bool good = !c->accept || c->accept(r);  // outside the lock: may be a checksum
             std::lock_guard lock(c->mu);
+            c->accepted[i] = good;
+            c->accepted_count += good ? 1 : 0;
             c->ok.emplace(i, std::move(r));
             c->cv.notify_all();
           },
@@ -150,18 +159,18 @@ std::expected<std::vector<uint8_t>, std::string> kv_client::get(const block_key&
   if (static_cast<int>(group.size()) < im.codec.n()) return std::unexpected("kv client: not enough storage nodes");
   const int k = im.codec.k();
   using reply = std::vector<uint8_t>;
+  auto chunk_ok = [](const reply& bytes) { return storage::verify_chunk(bytes).has_value(); };
   auto ask = [&](size_t first, size_t last) {
     std::vector<storage_node_actor> targets;
     for (size_t i = first; i < last; ++i) targets.push_back(im.nodes[group[i]].actor);
-    return fan_out<reply>(im.sys, targets, im.cfg.timeout, [&](size_t i) {
-      return std::make_tuple(get_atom_v, key.hi, key.lo, static_cast<int32_t>(first + i));
-    });
+    return fan_out<reply>(
+      im.sys, targets, im.cfg.timeout,
+      [&](size_t i) { return std::make_tuple(get_atom_v, key.hi, key.lo, static_cast<int32_t>(first + i)); },
+      chunk_ok);
   };
-  auto valid_in = [](const std::shared_ptr<collector<reply>>& c) {
+  auto state_of = [](const std::shared_ptr<collector<reply>>& c) {
     std::lock_guard lock(c->mu);
-    int ok = 0;
-    for (const auto& [i, bytes] : c->ok) ok += storage::verify_chunk(bytes) ? 1 : 0;
-    return std::pair<int, bool>{ok, c->all_in()};
+    return std::pair<int, bool>{c->accepted_count, c->all_in()};
   };
   // The first k + 1 nodes; when k valid chunks are not in after the hedge delay (a dead node
   // may only show as a timeout), the rest as well, and the first k valid from either decode.
@@ -169,19 +178,15 @@ std::expected<std::vector<uint8_t>, std::string> kv_client::get(const block_key&
   auto c1 = ask(0, first_wave);
   {
     std::unique_lock lock(c1->mu);
-    c1->cv.wait_for(lock, im.cfg.hedge, [&] {
-      int ok = 0;
-      for (const auto& [i, bytes] : c1->ok) ok += storage::verify_chunk(bytes) ? 1 : 0;
-      return ok >= k || c1->all_in();
-    });
+    c1->cv.wait_for(lock, im.cfg.hedge, [&] { return c1->accepted_count >= k || c1->all_in(); });
   }
   std::shared_ptr<collector<reply>> c2;
   auto deadline = std::chrono::steady_clock::now() + im.cfg.timeout + std::chrono::seconds(1);
   for (;;) {
-    auto [v1, in1] = valid_in(c1);
+    auto [v1, in1] = state_of(c1);
     if (v1 >= k) break;
     if (!c2 && group.size() > first_wave) c2 = ask(first_wave, group.size());
-    auto [v2, in2] = c2 ? valid_in(c2) : std::pair<int, bool>{0, true};
+    auto [v2, in2] = c2 ? state_of(c2) : std::pair<int, bool>{0, true};
     if (v1 + v2 >= k || (in1 && in2) || std::chrono::steady_clock::now() >= deadline) break;
     std::unique_lock lock(c2 ? c2->mu : c1->mu);
     (c2 ? c2->cv : c1->cv).wait_for(lock, std::chrono::milliseconds(2));
@@ -194,7 +199,7 @@ std::expected<std::vector<uint8_t>, std::string> kv_client::get(const block_key&
     std::lock_guard lock(c->mu);
     for (auto& [i, bytes] : c->ok) {
       if (static_cast<int>(refs.size()) >= k) break;
-      if (!storage::verify_chunk(bytes)) {
+      if (!c->accepted.at(i)) {
         why += (why.empty() ? "" : "; ") + std::string("chunk ") + std::to_string(first + i) + " failed its checksum";
         continue;
       }

@@ -87,15 +87,9 @@ void ffn(const model_weights& w, const layer_weights& l, const float* x, int64_t
     for (int64_t i = 0; i < rows; ++i)
       for (int64_t j = 0; j < k; ++j) slot[i * k + j] = fill[ids[i * k + j]]++;
   }
-  kernels::parallel_for(rows, [&](int64_t i0, int64_t i1) {
-    std::vector<int64_t> js(static_cast<size_t>(k));
-    for (int64_t i = i0; i < i1; ++i) {
-      for (int64_t j = 0; j < k; ++j) js[j] = j;
-      std::sort(js.begin(), js.end(), [&](int64_t a, int64_t b) { return ids[i * k + a] < ids[i * k + b]; });
-      for (int64_t j : js)
-        kernels::axpy(weights[i * k + j], results[ids[i * k + j]].data() + slot[i * k + j] * d, out + i * d, d);
-    }
-  });
+  sum_in_expert_order(rows, k, d, ids.data(), weights.data(), [&](int64_t i, int64_t j) {
+    return results[ids[i * k + j]].data() + slot[i * k + j] * d;
+  }, out);
 }
 
 }  // namespace shoal::model::detail
@@ -115,6 +109,18 @@ std::vector<std::vector<int64_t>> assign_experts(const std::vector<size_t>& rows
     load[t] += rows[e];
   }
   return assigned;
+}
+
+void sum_in_expert_order(int64_t rows, int64_t k, int64_t d, const int32_t* ids, const float* weights,
+                         const std::function<const float*(int64_t, int64_t)>& expert_out, float* out) {
+  kernels::parallel_for(rows, [&](int64_t i0, int64_t i1) {
+    std::vector<int64_t> js(static_cast<size_t>(k));
+    for (int64_t i = i0; i < i1; ++i) {
+      for (int64_t j = 0; j < k; ++j) js[j] = j;
+      std::sort(js.begin(), js.end(), [&](int64_t a, int64_t b) { return ids[i * k + a] < ids[i * k + b]; });
+      for (int64_t j : js) kernels::axpy(weights[i * k + j], expert_out(i, j), out + i * d, d);
+    }
+  });
 }
 
 }  // namespace shoal::model

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -99,6 +100,13 @@ const layer_weights& moe_slot_layer(const model_weights& w, int64_t moe_slot);
 // part (rows[e] = rows routed to expert e). Each expert then runs whole on one thread, so its
 // GEMMs are unsplit single-threaded calls. Returns the expert indices per part.
 std::vector<std::vector<int64_t>> assign_experts(const std::vector<size_t>& rows, int64_t parts);
+// out (rows, d) += Σ_j weights[i, j] · expert_out(i, j) per row in ascending expert id (the fixed
+// order that makes a row's routed sum independent of its batch and of where experts ran);
+// expert_out(i, j) points at the (d) output of row i's j-th expert, rows in parallel.
+void sum_in_expert_order(int64_t rows, int64_t k, int64_t d,
+                         const int32_t* ids,      // (rows, k)
+                         const float* weights,    // (rows, k)
+                         const std::function<const float*(int64_t i, int64_t j)>& expert_out, float* out);
 void routed_expert(const model_weights& w, int64_t moe_slot, int64_t expert, const float* xn,
                    int64_t rows, bool batch_invariant, float* out);
 

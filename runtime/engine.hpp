@@ -94,6 +94,8 @@ class engine {
   // EP ranks: the group steps together, so each rank calls step() in lockstep instead.
   std::vector<completion> run_to_completion();
   completion result(request_id id) const;
+  // Prompt tokens request `id` got from the prefix cache at its last admission.
+  int64_t cached_tokens(request_id id) const { return requests_.at(id.value)->cached_tokens; }
   void forget(request_id id);
 
   engine_stats stats() const;

@@ -345,22 +345,6 @@ void compute_owned(const model::model_weights& w, int64_t slot, bool invariant, 
   });
 }
 
-// out (rows, d) += Σ_j weights[i, j] · back[owner of pair (i, j)][its pair index], per row in
-// ascending expert id: the order of ffn.cpp's local sum, hence the same bits.
-void sum_in_expert_order(int64_t rows, int64_t k, int64_t d, const int32_t* ids, const float* weights,
-                         const std::vector<int32_t>& owner_of, const std::vector<int32_t>& pair_of,
-                         const std::vector<std::vector<float>>& back, float* out) {
-  kernels::parallel_for(rows, [&](int64_t i0, int64_t i1) {
-    std::vector<int64_t> js(static_cast<size_t>(k));
-    for (int64_t i = i0; i < i1; ++i) {
-      for (int64_t j = 0; j < k; ++j) js[j] = j;
-      std::sort(js.begin(), js.end(), [&](int64_t a, int64_t b) { return ids[i * k + a] < ids[i * k + b]; });
-      for (int64_t j : js)
-        kernels::axpy(weights[i * k + j], back[owner_of[i * k + j]].data() + int64_t(pair_of[i * k + j]) * d,
-                      out + i * d, d);
-    }
-  });
-}
 
 }  // namespace
 
@@ -429,7 +413,10 @@ void ep_moe_exchange::run_slot(int64_t slot, const float* xn, int64_t rows, cons
     if (!b) fail("slot " + std::to_string(slot) + ": from rank " + std::to_string(r) + ": " + b.error());
     back[r] = std::move(*b);
   }
-  sum_in_expert_order(rows, k, d, ids, weights, owner_of, pair_of, back, out);
+  // The order of ffn.cpp's local sum, hence the same bits.
+  model::sum_in_expert_order(rows, k, d, ids, weights, [&](int64_t i, int64_t j) {
+    return back[owner_of[i * k + j]].data() + int64_t(pair_of[i * k + j]) * d;
+  }, out);
 }
 
 // ---- local_ep_hub ----
