@@ -1,6 +1,7 @@
 // kv_block_store: key conversion, float blocks as raw bytes, the writer thread.
 #include "actors/kv_block_store.hpp"
 
+#include <algorithm>
 #include <cstring>
 
 #include <caf/actor_system.hpp>
@@ -14,8 +15,8 @@ block_key to_storage_key(const runtime::block_key& k) { return {k.hi, k.lo}; }
 
 }  // namespace
 
-kv_block_store::kv_block_store(std::unique_ptr<kv_client> client, size_t queue_blocks)
-    : client_(std::move(client)), capacity_(queue_blocks) {
+kv_block_store::kv_block_store(std::unique_ptr<kv_client> client, size_t queue_blocks, size_t write_batch)
+    : client_(std::move(client)), capacity_(queue_blocks), write_batch_(std::max<size_t>(1, write_batch)) {
   writer_ = std::thread([this] { run(); });
 }
 
@@ -31,19 +32,24 @@ kv_block_store::~kv_block_store() {
 size_t kv_block_store::lookup(std::span<const runtime::block_key> keys) {
   std::vector<block_key> chain;
   for (const auto& k : keys) chain.push_back(to_storage_key(k));
-  std::lock_guard lock(client_mu_);
   return client_->lookup(chain);
 }
 
 bool kv_block_store::fetch(const runtime::block_key& key, std::span<float> dst) {
-  std::expected<std::vector<uint8_t>, std::string> block;
-  {
-    std::lock_guard lock(client_mu_);
-    block = client_->get(to_storage_key(key));
+  return fetch_many({&key, 1}, {&dst, 1}) == 1;
+}
+
+size_t kv_block_store::fetch_many(std::span<const runtime::block_key> keys, std::span<const std::span<float>> dsts) {
+  std::vector<block_key> wanted;
+  for (size_t i = 0; i < keys.size() && i < dsts.size(); ++i) wanted.push_back(to_storage_key(keys[i]));
+  auto blocks = client_->get_many(wanted);
+  size_t n = 0;
+  for (; n < blocks.size(); ++n) {
+    const auto& b = blocks[n];
+    if (!b || b->size() != dsts[n].size_bytes()) break;  // a miss, or a block of another shape
+    std::memcpy(dsts[n].data(), b->data(), b->size());
   }
-  if (!block || block->size() != dst.size_bytes()) return false;  // a miss, or a block of another shape
-  std::memcpy(dst.data(), block->data(), block->size());
-  return true;
+  return n;
 }
 
 bool kv_block_store::store_async(const runtime::block_key& key, std::span<const float> src, int traffic_class) {
@@ -61,10 +67,7 @@ bool kv_block_store::store_async(const runtime::block_key& key, std::span<const 
   return true;
 }
 
-void kv_block_store::set_nodes(std::vector<storage_endpoint> nodes) {
-  std::lock_guard lock(client_mu_);
-  client_->set_nodes(std::move(nodes));
-}
+void kv_block_store::set_nodes(std::vector<storage_endpoint> nodes) { client_->set_nodes(std::move(nodes)); }
 
 kv_block_store::counters kv_block_store::stats(bool drain, std::chrono::milliseconds timeout) {
   std::unique_lock lock(mu_);
@@ -77,18 +80,19 @@ void kv_block_store::run() {
   for (;;) {
     cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
     if (stopping_) return;
-    pending job = std::move(queue_.front());
-    queue_.pop_front();
+    std::vector<pending> jobs;
+    while (!queue_.empty() && jobs.size() < write_batch_) {
+      jobs.push_back(std::move(queue_.front()));
+      queue_.pop_front();
+    }
     busy_ = true;
     lock.unlock();
-    bool ok;
-    {
-      std::lock_guard client_lock(client_mu_);
-      ok = client_->put(to_storage_key(job.key), job.bytes, job.traffic_class).has_value();
-    }
+    std::vector<kv_client::put_item> items;
+    for (const auto& j : jobs) items.push_back({to_storage_key(j.key), j.bytes, j.traffic_class});
+    auto results = client_->put_many(items);
     lock.lock();
     busy_ = false;
-    ++(ok ? counters_.written : counters_.failed);
+    for (const auto& r : results) ++(r ? counters_.written : counters_.failed);
     if (queue_.empty()) idle_cv_.notify_all();
   }
 }

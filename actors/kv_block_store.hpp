@@ -1,7 +1,9 @@
 // runtime::remote_blocks over the storage cluster: the engine's second cache tier. Lookups
-// and fetches are synchronous kv_client calls (bounded by its timeout); writes go through a
-// bounded queue drained by one thread, so a step never waits on storage (a full queue drops
-// the write and counts it). The node list follows the membership (subscribe an updater).
+// and fetches are synchronous kv_client calls (bounded by its timeout; a fetch_many has all
+// its blocks in flight at once); writes go through a bounded queue drained by one thread in
+// batches of up to `write_batch` blocks in flight, so a step never waits on storage (a full
+// queue drops the write and counts it). The node list follows the membership (subscribe an
+// updater).
 #pragma once
 
 #include <atomic>
@@ -19,11 +21,12 @@ namespace shoal::actors {
 class kv_block_store final : public runtime::remote_blocks {
  public:
   // queue_blocks: writes waiting at most.
-  explicit kv_block_store(std::unique_ptr<kv_client> client, size_t queue_blocks = 256);
+  explicit kv_block_store(std::unique_ptr<kv_client> client, size_t queue_blocks = 256, size_t write_batch = 8);
   ~kv_block_store() override;
 
   size_t lookup(std::span<const runtime::block_key> keys) override;
   bool fetch(const runtime::block_key& key, std::span<float> dst) override;
+  size_t fetch_many(std::span<const runtime::block_key> keys, std::span<const std::span<float>> dsts) override;
   bool store_async(const runtime::block_key& key, std::span<const float> src, int traffic_class) override;
 
   void set_nodes(std::vector<storage_endpoint> nodes);
@@ -37,14 +40,13 @@ class kv_block_store final : public runtime::remote_blocks {
  private:
   void run();
 
-  std::unique_ptr<kv_client> client_;
-  std::mutex client_mu_;  // kv_client is used from the engines' threads and the writer
+  std::unique_ptr<kv_client> client_;  // thread-safe: the engines' threads and the writer share it
   struct pending {
     runtime::block_key key;
     std::vector<uint8_t> bytes;
     int traffic_class;
   };
-  size_t capacity_;
+  size_t capacity_, write_batch_;
   std::mutex mu_;
   std::condition_variable cv_, idle_cv_;
   std::deque<pending> queue_;

@@ -8,6 +8,8 @@
 // chunks are not in within a short hedge delay (a killed node may only show as a timeout);
 // lookup finds the longest run of present blocks from the start of a chain with one
 // existence query per node. A missing or unreadable block is a miss, never wrong data.
+// put_many / get_many have every block of a batch in flight at once (the storage nodes work
+// on them in parallel); the client is safe to use from several threads.
 #pragma once
 
 #include <chrono>
@@ -54,6 +56,16 @@ class kv_client {
 
   std::expected<void, std::string> put(const block_key& key, std::span<const uint8_t> block, int traffic_class);
   std::expected<std::vector<uint8_t>, std::string> get(const block_key& key);
+
+  struct put_item {
+    block_key key;
+    std::span<const uint8_t> block;
+    int traffic_class = 0;
+  };
+  // One result per item, in order; every block's chunks are sent before any ack is awaited.
+  std::vector<std::expected<void, std::string>> put_many(std::span<const put_item> items);
+  // One result per key, in order; every block's first wave is asked before any is awaited.
+  std::vector<std::expected<std::vector<uint8_t>, std::string>> get_many(std::span<const block_key> keys);
   // Number of leading blocks of `chain` with at least k chunks held.
   size_t lookup(const std::vector<block_key>& chain);
 

@@ -142,18 +142,16 @@ int64_t cache_manager::fetch_remote(const request& r, int64_t hit) {
   // The blocks a request computes are its own; fetched ones are taken from the free list the
   // same way, and only while it keeps a block free for the request's own compute.
   int64_t wanted = static_cast<int64_t>(config_.remote->lookup(keys));
-  int64_t fetched = 0;
-  for (; fetched < wanted && pool_.can_allocate(2); ++fetched) {
-    const block_key& key = keys[static_cast<size_t>(fetched)];
-    block_id b = pool_.allocate(1)[0];
-    if (!config_.remote->fetch(key, {pool_.data(b), pool_.block_floats()})) {
-      ++stats_.remote_fetch_failures;
-      give_back({b});
-      break;
-    }
-    pool_.cache_block(b, key);
-    give_back({b});  // now a cached free block: the lookup below takes it like any local hit
+  std::vector<block_id> taken;
+  std::vector<std::span<float>> dsts;
+  while (static_cast<int64_t>(taken.size()) < wanted && pool_.can_allocate(2)) {
+    taken.push_back(pool_.allocate(1)[0]);
+    dsts.emplace_back(pool_.data(taken.back()), pool_.block_floats());
   }
+  auto fetched = static_cast<int64_t>(taken.empty() ? 0 : config_.remote->fetch_many(keys.first(taken.size()), dsts));
+  if (fetched < static_cast<int64_t>(taken.size())) ++stats_.remote_fetch_failures;
+  for (int64_t i = 0; i < fetched; ++i) pool_.cache_block(taken[static_cast<size_t>(i)], keys[static_cast<size_t>(i)]);
+  give_back(taken);  // fetched ones are now cached free blocks: the lookup below takes them like any local hit
   int64_t extended = hit;
   while (extended < hit + fetched && pool_.lookup(r.keys[extended])) ++extended;
   stats_.remote_hit_tokens += static_cast<uint64_t>((extended - hit) * bs_);

@@ -20,6 +20,13 @@ class remote_blocks {
   virtual size_t lookup(std::span<const block_key> keys) = 0;
   // Reads block `key` into `dst` (exactly dst.size() floats); false on a miss or any failure.
   virtual bool fetch(const block_key& key, std::span<float> dst) = 0;
+  // Reads keys[i] into dsts[i] for a leading run of keys; returns its length (the first miss
+  // or failure ends it). The default fetches one by one; a tier may have them all in flight.
+  virtual size_t fetch_many(std::span<const block_key> keys, std::span<const std::span<float>> dsts) {
+    size_t n = 0;
+    while (n < keys.size() && n < dsts.size() && fetch(keys[n], dsts[n])) ++n;
+    return n;
+  }
   // Offers a computed block for writing under a traffic class (0 agent, 1 chat: the storage
   // side's TTL); never blocks the step loop: false when dropped (queue full). `src` is copied
   // before the call returns.

@@ -41,9 +41,11 @@
 #include "actors/interfaces.hpp"
 #include "actors/kv_client.hpp"
 #include "actors/storage_node_actor.hpp"
+#include "storage/chunk_store.hpp"
 #include "storage/erasure.hpp"
 #include "tools/shoal/bench_util.hpp"
 #include "tools/shoal/commands.hpp"
+#include "tools/shoal/storage_child.hpp"
 
 namespace shoal::tools {
 
@@ -60,6 +62,7 @@ struct storage_args {
   int reps = 5;
   int loopback_mib = 256;
   int latency_gets = 64;
+  int inflight = 8;
   bool fsync = false;
   std::string out = "bench/results/storage.jsonl";
 };
@@ -225,123 +228,45 @@ loopback_result measure_loopback(const storage_args& a) {
   return r;
 }
 
-// -- 3. the storage cluster in a child process ----------------------------------------------
+// -- 3. one chunk store alone: the storage directory's own limit ---------------------------
 
-struct storage_child {
-  pid_t pid = -1;
-  int ctl = -1;  // the parent's end: closing it (or exiting) tells the child to clean up and go
-  int port_fd = -1;  // the child writes its published port here once it is up
-  uint16_t port = 0;
-  std::string dir;
+struct store_result {
+  double put_gbps = 0, get_gbps = 0;  // block bytes per second (a block = k + m chunk files)
 };
 
-// The child: its own actor system with the middleman, 12 storage nodes on temp dirs, and a
-// published actor that answers members_atom with them. Never returns.
-[[noreturn]] void run_storage_child(int port_fd, int ctl_fd, const std::string& dir, bool fsync) {
-  int rc = 0;
+// The chunks of `blocks` blocks written to and read from one chunk store in `parent_dir`, no
+// network: what the file system gives the cluster's puts at best (one file per chunk).
+store_result measure_store(const storage_args& a, const std::string& parent_dir) {
+  std::string tmpl = parent_dir + "/shoal-bench-store-XXXXXX";
+  if (!::mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp: " + std::string(strerror(errno)));
+  storage::store_options o;
+  o.root = tmpl;
+  o.capacity_bytes = 64ull << 30;
+  o.max_chunk_bytes = 64ull << 20;
+  o.sync = a.fsync ? storage::sync_policy::always : storage::sync_policy::never;
+  o.now_ms = [] { return int64_t{0}; };
+  store_result r;
   {
-    caf::actor_system_config cfg;
-    cfg.load<caf::io::middleman>();
-    actors::add_message_types(cfg);
-    caf::actor_system sys{cfg};
-    actors::node_info info;
-    info.name = "bench";
-    info.host = "127.0.0.1";
-    info.roles = {"storage"};
-    for (int i = 0; i < storage_nodes; ++i) {
-      actors::storage_node_config c;
-      c.store.root = dir + "/" + std::to_string(i);
-      c.store.capacity_bytes = 16ull << 30;
-      c.store.max_chunk_bytes = 64ull << 20;
-      c.store.sync = fsync ? storage::sync_policy::always : storage::sync_policy::never;
-      c.store.now_ms = [] {
-        return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
-          .count();
-      };
-      auto a = actors::spawn_storage_node(sys, c);
-      if (!a) {
-        fmt::print(stderr, "storage child: {}\n", a.error());
-        uint16_t zero = 0;
-        write_all(port_fd, &zero, sizeof zero);
-        std::_Exit(1);
-      }
-      info.storage.push_back(caf::actor_cast<caf::actor>(*a));
-    }
-    actors::membership m;
-    m.version = 1;
-    m.nodes.push_back(info);
-    auto members = sys.spawn([m](caf::event_based_actor*) -> caf::behavior {
-      return {[m](members_atom) { return m; }};
-    });
-    auto port = sys.middleman().publish(members, 0, "127.0.0.1", true);
-    uint16_t p = port ? *port : 0;
-    if (!port) fmt::print(stderr, "storage child: publish: {}\n", sys.render(port.error()));
-    write_all(port_fd, &p, sizeof p);
-    ::close(port_fd);
-    for (char c;;) {
-      ssize_t r = ::read(ctl_fd, &c, 1);
-      if (r < 0 && errno == EINTR) continue;
-      if (r <= 0) break;
-    }
-    std::error_code ec;
-    std::filesystem::remove_all(dir, ec);
-    rc = port ? 0 : 1;
-  }
-  std::_Exit(rc);  // skip CAF's teardown (it can block with remote peers)
-}
-
-storage_child fork_storage_child(bool fsync) {
-  storage_child c;
-  char tmpl[] = "/tmp/shoal-bench-storage-XXXXXX";
-  if (!::mkdtemp(tmpl)) throw std::runtime_error("mkdtemp: " + std::string(strerror(errno)));
-  c.dir = tmpl;
-  int port_pipe[2], ctl_pipe[2];
-  if (::pipe(port_pipe) < 0 || ::pipe(ctl_pipe) < 0) throw std::runtime_error("pipe: " + std::string(strerror(errno)));
-  std::fflush(stdout);
-  std::fflush(stderr);
-  c.pid = ::fork();
-  if (c.pid < 0) throw std::runtime_error("fork: " + std::string(strerror(errno)));
-  if (c.pid == 0) {
-    ::close(port_pipe[0]);
-    ::close(ctl_pipe[1]);
-    run_storage_child(port_pipe[1], ctl_pipe[0], c.dir, fsync);
-  }
-  ::close(port_pipe[1]);
-  ::close(ctl_pipe[0]);
-  c.ctl = ctl_pipe[1];
-  ::fcntl(c.ctl, F_SETFD, FD_CLOEXEC);
-  // The port is read later, after the parent's own measurements (the child starts meanwhile).
-  c.port_fd = port_pipe[0];
-  return c;
-}
-
-void wait_port(storage_child& c) {
-  uint16_t p = 0;
-  bool ok = read_all(c.port_fd, &p, sizeof p);
-  ::close(c.port_fd);
-  c.port_fd = -1;
-  if (!ok || p == 0) throw std::runtime_error("storage child failed to start");
-  c.port = p;
-}
-
-void stop_storage_child(storage_child& c) {
-  if (c.pid <= 0) return;
-  ::close(c.ctl);  // EOF: the child removes its dirs and exits
-  int status = 0;
-  for (int i = 0; i < 100; ++i) {  // up to 10 s
-    if (::waitpid(c.pid, &status, WNOHANG) == c.pid) {
-      c.pid = -1;
-      break;
-    }
-    ::usleep(100'000);
-  }
-  if (c.pid > 0) {
-    ::kill(c.pid, SIGKILL);
-    ::waitpid(c.pid, &status, 0);
-    c.pid = -1;
+    auto store = storage::chunk_store::open(o);
+    if (!store) throw std::runtime_error("chunk store: " + storage::to_string(store.error()));
+    size_t block = static_cast<size_t>(a.block_kib) * 1024;
+    std::vector<uint8_t> chunk = random_block(block / 10 + 32, 99);
+    const int chunks = a.blocks * 12;
+    auto bytes = std::span<const std::byte>(reinterpret_cast<const std::byte*>(chunk.data()), chunk.size());
+    double t0 = now_s();
+    for (int i = 0; i < chunks; ++i)
+      if (auto p = (*store)->put({0x5107eull, static_cast<uint64_t>(i), 0}, bytes, storage::traffic_class::chat); !p)
+        throw std::runtime_error("chunk store put: " + storage::to_string(p.error()));
+    r.put_gbps = static_cast<double>(block) * a.blocks / (now_s() - t0) / 1e9;
+    t0 = now_s();
+    for (int i = 0; i < a.blocks * 11; ++i)  // a get reads k + 1 chunks
+      if (auto g = (*store)->get({0x5107eull, static_cast<uint64_t>(i), 0}); !g)
+        throw std::runtime_error("chunk store get: " + storage::to_string(g.error()));
+    r.get_gbps = static_cast<double>(block) * a.blocks / (now_s() - t0) / 1e9;
   }
   std::error_code ec;
-  std::filesystem::remove_all(c.dir, ec);
+  std::filesystem::remove_all(tmpl, ec);
+  return r;
 }
 
 actors::block_key key_of(int b) { return {0x5107a6e000000000ull + static_cast<uint64_t>(b), 0xb10c000000000000ull ^ static_cast<uint64_t>(b)}; }
@@ -354,8 +279,12 @@ int run_storage_bench(const storage_args& a) {
   base["m"] = 2;
   base["fsync"] = a.fsync;
   base["reps"] = a.reps;
+  base["inflight"] = a.inflight;
   // Fork the storage cluster first, before this process has an actor system or threads.
-  storage_child child = fork_storage_child(a.fsync);
+  storage_child_options so;
+  so.nodes = storage_nodes;
+  so.fsync = a.fsync;
+  storage_child child = fork_storage_child(so);
   struct guard {
     storage_child& c;
     ~guard() { stop_storage_child(c); }
@@ -363,25 +292,15 @@ int run_storage_bench(const storage_args& a) {
 
   ec_result ec = measure_ec(a);
   loopback_result lb = measure_loopback(a);
+  store_result st = measure_store(a, so.parent_dir);
   wait_port(child);
 
   // Never destroyed: CAF 0.17's teardown can block once a remote node was connected (the
   // process ends with std::_Exit).
   auto* cfg = new caf::actor_system_config;
-  cfg->load<caf::io::middleman>();
-  actors::add_message_types(*cfg);
+  configure_bench_system(*cfg);
   auto& sys = *new caf::actor_system{*cfg};
-  auto members = sys.middleman().remote_actor("127.0.0.1", child.port);
-  if (!members) throw std::runtime_error("remote_actor: " + sys.render(members.error()));
-  actors::membership m;
-  {
-    caf::scoped_actor self{sys};
-    std::string err = "no reply";
-    self->request(*members, 10s, members_atom_v)
-      .receive([&](actors::membership& got) { m = std::move(got); err.clear(); },
-               [&](caf::error& e) { err = sys.render(e); });
-    if (!err.empty()) throw std::runtime_error("members: " + err);
-  }
+  actors::membership m = storage_members(sys, child);
   actors::kv_client_config kc;
   kc.timeout = 5s;
   auto created = actors::kv_client::create(sys, kc);
@@ -401,20 +320,29 @@ int run_storage_bench(const storage_args& a) {
     if (auto r = client->put(k, blocks[b % blocks.size()], 0); !r) throw std::runtime_error("warm-up put: " + r.error());
     if (auto r = client->get(k); !r) throw std::runtime_error("warm-up get: " + r.error());
   }
+  // Blocks go in batches of `inflight` (put_many / get_many: every block of a batch in flight).
   int put_failed = 0, get_failed = 0, mismatches = 0;
   double t0 = now_s();
-  for (int b = 0; b < a.blocks; ++b)
-    if (auto r = client->put(key_of(b), blocks[b], 0); !r) {
-      if (put_failed++ == 0) fmt::print(stderr, "put {}: {}\n", b, r.error());
-    }
+  for (int b0 = 0; b0 < a.blocks; b0 += a.inflight) {
+    std::vector<actors::kv_client::put_item> items;
+    for (int b = b0; b < std::min(a.blocks, b0 + a.inflight); ++b) items.push_back({key_of(b), blocks[b], 0});
+    auto rs = client->put_many(items);
+    for (size_t i = 0; i < rs.size(); ++i)
+      if (!rs[i] && put_failed++ == 0) fmt::print(stderr, "put {}: {}\n", b0 + static_cast<int>(i), rs[i].error());
+  }
   double put_s = now_s() - t0;
   t0 = now_s();
-  for (int b = 0; b < a.blocks; ++b) {
-    auto r = client->get(key_of(b));
-    if (!r) {
-      if (get_failed++ == 0) fmt::print(stderr, "get {}: {}\n", b, r.error());
-    } else if (*r != blocks[b]) {
-      ++mismatches;
+  for (int b0 = 0; b0 < a.blocks; b0 += a.inflight) {
+    std::vector<actors::block_key> keys;
+    for (int b = b0; b < std::min(a.blocks, b0 + a.inflight); ++b) keys.push_back(key_of(b));
+    auto rs = client->get_many(keys);
+    for (size_t i = 0; i < rs.size(); ++i) {
+      int b = b0 + static_cast<int>(i);
+      if (!rs[i]) {
+        if (get_failed++ == 0) fmt::print(stderr, "get {}: {}\n", b, rs[i].error());
+      } else if (*rs[i] != blocks[b]) {
+        ++mismatches;
+      }
     }
   }
   double get_s = now_s() - t0;
@@ -455,8 +383,8 @@ int run_storage_bench(const storage_args& a) {
   }
 
   // Table.
-  fmt::print("shoal bench storage: ec 10+2, block {} KiB, {} reps, fsync {}\n", a.block_kib, a.reps,
-             a.fsync ? "always" : "never");
+  fmt::print("shoal bench storage: ec 10+2, block {} KiB, {} reps, {} blocks in flight, fsync {}\n", a.block_kib,
+             a.reps, a.inflight, a.fsync ? "always" : "never");
   fmt::print("{:<34} {:>10} {:>21}\n", "measure", "GB/s", "min-max / note");
   fmt::print("{:<34} {:>10.2f} {:>10.2f}-{:<10.2f}\n", "raw ISA-L encode (64 blocks)", ec.encode_gbps, ec.encode_min,
              ec.encode_max);
@@ -464,12 +392,15 @@ int run_storage_bench(const storage_args& a) {
              ec.decode_max);
   fmt::print("{:<34} {:>10.2f} {:>10.2f}-{:<10.2f}\n", fmt::format("loopback TCP ({} MiB)", a.loopback_mib), lb.gbps,
              lb.min, lb.max);
+  fmt::print("{:<34} {:>10.3f} {:>21}\n", "one chunk store put (file/chunk)", st.put_gbps, "(block bytes)");
+  fmt::print("{:<34} {:>10.3f} {:>21}\n", "one chunk store get (11 chunks)", st.get_gbps, "(block bytes)");
   fmt::print("{:<34} {:>10.3f} {:>21}\n", fmt::format("cluster put ({} blocks)", a.blocks), put_gbps,
              fmt::format("{} failed", put_failed));
   fmt::print("{:<34} {:>10.3f} {:>21}\n", fmt::format("cluster get ({} blocks)", a.blocks), get_gbps,
              fmt::format("{} failed, {} mismatch", get_failed, mismatches));
   fmt::print("{:<34} {:>10.3f} {:>21}\n", "ratio put / raw encode", put_ratio, "(target >= 0.8)");
   fmt::print("{:<34} {:>10.3f} {:>21}\n", "ratio get / loopback", get_ratio, "(target >= 0.5)");
+  fmt::print("{:<34} {:>10.3f} {:>21}\n", "ratio put / one chunk store put", put_gbps / st.put_gbps, "");
   fmt::print("\n{:>10} {:>6} {:>10} {:>10} {:>7} {:>9}\n", "nodes down", "gets", "p50 ms", "p99 ms", "failed", "mismatch");
   for (const auto& p : lat)
     fmt::print("{:>10} {:>6} {:>10.3f} {:>10.3f} {:>7} {:>9}\n", p.down, p.gets, p.p50, p.p99, p.failed, p.mismatches);
@@ -485,6 +416,11 @@ int run_storage_bench(const storage_args& a) {
   r["decode2_gbps_min"] = ec.decode_min;
   r["decode2_gbps_max"] = ec.decode_max;
   r["decode_mismatches"] = ec.mismatches;
+  append_jsonl(a.out, r);
+  r = base;
+  r["point"] = "chunk_store";
+  r["put_gbps"] = st.put_gbps;
+  r["get_gbps"] = st.get_gbps;
   append_jsonl(a.out, r);
   r = base;
   r["point"] = "loopback";
@@ -507,6 +443,7 @@ int run_storage_bench(const storage_args& a) {
   r["get_mismatches"] = mismatches;
   r["put_over_raw_encode"] = put_ratio;
   r["get_over_loopback"] = get_ratio;
+  r["put_over_chunk_store"] = put_gbps / st.put_gbps;
   append_jsonl(a.out, r);
   for (const auto& p : lat) {
     r = base;
@@ -539,6 +476,9 @@ void add_storage_bench(CLI::App& bench) {
   b->add_option("--latency-gets", a->latency_gets, "single-block gets per nodes-down point (>= 50)")
     ->capture_default_str()
     ->check(CLI::Range(50, 1 << 20));
+  b->add_option("--inflight", a->inflight, "blocks in flight at once for put and get (put_many / get_many batches)")
+    ->capture_default_str()
+    ->check(CLI::Range(1, 1024));
   b->add_flag("--fsync", a->fsync, "storage nodes fsync every chunk (sync_policy always)");
   b->add_option("--out", a->out, "JSONL output")->capture_default_str();
   b->callback([a] {
