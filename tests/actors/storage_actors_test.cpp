@@ -4,9 +4,11 @@
 // by reopened stores; bad requests from a peer get errors naming the problem.
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <chrono>
 #include <random>
 #include <set>
+#include <thread>
 
 #include <caf/actor_system.hpp>
 #include <caf/actor_system_config.hpp>
@@ -15,6 +17,7 @@
 #include <caf/send.hpp>
 
 #include "actors/interfaces.hpp"
+#include "actors/kv_block_store.hpp"
 #include "actors/kv_client.hpp"
 #include "actors/storage_node_actor.hpp"
 #include "tests/support/process.hpp"
@@ -145,6 +148,84 @@ TEST_CASE("kv_client: blocks round-trip through 12 storage nodes, survive 2 loss
     REQUIRE_MESSAGE(got, got.error());
     CHECK(*got == blocks[b]);
   }
+}
+
+TEST_CASE("kv_client: put_many and get_many keep per-block results in order, also from several threads") {
+  storage_cluster c(12);
+  std::vector<std::vector<uint8_t>> blocks;
+  std::vector<actors::kv_client::put_item> items;
+  std::vector<block_key> keys;
+  for (uint32_t b = 0; b < 10; ++b) {
+    blocks.push_back(block_bytes(20'000 + 7 * b, 100 + b));
+    keys.push_back({0x2000 + b, 0x77});
+  }
+  for (uint32_t b = 0; b < 10; ++b) items.push_back({keys[b], blocks[b], 1});
+  auto puts = c.client->put_many(items);
+  REQUIRE(puts.size() == 10);
+  for (const auto& r : puts) CHECK_MESSAGE(r, (r ? "" : r.error()));
+
+  // A key nobody stored in the middle of a batch fails alone; the others are bit-exact.
+  auto asked = keys;
+  asked.insert(asked.begin() + 4, block_key{0xdead, 0xbeef});
+  auto gets = c.client->get_many(asked);
+  REQUIRE(gets.size() == 11);
+  for (size_t i = 0; i < gets.size(); ++i) {
+    if (i == 4) {
+      REQUIRE(!gets[i]);
+      CHECK(gets[i].error().find("block miss") != std::string::npos);
+      continue;
+    }
+    REQUIRE_MESSAGE(gets[i], gets[i].error());
+    CHECK(*gets[i] == blocks[i < 4 ? i : i - 1]);
+  }
+
+  // Four threads with their own batches at once: every block comes back as written.
+  std::vector<std::thread> threads;
+  std::atomic<int> wrong{0};
+  for (uint32_t t = 0; t < 4; ++t)
+    threads.emplace_back([&, t] {
+      std::vector<std::vector<uint8_t>> mine;
+      std::vector<actors::kv_client::put_item> its;
+      std::vector<block_key> ks;
+      for (uint32_t b = 0; b < 5; ++b) {
+        mine.push_back(block_bytes(9'000 + b, 1000 * t + b));
+        ks.push_back({0x3000 + t, b});
+      }
+      for (uint32_t b = 0; b < 5; ++b) its.push_back({ks[b], mine[b], 0});
+      for (const auto& r : c.client->put_many(its)) wrong += r ? 0 : 1;
+      auto got = c.client->get_many(ks);
+      for (uint32_t b = 0; b < 5; ++b) wrong += (got[b] && *got[b] == mine[b]) ? 0 : 1;
+    });
+  for (auto& t : threads) t.join();
+  CHECK(wrong == 0);
+}
+
+TEST_CASE("kv_block_store: fetch_many fills the leading run of blocks and stops at the first miss") {
+  storage_cluster c(12);
+  auto client = actors::kv_client::create(c.sys, {});
+  REQUIRE(client);
+  (*client)->set_nodes(c.nodes);
+  auto store = std::make_shared<actors::kv_block_store>(std::move(*client), 64, 4);
+  std::vector<std::vector<float>> src(6, std::vector<float>(96));
+  std::vector<runtime::block_key> keys;
+  for (size_t b = 0; b < src.size(); ++b) {
+    for (size_t i = 0; i < src[b].size(); ++i) src[b][i] = static_cast<float>(b * 1000 + i) * 0.5f;
+    keys.push_back({0x4000 + b, 0x11});
+    if (b != 3) REQUIRE(store->store_async(keys[b], src[b], 1));  // block 3 never written
+  }
+  auto counters = store->stats(true);
+  CHECK(counters.written == 5);
+  CHECK(counters.failed == 0);
+  CHECK(store->lookup(keys) == 3);
+  std::vector<std::vector<float>> dst(6, std::vector<float>(96, -1.0f));
+  std::vector<std::span<float>> spans(dst.begin(), dst.end());
+  CHECK(store->fetch_many(keys, spans) == 3);
+  for (size_t b = 0; b < 3; ++b) CHECK(dst[b] == src[b]);
+  CHECK(dst[3] == std::vector<float>(96, -1.0f));
+  // A destination of another shape is a miss, never a partial copy.
+  std::vector<float> small(10, -1.0f);
+  CHECK(!store->fetch(keys[0], small));
+  CHECK(small == std::vector<float>(10, -1.0f));
 }
 
 TEST_CASE("storage node: bad requests get errors naming the problem, the node keeps serving") {

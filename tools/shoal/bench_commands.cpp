@@ -14,6 +14,7 @@ void add_bench_commands(CLI::App& app) {
   add_model_benches(*bench);
   add_serve_bench(*bench);
   add_storage_bench(*bench);
+  add_kv_trace_bench(*bench);
   auto* pt = bench->add_subcommand("prefix-trace", "replay a Mooncake trace against the prefix cache");
   auto trace = std::make_shared<std::string>();
   auto capacity = std::make_shared<int32_t>(10000);
