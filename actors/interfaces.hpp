@@ -238,13 +238,14 @@ struct node_info {
   std::vector<rank_info> ranks;    // engine role: one per rank, by index
   std::vector<caf::actor> storage; // storage role: its storage_node_actors, by index
   bool draining = false;           // SIGTERM or `drain`: takes no new requests
+  std::vector<uint16_t> storage_ports;  // storage role: each storage node's bulk port on `host`
   friend bool operator==(const node_info&, const node_info&) = default;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, node_info& x) {
   return f(caf::meta::type_name("node_info"), x.name, x.host, x.port, x.roles, x.agent, x.ranks,
-           x.storage, x.draining);
+           x.storage, x.draining, x.storage_ports);
 }
 
 // The nodes one node agent knows to be up, sorted by name. version grows with every change

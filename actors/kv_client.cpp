@@ -1,6 +1,7 @@
-// kv_client: codec, rendezvous placement, and fan-out of storage requests through one-shot
-// actors whose replies land in a collector the calling thread waits on (bounded by the
-// configured timeout per request).
+// kv_client: codec, rendezvous placement, chunk puts and gets over the storage nodes' bulk
+// servers (storage/bulk.hpp: every chunk of a batch in flight, replies read by one poll loop in
+// the calling thread), and the existence queries as CAF requests fanned out through a one-shot
+// actor whose replies land in a collector the calling thread waits on (bounded by the timeout).
 #include "actors/kv_client.hpp"
 
 #include <algorithm>
@@ -16,6 +17,7 @@
 #include <caf/actor_system.hpp>
 #include <caf/event_based_actor.hpp>
 
+#include "storage/bulk.hpp"
 #include "storage/erasure.hpp"
 
 namespace shoal::actors {
@@ -87,20 +89,25 @@ struct kv_client::impl {
   storage::ec_codec codec;
   mutable std::shared_mutex mu;  // guards nodes: callers on several threads, set_nodes
   std::vector<storage_endpoint> nodes;
+  storage::bulk_pool pool;       // connections to the nodes' bulk servers
 
-  // A key's placement group as handles and names, taken under the lock (a null handle: down).
-  struct group {
-    std::vector<storage_node_actor> actors;
-    std::vector<std::string> names;
+  // One member of a placement group as seen when the call starts.
+  struct member {
+    storage::bulk_endpoint bulk;
+    storage_node_actor actor;  // null: the node is down
+    bool up() const { return actor && bulk.port != 0; }
   };
+  using group = std::vector<member>;
+
+  // A key's placement group in chunk order, taken under the lock.
   std::optional<group> group_of(const block_key& key) const {
     std::shared_lock lock(mu);
     std::vector<size_t> idx = placement_locked(key);
     if (static_cast<int>(idx.size()) < codec.n()) return std::nullopt;
     group g;
     for (size_t i : idx) {
-      g.actors.push_back(nodes[i].actor);
-      g.names.push_back(nodes[i].name);
+      const auto& n = nodes[i];
+      g.push_back({{n.name, n.host, n.bulk_port}, n.actor});
     }
     return g;
   }
@@ -112,6 +119,11 @@ struct kv_client::impl {
     for (size_t i = 0; i < ranked.size() && static_cast<int>(out.size()) < codec.n(); ++i) out.push_back(ranked[i].second);
     return out;
   }
+  std::string too_few_nodes() const {
+    std::shared_lock lock(mu);
+    return "kv client: " + std::to_string(nodes.size()) + " storage node(s), a placement group needs " +
+           std::to_string(codec.n());
+  }
 };
 
 kv_client::kv_client(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
@@ -122,7 +134,7 @@ std::expected<std::unique_ptr<kv_client>, std::string> kv_client::create(caf::ac
   if (!codec) return std::unexpected("kv client: " + codec.error().message);
   if (cfg.put_acks < cfg.k || cfg.put_acks > cfg.k + cfg.m)
     return std::unexpected("kv client: put_acks must be in [k, k + m], got " + std::to_string(cfg.put_acks));
-  auto im = std::unique_ptr<impl>(new impl{sys, cfg, std::move(*codec), {}, {}});
+  auto im = std::unique_ptr<impl>(new impl{sys, cfg, std::move(*codec), {}, {}, {}});
   return std::unique_ptr<kv_client>(new kv_client(std::move(im)));
 }
 
@@ -134,7 +146,7 @@ void kv_client::set_nodes(std::vector<storage_endpoint> nodes) {
   for (auto& k : known) k.actor = nullptr;
   for (auto& n : nodes) {
     auto it = std::find_if(known.begin(), known.end(), [&](const storage_endpoint& k) { return k.name == n.name; });
-    if (it != known.end()) it->actor = std::move(n.actor);
+    if (it != known.end()) *it = std::move(n);  // a restarted node may listen elsewhere now
     else known.push_back(std::move(n));
   }
 }
@@ -144,7 +156,8 @@ std::vector<storage_endpoint> kv_client::nodes_of(const membership& m) {
   for (const node_info& n : m.nodes)
     for (size_t i = 0; i < n.storage.size(); ++i)
       if (n.storage[i])
-        out.push_back({n.name + "/storage" + std::to_string(i), caf::actor_cast<storage_node_actor>(n.storage[i])});
+        out.push_back({n.name + "/storage" + std::to_string(i), caf::actor_cast<storage_node_actor>(n.storage[i]), n.host,
+                       i < n.storage_ports.size() ? n.storage_ports[i] : uint16_t{0}});
   return out;
 }
 
@@ -159,21 +172,32 @@ std::expected<void, std::string> kv_client::put(const block_key& key, std::span<
   return std::move(put_many({&item, 1})[0]);
 }
 
+namespace {
+
+std::string joined(const std::vector<std::string>& xs) {
+  std::string out;
+  for (const auto& x : xs) out += (out.empty() ? "" : "; ") + x;
+  return out;
+}
+
+}  // namespace
+
 std::vector<std::expected<void, std::string>> kv_client::put_many(std::span<const put_item> items) {
   auto& im = *impl_;
   std::vector<std::expected<void, std::string>> out(items.size());
+  const auto start = std::chrono::steady_clock::now();
+  storage::bulk_exchange ex(im.pool, std::min(im.cfg.timeout, std::chrono::milliseconds(1000)));
   struct flight {
-    std::vector<std::string> names;
-    std::shared_ptr<collector<bool>> c;
+    bool sent = false;
+    std::vector<size_t> calls;
+    std::vector<std::string> down;  // chunks not sent: their node is down
   };
   std::vector<flight> flights(items.size());
   for (size_t b = 0; b < items.size(); ++b) {
     const put_item& it = items[b];
     auto g = im.group_of(it.key);
     if (!g) {
-      std::shared_lock lock(im.mu);
-      out[b] = std::unexpected("kv client: " + std::to_string(im.nodes.size()) +
-                               " storage node(s), a placement group needs " + std::to_string(im.codec.n()));
+      out[b] = std::unexpected(im.too_few_nodes());
       continue;
     }
     auto chunks = im.codec.encode(it.block);
@@ -181,24 +205,39 @@ std::vector<std::expected<void, std::string>> kv_client::put_many(std::span<cons
       out[b] = std::unexpected("kv client: " + chunks.error().message);
       continue;
     }
-    flights[b].names = std::move(g->names);
-    flights[b].c = fan_out<bool>(im.sys, g->actors, im.cfg.timeout, [&](size_t i) {
-      return std::make_tuple(put_atom_v, chunk_put{it.key.hi, it.key.lo, static_cast<int32_t>(i), it.traffic_class,
-                                                   std::move((*chunks)[i])});
-    });
+    flights[b].sent = true;
+    for (size_t i = 0; i < g->size(); ++i) {
+      const auto& e = (*g)[i];
+      if (!e.up()) {
+        flights[b].down.push_back(e.bulk.name + ": storage node is down");
+        continue;
+      }
+      flights[b].calls.push_back(ex.add(e.bulk, {storage::bulk_op::put, 0,
+                                                 {it.key.hi, it.key.lo, static_cast<uint8_t>(i)},
+                                                 static_cast<uint8_t>(it.traffic_class), (*chunks)[i]}));
+    }
   }
-  auto deadline = std::chrono::steady_clock::now() + im.cfg.timeout + std::chrono::seconds(1);
+  auto acks = [&](const flight& f) {
+    int n = 0;
+    for (size_t c : f.calls) n += ex[c].ok ? 1 : 0;
+    return n;
+  };
+  auto settled = [&](const flight& f) {
+    return !f.sent || acks(f) >= im.cfg.put_acks ||
+           std::all_of(f.calls.begin(), f.calls.end(), [&](size_t c) { return ex[c].done; });
+  };
+  ex.run_until(start + im.cfg.timeout, [&] { return std::all_of(flights.begin(), flights.end(), settled); });
+  // Acknowledged: the remaining chunks were sent whole and land on their nodes; their replies
+  // are skipped by the connections' next users.
   for (size_t b = 0; b < items.size(); ++b) {
-    auto& c = flights[b].c;
-    if (!c) continue;
-    std::unique_lock lock(c->mu);
-    c->cv.wait_until(lock, deadline,
-                     [&] { return static_cast<int>(c->ok.size()) >= im.cfg.put_acks || c->all_in(); });
-    if (static_cast<int>(c->ok.size()) >= im.cfg.put_acks) continue;
-    std::string why;
-    for (const auto& [i, e] : c->failed) why += (why.empty() ? "" : "; ") + flights[b].names[i] + ": " + e;
-    out[b] = std::unexpected("kv client: put acknowledged by " + std::to_string(c->ok.size()) + " of " +
-                             std::to_string(im.cfg.put_acks) + " needed chunk(s)" + (why.empty() ? "" : " (" + why + ")"));
+    const flight& f = flights[b];
+    if (!f.sent || acks(f) >= im.cfg.put_acks) continue;
+    std::vector<std::string> why = f.down;
+    for (size_t c : f.calls)
+      if (!ex[c].ok) why.push_back(ex[c].done ? ex[c].error : "no reply in " + std::to_string(im.cfg.timeout.count()) + " ms");
+    out[b] = std::unexpected("kv client: put acknowledged by " + std::to_string(acks(f)) + " of " +
+                             std::to_string(im.cfg.put_acks) + " needed chunk(s)" +
+                             (why.empty() ? "" : " (" + joined(why) + ")"));
   }
   return out;
 }
@@ -211,77 +250,96 @@ std::vector<std::expected<std::vector<uint8_t>, std::string>> kv_client::get_man
   auto& im = *impl_;
   const int k = im.codec.k();
   const size_t first_wave = static_cast<size_t>(k + 1);
-  using reply = std::vector<uint8_t>;
-  using coll = std::shared_ptr<collector<reply>>;
-  auto chunk_ok = [](const reply& bytes) { return storage::verify_chunk(bytes).has_value(); };
-  auto ask = [&](const block_key& key, const impl::group& g, size_t first, size_t last) {
-    std::vector<storage_node_actor> targets(g.actors.begin() + static_cast<ptrdiff_t>(first),
-                                            g.actors.begin() + static_cast<ptrdiff_t>(last));
-    return fan_out<reply>(
-      im.sys, targets, im.cfg.timeout,
-      [&](size_t i) { return std::make_tuple(get_atom_v, key.hi, key.lo, static_cast<int32_t>(first + i)); },
-      chunk_ok);
-  };
-  auto state_of = [](const coll& c) {
-    std::lock_guard lock(c->mu);
-    return std::pair<int, bool>{c->accepted_count, c->all_in()};
-  };
-  // Every block's first k + 1 nodes at once. Then block by block: when k valid chunks are not
-  // in after the hedge delay (a dead node may only show as a timeout), the rest of its group
-  // as well, and the first k valid from either wave decode.
+  const auto start = std::chrono::steady_clock::now();
+  storage::bulk_exchange ex(im.pool, std::min(im.cfg.timeout, std::chrono::milliseconds(1000)));
   struct flight {
     std::optional<impl::group> g;
-    coll c1, c2;
+    std::vector<std::pair<size_t, uint32_t>> calls;  // (exchange call, chunk index)
+    std::vector<std::string> why;                    // chunks that failed, and why
+    int valid = 0;
+    size_t asked = 0;  // chunk indices [0, asked) asked (or down)
   };
   std::vector<flight> flights(keys.size());
+  std::vector<std::pair<size_t, uint32_t>> owner;  // exchange call → (block, chunk index)
+  std::vector<bool> accepted;                      // exchange call → valid chunk
+  auto ask = [&](size_t b, size_t first, size_t last) {
+    auto& f = flights[b];
+    for (size_t i = first; i < last; ++i) {
+      const auto& e = (*f.g)[i];
+      if (!e.up()) {
+        f.why.push_back("chunk " + std::to_string(i) + ": " + e.bulk.name + " is down");
+        continue;
+      }
+      size_t call = ex.add(e.bulk, {storage::bulk_op::get, 0, {keys[b].hi, keys[b].lo, static_cast<uint8_t>(i)}, 0, {}});
+      f.calls.emplace_back(call, static_cast<uint32_t>(i));
+      owner.resize(call + 1);
+      accepted.resize(call + 1);
+      owner[call] = {b, static_cast<uint32_t>(i)};
+    }
+    f.asked = last;
+  };
+  // Checksums are checked once per chunk as it arrives; a bad one is an erasure.
+  auto on_reply = [&](size_t call) {
+    auto [b, i] = owner[call];
+    auto& r = ex[call];
+    if (r.ok && storage::verify_chunk(r.payload)) {
+      accepted[call] = true;
+      ++flights[b].valid;
+    } else if (r.ok) {
+      flights[b].why.push_back("chunk " + std::to_string(i) + " failed its checksum");
+    }
+  };
   for (size_t b = 0; b < keys.size(); ++b) {
     flights[b].g = im.group_of(keys[b]);
-    if (flights[b].g) flights[b].c1 = ask(keys[b], *flights[b].g, 0, first_wave);
+    if (flights[b].g) ask(b, 0, std::min(first_wave, flights[b].g->size()));
   }
-  auto hedge_at = std::chrono::steady_clock::now() + im.cfg.hedge;
-  auto deadline = std::chrono::steady_clock::now() + im.cfg.timeout + std::chrono::seconds(1);
-  std::vector<std::expected<reply, std::string>> out;
+  auto enough = [&](const flight& f) {
+    return !f.g || f.valid >= k ||
+           (f.asked >= f.g->size() && std::all_of(f.calls.begin(), f.calls.end(), [&](auto& c) { return ex[c.first].done; }));
+  };
+  auto all_enough = [&] { return std::all_of(flights.begin(), flights.end(), enough); };
+  // The first k + 1 chunks of every block; where k valid are not in after the hedge delay (a
+  // hung node only shows as a timeout) or a first-wave chunk already failed, the rest too.
+  auto hedge = [&] {
+    for (size_t b = 0; b < flights.size(); ++b) {
+      auto& f = flights[b];
+      if (!f.g || f.valid >= k || f.asked >= f.g->size()) continue;
+      int lost = 0;
+      for (auto& c : f.calls) lost += ex[c.first].done && !accepted[c.first] ? 1 : 0;
+      lost += static_cast<int>(f.asked) - static_cast<int>(f.calls.size());  // down nodes
+      if (lost > 0 || std::chrono::steady_clock::now() >= start + im.cfg.hedge) ask(b, f.asked, f.g->size());
+    }
+  };
+  hedge();
+  ex.run_until(start + im.cfg.hedge, [&] {
+    hedge();  // a failed chunk asks for the rest at once, without waiting for the delay
+    return all_enough();
+  }, on_reply);
+  hedge();
+  ex.run_until(start + im.cfg.timeout, all_enough, on_reply);  // the rest are abandoned (cancelled)
+
+  std::vector<std::expected<std::vector<uint8_t>, std::string>> out;
   out.reserve(keys.size());
   for (size_t b = 0; b < keys.size(); ++b) {
     auto& f = flights[b];
     if (!f.g) {
-      out.push_back(std::unexpected("kv client: not enough storage nodes"));
+      out.push_back(std::unexpected(im.too_few_nodes()));
       continue;
     }
-    {
-      std::unique_lock lock(f.c1->mu);
-      f.c1->cv.wait_until(lock, hedge_at, [&] { return f.c1->accepted_count >= k || f.c1->all_in(); });
-    }
-    for (;;) {
-      auto [v1, in1] = state_of(f.c1);
-      if (v1 >= k) break;
-      if (!f.c2 && f.g->actors.size() > first_wave) f.c2 = ask(keys[b], *f.g, first_wave, f.g->actors.size());
-      auto [v2, in2] = f.c2 ? state_of(f.c2) : std::pair<int, bool>{0, true};
-      if (v1 + v2 >= k || (in1 && in2) || std::chrono::steady_clock::now() >= deadline) break;
-      std::unique_lock lock(f.c2 ? f.c2->mu : f.c1->mu);
-      (f.c2 ? f.c2->cv : f.c1->cv).wait_for(lock, std::chrono::milliseconds(2));
-    }
-    std::vector<reply> valid(f.g->actors.size());
     std::vector<storage::chunk_ref> refs;
-    std::string why;
-    for (auto [c, first] : {std::pair{f.c1, size_t{0}}, std::pair{f.c2, first_wave}}) {
-      if (!c) continue;
-      std::lock_guard lock(c->mu);
-      for (auto& [i, bytes] : c->ok) {
-        if (static_cast<int>(refs.size()) >= k) break;
-        if (!c->accepted.at(i)) {
-          why += (why.empty() ? "" : "; ") + std::string("chunk ") + std::to_string(first + i) + " failed its checksum";
-          continue;
-        }
-        valid[first + i] = std::move(bytes);
-        refs.push_back({static_cast<uint32_t>(first + i), valid[first + i]});
+    std::vector<std::string> why = f.why;
+    for (auto& [call, i] : f.calls) {
+      auto& r = ex[call];
+      if (accepted[call]) {
+        if (static_cast<int>(refs.size()) < k) refs.push_back({i, r.payload});
+      } else if (!r.ok) {
+        why.push_back("chunk " + std::to_string(i) + ": " + (r.done ? r.error : "no reply"));
       }
-      for (const auto& [i, e] : c->failed)
-        why += (why.empty() ? "" : "; ") + std::string("chunk ") + std::to_string(first + i) + ": " + e;
     }
-    auto block = im.codec.decode(refs);
+    auto block = im.codec.decode(refs, true);  // every ref passed verify_chunk on arrival
     if (!block)
-      out.push_back(std::unexpected("kv client: block miss: " + block.error().message + (why.empty() ? "" : " (" + why + ")")));
+      out.push_back(std::unexpected("kv client: block miss: " + block.error().message +
+                                    (why.empty() ? "" : " (" + joined(why) + ")")));
     else
       out.push_back(std::move(*block));
   }

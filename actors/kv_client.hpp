@@ -2,7 +2,8 @@
 // keyed by its 128-bit prefix-hash-chain key) is erasure coded k + m (10 + 2) and its chunks
 // placed on the block's placement group: the first k + m storage nodes when all nodes are
 // ranked by XXH3(node name, key) (rendezvous hashing: adding or losing a node moves only the
-// blocks it held or would now hold). put sends chunk i to the group's node i and succeeds once
+// blocks it held or would now hold). Chunk bytes go over the nodes' bulk TCP servers
+// (storage/bulk.hpp); existence queries are CAF messages. put sends chunk i to the group's node i and succeeds once
 // `put_acks` are durable; get asks the first k + 1 nodes, decodes from the first k valid
 // chunks (checksums checked; a bad one is an erasure) and asks the rest only when k valid
 // chunks are not in within a short hedge delay (a killed node may only show as a timeout);
@@ -39,6 +40,8 @@ struct kv_client_config {
 struct storage_endpoint {
   std::string name;  // "<node>/storage<i>", the rendezvous hash input
   storage_node_actor actor;
+  std::string host;        // its bulk server: chunk bytes travel there, not as CAF messages
+  uint16_t bulk_port = 0;  // 0: none (its chunks cannot be read or written)
 };
 
 class kv_client {

@@ -9,6 +9,8 @@
 #include <caf/stateful_actor.hpp>
 #include <caf/typed_event_based_actor.hpp>
 
+#include "storage/bulk.hpp"
+
 namespace shoal::actors {
 
 namespace {
@@ -18,7 +20,9 @@ using storage_node_impl = storage_node_actor::extend<caf::reacts_to<step_atom>>;
 
 struct storage_state {
   static inline const char* name = "storage_node";
-  std::unique_ptr<storage::chunk_store> store;
+  std::shared_ptr<storage::chunk_store> store;  // shared with the bulk server's threads
+  std::unique_ptr<storage::bulk_server> bulk;   // destroyed with the state when the actor exits (also
+                                                // when killed): the node's data path goes quiet
   storage_node_config config;
 };
 
@@ -122,9 +126,11 @@ uint64_t maintain(storage_pointer self) {
   return removed;
 }
 
-storage_node_impl::behavior_type storage_behavior(storage_pointer self, std::unique_ptr<storage::chunk_store> store,
+storage_node_impl::behavior_type storage_behavior(storage_pointer self, std::shared_ptr<storage::chunk_store> store,
+                                                  std::shared_ptr<std::unique_ptr<storage::bulk_server>> bulk,
                                                   storage_node_config config) {
   self->state.store = std::move(store);
+  self->state.bulk = std::move(*bulk);
   self->state.config = std::move(config);
   self->delayed_send(self, self->state.config.maintenance_interval, step_atom_v);
   return {
@@ -143,11 +149,20 @@ storage_node_impl::behavior_type storage_behavior(storage_pointer self, std::uni
 
 }  // namespace
 
-std::expected<storage_node_actor, std::string> spawn_storage_node(caf::actor_system& sys, storage_node_config config) {
+std::expected<storage_node, std::string> spawn_storage_node(caf::actor_system& sys, storage_node_config config) {
   auto store = storage::chunk_store::open(config.store);
   if (!store) return std::unexpected("storage node at " + config.store.root + ": " + storage::to_string(store.error()));
-  auto a = sys.spawn(storage_behavior, std::move(*store), std::move(config));
-  return caf::actor_cast<storage_node_actor>(a);
+  std::shared_ptr<storage::chunk_store> shared = std::move(*store);
+  storage::bulk_server_options bo;
+  bo.host = config.bulk_host;
+  bo.port = config.bulk_port;
+  auto bulk = storage::bulk_server::start(shared, bo);
+  if (!bulk) return std::unexpected("storage node at " + config.store.root + ": " + bulk.error());
+  uint16_t port = (*bulk)->port();
+  // The server travels into the actor through a shared_ptr (spawn arguments are copied).
+  auto holder = std::make_shared<std::unique_ptr<storage::bulk_server>>(std::move(*bulk));
+  auto a = sys.spawn(storage_behavior, std::move(shared), std::move(holder), std::move(config));
+  return storage_node{caf::actor_cast<storage_node_actor>(a), port};
 }
 
 }  // namespace shoal::actors

@@ -186,7 +186,7 @@ struct survivors {
   int n_rejected = 0;
 };
 
-std::expected<survivors, error> check_chunks(std::span<const chunk_ref> chunks, int k, int m) {
+std::expected<survivors, error> check_chunks(std::span<const chunk_ref> chunks, int k, int m, bool verified) {
   const int n = k + m;
   survivors s{std::vector<chunk_view>(n), std::vector<bool>(n), std::vector<bool>(n), {}, 0, 0};
   const chunk_view* first = nullptr;
@@ -196,7 +196,7 @@ std::expected<survivors, error> check_chunks(std::span<const chunk_ref> chunks, 
     if (s.given[c.index])
       return fail(errc::mismatch, "chunk index " + std::to_string(c.index) + " given twice");
     s.given[c.index] = true;
-    auto v = verify_chunk(c.bytes);
+    auto v = verified ? parse_chunk(c.bytes) : verify_chunk(c.bytes);
     if (!v) {  // damaged in flight or at rest: an erasure
       s.rejected += (s.n_rejected++ ? ", " : "") + std::to_string(c.index) + " (" + to_string(v.error()) + ")";
       continue;
@@ -234,8 +234,9 @@ std::string unrecoverable_message(const survivors& s, int k) {
 
 }  // namespace
 
-std::expected<std::vector<uint8_t>, error> ec_codec::decode(std::span<const chunk_ref> chunks) const {
-  auto checked = check_chunks(chunks, k_, m_);
+std::expected<std::vector<uint8_t>, error> ec_codec::decode(std::span<const chunk_ref> chunks,
+                                                           bool payloads_verified) const {
+  auto checked = check_chunks(chunks, k_, m_, payloads_verified);
   if (!checked) return std::unexpected(std::move(checked.error()));
   const survivors& s = *checked;
   if (s.n_valid < k_) return fail(errc::unrecoverable, unrecoverable_message(s, k_));

@@ -95,7 +95,10 @@ class ec_codec {
   //   unrecoverable fewer than k valid chunks; the message says how many were valid, which
   //                 were rejected and why, and which were missing;
   //   bad_checksum  the rebuilt block fails the header's block crc (should never happen).
-  std::expected<std::vector<uint8_t>, error> decode(std::span<const chunk_ref> chunks) const;
+  // payloads_verified: the caller ran verify_chunk on every chunk given (e.g. as each arrived),
+  // so only headers are parsed here; the rebuilt block's crc is checked either way.
+  std::expected<std::vector<uint8_t>, error> decode(std::span<const chunk_ref> chunks,
+                                                    bool payloads_verified = false) const;
 
  private:
   ec_codec(int k, int m);

@@ -69,11 +69,17 @@ struct storage_cluster {
     auto a = actors::spawn_storage_node(sys, node_config((dir.path / std::to_string(i)).string()));
     REQUIRE_MESSAGE(a, a.error());
     std::string name = "n" + std::to_string(i) + "/storage0";
-    if (static_cast<size_t>(i) < nodes.size()) nodes[i] = {name, *a};
-    else nodes.push_back({name, *a});
+    actors::storage_endpoint e{name, a->actor, "127.0.0.1", a->bulk_port};
+    if (static_cast<size_t>(i) < nodes.size()) nodes[i] = e;
+    else nodes.push_back(e);
   }
 
-  void kill(size_t i) { caf::anon_send_exit(nodes[i].actor, caf::exit_reason::kill); }
+  // Returns once the node is down (its bulk server closes as the actor exits).
+  void kill(size_t i) {
+    caf::anon_send_exit(nodes[i].actor, caf::exit_reason::kill);
+    caf::scoped_actor self{sys};
+    self->wait_for(nodes[i].actor);
+  }
 
   ~storage_cluster() {
     for (auto& n : nodes) caf::anon_send_exit(n.actor, caf::exit_reason::user_shutdown);

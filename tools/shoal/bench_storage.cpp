@@ -64,6 +64,7 @@ struct storage_args {
   int latency_gets = 64;
   int inflight = 8;
   bool fsync = false;
+  std::string dir = "/tmp";
   std::string out = "bench/results/storage.jsonl";
 };
 
@@ -280,10 +281,12 @@ int run_storage_bench(const storage_args& a) {
   base["fsync"] = a.fsync;
   base["reps"] = a.reps;
   base["inflight"] = a.inflight;
+  base["dir"] = a.dir;
   // Fork the storage cluster first, before this process has an actor system or threads.
   storage_child_options so;
   so.nodes = storage_nodes;
   so.fsync = a.fsync;
+  so.parent_dir = a.dir;
   storage_child child = fork_storage_child(so);
   struct guard {
     storage_child& c;
@@ -383,8 +386,8 @@ int run_storage_bench(const storage_args& a) {
   }
 
   // Table.
-  fmt::print("shoal bench storage: ec 10+2, block {} KiB, {} reps, {} blocks in flight, fsync {}\n", a.block_kib,
-             a.reps, a.inflight, a.fsync ? "always" : "never");
+  fmt::print("shoal bench storage: ec 10+2, block {} KiB, {} reps, {} blocks in flight, fsync {}, stores in {}\n",
+             a.block_kib, a.reps, a.inflight, a.fsync ? "always" : "never", a.dir);
   fmt::print("{:<34} {:>10} {:>21}\n", "measure", "GB/s", "min-max / note");
   fmt::print("{:<34} {:>10.2f} {:>10.2f}-{:<10.2f}\n", "raw ISA-L encode (64 blocks)", ec.encode_gbps, ec.encode_min,
              ec.encode_max);
@@ -479,6 +482,9 @@ void add_storage_bench(CLI::App& bench) {
   b->add_option("--inflight", a->inflight, "blocks in flight at once for put and get (put_many / get_many batches)")
     ->capture_default_str()
     ->check(CLI::Range(1, 1024));
+  b->add_option("--dir", a->dir, "parent directory of the storage nodes' directories (a tmpfs such as /dev/shm "
+                                 "takes the disk out of the measure)")
+    ->capture_default_str();
   b->add_flag("--fsync", a->fsync, "storage nodes fsync every chunk (sync_policy always)");
   b->add_option("--out", a->out, "JSONL output")->capture_default_str();
   b->callback([a] {

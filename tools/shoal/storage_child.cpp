@@ -82,7 +82,8 @@ bool read_all(int fd, void* p, size_t n) {
         write_all(port_fd, &zero, sizeof zero);
         std::_Exit(1);
       }
-      info.storage.push_back(caf::actor_cast<caf::actor>(*a));
+      info.storage.push_back(caf::actor_cast<caf::actor>(a->actor));
+      info.storage_ports.push_back(a->bulk_port);
     }
     actors::membership m;
     m.version = 1;

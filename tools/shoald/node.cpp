@@ -298,13 +298,16 @@ int run_node(const runtime::node_config& cfg, logger& log) {
                  std::chrono::system_clock::now().time_since_epoch())
           .count();
       };
+      sc.bulk_host = cfg.listen.host;
       auto node = actors::spawn_storage_node(sys, sc);
       if (!node) {
         log.error("{}", node.error());
         std::_Exit(exit_failure);
       }
-      parts.storage.push_back(*node);
-      me.storage.push_back(caf::actor_cast<caf::actor>(*node));
+      parts.storage.push_back(node->actor);
+      me.storage.push_back(caf::actor_cast<caf::actor>(node->actor));
+      me.storage_ports.push_back(node->bulk_port);
+      log.info("storage{}: bulk data path on {}:{}", i, sc.bulk_host, node->bulk_port);
     }
     log.info("{} storage node(s) under {}, {} MiB each, fsync {}", cfg.storage_nodes, cfg.storage_dir->string(),
              cfg.storage_capacity_mib, cfg.storage_fsync ? "always" : "never");
