@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <condition_variable>
-#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -24,45 +23,34 @@ namespace shoal::actors {
 
 namespace {
 
-// Replies of one fan-out, filled by the one-shot actor, read by the waiting caller.
-template <class Reply>
+// Replies of one fan-out (existence queries), filled by the one-shot actor, read by the
+// waiting caller.
 struct collector {
   std::mutex mu;
   std::condition_variable cv;
-  std::map<size_t, Reply> ok;               // by request number
+  std::map<size_t, std::vector<uint8_t>> ok;  // by request number
   std::map<size_t, std::string> failed;
-  std::function<bool(const Reply&)> accept;  // checked once per reply as it arrives; null = all
-  std::map<size_t, bool> accepted;           // by request number, for every reply in `ok`
-  int accepted_count = 0;
   size_t expected = 0;
   bool all_in() const { return ok.size() + failed.size() >= expected; }
 };
 
-// Sends `make(i)` to targets[i] for every i; replies and errors land in the collector.
-template <class Reply, class Handle, class Make>
-std::shared_ptr<collector<Reply>> fan_out(caf::actor_system& sys, const std::vector<Handle>& targets,
-                                          std::chrono::milliseconds timeout, Make make,
-                                          std::function<bool(const Reply&)> accept = nullptr) {
-  auto c = std::make_shared<collector<Reply>>();
-  c->accept = std::move(accept);
+// Sends (exists_atom, queries[i]) to targets[i] for every i; replies and errors land in the
+// collector.
+std::shared_ptr<collector> fan_out(caf::actor_system& sys, const std::vector<storage_node_actor>& targets,
+                                   std::chrono::milliseconds timeout, std::vector<chunk_query> queries) {
+  auto c = std::make_shared<collector>();
   c->expected = targets.size();
   for (size_t i = 0; i < targets.size(); ++i)
     if (!targets[i]) c->failed.emplace(i, "storage node is down");
   if (c->all_in()) return c;
-  // Messages are built here, not in the actor: it may start after the caller gave up waiting.
-  std::vector<decltype(make(0))> msgs;
-  for (size_t i = 0; i < targets.size(); ++i) msgs.push_back(make(i));
-  sys.spawn([c, targets, timeout, msgs = std::move(msgs)](caf::event_based_actor* self) mutable {
+  sys.spawn([c, targets, timeout, queries = std::move(queries)](caf::event_based_actor* self) mutable {
     for (size_t i = 0; i < targets.size(); ++i) {
       if (!targets[i]) continue;
-      std::apply([&](auto&... xs) { return self->request(targets[i], timeout, std::move(xs)...); }, msgs[i])
+      self->request(targets[i], timeout, exists_atom_v, std::move(queries[i]))
         .then(
-          [c, i](Reply& r) {
-            bool good = !c->accept || c->accept(r);  // outside the lock: may be a checksum
+          [c, i](std::vector<uint8_t>& held) {
             std::lock_guard lock(c->mu);
-            c->accepted[i] = good;
-            c->accepted_count += good ? 1 : 0;
-            c->ok.emplace(i, std::move(r));
+            c->ok.emplace(i, std::move(held));
             c->cv.notify_all();
           },
           [c, i](caf::error& e) {
@@ -365,15 +353,15 @@ size_t kv_client::lookup(const std::vector<block_key>& chain) {
   }
   std::vector<storage_node_actor> targets;
   std::vector<size_t> node_of;
+  std::vector<chunk_query> asked;
   for (size_t n = 0; n < queries.size(); ++n)
     if (!queries[n].indices.empty()) {
       targets.push_back(im.nodes[n].actor);
       node_of.push_back(n);
+      asked.push_back(std::move(queries[n]));
     }
   nodes_lock.unlock();
-  auto c = fan_out<std::vector<uint8_t>>(im.sys, targets, im.cfg.timeout, [&](size_t i) {
-    return std::make_tuple(exists_atom_v, queries[node_of[i]]);
-  });
+  auto c = fan_out(im.sys, targets, im.cfg.timeout, std::move(asked));
   std::unique_lock lock(c->mu);
   c->cv.wait_for(lock, im.cfg.timeout + std::chrono::seconds(1), [&] { return c->all_in(); });
   std::vector<int> held(chain.size(), 0);
