@@ -142,6 +142,12 @@ int64_t cache_manager::fetch_remote(const request& r, int64_t hit) {
   // The blocks a request computes are its own; fetched ones are taken from the free list the
   // same way, and only while it keeps a block free for the request's own compute.
   int64_t wanted = static_cast<int64_t>(config_.remote->lookup(keys));
+  if (wanted == 0) return hit;
+  // The local hit's blocks are free cached blocks: pinned while blocks are taken for the
+  // fetch, so that taking them cannot evict the prefix the fetch extends.
+  std::vector<block_id> pinned;
+  for (int64_t i = 0; i < hit; ++i) pinned.push_back(*pool_.lookup(r.keys[static_cast<size_t>(i)]));
+  pool_.touch(pinned);
   std::vector<block_id> taken;
   std::vector<std::span<float>> dsts;
   while (static_cast<int64_t>(taken.size()) < wanted && pool_.can_allocate(2)) {
@@ -152,6 +158,7 @@ int64_t cache_manager::fetch_remote(const request& r, int64_t hit) {
   if (fetched < static_cast<int64_t>(taken.size())) ++stats_.remote_fetch_failures;
   for (int64_t i = 0; i < fetched; ++i) pool_.cache_block(taken[static_cast<size_t>(i)], keys[static_cast<size_t>(i)]);
   give_back(taken);  // fetched ones are now cached free blocks: the lookup below takes them like any local hit
+  give_back(pinned);
   int64_t extended = hit;
   while (extended < hit + fetched && pool_.lookup(r.keys[extended])) ++extended;
   stats_.remote_hit_tokens += static_cast<uint64_t>((extended - hit) * bs_);

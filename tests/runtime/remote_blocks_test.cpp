@@ -7,6 +7,7 @@
 
 #include <map>
 #include <mutex>
+#include <random>
 
 #include "runtime/engine.hpp"
 #include "runtime/remote_blocks.hpp"
@@ -112,5 +113,40 @@ TEST_CASE("remote tier: listed blocks that cannot be fetched are a miss and the 
   CHECK(reader.stats().cache.hit_tokens == 0);
   REQUIRE(got.size() == ref.size());
   for (size_t i = 0; i < got.size(); ++i) CHECK(got[i].logits == ref[i].logits);
+  CHECK(reader.stats().blocks_free == reader.stats().blocks_total);
+}
+
+TEST_CASE("remote tier: fetches into a nearly full pool keep the local hit they extend, outputs stay exact") {
+  // Prompts are chains of shared 16-token segments, so local and remote hits interleave; the
+  // reader's pool is barely larger than one prompt, so taking blocks for a fetch must evict
+  // cached blocks, but never those of the local hit the fetch extends.
+  auto w = test::tiny_model("v3-tiny");
+  const int64_t bs = w->config.block_size;
+  auto tier = std::make_shared<memory_tier>();
+  auto wcfg = test::exact_engine_config(256);
+  wcfg.cache.remote = tier;
+  auto rcfg = test::exact_engine_config(9);
+  rcfg.cache.remote = tier;
+  runtime::engine writer(w, wcfg), reader(w, rcfg), cold(w, test::exact_engine_config(256));
+  std::vector<std::vector<int32_t>> segments;
+  for (uint32_t s = 0; s < 6; ++s) segments.push_back(test::random_tokens(static_cast<size_t>(bs), 500 + s));
+  std::mt19937 rng(7);
+  for (int i = 0; i < 30; ++i) {
+    std::vector<int32_t> prompt;
+    size_t n = 2 + rng() % 5;  // 2..6 segments: up to 6 blocks + the tail
+    for (size_t j = 0; j < n; ++j) {
+      const auto& seg = segments[j == 0 ? 0 : rng() % segments.size()];
+      prompt.insert(prompt.end(), seg.begin(), seg.end());
+    }
+    prompt.push_back(static_cast<int32_t>(rng() % 256));
+    CAPTURE(i);
+    if (i % 3 == 0) run_one(writer, prompt);  // the remote tier learns some of them
+    auto got = run_one(reader, prompt);
+    auto ref = run_one(cold, prompt);
+    REQUIRE(got.size() == ref.size());
+    for (size_t t = 0; t < got.size(); ++t) CHECK(got[t].logits == ref[t].logits);
+  }
+  CHECK(reader.stats().cache.remote_hit_tokens > 0);
+  CHECK(reader.stats().cache.hit_tokens > reader.stats().cache.remote_hit_tokens);  // local hits too
   CHECK(reader.stats().blocks_free == reader.stats().blocks_total);
 }

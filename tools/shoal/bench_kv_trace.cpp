@@ -284,17 +284,7 @@ void add_kv_trace_bench(CLI::App& bench) {
     ->check(CLI::Range(1, 64));
   b->add_option("--dir", a->dir, "parent directory of the storage nodes' directories")->capture_default_str();
   b->add_option("--out", a->out, "JSONL output")->capture_default_str();
-  b->callback([a] {
-    int rc = 1;
-    try {
-      rc = run_kv_trace(*a);
-    } catch (const std::exception& e) {
-      fmt::print(stderr, "shoal bench kv-trace: {}\n", e.what());
-    }
-    std::fflush(stdout);
-    std::fflush(stderr);
-    std::_Exit(rc);  // CAF 0.17's teardown can block once a remote node was connected
-  });
+  b->callback([a] { run_then_exit("kv-trace", [&] { return run_kv_trace(*a); }); });
 }
 
 }  // namespace shoal::tools

@@ -86,30 +86,6 @@ std::vector<uint8_t> random_block(size_t n, uint32_t seed) {
   return b;
 }
 
-bool write_all(int fd, const void* p, size_t n) {
-  auto* c = static_cast<const char*>(p);
-  while (n > 0) {
-    ssize_t w = ::write(fd, c, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return false;
-    c += w;
-    n -= static_cast<size_t>(w);
-  }
-  return true;
-}
-
-bool read_all(int fd, void* p, size_t n) {
-  auto* c = static_cast<char*>(p);
-  while (n > 0) {
-    ssize_t r = ::read(fd, c, n);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) return false;
-    c += r;
-    n -= static_cast<size_t>(r);
-  }
-  return true;
-}
-
 // -- 1. raw ISA-L ---------------------------------------------------------------------------
 
 struct ec_result {
@@ -487,17 +463,7 @@ void add_storage_bench(CLI::App& bench) {
     ->capture_default_str();
   b->add_flag("--fsync", a->fsync, "storage nodes fsync every chunk (sync_policy always)");
   b->add_option("--out", a->out, "JSONL output")->capture_default_str();
-  b->callback([a] {
-    int rc = 1;
-    try {
-      rc = run_storage_bench(*a);
-    } catch (const std::exception& e) {
-      fmt::print(stderr, "shoal bench storage: {}\n", e.what());
-    }
-    std::fflush(stdout);
-    std::fflush(stderr);
-    std::_Exit(rc);  // CAF 0.17's teardown can block once a remote node was connected
-  });
+  b->callback([a] { run_then_exit("storage", [&] { return run_storage_bench(*a); }); });
 }
 
 }  // namespace shoal::tools

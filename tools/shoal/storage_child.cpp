@@ -22,34 +22,11 @@
 
 #include "actors/interfaces.hpp"
 #include "actors/storage_node_actor.hpp"
+#include "tools/shoal/bench_util.hpp"
 
 namespace shoal::tools {
 
 namespace {
-
-bool write_all(int fd, const void* p, size_t n) {
-  auto* c = static_cast<const char*>(p);
-  while (n > 0) {
-    ssize_t w = ::write(fd, c, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return false;
-    c += w;
-    n -= static_cast<size_t>(w);
-  }
-  return true;
-}
-
-bool read_all(int fd, void* p, size_t n) {
-  auto* c = static_cast<char*>(p);
-  while (n > 0) {
-    ssize_t r = ::read(fd, c, n);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) return false;
-    c += r;
-    n -= static_cast<size_t>(r);
-  }
-  return true;
-}
 
 // The child: its own actor system with the middleman, the storage nodes on temp dirs, and a
 // published actor that answers members_atom with them. Never returns.
