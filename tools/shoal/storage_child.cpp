@@ -81,8 +81,8 @@ namespace {
     std::error_code ec;
     std::filesystem::remove_all(dir, ec);
     rc = port ? 0 : 1;
+    std::_Exit(rc);  // before ~actor_system: CAF's teardown can block with remote peers
   }
-  std::_Exit(rc);  // skip CAF's teardown (it can block with remote peers)
 }
 
 }  // namespace
@@ -99,8 +99,10 @@ storage_child fork_storage_child(const storage_child_options& o) {
   c.pid = ::fork();
   if (c.pid < 0) throw std::runtime_error("fork: " + std::string(strerror(errno)));
   if (c.pid == 0) {
-    ::close(port_pipe[0]);
-    ::close(ctl_pipe[1]);
+    // Only its own pipe ends: an inherited control pipe of an earlier child would keep that
+    // child from ever seeing its parent go.
+    for (int fd = 3; fd < 4096; ++fd)
+      if (fd != port_pipe[1] && fd != ctl_pipe[0]) ::close(fd);
     run_storage_child(port_pipe[1], ctl_pipe[0], c.dir, o);
   }
   ::close(port_pipe[1]);
