@@ -8,6 +8,8 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <random>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -103,8 +105,29 @@ struct child_process {
 };
 
 // A TCP port that was free a moment ago (bound to port 0, then released).
+// A loopback port nobody listens on, taken below the kernel's ephemeral range (32768–60999
+// by default) so that no outgoing connection or port-0 bind elsewhere (CAF's, a storage
+// node's bulk server) takes it before the test's process binds it; never the same twice in
+// one process.
 inline uint16_t free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  static std::mt19937 rng(std::random_device{}() ^ static_cast<uint32_t>(::getpid()));
+  static std::set<uint16_t> given;
+  for (int attempt = 0; attempt < 2000; ++attempt) {
+    auto p = static_cast<uint16_t>(20000 + rng() % 12000);
+    if (given.contains(p)) continue;
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(p);
+    bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+    ::close(fd);
+    if (ok) {
+      given.insert(p);
+      return p;
+    }
+  }
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);  // fallback: whatever the kernel picks
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
