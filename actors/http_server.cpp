@@ -31,10 +31,6 @@ struct http_server::impl {
 
 namespace {
 
-const char* reason_of(int status) {
-  return http::obsolete_reason(static_cast<http::status>(status)).data();
-}
-
 class socket_writer final : public http_writer {
  public:
   socket_writer(tcp::socket& s, bool keep_alive) : socket_(s), keep_alive_(keep_alive) {}

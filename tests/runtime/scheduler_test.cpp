@@ -13,6 +13,18 @@ using namespace shoal::runtime;
 
 namespace {
 
+cache_config blocks(int64_t n) {
+  cache_config c;
+  c.num_blocks = n;
+  return c;
+}
+
+scheduler_config budget(int64_t tokens) {
+  scheduler_config c;
+  c.token_budget = tokens;
+  return c;
+}
+
 struct harness {
   model::model_config cfg;
   cache_manager caches;
@@ -45,7 +57,7 @@ struct harness {
 }  // namespace
 
 TEST_CASE("admission takes exact block ids from the free list head, growth continues in order") {
-  harness h("v3-tiny", {.num_blocks = 8}, {.token_budget = 64});
+  harness h("v3-tiny", blocks(8), budget(64));
   request* a = h.add(40, 1);  // 3 blocks of 16
   auto p = h.sched.plan({});
   REQUIRE(p.items.size() == 1);
@@ -60,7 +72,7 @@ TEST_CASE("admission takes exact block ids from the free list head, growth conti
 }
 
 TEST_CASE("a second request with the same prefix hits the cached blocks") {
-  harness h("v3-tiny", {.num_blocks = 16}, {});
+  harness h("v3-tiny", blocks(16), {});
   request* a = h.add(50, 2);
   h.apply(h.sched.plan({}));
   request* b = h.add(0, 0);
@@ -87,7 +99,7 @@ TEST_CASE("prefill chunks come from the cost model: largest chunk within the ste
   scheduler_config sc;
   sc.cost = *fitted;
   sc.step_time_budget_s = 0.0031;  // 0.001 + 1e-5 n + 1e-8 n² = 0.0031 → n ≈ 190
-  harness h("v3-tiny", {.num_blocks = 64}, sc);
+  harness h("v3-tiny", blocks(64), sc);
   h.add(600, 3);
   auto p = h.sched.plan({});
   REQUIRE(p.items.size() == 1);
@@ -101,7 +113,7 @@ TEST_CASE("prefill chunks come from the cost model: largest chunk within the ste
 }
 
 TEST_CASE("blocks running out preempt the newest running request, which resumes first") {
-  harness h("v3-tiny", {.num_blocks = 4}, {});
+  harness h("v3-tiny", blocks(4), {});
   request* a = h.add(30, 4);  // 2 blocks
   request* b = h.add(30, 5);  // 2 blocks
   h.apply(h.sched.plan({}));

@@ -244,7 +244,7 @@ int run_node(const runtime::node_config& cfg, logger& log) {
   system_config sys_cfg(cfg);
   caf::actor_system sys{sys_cfg};
   node_parts parts;
-  actors::node_info me{cfg.name, cfg.listen.host, cfg.listen.port, role_names(cfg), {}, {}, {}, false};
+  actors::node_info me{cfg.name, cfg.listen.host, cfg.listen.port, role_names(cfg), {}, {}, {}, false, {}};
 
   if (cfg.has_role(runtime::role::engine)) {
     runtime::engine_config ecfg = engine_config_for(weights->config, static_cast<double>(cfg.cache_mib));
