@@ -4,9 +4,13 @@
 // lives in its own file; this one only wires CLI11.
 #include <CLI/CLI.hpp>
 
+#include <cstdlib>
+
+#include "runtime/allocator.hpp"
 #include "tools/shoal/commands.hpp"
 
 int main(int argc, char** argv) {
+  if (!std::getenv("SHOAL_DEFAULT_MALLOC")) shoal::runtime::tune_allocator();
   CLI::App app{"shoal: distributed inference runtime for DeepSeek-style MoE models"};
   app.require_subcommand(1);
   shoal::tools::add_model_commands(app);
