@@ -40,7 +40,7 @@ const std::vector<schema_section>& schema() {
       {"gateway", {"listen", "auth_token_file"}},
       {"cluster", {"seeds", "heartbeat_interval_ms", "connection_timeout_ms", "request_timeout_ms"}},
       {"storage", {"dir", "nodes", "capacity_mib", "high_watermark_pct", "low_watermark_pct", "fsync",
-                   "ttl_agent_s", "ttl_chat_s"}},
+                   "ttl_agent_s", "ttl_chat_s", "bulk_port"}},
       {"log", {"level", "file"}},
   };
   return sections;
@@ -379,6 +379,7 @@ void read_storage(error_sink& sink, const section& s, const fs::path& base, node
   if (auto n = read_integer(sink, s, "low_watermark_pct", 0, 99)) c.storage_low_watermark_pct = static_cast<int32_t>(*n);
   if (auto n = read_integer(sink, s, "ttl_agent_s", 1, ten_years_s)) c.storage_ttl_agent_s = *n;
   if (auto n = read_integer(sink, s, "ttl_chat_s", 1, ten_years_s)) c.storage_ttl_chat_s = *n;
+  if (auto n = read_integer(sink, s, "bulk_port", 0, 65535)) c.storage_bulk_port = static_cast<int32_t>(*n);
   if (std::optional<std::string> v = read_string(sink, s, "fsync")) {
     if (*v == "always" || *v == "never") c.storage_fsync = *v == "always";
     else sink.fail(config_errc::bad_value, s.pos("fsync"), s.path("fsync"), "expected \"always\" or \"never\", got \"" + *v + "\"");
@@ -431,6 +432,11 @@ void check_consistency(error_sink& sink, const sections& f, const node_config& c
   if (storage && !c.storage_dir)
     sink.fail(config_errc::missing_key, f.storage.table ? f.storage.pos() : f.node.pos("roles"), "storage.dir",
               "required with the storage role");
+  if (storage && c.storage_bulk_port > 0 && c.storage_bulk_port + c.storage_nodes - 1 > 65535)
+    sink.fail(config_errc::bad_value, f.storage.pos("bulk_port"), "storage.bulk_port",
+              "ports " + std::to_string(c.storage_bulk_port) + ".." +
+                std::to_string(c.storage_bulk_port + c.storage_nodes - 1) + " for " +
+                std::to_string(c.storage_nodes) + " storage nodes run past 65535");
   if (storage && c.storage_low_watermark_pct >= c.storage_high_watermark_pct)
     sink.fail(config_errc::bad_value, f.storage.pos("low_watermark_pct"), "storage.low_watermark_pct",
               "must be below storage.high_watermark_pct (" + std::to_string(c.storage_high_watermark_pct) + ")");

@@ -58,6 +58,7 @@ struct node_config {
   bool storage_fsync = true;                 // fsync before a put is acknowledged
   int64_t storage_ttl_agent_s = 3 * 86400;   // traffic class TTLs
   int64_t storage_ttl_chat_s = 7 * 86400;
+  int32_t storage_bulk_port = 0;             // storage node i's bulk data port: this + i (0: any free port)
 
   // [cluster]
   std::vector<host_port> seeds;               // empty = this node starts the cluster

@@ -216,6 +216,13 @@ TEST_CASE("node_config: every bad input names its line and key") {
        config_errc::bad_value, 5, "node.model_dir", "must not be empty"},
       {"node name with a space", "[node]\nname = \"node one\"\nlisten = \"127.0.0.1:7100\"\nroles = [\"storage\"]\n",
        config_errc::bad_value, 2, "node.name", "[A-Za-z0-9._-]"},
+      {"bulk ports past 65535",
+       "[node]\nname = \"s\"\nlisten = \"127.0.0.1:7100\"\nroles = [\"storage\"]\n"
+       "[storage]\ndir = \"d\"\nnodes = 4\nbulk_port = 65534\n",
+       config_errc::bad_value, 8, "storage.bulk_port", "65534..65537 for 4 storage nodes"},
+      {"bulk port out of range",
+       "[node]\nname = \"s\"\nlisten = \"127.0.0.1:7100\"\nroles = [\"storage\"]\n[storage]\ndir = \"d\"\nbulk_port = 70000\n",
+       config_errc::bad_value, 7, "storage.bulk_port", "70000"},
       {"unknown log level", base + "[log]\nlevel = \"verbose\"\n", config_errc::bad_value, 7, "log.level",
        "unknown level 'verbose'"},
       {"log file as a boolean", base + "[log]\nfile = true\n", config_errc::wrong_type, 7, "log.file",

@@ -48,6 +48,7 @@ struct storage_cluster {
   fs::path model_dir, config_dir, state_dir;
   uint16_t seed_port = 0, http_port = 0;
   std::map<std::string, fs::path> configs;  // node name → its config file
+  std::map<std::string, uint16_t> bulk_ports;  // storage nodes with a configured bulk port
   std::optional<runtime::loaded_model> model;
   bool up = false;
 
@@ -72,8 +73,16 @@ struct storage_cluster {
     for (int i = 0; i < storage_nodes; ++i) {
       char name[32];
       std::snprintf(name, sizeof name, "storage-%02d", i);
+      // The first half serve chunks on a configured port, the rest on any free one (restarted
+      // nodes of the second half come back on a new port, learnt through the membership).
+      std::string bulk;
+      if (i < storage_nodes / 2) {
+        bulk_ports[name] = test::free_port();
+        bulk = "bulk_port = " + std::to_string(bulk_ports[name]) + "\n";
+      }
       add(name, "[\"storage\"]",
-          "[storage]\ndir = \"" + (dir.path / "chunks" / name).string() + "\"\ncapacity_mib = 64\nfsync = \"never\"\n",
+          "[storage]\ndir = \"" + (dir.path / "chunks" / name).string() + "\"\ncapacity_mib = 64\nfsync = \"never\"\n" +
+            bulk,
           true, false);
     }
   }
@@ -186,6 +195,24 @@ TEST_CASE("storage cluster: a prefix computed on one engine is read by others, s
     std::this_thread::sleep_for(100ms);
   CHECK(chunks.size() == storage_nodes);
   CHECK(total(chunks) == static_cast<uint64_t>(stored_blocks * storage_nodes));
+  {  // every storage node advertises its bulk port; the configured ones are where they were asked
+    auto agent = sys.middleman().remote_actor<actors::node_agent_actor>("127.0.0.1", c.seed_port);
+    REQUIRE(agent);
+    caf::scoped_actor self{sys};
+    actors::membership m;
+    self->request(*agent, 10s, members_atom_v).receive([&](actors::membership& x) { m = x; }, [&](caf::error&) {});
+    int with_ports = 0;
+    for (const auto& n : m.nodes) {
+      if (n.storage.empty()) continue;
+      REQUIRE(n.storage_ports.size() == 1);
+      CHECK(n.storage_ports[0] != 0);
+      if (auto it = c.bulk_ports.find(n.name); it != c.bulk_ports.end()) {
+        CHECK(n.storage_ports[0] == it->second);
+        ++with_ports;
+      }
+    }
+    CHECK(with_ports == storage_nodes / 2);
+  }
 
   // 2. engine-a drains; with 2 storage nodes killed -9, engine-b reads the prefix from the rest.
   REQUIRE(c.shoal({"shell", at, "-c", "storage; drain engine-a"}, out) == 0);

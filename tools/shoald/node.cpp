@@ -299,6 +299,7 @@ int run_node(const runtime::node_config& cfg, logger& log) {
           .count();
       };
       sc.bulk_host = cfg.listen.host;
+      sc.bulk_port = cfg.storage_bulk_port > 0 ? static_cast<uint16_t>(cfg.storage_bulk_port + i) : uint16_t{0};
       auto node = actors::spawn_storage_node(sys, sc);
       if (!node) {
         log.error("{}", node.error());
