@@ -174,7 +174,7 @@ std::vector<std::expected<void, std::string>> kv_client::put_many(std::span<cons
   auto& im = *impl_;
   std::vector<std::expected<void, std::string>> out(items.size());
   const auto start = std::chrono::steady_clock::now();
-  storage::bulk_exchange ex(im.pool, std::min(im.cfg.timeout, std::chrono::milliseconds(1000)));
+  storage::bulk_exchange ex(im.pool, std::min(im.cfg.timeout, std::chrono::milliseconds(1000)), im.cfg.timeout);
   struct flight {
     bool sent = false;
     std::vector<size_t> calls;
@@ -239,7 +239,7 @@ std::vector<std::expected<std::vector<uint8_t>, std::string>> kv_client::get_man
   const int k = im.codec.k();
   const size_t first_wave = static_cast<size_t>(k + 1);
   const auto start = std::chrono::steady_clock::now();
-  storage::bulk_exchange ex(im.pool, std::min(im.cfg.timeout, std::chrono::milliseconds(1000)));
+  storage::bulk_exchange ex(im.pool, std::min(im.cfg.timeout, std::chrono::milliseconds(1000)), im.cfg.timeout);
   struct flight {
     std::optional<impl::group> g;
     std::vector<std::pair<size_t, uint32_t>> calls;  // (exchange call, chunk index)

@@ -479,8 +479,9 @@ namespace {
 std::atomic<uint64_t> next_request_id{1};  // unique per process: a stale reply is never taken for a new one
 }  // namespace
 
-bulk_exchange::bulk_exchange(bulk_pool& pool, std::chrono::milliseconds connect_timeout)
-    : pool_(pool), connect_timeout_(connect_timeout) {}
+bulk_exchange::bulk_exchange(bulk_pool& pool, std::chrono::milliseconds connect_timeout,
+                             std::chrono::milliseconds send_timeout)
+    : pool_(pool), connect_timeout_(connect_timeout), send_timeout_(send_timeout) {}
 
 bulk_exchange::~bulk_exchange() {
   for (auto& c : conns_) {
@@ -499,8 +500,13 @@ bulk_exchange::conn& bulk_exchange::conn_for(const bulk_endpoint& e) {
     if (c->e.host == e.host && c->e.port == e.port) return *c;
   auto c = std::make_unique<conn>();
   c->e = e;
-  if (auto taken = pool_.take(e, connect_timeout_)) c->c = std::move(*taken);
-  else c->error = taken.error();
+  if (auto taken = pool_.take(e, connect_timeout_)) {
+    c->c = std::move(*taken);
+    timeval tv{static_cast<time_t>(send_timeout_.count() / 1000), static_cast<suseconds_t>(send_timeout_.count() % 1000 * 1000)};
+    ::setsockopt(c->c.fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  } else {
+    c->error = taken.error();
+  }
   conns_.push_back(std::move(c));
   return *conns_.back();
 }
@@ -529,7 +535,10 @@ size_t bulk_exchange::add(const bulk_endpoint& e, bulk_request r) {
   r.id = next_request_id++;
   auto head = encode_request_head(r);
   c.waiting[r.id] = call;
-  if (!send_frame(c.c.fd, head, r.payload)) fail_conn(c, where(e) + ": send failed: " + errno_text(errno));
+  if (!send_frame(c.c.fd, head, r.payload))
+    fail_conn(c, where(e) + (errno == EAGAIN || errno == EWOULDBLOCK
+                               ? ": send timed out after " + std::to_string(send_timeout_.count()) + " ms"
+                               : ": send failed: " + errno_text(errno)));
   return call;
 }
 

@@ -128,7 +128,10 @@ class bulk_exchange {
     std::vector<uint8_t> payload;   // get: the chunk
   };
 
-  bulk_exchange(bulk_pool& pool, std::chrono::milliseconds connect_timeout);
+  // connect_timeout bounds a connect; send_timeout a request's send (a node that stopped
+  // reading, e.g. hung, fills the socket buffer: the send then fails instead of blocking).
+  bulk_exchange(bulk_pool& pool, std::chrono::milliseconds connect_timeout,
+                std::chrono::milliseconds send_timeout = std::chrono::seconds(5));
   ~bulk_exchange();
   bulk_exchange(const bulk_exchange&) = delete;
   bulk_exchange& operator=(const bulk_exchange&) = delete;
@@ -152,7 +155,7 @@ class bulk_exchange {
   bool read_some(conn& c, const std::function<void(size_t)>& on_reply);
 
   bulk_pool& pool_;
-  std::chrono::milliseconds connect_timeout_;
+  std::chrono::milliseconds connect_timeout_, send_timeout_;
   std::vector<std::unique_ptr<conn>> conns_;
   std::vector<result> results_;
 };

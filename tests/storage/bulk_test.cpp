@@ -276,3 +276,33 @@ TEST_CASE("bulk: request and reply frames round-trip, truncated or padded ones a
   CHECK(back->payload == rep.payload);
   CHECK_FALSE(parse_reply({rb.data(), rb.size() - 1}));
 }
+
+TEST_CASE("bulk: a node that stops reading fails the sends after the send timeout instead of blocking") {
+  // A listener that never accepts: the kernel completes the connection and buffers what it can,
+  // then the client's sends stall.
+  int ls = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(ls, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  REQUIRE(::listen(ls, 4) == 0);
+  socklen_t len = sizeof a;
+  ::getsockname(ls, reinterpret_cast<sockaddr*>(&a), &len);
+  bulk_endpoint hung{"hung", "127.0.0.1", ntohs(a.sin_port)};
+  bulk_pool pool;
+  std::vector<uint8_t> chunk(1 << 20, 0x5a);
+  bulk_exchange ex(pool, 1s, 200ms);
+  std::vector<size_t> calls;
+  for (uint64_t i = 0; i < 64; ++i) calls.push_back(ex.add(hung, {bulk_op::put, 0, key_of(i), 0, chunk}));
+  ex.run_until(std::chrono::steady_clock::now() + 300ms, nullptr);
+  size_t failed = 0;
+  std::string why;
+  for (size_t c : calls)
+    if (ex[c].done && !ex[c].ok) {
+      ++failed;
+      why = ex[c].error;
+    }
+  CHECK(failed > 0);  // 64 MiB cannot all sit in socket buffers
+  CHECK_MESSAGE(why.find("send timed out after 200 ms") != std::string::npos, why);
+  ::close(ls);
+}
