@@ -107,6 +107,11 @@ struct kv_client::impl {
     for (size_t i = 0; i < ranked.size() && static_cast<int>(out.size()) < codec.n(); ++i) out.push_back(ranked[i].second);
     return out;
   }
+  // Chunk traffic of one call: connects bounded by a second (a dead node refuses sooner), sends
+  // by the request timeout.
+  storage::bulk_exchange exchange() {
+    return {pool, std::min(cfg.timeout, std::chrono::milliseconds(1000)), cfg.timeout};
+  }
   std::string too_few_nodes() const {
     std::shared_lock lock(mu);
     return "kv client: " + std::to_string(nodes.size()) + " storage node(s), a placement group needs " +
@@ -174,7 +179,7 @@ std::vector<std::expected<void, std::string>> kv_client::put_many(std::span<cons
   auto& im = *impl_;
   std::vector<std::expected<void, std::string>> out(items.size());
   const auto start = std::chrono::steady_clock::now();
-  storage::bulk_exchange ex(im.pool, std::min(im.cfg.timeout, std::chrono::milliseconds(1000)), im.cfg.timeout);
+  auto ex = im.exchange();
   struct flight {
     bool sent = false;
     std::vector<size_t> calls;
@@ -239,7 +244,7 @@ std::vector<std::expected<std::vector<uint8_t>, std::string>> kv_client::get_man
   const int k = im.codec.k();
   const size_t first_wave = static_cast<size_t>(k + 1);
   const auto start = std::chrono::steady_clock::now();
-  storage::bulk_exchange ex(im.pool, std::min(im.cfg.timeout, std::chrono::milliseconds(1000)), im.cfg.timeout);
+  auto ex = im.exchange();
   struct flight {
     std::optional<impl::group> g;
     std::vector<std::pair<size_t, uint32_t>> calls;  // (exchange call, chunk index)

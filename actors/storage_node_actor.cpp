@@ -10,6 +10,7 @@
 #include <caf/typed_event_based_actor.hpp>
 
 #include "storage/bulk.hpp"
+#include "storage/gc.hpp"
 
 namespace shoal::actors {
 
@@ -58,13 +59,9 @@ caf::result<bool> put(storage_pointer self, chunk_put& c) {
   auto cls = storage::traffic_class_from_byte(static_cast<uint8_t>(c.traffic_class));
   if (c.traffic_class < 0 || c.traffic_class > 255 || !cls)
     return make_error(errc::invalid_request, "unknown traffic class " + std::to_string(c.traffic_class));
-  auto& store = *self->state.store;
-  if (store.over_high_watermark()) store.run_gc();
-  auto r = store.put(key_of(c.key_hi, c.key_lo, c.index),
-                     std::span<const std::byte>(reinterpret_cast<const std::byte*>(c.bytes.data()), c.bytes.size()),
-                     *cls);
+  auto r = storage::put_collecting(*self->state.store, key_of(c.key_hi, c.key_lo, c.index),
+                                   std::as_bytes(std::span(c.bytes)), *cls);
   if (!r) return to_caf_error(r.error());
-  if (store.over_high_watermark()) store.run_gc();
   return true;
 }
 

@@ -148,12 +148,10 @@ int64_t cache_manager::fetch_remote(const request& r, int64_t hit) {
   std::vector<block_id> pinned;
   for (int64_t i = 0; i < hit; ++i) pinned.push_back(*pool_.lookup(r.keys[static_cast<size_t>(i)]));
   pool_.touch(pinned);
-  std::vector<block_id> taken;
+  const auto n = static_cast<int32_t>(std::min<int64_t>(wanted, pool_.num_free() - 1));  // one kept free
+  std::vector<block_id> taken = n > 0 ? pool_.allocate(n) : std::vector<block_id>{};
   std::vector<std::span<float>> dsts;
-  while (static_cast<int64_t>(taken.size()) < wanted && pool_.can_allocate(2)) {
-    taken.push_back(pool_.allocate(1)[0]);
-    dsts.emplace_back(pool_.data(taken.back()), pool_.block_floats());
-  }
+  for (block_id b : taken) dsts.emplace_back(pool_.data(b), pool_.block_floats());
   auto fetched = static_cast<int64_t>(taken.empty() ? 0 : config_.remote->fetch_many(keys.first(taken.size()), dsts));
   if (fetched < static_cast<int64_t>(taken.size())) ++stats_.remote_fetch_failures;
   for (int64_t i = 0; i < fetched; ++i) pool_.cache_block(taken[static_cast<size_t>(i)], keys[static_cast<size_t>(i)]);

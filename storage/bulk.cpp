@@ -25,6 +25,8 @@
 
 #include <msgpack.hpp>
 
+#include "storage/gc.hpp"
+
 namespace shoal::storage {
 
 namespace {
@@ -73,17 +75,6 @@ bool send_frame(int fd, std::span<const uint8_t> head, std::span<const uint8_t> 
       iov[first].iov_base = static_cast<char*>(iov[first].iov_base) + left;
       iov[first].iov_len -= left;
     }
-  }
-  return true;
-}
-
-bool read_exact(int fd, uint8_t* p, size_t n) {
-  while (n > 0) {
-    ssize_t r = ::read(fd, p, n);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) return false;
-    p += r;
-    n -= static_cast<size_t>(r);
   }
   return true;
 }
@@ -234,8 +225,7 @@ struct bulk_server::impl : std::enable_shared_from_this<bulk_server::impl> {
   std::thread acceptor;
   std::mutex mu;
   std::condition_variable idle;
-  std::set<int> conns;
-  int active = 0;
+  std::set<int> conns;  // open connections, each served by its own thread
   bool stopping = false;
 
   // The reply, and for a get the chunk as the store read it (sent as the bin's body, no copy).
@@ -247,11 +237,8 @@ struct bulk_server::impl : std::enable_shared_from_this<bulk_server::impl> {
       out.message = to_string(e);
     };
     if (r.op == bulk_op::put) {
-      if (store->over_high_watermark()) store->run_gc();
-      auto cls = *traffic_class_from_byte(r.traffic_class);
-      auto p = store->put(r.key, std::as_bytes(r.payload), cls);
+      auto p = put_collecting(*store, r.key, std::as_bytes(r.payload), *traffic_class_from_byte(r.traffic_class));
       if (!p) fail(p.error());
-      if (store->over_high_watermark()) store->run_gc();
     } else {
       auto g = store->get(r.key);
       if (!g) fail(g.error());
@@ -265,7 +252,7 @@ struct bulk_server::impl : std::enable_shared_from_this<bulk_server::impl> {
     std::vector<std::byte> chunk;
     for (;;) {
       uint8_t len[4];
-      if (!read_exact(fd, len, 4)) break;
+      if (read_all(fd, std::as_writable_bytes(std::span(len))) != 0) break;
       uint32_t n = get_be32(len);
       std::expected<parsed_request, std::string> req = std::unexpected(std::string());
       if (n > max_frame) {
@@ -273,7 +260,7 @@ struct bulk_server::impl : std::enable_shared_from_this<bulk_server::impl> {
                               std::to_string(max_frame));
       } else {
         body.resize(n);
-        if (!read_exact(fd, body.data(), n)) break;
+        if (read_all(fd, std::as_writable_bytes(std::span(body))) != 0) break;
         req = parse_request(body);
       }
       if (!req) {  // the stream cannot be trusted past a bad frame: say why, then close
@@ -306,19 +293,17 @@ struct bulk_server::impl : std::enable_shared_from_this<bulk_server::impl> {
       ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
       {
         std::lock_guard lock(mu);
-        if (stopping || active >= opts.max_connections) {
+        if (stopping || static_cast<int>(conns.size()) >= opts.max_connections) {
           ::close(fd);
           continue;
         }
         conns.insert(fd);
-        ++active;
       }
       std::thread([self = shared_from_this(), fd] {
         self->serve(fd);
         std::lock_guard lock(self->mu);
         self->conns.erase(fd);
         ::close(fd);
-        --self->active;
         self->idle.notify_all();
       }).detach();
     }
@@ -375,7 +360,7 @@ bulk_server::~bulk_server() {
   im.acceptor.join();
   ::close(im.listen_fd);
   std::unique_lock lock(im.mu);
-  im.idle.wait_for(lock, std::chrono::seconds(10), [&] { return im.active == 0; });
+  im.idle.wait_for(lock, std::chrono::seconds(10), [&] { return im.conns.empty(); });
 }
 
 uint16_t bulk_server::port() const { return impl_->port; }

@@ -112,33 +112,29 @@ std::optional<chunk_key> parse_chunk_name(std::string_view name) {
   return chunk_key{*hi, *lo, uint8_t(*idx)};
 }
 
-int write_all(int fd, std::span<const std::byte> bytes) {
+namespace {
+
+// Repeats `op` (::read or ::write) until all `n` bytes moved: 0, errno, or EIO when it moved 0.
+template <class Ptr, class Op>
+int move_all(int fd, Ptr p, size_t n, Op op) {
   size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0) {
+  while (done < n) {
+    const ssize_t k = op(fd, p + done, n - done);
+    if (k < 0) {
       if (errno == EINTR) continue;
       return errno;
     }
-    if (n == 0) return EIO;
-    done += size_t(n);
+    if (k == 0) return EIO;
+    done += size_t(k);
   }
   return 0;
 }
 
-int read_all(int fd, std::span<std::byte> bytes) {
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::read(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return errno;
-    }
-    if (n == 0) return EIO;
-    done += size_t(n);
-  }
-  return 0;
-}
+}  // namespace
+
+int write_all(int fd, std::span<const std::byte> bytes) { return move_all(fd, bytes.data(), bytes.size(), ::write); }
+
+int read_all(int fd, std::span<std::byte> bytes) { return move_all(fd, bytes.data(), bytes.size(), ::read); }
 
 int fsync_path(const std::string& path, bool directory) {
   const int fd = ::open(path.c_str(), (directory ? O_DIRECTORY : 0) | O_RDONLY | O_CLOEXEC);

@@ -109,4 +109,12 @@ void gc_worker::loop() {
   }
 }
 
+store_result<void> put_collecting(chunk_store& store, const chunk_key& key, std::span<const std::byte> bytes,
+                                  traffic_class cls) {
+  if (store.over_high_watermark()) store.run_gc();
+  auto r = store.put(key, bytes, cls);
+  if (r && store.over_high_watermark()) store.run_gc();
+  return r;
+}
+
 }  // namespace shoal::storage

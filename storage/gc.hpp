@@ -18,6 +18,11 @@
 
 namespace shoal::storage {
 
+// A storage node's put: GC first when usage is over the high watermark (room for the chunk),
+// the put, then GC again when the put crossed it.
+store_result<void> put_collecting(chunk_store& store, const chunk_key& key, std::span<const std::byte> bytes,
+                                  traffic_class cls);
+
 // Every interval: sweep() expired chunks, then run_gc(). wake() runs a pass now (e.g. after a put
 // that crossed the high watermark). Not copyable; stop() (or the destructor) joins the thread.
 class gc_worker {

@@ -6,7 +6,6 @@
 
 #include <atomic>
 #include <chrono>
-#include <random>
 #include <set>
 #include <thread>
 
@@ -21,6 +20,7 @@
 #include "actors/kv_client.hpp"
 #include "actors/storage_node_actor.hpp"
 #include "tests/support/process.hpp"
+#include "tests/support/random.hpp"
 
 using namespace shoal;
 using namespace std::chrono_literals;
@@ -39,13 +39,6 @@ actors::storage_node_config node_config(const std::string& root, uint64_t capaci
   c.store.sync = storage::sync_policy::never;
   c.store.now_ms = [] { return int64_t{1'000'000}; };
   return c;
-}
-
-std::vector<uint8_t> block_bytes(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<uint8_t> b(n);
-  for (auto& x : b) x = static_cast<uint8_t>(rng());
-  return b;
 }
 
 struct storage_cluster {
@@ -102,7 +95,7 @@ TEST_CASE("kv_client: blocks round-trip through 12 storage nodes, survive 2 loss
   std::vector<std::vector<uint8_t>> blocks;
   for (uint32_t b = 0; b < 6; ++b) {
     chain.push_back({0x1000 + b, 0xabc0 + b});
-    blocks.push_back(block_bytes(b == 5 ? 1 : 70'000 + 13 * b, b));
+    blocks.push_back(test::random_bytes(b == 5 ? 1 : 70'000 + 13 * b, b));
     REQUIRE(c.client->put(chain[b], blocks[b], b % 2));
   }
   for (size_t b = 0; b < chain.size(); ++b) {
@@ -162,7 +155,7 @@ TEST_CASE("kv_client: put_many and get_many keep per-block results in order, als
   std::vector<actors::kv_client::put_item> items;
   std::vector<block_key> keys;
   for (uint32_t b = 0; b < 10; ++b) {
-    blocks.push_back(block_bytes(20'000 + 7 * b, 100 + b));
+    blocks.push_back(test::random_bytes(20'000 + 7 * b, 100 + b));
     keys.push_back({0x2000 + b, 0x77});
   }
   for (uint32_t b = 0; b < 10; ++b) items.push_back({keys[b], blocks[b], 1});
@@ -194,7 +187,7 @@ TEST_CASE("kv_client: put_many and get_many keep per-block results in order, als
       std::vector<actors::kv_client::put_item> its;
       std::vector<block_key> ks;
       for (uint32_t b = 0; b < 5; ++b) {
-        mine.push_back(block_bytes(9'000 + b, 1000 * t + b));
+        mine.push_back(test::random_bytes(9'000 + b, 1000 * t + b));
         ks.push_back({0x3000 + t, b});
       }
       for (uint32_t b = 0; b < 5; ++b) its.push_back({ks[b], mine[b], 0});

@@ -22,7 +22,6 @@
 
 #include "actors/http_client.hpp"
 #include "actors/interfaces.hpp"
-#include "model/generate.hpp"
 #include "runtime/chat_template.hpp"
 #include "runtime/engine_setup.hpp"
 #include "tests/support/cluster.hpp"
@@ -52,14 +51,7 @@ struct cluster {
     config_dir = dir.path / "config";
     state_dir = dir.path / "state";
     fs::create_directories(config_dir);
-    model::generate_options gen;
-    gen.preset = "tiny";
-    gen.seed = 11;
-    gen.out_dir = model_dir.string();
-    REQUIRE(model::generate_checkpoint(gen));
-    auto m = runtime::load_model_dir(model_dir.string(), false);
-    REQUIRE(m);
-    model = std::move(*m);
+    model = test::generated_model(model_dir, "tiny", 11);
     gateway_port = test::free_port();
     http_port = test::free_port();
     engine_a_port = test::free_port();

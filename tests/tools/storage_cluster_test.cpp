@@ -9,7 +9,6 @@
 
 #include <atomic>
 #include <chrono>
-#include <random>
 #include <map>
 #include <memory>
 #include <string>
@@ -25,11 +24,11 @@
 #include "actors/http_client.hpp"
 #include "actors/interfaces.hpp"
 #include "actors/kv_client.hpp"
-#include "model/generate.hpp"
 #include "runtime/block_pool.hpp"
 #include "runtime/engine_setup.hpp"
 #include "storage/erasure.hpp"
 #include "tests/support/cluster.hpp"
+#include "tests/support/random.hpp"
 #include "tools/shoald/engine_options.hpp"
 
 using namespace shoal;
@@ -57,14 +56,7 @@ struct storage_cluster {
     config_dir = dir.path / "config";
     state_dir = dir.path / "state";
     fs::create_directories(config_dir);
-    model::generate_options gen;
-    gen.preset = "v3-tiny";
-    gen.seed = 5;
-    gen.out_dir = model_dir.string();
-    REQUIRE(model::generate_checkpoint(gen));
-    auto m = runtime::load_model_dir(model_dir.string(), false);
-    REQUIRE(m);
-    model = std::move(*m);
+    model = test::generated_model(model_dir, "v3-tiny", 5);
     seed_port = test::free_port();
     http_port = test::free_port();
     add("gateway", "[\"gateway\"]", "[gateway]\nlisten = \"127.0.0.1:" + std::to_string(http_port) + "\"\n", false, true);
@@ -147,13 +139,6 @@ std::map<std::string, uint64_t> chunks_by_node(caf::actor_system& sys, uint16_t 
       self->request(caf::actor_cast<actors::storage_node_actor>(s), 10s, stats_atom_v)
         .receive([&](const actors::storage_stats_snapshot& st) { out[n.name] = st.chunks; }, [&](caf::error&) {});
   return out;
-}
-
-std::vector<uint8_t> random_bytes(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<uint8_t> b(n);
-  for (auto& x : b) x = static_cast<uint8_t>(rng());
-  return b;
 }
 
 uint64_t total(const std::map<std::string, uint64_t>& m) {
@@ -275,7 +260,7 @@ TEST_CASE("storage cluster: a prefix computed on one engine is read by others, s
         std::vector<actors::kv_client::put_item> items;
         for (uint64_t i = b; i < b + 4; ++i) {
           written.push_back({0x5eed0000 + i, 0xc0ffee});
-          payloads.push_back(random_bytes(30'000 + 17 * i, static_cast<uint32_t>(i)));
+          payloads.push_back(test::random_bytes(30'000 + 17 * i, static_cast<uint32_t>(i)));
         }
         for (uint64_t i = b; i < b + 4; ++i) items.push_back({written[i], payloads[i], 1});
         for (const auto& r : (*client)->put_many(items)) acked.push_back(r.has_value());

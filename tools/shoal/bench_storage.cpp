@@ -41,6 +41,7 @@
 #include "actors/interfaces.hpp"
 #include "actors/kv_client.hpp"
 #include "actors/storage_node_actor.hpp"
+#include "storage/chunk_file.hpp"
 #include "storage/chunk_store.hpp"
 #include "storage/erasure.hpp"
 #include "tools/shoal/bench_util.hpp"
@@ -169,7 +170,8 @@ double loopback_once(size_t total) {
     if (::connect(s, reinterpret_cast<sockaddr*>(&addr), sizeof addr) < 0) std::_Exit(1);
     std::vector<char> buf(1 << 20, 'x');
     for (size_t sent = 0; sent < total; sent += buf.size())
-      if (!write_all(s, buf.data(), std::min(buf.size(), total - sent))) std::_Exit(1);
+      if (storage::write_all(s, std::as_bytes(std::span(buf).first(std::min(buf.size(), total - sent)))) != 0)
+        std::_Exit(1);
     ::close(s);
     std::_Exit(0);
   }

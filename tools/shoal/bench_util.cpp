@@ -4,15 +4,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <random>
 #include <thread>
-
-#include <cerrno>
-#include <cstdlib>
-
-#include <unistd.h>
 
 #include <cblas.h>
 #include <fmt/core.h>
@@ -72,30 +68,6 @@ void append_jsonl(const std::string& path, const nlohmann::json& record) {
   if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
   std::ofstream f(path, std::ios::app);
   f << record.dump() << "\n";
-}
-
-bool write_all(int fd, const void* p, size_t n) {
-  auto* c = static_cast<const char*>(p);
-  while (n > 0) {
-    ssize_t w = ::write(fd, c, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return false;
-    c += w;
-    n -= static_cast<size_t>(w);
-  }
-  return true;
-}
-
-bool read_all(int fd, void* p, size_t n) {
-  auto* c = static_cast<char*>(p);
-  while (n > 0) {
-    ssize_t r = ::read(fd, c, n);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) return false;
-    c += r;
-    n -= static_cast<size_t>(r);
-  }
-  return true;
 }
 
 void run_then_exit(const char* name, const std::function<int()>& bench) {

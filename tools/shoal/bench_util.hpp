@@ -18,9 +18,6 @@ double gemm_gflops(int64_t m, int64_t n, int64_t k, int threads, int reps = 5);
 nlohmann::json machine_facts();
 // Appends one JSON record per line to `path` (directories created).
 void append_jsonl(const std::string& path, const nlohmann::json& record);
-// Whole-buffer write / read on a file descriptor, retrying on EINTR; false on error or EOF.
-bool write_all(int fd, const void* p, size_t n);
-bool read_all(int fd, void* p, size_t n);
 // Runs a bench that joined remote CAF nodes, prints "shoal bench NAME: what" for an exception,
 // flushes and ends the process with its exit code (CAF 0.17's teardown can block once a
 // remote node was connected).

@@ -22,7 +22,7 @@
 
 #include "actors/interfaces.hpp"
 #include "actors/storage_node_actor.hpp"
-#include "tools/shoal/bench_util.hpp"
+#include "storage/chunk_file.hpp"
 
 namespace shoal::tools {
 
@@ -56,7 +56,7 @@ namespace {
       if (!a) {
         fmt::print(stderr, "storage child: {}\n", a.error());
         uint16_t zero = 0;
-        write_all(port_fd, &zero, sizeof zero);
+        storage::write_all(port_fd, std::as_bytes(std::span(&zero, 1)));
         std::_Exit(1);
       }
       info.storage.push_back(caf::actor_cast<caf::actor>(a->actor));
@@ -71,7 +71,7 @@ namespace {
     auto port = sys.middleman().publish(members, 0, "127.0.0.1", true);
     uint16_t p = port ? *port : 0;
     if (!port) fmt::print(stderr, "storage child: publish: {}\n", sys.render(port.error()));
-    write_all(port_fd, &p, sizeof p);
+    storage::write_all(port_fd, std::as_bytes(std::span(&p, 1)));
     ::close(port_fd);
     for (char c;;) {
       ssize_t r = ::read(ctl_fd, &c, 1);
@@ -116,7 +116,7 @@ storage_child fork_storage_child(const storage_child_options& o) {
 
 void wait_port(storage_child& c) {
   uint16_t p = 0;
-  bool ok = read_all(c.port_fd, &p, sizeof p);
+  bool ok = storage::read_all(c.port_fd, std::as_writable_bytes(std::span(&p, 1))) == 0;
   ::close(c.port_fd);
   c.port_fd = -1;
   if (!ok || p == 0) throw std::runtime_error("storage child failed to start");
