@@ -87,6 +87,9 @@ struct engine_state {
 
 using self_pointer = engine_actor_impl::stateful_pointer<engine_state>;
 
+// How often an engine whose every request waits on a remote read looks at them again.
+constexpr auto remote_poll_interval = std::chrono::milliseconds(1);
+
 void schedule_step(self_pointer self) {
   auto& st = self->state;
   if (st.step_pending || !st.engine->has_work()) return;
@@ -113,7 +116,7 @@ void deliver(self_pointer self, const runtime::token_event& ev) {
 caf::result<request_id> submit(self_pointer self, generation_request& req, token_sink_actor sink) {
   auto& st = self->state;
   if (auto refused = st.check_submit(req, sink)) return make_error(std::move(*refused));
-  auto engine_id = st.engine->add_request(std::move(req.prompt), to_sampling_params(req.sampling), req.traffic_class);
+  auto engine_id = st.engine->add_request(std::move(req.prompt), to_sampling_params(req.sampling), req.cls);
   if (!engine_id) return make_error(errc::invalid_request, std::move(engine_id.error()));
   if (st.add_route(*engine_id, req.id, sink)) self->monitor(sink);
   schedule_step(self);
@@ -135,6 +138,13 @@ bool cancel(self_pointer self, request_id id) {
 void run_step(self_pointer self) {
   auto& st = self->state;
   for (const runtime::token_event& ev : st.engine->step()) deliver(self, ev);
+  if (st.engine->stalled() && !st.ep) {  // remote reads pending: look again shortly, not at once
+    if (!st.step_pending) {
+      st.step_pending = true;
+      self->delayed_send(self, remote_poll_interval, step_atom::value);
+    }
+    return;
+  }
   schedule_step(self);
 }
 
@@ -174,10 +184,11 @@ void on_sink_down(self_pointer self, const caf::down_msg& msg) {
 engine_actor_impl::behavior_type engine_behavior(self_pointer self,
                                                  std::shared_ptr<const model::model_weights> weights,
                                                  runtime::engine_config config,
-                                                 std::shared_ptr<caf_ep_transport> ep) {
+                                                 std::shared_ptr<caf_ep_transport> ep,
+                                                 std::shared_ptr<const model::tokenizer> tok) {
   if (ep) config.ep = runtime::engine_config::ep_config{{0, 1}, ep, {}};
   self->state.ep = std::move(ep);
-  self->state.engine = std::make_unique<runtime::engine>(std::move(weights), config);
+  self->state.engine = std::make_unique<runtime::engine>(std::move(weights), config, std::move(tok));
   self->set_down_handler([self](caf::down_msg& msg) { on_sink_down(self, msg); });
   return {
     [self](submit_atom, generation_request& req) -> caf::result<request_id> {
@@ -201,9 +212,10 @@ engine_actor_impl::behavior_type engine_behavior(self_pointer self,
 
 engine_actor spawn_engine(caf::actor_system& sys, std::shared_ptr<const model::model_weights> weights,
                           const runtime::engine_config& config, bool detached,
-                          std::shared_ptr<caf_ep_transport> ep) {
-  if (detached || ep) return sys.spawn<caf::detached>(engine_behavior, std::move(weights), config, std::move(ep));
-  return sys.spawn(engine_behavior, std::move(weights), config, std::move(ep));
+                          std::shared_ptr<caf_ep_transport> ep, std::shared_ptr<const model::tokenizer> tok) {
+  if (detached || ep)
+    return sys.spawn<caf::detached>(engine_behavior, std::move(weights), config, std::move(ep), std::move(tok));
+  return sys.spawn(engine_behavior, std::move(weights), config, std::move(ep), std::move(tok));
 }
 
 }  // namespace shoal::actors

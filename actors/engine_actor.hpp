@@ -17,9 +17,11 @@ namespace shoal::actors {
 // own thread, as production wants (a step blocks for a whole forward pass); not detached =
 // on the scheduler, which tests with the deterministic test coordinator need. With `ep` the
 // engine is one rank of an expert-parallel group (a group of itself until its rank actor,
-// spawn_rank over the same transport, hands it one) and always runs detached.
+// spawn_rank over the same transport, hands it one) and always runs detached. `tok` lets the
+// engine apply stop strings as it samples (requests with stop strings are refused without).
 engine_actor spawn_engine(caf::actor_system& sys, std::shared_ptr<const model::model_weights> weights,
                           const runtime::engine_config& config, bool detached = false,
-                          std::shared_ptr<caf_ep_transport> ep = nullptr);
+                          std::shared_ptr<caf_ep_transport> ep = nullptr,
+                          std::shared_ptr<const model::tokenizer> tok = nullptr);
 
 }  // namespace shoal::actors

@@ -190,7 +190,8 @@ generation_request make_generation(int64_t id, std::vector<int32_t> prompt, cons
   req.sampling.ignore_eos = r.ignore_eos;
   req.sampling.has_seed = true;  // re-routing recomputes the same tokens
   req.sampling.seed = r.seed.value_or(static_cast<uint64_t>(id));
-  req.traffic_class = r.traffic_class == "agent" ? 0 : 1;
+  req.sampling.stop_strings = r.stop;  // the engine stops at the first match
+  req.cls = r.cls;
   return req;
 }
 

@@ -14,8 +14,10 @@
 #include <caf/type_id.hpp>
 #include <caf/typed_actor.hpp>
 
+#include "runtime/block_key.hpp"
 #include "runtime/ids.hpp"
 #include "runtime/sampler.hpp"
+#include "runtime/traffic_class.hpp"
 
 // -- strong ids on the wire ---------------------------------------------------------------
 
@@ -28,6 +30,17 @@ typename Inspector::result_type inspect(Inspector& f, strong_id<Tag, Rep>& x) {
 }
 
 }  // namespace shoal
+
+namespace shoal::runtime {
+
+// The block key's one wire form: its two halves, hi first (as in the chunk files and the bulk
+// frames).
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, block_key& x) {
+  return f(caf::meta::type_name("block_key"), x.hi, x.lo);
+}
+
+}  // namespace shoal::runtime
 
 namespace shoal::actors {
 
@@ -102,13 +115,13 @@ struct generation_request {
   request_id id;
   std::vector<int32_t> prompt;  // (n_prompt,) token ids, BOS included when the model wants one
   sampling_options sampling;
-  int32_t traffic_class = 1;    // storage TTL class of the blocks it writes back: 0 agent, 1 chat
+  runtime::traffic_class cls = runtime::traffic_class::chat;  // storage TTL of the blocks it writes back
   friend bool operator==(const generation_request&, const generation_request&) = default;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, generation_request& x) {
-  return f(caf::meta::type_name("generation_request"), x.id, x.prompt, x.sampling, x.traffic_class);
+  return f(caf::meta::type_name("generation_request"), x.id, x.prompt, x.sampling, x.cls);
 }
 
 // One generated token of a request, streamed to the request's sink in generation order. The
@@ -169,23 +182,23 @@ typename Inspector::result_type inspect(Inspector& f, text_event& x) {
 // key (the prefix hash chain's 128-bit key) + chunk index, and the traffic class (0 agent,
 // 1 chat) whose TTL the storage node applies.
 struct chunk_put {
-  uint64_t key_hi = 0, key_lo = 0;
+  runtime::block_key key;
   int32_t index = 0;
-  int32_t traffic_class = 0;
+  runtime::traffic_class cls = runtime::traffic_class::agent;  // wire form: its byte (validated)
   std::vector<uint8_t> bytes;
   friend bool operator==(const chunk_put&, const chunk_put&) = default;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, chunk_put& x) {
-  return f(caf::meta::type_name("chunk_put"), x.key_hi, x.key_lo, x.index, x.traffic_class, x.bytes);
+  return f(caf::meta::type_name("chunk_put"), x.key, x.index, x.cls, x.bytes);
 }
 
-// Which of a list of chunks a storage node holds: keys as (hi, lo) pairs flattened, one chunk
-// index each; the answer has one byte (0/1) per chunk.
+// Which of a list of chunks a storage node holds: a block key and a chunk index each; the
+// answer has one byte (0/1) per chunk.
 struct chunk_query {
-  std::vector<uint64_t> keys;    // (n, 2): hi, lo
-  std::vector<int32_t> indices;  // (n)
+  std::vector<runtime::block_key> keys;  // (n)
+  std::vector<int32_t> indices;          // (n)
   friend bool operator==(const chunk_query&, const chunk_query&) = default;
 };
 
@@ -383,14 +396,14 @@ using storage_node_actor = caf::typed_actor<
   // Stores a chunk durably (per the node's fsync policy) before replying true. Errors:
   // invalid_request (empty, too large, bad class), storage_full (capacity or disk), unknown.
   caf::replies_to<put_atom, chunk_put>::with<bool>,
-  // The chunk's bytes (key hi, key lo, index). Error not_found (absent or expired) or
+  // The chunk's bytes (block key, chunk index). Error not_found (absent or expired) or
   // corrupt (failed its checksum: removed, never served).
-  caf::replies_to<get_atom, uint64_t, uint64_t, int32_t>::with<std::vector<uint8_t>>,
+  caf::replies_to<get_atom, runtime::block_key, int32_t>::with<std::vector<uint8_t>>,
   // One byte per queried chunk: 1 when held and not expired.
   caf::replies_to<exists_atom, chunk_query>::with<std::vector<uint8_t>>,
   caf::replies_to<stats_atom>::with<storage_stats_snapshot>,
   // Test fault: flips a byte of the chunk's file on disk; true when the chunk existed.
-  caf::replies_to<corrupt_atom, uint64_t, uint64_t, int32_t>::with<bool>,
+  caf::replies_to<corrupt_atom, runtime::block_key, int32_t>::with<bool>,
   // Runs GC (if over the high watermark) and the TTL sweep now; replies chunks removed.
   caf::replies_to<gc_atom>::with<uint64_t>>;
 
@@ -453,6 +466,8 @@ CAF_BEGIN_TYPE_ID_BLOCK(shoal, caf::first_custom_type_id)
   CAF_ADD_TYPE_ID(shoal, (shoal::actors::storage_stats_snapshot))
   CAF_ADD_TYPE_ID(shoal, (shoal::actors::storage_node_actor))
   CAF_ADD_TYPE_ID(shoal, (std::vector<uint8_t>))
+  CAF_ADD_TYPE_ID(shoal, (shoal::runtime::block_key))
+  CAF_ADD_TYPE_ID(shoal, (std::vector<shoal::runtime::block_key>))
 CAF_END_TYPE_ID_BLOCK(shoal)
 
 namespace shoal::actors {

@@ -9,15 +9,11 @@
 
 namespace shoal::actors {
 
-namespace {
-
-block_key to_storage_key(const runtime::block_key& k) { return {k.hi, k.lo}; }
-
-}  // namespace
-
-kv_block_store::kv_block_store(std::unique_ptr<kv_client> client, size_t queue_blocks, size_t write_batch)
+kv_block_store::kv_block_store(std::unique_ptr<kv_client> client, size_t queue_blocks, size_t write_batch,
+                               size_t readers)
     : client_(std::move(client)), capacity_(queue_blocks), write_batch_(std::max<size_t>(1, write_batch)) {
   writer_ = std::thread([this] { run(); });
+  for (size_t i = 0; i < std::max<size_t>(1, readers); ++i) readers_.emplace_back([this] { read_loop(); });
 }
 
 kv_block_store::~kv_block_store() {
@@ -26,33 +22,53 @@ kv_block_store::~kv_block_store() {
     stopping_ = true;
   }
   cv_.notify_all();
+  read_cv_.notify_all();
   writer_.join();
+  for (auto& r : readers_) r.join();
 }
 
-size_t kv_block_store::lookup(std::span<const runtime::block_key> keys) {
-  std::vector<block_key> chain;
-  for (const auto& k : keys) chain.push_back(to_storage_key(k));
-  return client_->lookup(chain);
-}
-
-bool kv_block_store::fetch(const runtime::block_key& key, std::span<float> dst) {
-  return fetch_many({&key, 1}, {&dst, 1}) == 1;
-}
-
-size_t kv_block_store::fetch_many(std::span<const runtime::block_key> keys, std::span<const std::span<float>> dsts) {
-  std::vector<block_key> wanted;
-  for (size_t i = 0; i < keys.size() && i < dsts.size(); ++i) wanted.push_back(to_storage_key(keys[i]));
-  auto blocks = client_->get_many(wanted);
-  size_t n = 0;
-  for (; n < blocks.size(); ++n) {
-    const auto& b = blocks[n];
-    if (!b || b->size() != dsts[n].size_bytes()) break;  // a miss, or a block of another shape
-    std::memcpy(dsts[n].data(), b->data(), b->size());
+std::shared_ptr<runtime::remote_fetch> kv_block_store::start_fetch(std::vector<runtime::block_key> keys,
+                                                                   std::vector<std::span<float>> dsts) {
+  auto fetch = std::make_shared<runtime::remote_fetch>();
+  {
+    std::lock_guard lock(mu_);
+    fetches_.push_back({std::move(keys), std::move(dsts), fetch});
   }
-  return n;
+  read_cv_.notify_one();
+  return fetch;
 }
 
-bool kv_block_store::store_async(const runtime::block_key& key, std::span<const float> src, int traffic_class) {
+void kv_block_store::read_loop() {
+  std::unique_lock lock(mu_);
+  for (;;) {
+    read_cv_.wait(lock, [&] { return !fetches_.empty() || stopping_; });
+    if (fetches_.empty()) return;  // stopping, and every queued fetch was served
+    fetch_job job = std::move(fetches_.front());
+    fetches_.pop_front();
+    lock.unlock();
+    serve(job);
+    lock.lock();
+  }
+}
+
+// Lookup, then the listed run straight into the caller's blocks; the fetch ends at the first
+// block that fails (a miss, a block of another size, too few valid chunks).
+void kv_block_store::serve(fetch_job& job) {
+  const size_t n = std::min(job.keys.size(), job.dsts.size());
+  if (job.fetch->cancelled() || n == 0) return job.fetch->complete(0, 0);
+  const size_t listed = client_->lookup({job.keys.begin(), job.keys.begin() + static_cast<std::ptrdiff_t>(n)});
+  if (listed == 0 || job.fetch->cancelled()) return job.fetch->complete(listed, 0);
+  std::vector<std::span<uint8_t>> bytes;
+  for (size_t i = 0; i < listed; ++i)
+    bytes.emplace_back(reinterpret_cast<uint8_t*>(job.dsts[i].data()), job.dsts[i].size_bytes());
+  auto got = client_->get_many_into(std::span(job.keys).first(listed), bytes);
+  size_t ok = 0;
+  while (ok < got.size() && got[ok]) ++ok;
+  job.fetch->complete(listed, ok, ok < got.size() ? got[ok].error() : std::string());
+}
+
+bool kv_block_store::store_async(const runtime::block_key& key, std::span<const float> src,
+                                 runtime::traffic_class cls) {
   std::vector<uint8_t> bytes(src.size_bytes());
   std::memcpy(bytes.data(), src.data(), bytes.size());
   {
@@ -61,7 +77,7 @@ bool kv_block_store::store_async(const runtime::block_key& key, std::span<const 
       ++counters_.dropped;
       return false;
     }
-    queue_.push_back({key, std::move(bytes), traffic_class});
+    queue_.push_back({key, std::move(bytes), cls});
   }
   cv_.notify_one();
   return true;
@@ -88,7 +104,7 @@ void kv_block_store::run() {
     busy_ = true;
     lock.unlock();
     std::vector<kv_client::put_item> items;
-    for (const auto& j : jobs) items.push_back({to_storage_key(j.key), j.bytes, j.traffic_class});
+    for (const auto& j : jobs) items.push_back({j.key, j.bytes, j.cls});
     auto results = client_->put_many(items);
     lock.lock();
     busy_ = false;

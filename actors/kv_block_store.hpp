@@ -1,9 +1,11 @@
-// runtime::remote_blocks over the storage cluster: the engine's second cache tier. Lookups
-// and fetches are synchronous kv_client calls (bounded by its timeout; a fetch_many has all
-// its blocks in flight at once); writes go through a bounded queue drained by one thread in
-// batches of up to `write_batch` blocks in flight, so a step never waits on storage (a full
-// queue drops the write and counts it). The node list follows the membership (subscribe an
-// updater).
+// runtime::remote_blocks over the storage cluster: the engine's second cache tier. Nothing
+// here runs on an engine's step loop. A fetch is queued to `readers` reader threads, each of
+// which runs one at a time: a lookup (existence queries), then every listed block in flight
+// at once, decoded straight into the engine's reserved pool blocks (kv_client::get_many_into),
+// both bounded by the client's timeout; a slow storage node holds up only the fetches a
+// reader is on. Writes go through a bounded queue drained by one thread in batches of up to
+// `write_batch` blocks in flight (a full queue drops the write and counts it). The node list
+// follows the membership (subscribe an updater).
 #pragma once
 
 #include <atomic>
@@ -21,13 +23,14 @@ namespace shoal::actors {
 class kv_block_store final : public runtime::remote_blocks {
  public:
   // queue_blocks: writes waiting at most.
-  explicit kv_block_store(std::unique_ptr<kv_client> client, size_t queue_blocks = 256, size_t write_batch = 8);
+  explicit kv_block_store(std::unique_ptr<kv_client> client, size_t queue_blocks = 256, size_t write_batch = 8,
+                          size_t readers = 2);
+  // Finishes the fetches already queued (each bounded by the client's timeout).
   ~kv_block_store() override;
 
-  size_t lookup(std::span<const runtime::block_key> keys) override;
-  bool fetch(const runtime::block_key& key, std::span<float> dst) override;
-  size_t fetch_many(std::span<const runtime::block_key> keys, std::span<const std::span<float>> dsts) override;
-  bool store_async(const runtime::block_key& key, std::span<const float> src, int traffic_class) override;
+  std::shared_ptr<runtime::remote_fetch> start_fetch(std::vector<runtime::block_key> keys,
+                                                     std::vector<std::span<float>> dsts) override;
+  bool store_async(const runtime::block_key& key, std::span<const float> src, runtime::traffic_class cls) override;
 
   void set_nodes(std::vector<storage_endpoint> nodes);
   // Blocks written, failed, dropped so far; waits (bounded) until the queue is empty first
@@ -38,13 +41,20 @@ class kv_block_store final : public runtime::remote_blocks {
   counters stats(bool drain = false, std::chrono::milliseconds timeout = std::chrono::seconds(30));
 
  private:
+  struct fetch_job {
+    std::vector<runtime::block_key> keys;
+    std::vector<std::span<float>> dsts;
+    std::shared_ptr<runtime::remote_fetch> fetch;
+  };
   void run();
+  void read_loop();
+  void serve(fetch_job& job);
 
   std::unique_ptr<kv_client> client_;  // thread-safe: the engines' threads and the writer share it
   struct pending {
     runtime::block_key key;
     std::vector<uint8_t> bytes;
-    int traffic_class;
+    runtime::traffic_class cls;
   };
   size_t capacity_, write_batch_;
   std::mutex mu_;
@@ -53,6 +63,9 @@ class kv_block_store final : public runtime::remote_blocks {
   bool busy_ = false, stopping_ = false;
   counters counters_;
   std::thread writer_;
+  std::deque<fetch_job> fetches_;  // under mu_; taken by the readers
+  std::condition_variable read_cv_;
+  std::vector<std::thread> readers_;
 };
 
 // Spawns an actor that hands every membership it receives (subscribe it to the node agent)

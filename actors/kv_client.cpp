@@ -160,8 +160,8 @@ std::vector<size_t> kv_client::placement(const block_key& key) const {
 }
 
 std::expected<void, std::string> kv_client::put(const block_key& key, std::span<const uint8_t> block,
-                                                int traffic_class) {
-  put_item item{key, block, traffic_class};
+                                                runtime::traffic_class cls) {
+  put_item item{key, block, cls};
   return std::move(put_many({&item, 1})[0]);
 }
 
@@ -206,8 +206,8 @@ std::vector<std::expected<void, std::string>> kv_client::put_many(std::span<cons
         continue;
       }
       flights[b].calls.push_back(ex.add(e.bulk, {storage::bulk_op::put, 0,
-                                                 {it.key.hi, it.key.lo, static_cast<uint8_t>(i)},
-                                                 static_cast<uint8_t>(it.traffic_class), (*chunks)[i]}));
+                                                 {it.key, static_cast<uint8_t>(i)},
+                                                 static_cast<uint8_t>(it.cls), (*chunks)[i]}));
     }
   }
   auto acks = [&](const flight& f) {
@@ -239,14 +239,20 @@ std::expected<std::vector<uint8_t>, std::string> kv_client::get(const block_key&
   return std::move(get_many({&key, 1})[0]);
 }
 
-std::vector<std::expected<std::vector<uint8_t>, std::string>> kv_client::get_many(std::span<const block_key> keys) {
-  auto& im = *impl_;
+namespace {
+
+// The chunks of every block of `keys`, all in flight at once: calls on_block(b, refs, why)
+// once per block with the valid chunks received (at most k, each verified on arrival; refs
+// valid during the call only) and why others failed, or with refs null when the block has
+// no placement group (why then says so).
+template <class OnBlock>
+void gather(kv_client::impl& im, std::span<const block_key> keys, OnBlock&& on_block) {
   const int k = im.codec.k();
   const size_t first_wave = static_cast<size_t>(k + 1);
   const auto start = std::chrono::steady_clock::now();
   auto ex = im.exchange();
   struct flight {
-    std::optional<impl::group> g;
+    std::optional<kv_client::impl::group> g;
     std::vector<std::pair<size_t, uint32_t>> calls;  // (exchange call, chunk index)
     std::vector<std::string> why;                    // chunks that failed, and why
     int valid = 0;
@@ -263,7 +269,7 @@ std::vector<std::expected<std::vector<uint8_t>, std::string>> kv_client::get_man
         f.why.push_back("chunk " + std::to_string(i) + ": " + e.bulk.name + " is down");
         continue;
       }
-      size_t call = ex.add(e.bulk, {storage::bulk_op::get, 0, {keys[b].hi, keys[b].lo, static_cast<uint8_t>(i)}, 0, {}});
+      size_t call = ex.add(e.bulk, {storage::bulk_op::get, 0, {keys[b], static_cast<uint8_t>(i)}, 0, {}});
       f.calls.emplace_back(call, static_cast<uint32_t>(i));
       owner.resize(call + 1);
       accepted.resize(call + 1);
@@ -311,12 +317,10 @@ std::vector<std::expected<std::vector<uint8_t>, std::string>> kv_client::get_man
   hedge();
   ex.run_until(start + im.cfg.timeout, all_enough, on_reply);  // the rest are abandoned (cancelled)
 
-  std::vector<std::expected<std::vector<uint8_t>, std::string>> out;
-  out.reserve(keys.size());
   for (size_t b = 0; b < keys.size(); ++b) {
     auto& f = flights[b];
     if (!f.g) {
-      out.push_back(std::unexpected(im.too_few_nodes()));
+      on_block(b, nullptr, im.too_few_nodes());
       continue;
     }
     std::vector<storage::chunk_ref> refs;
@@ -329,13 +333,41 @@ std::vector<std::expected<std::vector<uint8_t>, std::string>> kv_client::get_man
         why.push_back("chunk " + std::to_string(i) + ": " + (r.done ? r.error : "no reply"));
       }
     }
-    auto block = im.codec.decode(refs, true);  // every ref passed verify_chunk on arrival
-    if (!block)
-      out.push_back(std::unexpected("kv client: block miss: " + block.error().message +
-                                    (why.empty() ? "" : " (" + joined(why) + ")")));
-    else
-      out.push_back(std::move(*block));
+    on_block(b, &refs, why.empty() ? std::string() : " (" + joined(why) + ")");
   }
+}
+
+}  // namespace
+
+std::vector<std::expected<std::vector<uint8_t>, std::string>> kv_client::get_many(std::span<const block_key> keys) {
+  std::vector<std::expected<std::vector<uint8_t>, std::string>> out(keys.size());
+  gather(*impl_, keys, [&](size_t b, const std::vector<storage::chunk_ref>* refs, const std::string& why) {
+    if (!refs) {
+      out[b] = std::unexpected(why);
+      return;
+    }
+    auto block = impl_->codec.decode(*refs, true);  // every ref passed verify_chunk on arrival
+    if (!block)
+      out[b] = std::unexpected("kv client: block miss: " + block.error().message + why);
+    else
+      out[b] = std::move(*block);
+  });
+  return out;
+}
+
+std::vector<std::expected<void, std::string>> kv_client::get_many_into(std::span<const block_key> keys,
+                                                                       std::span<const std::span<uint8_t>> dsts) {
+  std::vector<std::expected<void, std::string>> out(keys.size());
+  gather(*impl_, keys.first(std::min(keys.size(), dsts.size())),
+         [&](size_t b, const std::vector<storage::chunk_ref>* refs, const std::string& why) {
+           if (!refs) {
+             out[b] = std::unexpected(why);
+             return;
+           }
+           auto done = impl_->codec.decode_into(*refs, dsts[b], true);
+           if (!done) out[b] = std::unexpected("kv client: block miss: " + done.error().message + why);
+         });
+  out.resize(std::min(keys.size(), dsts.size()));
   return out;
 }
 
@@ -350,8 +382,7 @@ size_t kv_client::lookup(const std::vector<block_key>& chain) {
     std::vector<size_t> group = im.placement_locked(chain[b]);
     for (size_t i = 0; i < group.size(); ++i) {
       auto& q = queries[group[i]];
-      q.keys.push_back(chain[b].hi);
-      q.keys.push_back(chain[b].lo);
+      q.keys.push_back(chain[b]);
       q.indices.push_back(static_cast<int32_t>(i));
       block_of[group[i]].push_back(b);
     }
@@ -367,15 +398,29 @@ size_t kv_client::lookup(const std::vector<block_key>& chain) {
     }
   nodes_lock.unlock();
   auto c = fan_out(im.sys, targets, im.cfg.timeout, std::move(asked));
-  std::unique_lock lock(c->mu);
-  c->cv.wait_for(lock, im.cfg.timeout + std::chrono::seconds(1), [&] { return c->all_in(); });
-  std::vector<int> held(chain.size(), 0);
-  for (const auto& [i, bits] : c->ok) {
-    const auto& blocks = block_of[node_of[i]];
-    for (size_t j = 0; j < blocks.size() && j < bits.size(); ++j) held[blocks[j]] += bits[j] ? 1 : 0;
-  }
+  const int k = im.codec.k();
+  // The run is known as soon as every block up to its end has k chunks held, and the block
+  // after it cannot reach k with the answers still out: a node that never answers costs the
+  // timeout only when its answer could change the result.
+  std::vector<int> held(chain.size()), open(chain.size());
   size_t run = 0;
-  while (run < chain.size() && held[run] >= im.codec.k()) ++run;
+  auto decided = [&] {
+    std::fill(held.begin(), held.end(), 0);
+    std::fill(open.begin(), open.end(), 0);
+    for (size_t t = 0; t < targets.size(); ++t) {
+      const auto& blocks = block_of[node_of[t]];
+      if (auto it = c->ok.find(t); it != c->ok.end()) {
+        for (size_t j = 0; j < blocks.size() && j < it->second.size(); ++j) held[blocks[j]] += it->second[j] ? 1 : 0;
+      } else if (!c->failed.contains(t)) {
+        for (size_t b : blocks) ++open[b];
+      }
+    }
+    for (run = 0; run < chain.size() && held[run] >= k;) ++run;
+    return run == chain.size() || held[run] + open[run] < k;
+  };
+  std::unique_lock lock(c->mu);
+  c->cv.wait_for(lock, im.cfg.timeout + std::chrono::seconds(1), [&] { return c->all_in() || decided(); });
+  decided();  // the run from the answers in, also after a timeout
   return run;
 }
 

@@ -22,13 +22,11 @@
 #include <vector>
 
 #include "actors/interfaces.hpp"
+#include "runtime/block_key.hpp"
 
 namespace shoal::actors {
 
-struct block_key {
-  uint64_t hi = 0, lo = 0;
-  auto operator<=>(const block_key&) const = default;
-};
+using runtime::block_key;  // one key type from the engine to the chunk files
 
 struct kv_client_config {
   int k = 10, m = 2;
@@ -57,18 +55,24 @@ class kv_client {
   // Indices into the nodes of `key`'s placement group, chunk order (k + m of them).
   std::vector<size_t> placement(const block_key& key) const;
 
-  std::expected<void, std::string> put(const block_key& key, std::span<const uint8_t> block, int traffic_class);
+  std::expected<void, std::string> put(const block_key& key, std::span<const uint8_t> block,
+                                       runtime::traffic_class cls);
   std::expected<std::vector<uint8_t>, std::string> get(const block_key& key);
 
   struct put_item {
     block_key key;
     std::span<const uint8_t> block;
-    int traffic_class = 0;
+    runtime::traffic_class cls = runtime::traffic_class::agent;
   };
   // One result per item, in order; every block's chunks are sent before any ack is awaited.
   std::vector<std::expected<void, std::string>> put_many(std::span<const put_item> items);
   // One result per key, in order; every block's first wave is asked before any is awaited.
   std::vector<std::expected<std::vector<uint8_t>, std::string>> get_many(std::span<const block_key> keys);
+  // get_many decoding straight into the caller's buffers: keys[i] into dsts[i], which must be
+  // exactly the block's length (else that block is a miss). A failed block's buffer may be
+  // partly written.
+  std::vector<std::expected<void, std::string>> get_many_into(std::span<const block_key> keys,
+                                                              std::span<const std::span<uint8_t>> dsts);
   // Number of leading blocks of `chain` with at least k chunks held.
   size_t lookup(const std::vector<block_key>& chain);
 

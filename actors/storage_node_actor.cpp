@@ -29,8 +29,8 @@ struct storage_state {
 
 using storage_pointer = storage_node_impl::stateful_pointer<storage_state>;
 
-storage::chunk_key key_of(uint64_t hi, uint64_t lo, int32_t index) {
-  return {hi, lo, static_cast<uint8_t>(index)};
+storage::chunk_key key_of(const runtime::block_key& key, int32_t index) {
+  return {key, static_cast<uint8_t>(index)};
 }
 
 caf::error to_caf_error(const storage::store_error& e) {
@@ -56,18 +56,17 @@ std::optional<caf::error> check_index(int32_t index) {
 
 caf::result<bool> put(storage_pointer self, chunk_put& c) {
   if (auto e = check_index(c.index)) return std::move(*e);
-  auto cls = storage::traffic_class_from_byte(static_cast<uint8_t>(c.traffic_class));
-  if (c.traffic_class < 0 || c.traffic_class > 255 || !cls)
-    return make_error(errc::invalid_request, "unknown traffic class " + std::to_string(c.traffic_class));
-  auto r = storage::put_collecting(*self->state.store, key_of(c.key_hi, c.key_lo, c.index),
+  auto cls = storage::traffic_class_from_byte(static_cast<uint8_t>(c.cls));
+  if (!cls) return make_error(errc::invalid_request, "unknown traffic class " + std::to_string(static_cast<int>(c.cls)));
+  auto r = storage::put_collecting(*self->state.store, key_of(c.key, c.index),
                                    std::as_bytes(std::span(c.bytes)), *cls);
   if (!r) return to_caf_error(r.error());
   return true;
 }
 
-caf::result<std::vector<uint8_t>> get(storage_pointer self, uint64_t hi, uint64_t lo, int32_t index) {
+caf::result<std::vector<uint8_t>> get(storage_pointer self, const runtime::block_key& block, int32_t index) {
   if (auto e = check_index(index)) return std::move(*e);
-  auto r = self->state.store->get(key_of(hi, lo, index));
+  auto r = self->state.store->get(key_of(block, index));
   if (!r) return to_caf_error(r.error());
   std::vector<uint8_t> out(r->size());
   std::memcpy(out.data(), r->data(), r->size());
@@ -75,13 +74,13 @@ caf::result<std::vector<uint8_t>> get(storage_pointer self, uint64_t hi, uint64_
 }
 
 caf::result<std::vector<uint8_t>> exists(storage_pointer self, const chunk_query& q) {
-  if (q.keys.size() != 2 * q.indices.size())
-    return make_error(errc::invalid_request, "chunk query: " + std::to_string(q.keys.size()) + " key words for " +
-                                               std::to_string(q.indices.size()) + " chunks (expected 2 per chunk)");
+  if (q.keys.size() != q.indices.size())
+    return make_error(errc::invalid_request, "chunk query: " + std::to_string(q.keys.size()) + " keys for " +
+                                               std::to_string(q.indices.size()) + " chunk indices (expected one each)");
   std::vector<storage::chunk_key> keys;
   for (size_t i = 0; i < q.indices.size(); ++i) {
     if (auto e = check_index(q.indices[i])) return std::move(*e);
-    keys.push_back(key_of(q.keys[2 * i], q.keys[2 * i + 1], q.indices[i]));
+    keys.push_back(key_of(q.keys[i], q.indices[i]));
   }
   std::vector<bool> held = self->state.store->exists(keys);
   return std::vector<uint8_t>(held.begin(), held.end());
@@ -97,8 +96,8 @@ storage_stats_snapshot snapshot(const storage_state& st) {
 }
 
 // Flips one payload byte of the chunk's file (the path the store uses for the key).
-bool corrupt(storage_pointer self, uint64_t hi, uint64_t lo, int32_t index) {
-  auto key = key_of(hi, lo, index);
+bool corrupt(storage_pointer self, const runtime::block_key& block, int32_t index) {
+  auto key = key_of(block, index);
   if (!self->state.store->meta(key)) return false;
   std::string path = storage::chunk_path(self->state.config.store.root, key);
   std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
@@ -132,10 +131,10 @@ storage_node_impl::behavior_type storage_behavior(storage_pointer self, std::sha
   self->delayed_send(self, self->state.config.maintenance_interval, step_atom_v);
   return {
     [self](put_atom, chunk_put& c) { return put(self, c); },
-    [self](get_atom, uint64_t hi, uint64_t lo, int32_t index) { return get(self, hi, lo, index); },
+    [self](get_atom, const runtime::block_key& key, int32_t index) { return get(self, key, index); },
     [self](exists_atom, const chunk_query& q) { return exists(self, q); },
     [self](stats_atom) { return snapshot(self->state); },
-    [self](corrupt_atom, uint64_t hi, uint64_t lo, int32_t index) { return corrupt(self, hi, lo, index); },
+    [self](corrupt_atom, const runtime::block_key& key, int32_t index) { return corrupt(self, key, index); },
     [self](gc_atom) { return maintain(self); },
     [self](step_atom) {
       maintain(self);

@@ -11,20 +11,10 @@
 #include <unordered_map>
 #include <vector>
 
+#include "runtime/block_key.hpp"
 #include "runtime/ids.hpp"
 
 namespace shoal::runtime {
-
-// 128-bit block key (xxh3-128 of the chain).
-struct block_key {
-  uint64_t lo = 0;
-  uint64_t hi = 0;
-  bool operator==(const block_key&) const = default;
-};
-
-struct block_key_hash {
-  size_t operator()(const block_key& k) const noexcept { return k.lo ^ (k.hi * 0x9e3779b97f4a7c15ULL); }
-};
 
 // key_i = xxh3_128(prev key bytes ‖ token ids (int32 LE) ‖ extra bytes). The first block's
 // prev key is the all-zero key.

@@ -6,6 +6,7 @@
 #include "runtime/cache_manager.hpp"
 
 #include <algorithm>
+#include <utility>
 
 #include "kernels/assert.hpp"
 
@@ -23,6 +24,11 @@ cache_manager::cache_manager(const model::model_config& model, const cache_confi
       swa_(config.swa_slots, config.swa_snapshots, model.encoder_layers(), model.entry_dim(),
            model.window(), config.snapshot_storage) {}
 
+cache_manager::~cache_manager() {
+  for (auto& w : waits_) w.fetch->cancel();
+  for (auto& w : waits_) w.fetch->wait();
+}
+
 bool cache_manager::can_admit(const request& r) const {
   return !model_.is_flash() || swa_.can_acquire();
 }
@@ -36,6 +42,17 @@ int64_t cache_manager::usable_hit(const request& r, int64_t hit_blocks) const {
   return std::min(hit_blocks, cap / bs_);
 }
 
+void cache_manager::fix_decoder_tail(request& r) const {
+  if (r.dec_from < 0) r.dec_from = model_.is_flash() ? std::max<int64_t>(0, r.num_tokens() - tail_) : 0;
+}
+
+int64_t cache_manager::local_hit(const std::vector<block_key>& keys) const {
+  int64_t hit = 0;
+  if (config_.prefix_caching)
+    while (hit < static_cast<int64_t>(keys.size()) && pool_.lookup(keys[static_cast<size_t>(hit)])) ++hit;
+  return hit;
+}
+
 void cache_manager::admit(request& r) {
   SHOAL_ASSERT(r.blocks.empty() && can_admit(r));
   r.cache.init(model_, ring_tokens_);
@@ -45,15 +62,11 @@ void cache_manager::admit(request& r) {
   r.snapshot_at = -1;
   r.blocks_valid_until = 0;
   int64_t n = r.num_tokens();
-  if (r.dec_from < 0) r.dec_from = model_.is_flash() ? std::max<int64_t>(0, n - tail_) : 0;
+  fix_decoder_tail(r);
   if (model_.is_flash()) swa_.acquire();
   ++stats_.lookups;
   stats_.prompt_tokens += static_cast<uint64_t>(n);
-  int64_t hit = 0;
-  if (config_.prefix_caching)
-    while (hit < static_cast<int64_t>(r.keys.size()) && pool_.lookup(r.keys[hit])) ++hit;
-  if (config_.prefix_caching && config_.remote) hit = fetch_remote(r, hit);
-  hit = usable_hit(r, hit);
+  int64_t hit = usable_hit(r, local_hit(r.keys));
   int64_t start = hit * bs_;  // first position to compute
   if (model_.is_flash() && hit > 0) {
     if (config_.exact_swa) {
@@ -123,7 +136,7 @@ void cache_manager::commit(request& r) {
       pool_.cache_block(b, r.keys[r.blocks_cached]);
       if (config_.remote) {
         bool queued = config_.remote->store_async(r.keys[r.blocks_cached], {pool_.data(b), pool_.block_floats()},
-                                                   r.traffic_class);
+                                                   r.cls);
         ++(queued ? stats_.remote_stored : stats_.remote_dropped);
       }
     }
@@ -136,31 +149,85 @@ void cache_manager::commit(request& r) {
   }
 }
 
-int64_t cache_manager::fetch_remote(const request& r, int64_t hit) {
-  auto keys = std::span<const block_key>(r.keys).subspan(static_cast<size_t>(hit));
-  if (keys.empty()) return hit;
-  // The blocks a request computes are its own; fetched ones are taken from the free list the
-  // same way, and only while it keeps a block free for the request's own compute.
-  int64_t wanted = static_cast<int64_t>(config_.remote->lookup(keys));
-  if (wanted == 0) return hit;
-  // The local hit's blocks are free cached blocks: pinned while blocks are taken for the
-  // fetch, so that taking them cannot evict the prefix the fetch extends.
-  std::vector<block_id> pinned;
-  for (int64_t i = 0; i < hit; ++i) pinned.push_back(*pool_.lookup(r.keys[static_cast<size_t>(i)]));
-  pool_.touch(pinned);
-  const auto n = static_cast<int32_t>(std::min<int64_t>(wanted, pool_.num_free() - 1));  // one kept free
-  std::vector<block_id> taken = n > 0 ? pool_.allocate(n) : std::vector<block_id>{};
+bool cache_manager::try_start_remote(request& r) {
+  if (!config_.remote || !config_.prefix_caching || r.remote_checked) return false;
+  r.remote_checked = true;  // asked once per request, whatever the answer
+  fix_decoder_tail(r);
+  std::vector<block_key> keys = chain_keys(r.tokens, static_cast<int>(bs_));
+  const int64_t hit = local_hit(keys);
+  const int64_t cap = usable_hit(r, static_cast<int64_t>(keys.size()));
+  if (hit >= cap) return false;
+  remote_wait w;
+  for (int64_t i = 0; i < hit; ++i) w.pinned.push_back(*pool_.lookup(keys[static_cast<size_t>(i)]));
+  pool_.touch(w.pinned);  // taking blocks below must not evict the prefix the read extends
+  const auto n = static_cast<int32_t>(std::min<int64_t>(cap - hit, pool_.num_free() - 1));  // one kept free
+  if (n <= 0) {
+    give_back(w.pinned);
+    return false;
+  }
+  ++stats_.remote_lookups;
+  w.r = &r;
+  w.reserved = pool_.allocate(n);
+  w.keys.assign(keys.begin() + hit, keys.begin() + hit + n);
   std::vector<std::span<float>> dsts;
-  for (block_id b : taken) dsts.emplace_back(pool_.data(b), pool_.block_floats());
-  auto fetched = static_cast<int64_t>(taken.empty() ? 0 : config_.remote->fetch_many(keys.first(taken.size()), dsts));
-  if (fetched < static_cast<int64_t>(taken.size())) ++stats_.remote_fetch_failures;
-  for (int64_t i = 0; i < fetched; ++i) pool_.cache_block(taken[static_cast<size_t>(i)], keys[static_cast<size_t>(i)]);
-  give_back(taken);  // fetched ones are now cached free blocks: the lookup below takes them like any local hit
-  give_back(pinned);
-  int64_t extended = hit;
-  while (extended < hit + fetched && pool_.lookup(r.keys[extended])) ++extended;
-  stats_.remote_hit_tokens += static_cast<uint64_t>((extended - hit) * bs_);
-  return extended;
+  for (block_id b : w.reserved) dsts.emplace_back(pool_.data(b), pool_.block_floats());
+  w.deadline_s = config_.time->now_s() + config_.remote_timeout_s;
+  w.fetch = config_.remote->start_fetch(w.keys, std::move(dsts));
+  waits_.push_back(std::move(w));
+  return true;
+}
+
+// Gives a read's blocks back: the fetched ones (when `use_blocks`) as cached blocks, so the
+// admission that follows takes them like any local hit.
+void cache_manager::end_wait(remote_wait& w, bool use_blocks) {
+  if (use_blocks) {
+    const size_t got = std::min(w.fetch->blocks(), w.reserved.size());
+    for (size_t i = 0; i < got; ++i) pool_.cache_block(w.reserved[i], w.keys[i]);
+    stats_.remote_hit_tokens += static_cast<uint64_t>(got) * static_cast<uint64_t>(bs_);
+    if (!w.fetch->error().empty() || w.fetch->blocks() < std::min(w.fetch->listed(), w.reserved.size()))
+      ++stats_.remote_fetch_failures;
+  }
+  give_back(w.reserved);
+  w.reserved.clear();
+}
+
+std::vector<request*> cache_manager::poll_remote() {
+  std::vector<request*> ready;
+  const double now = config_.time->now_s();
+  for (auto& w : waits_) {
+    if (w.r && !w.fetch->done() && now < w.deadline_s) continue;
+    if (w.r) {
+      ready.push_back(std::exchange(w.r, nullptr));
+      give_back(w.pinned);
+      w.pinned.clear();
+      if (!w.fetch->done()) {  // deadline: recompute; the blocks wait for the tier to let go
+        w.fetch->cancel();
+        ++stats_.remote_timeouts;
+        continue;
+      }
+      end_wait(w, true);
+    } else if (w.fetch->done()) {
+      end_wait(w, false);
+    }
+  }
+  std::erase_if(waits_, [](const remote_wait& w) { return !w.r && w.reserved.empty(); });
+  return ready;
+}
+
+void cache_manager::abandon_remote(request& r) {
+  for (auto& w : waits_)
+    if (w.r == &r) {
+      w.r = nullptr;
+      w.fetch->cancel();
+      give_back(w.pinned);
+      w.pinned.clear();
+      if (w.fetch->done()) end_wait(w, false);
+    }
+  std::erase_if(waits_, [](const remote_wait& w) { return !w.r && w.reserved.empty(); });
+}
+
+size_t cache_manager::remote_waiting() const {
+  return static_cast<size_t>(std::count_if(waits_.begin(), waits_.end(), [](const remote_wait& w) { return w.r; }));
 }
 
 void cache_manager::release(request& r) {

@@ -8,6 +8,7 @@
 #include <memory>
 #include <vector>
 
+#include "runtime/clock.hpp"
 #include "model/config.hpp"
 #include "runtime/block_pool.hpp"
 #include "runtime/remote_blocks.hpp"
@@ -25,12 +26,16 @@ struct cache_config {
   swa_storage snapshot_storage = swa_storage::mxfp8;
   // Second tier behind the pool (the KV-cache storage cluster); null = local blocks only.
   std::shared_ptr<remote_blocks> remote;
+  double remote_timeout_s = 5.0;      // a request waits this long for the tier, then recomputes
+  std::shared_ptr<const clock> time = default_clock();
 };
 
 struct cache_stats {
   uint64_t lookups = 0, hit_tokens = 0, prompt_tokens = 0;
   uint64_t remote_hit_tokens = 0;     // of hit_tokens: fetched from the remote tier
-  uint64_t remote_fetch_failures = 0; // blocks the remote tier listed but could not deliver
+  uint64_t remote_lookups = 0;        // requests that asked the remote tier (once each)
+  uint64_t remote_fetch_failures = 0; // fetches that delivered fewer blocks than the tier listed
+  uint64_t remote_timeouts = 0;       // fetches abandoned at their deadline (the request recomputed)
   uint64_t remote_stored = 0, remote_dropped = 0;  // blocks offered for writing / dropped
   uint64_t replays = 0, swa_restores = 0;
   uint64_t preemptions = 0;
@@ -39,6 +44,10 @@ struct cache_stats {
 class cache_manager {
  public:
   cache_manager(const model::model_config& model, const cache_config& config);
+  // Waits (bounded by the tier's own timeouts) for fetches still writing into the pool.
+  ~cache_manager();
+  cache_manager(const cache_manager&) = delete;
+  cache_manager& operator=(const cache_manager&) = delete;
 
   // Blocks needed so that positions [0, upto) are covered.
   int64_t blocks_for(int64_t upto) const { return (upto + bs_ - 1) / bs_; }
@@ -46,6 +55,22 @@ class cache_manager {
   // Sets up r's caches for computing its tokens: prefix hit (blocks touched, SWA restored or
   // replay planned), rings, decoder tail. Allocates no blocks for the new tokens.
   void admit(request& r);
+  // Remote tier, admission step 1 (never blocks): when a tier is set, r was never looked up
+  // there, and blocks past its local hit could be hit, pins the local hit, reserves free
+  // blocks for the keys past it (keeping one block free) and starts the tier's read into
+  // them. True when r must now wait (request_status::waiting_for_remote_kv); false with
+  // nothing held otherwise (admit it as usual).
+  bool try_start_remote(request& r);
+  // Requests whose read finished, failed or passed its deadline since the last call, in the
+  // order they started. Their blocks are back in the pool (the fetched ones cached), so
+  // admit() takes them as a local hit; after a deadline the blocks stay reserved until the
+  // tier lets go of them, and the request recomputes.
+  std::vector<request*> poll_remote();
+  // r stops waiting (aborted): its read is abandoned.
+  void abandon_remote(request& r);
+  size_t remote_waiting() const;
+  // Remote reads not yet let go by the tier, also those no request waits on any more.
+  size_t remote_reads_out() const { return waits_.size(); }
   // Blocks to add so r covers [0, upto); empty when not enough are free (nothing taken).
   bool can_grow(const request& r, int64_t upto, int64_t pending_blocks) const;
   std::vector<block_id> take_blocks(int64_t n);
@@ -69,8 +94,20 @@ class cache_manager {
 
  private:
   int64_t usable_hit(const request& r, int64_t hit_blocks) const;
-  // Extends a local hit of `hit` blocks with blocks fetched from the remote tier; the new hit.
-  int64_t fetch_remote(const request& r, int64_t hit);
+  void fix_decoder_tail(request& r) const;
+  int64_t local_hit(const std::vector<block_key>& keys) const;
+
+  // A remote read of one request; `r` is null once the request stopped waiting (deadline,
+  // abort) and only the reserved blocks wait for the tier to let go.
+  struct remote_wait {
+    request* r = nullptr;
+    std::shared_ptr<remote_fetch> fetch;
+    std::vector<block_key> keys;      // of the reserved blocks
+    std::vector<block_id> pinned;     // the local hit the read extends
+    std::vector<block_id> reserved;   // keys[i] is read into reserved[i]
+    double deadline_s = 0;
+  };
+  void end_wait(remote_wait& w, bool use_blocks);
 
   const model::model_config& model_;
   cache_config config_;
@@ -80,6 +117,7 @@ class cache_manager {
   block_pool pool_;
   swa_pool swa_;
   cache_stats stats_;
+  std::vector<remote_wait> waits_;  // start order
 };
 
 }  // namespace shoal::runtime

@@ -4,6 +4,7 @@
 #include "runtime/engine.hpp"
 
 #include <chrono>
+#include <thread>
 
 #include <malloc.h>
 
@@ -46,9 +47,11 @@ engine::~engine() {
 }
 
 std::expected<request_id, std::string> engine::add_request(std::vector<int32_t> prompt,
-                                                           const sampling_params& params, int traffic_class) {
-  if (traffic_class < 0 || traffic_class > 1)
-    return std::unexpected("traffic class " + std::to_string(traffic_class) + " is not 0 (agent) or 1 (chat)");
+                                                           const sampling_params& params, traffic_class cls) {
+  if (!traffic_class_from_byte(static_cast<uint8_t>(cls)))
+    return std::unexpected("traffic class " + std::to_string(static_cast<int>(cls)) + " is not 0 (agent) or 1 (chat)");
+  if (!params.stop_strings.empty() && !tok_)
+    return std::unexpected("stop strings need a tokenizer, and this engine has none");
   const model::model_config& c = weights_->config;
   if (prompt.empty()) return std::unexpected("prompt is empty");
   for (size_t i = 0; i < prompt.size(); ++i)
@@ -69,7 +72,7 @@ std::expected<request_id, std::string> engine::add_request(std::vector<int32_t> 
   r->prompt_len = static_cast<int64_t>(prompt.size());
   r->tokens = std::move(prompt);
   r->params = params;
-  r->traffic_class = traffic_class;
+  r->cls = cls;
   r->seq_seed = sequence_seed(params, static_cast<uint64_t>(r->id.value));
   request* raw = r.get();
   requests_[r->id.value] = std::move(r);
@@ -92,7 +95,10 @@ bool engine::abort(request_id id) {
   return true;
 }
 
-bool engine::has_work() const { return sched_.running() + sched_.waiting() > 0 || flight_.has_value(); }
+bool engine::has_work() const {
+  // Reads no request waits on any more still hold blocks: polled until the tier lets go.
+  return sched_.running() + sched_.waiting() + sched_.remote_reads_out() > 0 || flight_.has_value();
+}
 
 void engine::dispatch(step_plan plan) {
   in_flight_step f;
@@ -167,10 +173,13 @@ std::vector<token_event> engine::complete() {
       int32_t token = sample_token(logits, r->params, r->seq_seed, r->output_len());
       r->tokens.push_back(token);
       std::string& text = texts_[r->id.value];
+      const size_t before = text.size();
       if (tok_) text += tok_->decode_token(token);
       stop_checker stop(r->params, static_cast<int32_t>(weights_->config.eos_token_id));
-      std::vector<int32_t> out(r->tokens.begin() + r->prompt_len, r->tokens.end());
-      stop_result sr = stop.check(out, text);
+      // Only the newest piece can complete a match: search from where one could start.
+      const size_t from = before >= stop.longest_stop() ? before - stop.longest_stop() + 1 : 0;
+      stop_result sr = stop.check(std::span<const int32_t>(r->tokens).subspan(static_cast<size_t>(r->prompt_len)),
+                                  text, stop.longest_stop() ? from : 0);
       if (sr.truncate_at) text.resize(*sr.truncate_at);
       ++stats_.generated;
       events.push_back({r->id, token, sr.reason != finish_reason::none, sr.reason, {}});
@@ -190,11 +199,13 @@ std::vector<token_event> engine::complete() {
 }
 
 std::vector<token_event> engine::step() {
+  stalled_ = false;
   if (ep_) return step_ep();
   double t0 = now_s();
   if (!flight_) {
     step_plan p = sched_.plan({});
     stats_.plan_s += now_s() - t0;
+    stalled_ = p.items.empty() && has_work();
     if (p.items.empty()) return {};
     dispatch(std::move(p));
     launch();
@@ -225,6 +236,7 @@ std::vector<token_event> engine::step_ep() {
   double t0 = now_s();
   step_plan p = sched_.plan({});
   stats_.plan_s += now_s() - t0;
+  stalled_ = p.items.empty() && has_work();
   ep_->begin_step();
   if (!p.items.empty()) {
     dispatch(std::move(p));
@@ -273,7 +285,10 @@ std::vector<completion> engine::run_to_completion() {
   std::vector<int64_t> ids;
   for (auto& [id, r] : requests_)
     if (r->status != request_status::finished) ids.push_back(id);
-  while (has_work()) step();
+  while (has_work()) {
+    step();
+    if (stalled_) std::this_thread::sleep_for(std::chrono::microseconds(200));  // remote reads pending
+  }
   std::sort(ids.begin(), ids.end());
   std::vector<completion> out;
   for (int64_t id : ids) out.push_back(result(request_id(id)));
@@ -302,6 +317,9 @@ engine_stats engine::stats() const {
   s.swa = caches_.swa().stats();
   s.blocks_free = caches_.pool().num_free();
   s.blocks_total = caches_.pool().num_blocks();
+  s.running = static_cast<int64_t>(sched_.running());
+  s.waiting = static_cast<int64_t>(sched_.waiting());
+  s.waiting_for_remote = static_cast<int64_t>(sched_.waiting_for_remote());
   return s;
 }
 

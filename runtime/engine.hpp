@@ -55,6 +55,7 @@ struct engine_stats {
   double forward_s = 0;        // compute thread busy in forward passes
   double idle_s = 0;           // compute thread waiting between consecutive steps (exposed overhead)
   double plan_s = 0;           // time spent planning (overlapped when async)
+  int64_t running = 0, waiting = 0, waiting_for_remote = 0;
   cache_stats cache;
   swa_stats swa;
   int64_t blocks_free = 0, blocks_total = 0;
@@ -79,9 +80,12 @@ class engine {
 
   // Validates and queues a request. seq_seed: the seed of its sampling stream (defaults to
   // params.seed, else the request id).
-  // traffic_class: the storage TTL class of the blocks it writes back (0 agent, 1 chat).
+  // cls: the storage TTL class of the blocks it writes back. Stop strings need the engine's
+  // tokenizer (refused without one): the engine detokenises as it samples and finishes a
+  // request at the first match.
   std::expected<request_id, std::string> add_request(std::vector<int32_t> prompt,
-                                                     const sampling_params& params, int traffic_class = 1);
+                                                     const sampling_params& params,
+                                                     traffic_class cls = traffic_class::chat);
   bool abort(request_id id);
   // One step. In EP mode always one lockstep step of the group (an empty one when nothing is
   // planned). When the group's exchange fails (ep_error: peer lost, timeout, bad frame) every
@@ -90,6 +94,11 @@ class engine {
   // stays usable and last_error() says what happened.
   std::vector<token_event> step();
   bool has_work() const;
+  // The last step() planned nothing and nothing computes, though work is queued: every
+  // request waits for the remote tier, or for blocks those waits hold (has_work() stays true
+  // while a read the engine gave up on still holds pool blocks). The caller should
+  // step again a little later instead of at once.
+  bool stalled() const { return stalled_; }
   // Runs until every queued request finished; returns completions in request order. Not for
   // EP ranks: the group steps together, so each rank calls step() in lockstep instead.
   std::vector<completion> run_to_completion();
@@ -134,6 +143,7 @@ class engine {
   scheduler sched_;
   std::unordered_map<int64_t, std::unique_ptr<request>> requests_;
   std::unordered_map<int64_t, std::string> texts_;
+  bool stalled_ = false;
   int64_t next_id_ = 0;
   std::optional<in_flight_step> flight_;
   engine_stats stats_;

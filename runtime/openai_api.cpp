@@ -216,9 +216,9 @@ check parse_extensions(const json& j, completion_request& r) {
     r.ignore_eos = e->get<bool>();
   }
   if (const json* t = field(j, "traffic_class")) {
-    if (!t->is_string() || (*t != "chat" && *t != "agent"))
-      return bad("'traffic_class' must be \"chat\" or \"agent\"", "traffic_class");
-    r.traffic_class = t->get<std::string>();
+    auto cls = t->is_string() ? traffic_class_from_name(t->get<std::string>()) : std::nullopt;
+    if (!cls) return bad("'traffic_class' must be \"chat\" or \"agent\"", "traffic_class");
+    r.cls = *cls;
   }
   return std::nullopt;
 }

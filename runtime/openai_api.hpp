@@ -5,6 +5,7 @@
 #pragma once
 
 #include "runtime/chat_template.hpp"
+#include "runtime/traffic_class.hpp"
 
 #include <cstddef>
 #include <cstdint>
@@ -65,7 +66,7 @@ struct completion_request {
   bool include_usage = false;  // stream_options.include_usage: a final usage-only chunk
   std::optional<uint64_t> seed;
   bool ignore_eos = false;
-  std::string traffic_class = "chat";  // "chat" or "agent" (shoal extension field "traffic_class")
+  traffic_class cls = traffic_class::chat;  // shoal extension field "traffic_class": "chat" or "agent"
 };
 
 // 413 when a body of `body_bytes` exceeds limits.max_body_bytes; the server calls it with the

@@ -11,10 +11,14 @@
 #include "runtime/block_pool.hpp"
 #include "runtime/ids.hpp"
 #include "runtime/sampler.hpp"
+#include "runtime/traffic_class.hpp"
 
 namespace shoal::runtime {
 
-enum class request_status { waiting, running, finished };
+// waiting_for_remote_kv: its local prefix hit is pinned and pool blocks are reserved while
+// the remote tier reads the blocks that extend it (cache_manager::try_start_remote); it is
+// not scheduled until the read is done, failed or past its deadline.
+enum class request_status { waiting, waiting_for_remote_kv, running, finished };
 
 struct request {
   request_id id;
@@ -31,13 +35,14 @@ struct request {
   std::vector<block_key> keys;   // chain keys of the full blocks of `tokens`
   int64_t blocks_cached = 0;     // leading blocks already registered in the pool
   int64_t cached_tokens = 0;     // prefix-hit tokens at the last admission (API usage)
-  int traffic_class = 1;         // storage TTL class of its written-back blocks: 0 agent, 1 chat
+  traffic_class cls = traffic_class::chat;  // storage TTL class of its written-back blocks
   int64_t dec_from = -1;         // decoder tail start (shoal_flash), fixed at first admission so
                                  // a preempted request recomputes exactly what it computed
   int64_t blocks_valid_until = 0;  // replay: runs ending before this are already in the blocks
   bool swa_approx = false;       // the SWA window came from bounded replay
   int64_t snapshot_at = -1;      // last position an SWA snapshot was saved at
   int64_t preemptions = 0;
+  bool remote_checked = false;   // the remote tier was asked (once per request)
   bool abort_requested = false;  // aborted while its step was computing: finishes after it
 
   int64_t num_tokens() const { return static_cast<int64_t>(tokens.size()); }

@@ -184,17 +184,18 @@ stop_checker::stop_checker(const sampling_params& p, int32_t eos_id)
     : stop_ids_(p.stop_token_ids), stop_strings_(p.stop_strings), max_tokens_(p.max_tokens) {
   if (!p.ignore_eos) stop_ids_.push_back(eos_id);
   std::sort(stop_ids_.begin(), stop_ids_.end());
+  for (const auto& s : stop_strings_) longest_stop_ = std::max(longest_stop_, s.size());
 }
 
-stop_result stop_checker::check(const std::vector<int32_t>& output_ids,
-                                std::string_view output_text_so_far) const {
+stop_result stop_checker::check(std::span<const int32_t> output_ids, std::string_view output_text_so_far,
+                                size_t search_from) const {
   if (output_ids.empty()) return {};
   if (std::binary_search(stop_ids_.begin(), stop_ids_.end(), output_ids.back()))
     return {finish_reason::stop, std::nullopt};
   // Whole-text search: a stop string may span tokens, and the earliest match wins.
   std::optional<size_t> earliest;
   for (const auto& s : stop_strings_) {
-    size_t pos = output_text_so_far.find(s);
+    size_t pos = output_text_so_far.find(s, search_from);
     if (pos != std::string_view::npos && (!earliest || pos < *earliest)) earliest = pos;
   }
   if (earliest) return {finish_reason::stop, earliest};

@@ -65,12 +65,21 @@ class stop_checker {
   stop_checker(const sampling_params& p, int32_t eos_id);
 
   // output_ids: every generated token so far (prompt excluded); output_text_so_far: their
-  // detokenised text.
-  stop_result check(const std::vector<int32_t>& output_ids, std::string_view output_text_so_far) const;
+  // detokenised text. search_from: stop strings are looked for from this byte on (a caller
+  // that only appends text passes where the newest piece could start a match).
+  stop_result check(std::span<const int32_t> output_ids, std::string_view output_text_so_far,
+                    size_t search_from = 0) const;
+  stop_result check(const std::vector<int32_t>& output_ids, std::string_view output_text_so_far,
+                    size_t search_from = 0) const {
+    return check(std::span<const int32_t>(output_ids), output_text_so_far, search_from);
+  }
+  // Longest stop string, in bytes.
+  size_t longest_stop() const { return longest_stop_; }
 
  private:
   std::vector<int32_t> stop_ids_;  // sorted, eos included unless ignore_eos
   std::vector<std::string> stop_strings_;
+  size_t longest_stop_ = 0;
   int32_t max_tokens_;
 };
 

@@ -53,7 +53,19 @@ void scheduler::preempt(request* r, step_plan& plan) {
   waiting_.push_front(r);  // resumes first: recompute from its tokens
 }
 
+// Requests whose remote read ended go back to the head of the queue, in the order they left it.
+void scheduler::collect_remote() {
+  std::vector<request*> ready = caches_.poll_remote();
+  for (auto it = ready.rbegin(); it != ready.rend(); ++it) {
+    request* r = *it;
+    std::erase(remote_waiting_, r);
+    r->status = request_status::waiting;
+    waiting_.push_front(r);
+  }
+}
+
 step_plan scheduler::plan(const std::vector<planned_item>& in_flight) {
+  collect_remote();
   step_plan out;
   const bool async = !in_flight.empty();
   int64_t budget = config_.token_budget;
@@ -94,6 +106,12 @@ step_plan scheduler::plan(const std::vector<planned_item>& in_flight) {
 }
 
 bool scheduler::try_admit(request* r, step_plan& plan, int64_t& budget, double& time_left) {
+  if (caches_.try_start_remote(*r)) {  // waits off the queue; the next ones may go ahead
+    waiting_.pop_front();
+    r->status = request_status::waiting_for_remote_kv;
+    remote_waiting_.push_back(r);
+    return true;
+  }
   if (!caches_.can_admit(*r)) return false;
   caches_.admit(*r);
   view v{r->computed(), r->num_tokens()};
@@ -119,6 +137,9 @@ void scheduler::finish(request* r) {
     caches_.release(*r);
   } else if (auto w = std::find(waiting_.begin(), waiting_.end(), r); w != waiting_.end()) {
     waiting_.erase(w);
+  } else if (auto rw = std::find(remote_waiting_.begin(), remote_waiting_.end(), r); rw != remote_waiting_.end()) {
+    remote_waiting_.erase(rw);
+    caches_.abandon_remote(*r);
   }
   r->status = request_status::finished;
 }

@@ -4,6 +4,8 @@
 // the largest that fits the remaining token budget and — when a fitted cost model and a
 // step time budget are set — the remaining time. When blocks run out the newest running
 // request is preempted (blocks released, recomputed later), so the oldest always progress.
+// A request whose prefix the remote tier may extend first waits for that read off the step
+// loop (cache_manager::try_start_remote) and is admitted when it is done or timed out.
 // Planning may run while the previous step is still computing (async scheduling): it then
 // reads in-flight requests as if that step had completed and never preempts.
 #pragma once
@@ -53,6 +55,8 @@ class scheduler {
   void prune(step_plan& plan);
 
   size_t waiting() const { return waiting_.size(); }
+  size_t waiting_for_remote() const { return remote_waiting_.size(); }
+  size_t remote_reads_out() const { return caches_.remote_reads_out(); }
   size_t running() const { return running_.size(); }
   const std::vector<request*>& running_requests() const { return running_; }
   const std::deque<request*>& waiting_requests() const { return waiting_; }
@@ -68,8 +72,11 @@ class scheduler {
 
   scheduler_config config_;
   cache_manager& caches_;
+  void collect_remote();
+
   std::deque<request*> waiting_;
   std::vector<request*> running_;
+  std::vector<request*> remote_waiting_;  // start order
 };
 
 }  // namespace shoal::runtime

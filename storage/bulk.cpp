@@ -164,8 +164,8 @@ std::vector<uint8_t> encode_request_head(const bulk_request& r) {
   pk.pack(frame_version);
   pk.pack(std::string_view(r.op == bulk_op::put ? "put" : "get"));
   pk.pack(r.id);
-  pk.pack(r.key.hi);
-  pk.pack(r.key.lo);
+  pk.pack(r.key.block.hi);
+  pk.pack(r.key.block.lo);
   pk.pack(static_cast<uint64_t>(r.key.index));
   pk.pack(static_cast<uint64_t>(r.traffic_class));
   pk.pack_bin(static_cast<uint32_t>(r.payload.size()));
@@ -200,7 +200,7 @@ std::expected<parsed_request, std::string> parse_request(std::span<const uint8_t
   bulk_op o = *op == "put" ? bulk_op::put : bulk_op::get;
   if (o == bulk_op::put && payload->empty()) return std::unexpected("request put carries an empty chunk");
   if (o == bulk_op::get && !payload->empty()) return std::unexpected("request get carries a payload");
-  return parsed_request{o, *id, {*hi, *lo, static_cast<uint8_t>(*index)}, static_cast<uint8_t>(*cls), *payload};
+  return parsed_request{o, *id, {runtime::block_key{.lo = *lo, .hi = *hi}, static_cast<uint8_t>(*index)}, static_cast<uint8_t>(*cls), *payload};
 }
 
 std::expected<bulk_reply, std::string> parse_reply(std::span<const uint8_t> body) {

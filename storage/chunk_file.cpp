@@ -45,8 +45,8 @@ std::optional<uint64_t> parse_hex(std::string_view s) {
 
 std::string to_string(const chunk_key& k) {
   char buf[40];
-  std::snprintf(buf, sizeof buf, "%016llx%016llx-%02x", (unsigned long long)k.hi,
-                (unsigned long long)k.lo, unsigned(k.index));
+  std::snprintf(buf, sizeof buf, "%016llx%016llx-%02x", (unsigned long long)k.block.hi,
+                (unsigned long long)k.block.lo, unsigned(k.index));
   return buf;
 }
 
@@ -62,8 +62,8 @@ std::array<std::byte, file_header_bytes> encode_header(const chunk_header& h) {
   put_at<uint16_t>(p, 4, file_version);
   put_at<uint8_t>(p, 6, uint8_t(h.cls));
   put_at<uint8_t>(p, 7, h.key.index);
-  put_at<uint64_t>(p, 8, h.key.hi);
-  put_at<uint64_t>(p, 16, h.key.lo);
+  put_at<uint64_t>(p, 8, h.key.block.hi);
+  put_at<uint64_t>(p, 16, h.key.block.lo);
   put_at<int64_t>(p, 24, h.put_ms);
   put_at<uint64_t>(p, 32, h.payload_bytes);
   put_at<uint32_t>(p, 40, h.payload_crc);
@@ -81,8 +81,8 @@ std::optional<chunk_header> decode_header(std::span<const std::byte, file_header
   chunk_header h;
   h.cls = *cls;
   h.key.index = get_at<uint8_t>(p, 7);
-  h.key.hi = get_at<uint64_t>(p, 8);
-  h.key.lo = get_at<uint64_t>(p, 16);
+  h.key.block.hi = get_at<uint64_t>(p, 8);
+  h.key.block.lo = get_at<uint64_t>(p, 16);
   h.put_ms = get_at<int64_t>(p, 24);
   h.payload_bytes = get_at<uint64_t>(p, 32);
   h.payload_crc = get_at<uint32_t>(p, 40);
@@ -95,7 +95,7 @@ std::string shard_dir(const std::string& root, int shard) {
   return root + "/chunks/" + buf;
 }
 
-int shard_of(const chunk_key& k) { return int(k.hi >> 56); }
+int shard_of(const chunk_key& k) { return int(k.block.hi >> 56); }
 
 std::string chunk_path(const std::string& root, const chunk_key& k) {
   return shard_dir(root, shard_of(k)) + "/" + to_string(k) + std::string(chunk_suffix);
@@ -109,7 +109,7 @@ std::optional<chunk_key> parse_chunk_name(std::string_view name) {
   const auto lo = parse_hex(name.substr(16, 16));
   const auto idx = parse_hex(name.substr(33, 2));
   if (!hi || !lo || !idx) return std::nullopt;
-  return chunk_key{*hi, *lo, uint8_t(*idx)};
+  return chunk_key{runtime::block_key{.lo = *lo, .hi = *hi}, uint8_t(*idx)};
 }
 
 namespace {

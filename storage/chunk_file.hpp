@@ -21,14 +21,17 @@
 
 #include "storage/ttl.hpp"
 
+#include "runtime/block_key.hpp"
+
 namespace shoal::storage {
 
 static_assert(std::endian::native == std::endian::little, "chunk files are little-endian");
 
-// A chunk's identity: the 16-byte block key and the chunk's index within its stripe. Ordered
-// lexicographically (hi, lo, index); that order is the final GC tie-break.
+// A chunk's identity: the block's key (the engine's own key type) and the chunk's index within
+// its stripe. Ordered lexicographically (key.hi, key.lo, index); that order is the final GC
+// tie-break.
 struct chunk_key {
-  uint64_t hi = 0, lo = 0;
+  runtime::block_key block;
   uint8_t index = 0;
   auto operator<=>(const chunk_key&) const = default;
 };

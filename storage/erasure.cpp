@@ -232,54 +232,95 @@ std::string unrecoverable_message(const survivors& s, int k) {
          (s.n_rejected ? ": " + s.rejected : "") + "; missing [" + missing + "]";
 }
 
+// Data chunk i holds block bytes [i·len, (i+1)·len) ∩ [0, block_bytes): intact ones are
+// copied into `out`, lost ones rebuilt straight into it (only the last, zero-padded one
+// through a chunk-sized scratch buffer); then the rebuilt block's crc is checked.
+std::expected<void, error> rebuild_into(const survivors& s, int k, const std::vector<uint8_t>& encode_matrix,
+                                        std::span<uint8_t> out) {
+  const int n = static_cast<int>(s.present.size());
+  const chunk_view& any = s.valid[std::find(s.present.begin(), s.present.end(), true) - s.present.begin()];
+  const size_t len = any.payload_bytes;
+  auto span_of = [&](int i) {  // the block bytes of data chunk i
+    const size_t from = std::min(out.size(), static_cast<size_t>(i) * len);
+    return out.subspan(from, std::min(len, out.size() - from));
+  };
+  std::vector<uint8_t*> lost_out;  // where each lost data chunk is rebuilt
+  std::vector<int> lost;
+  std::vector<uint8_t> scratch;    // a lost chunk that runs past block_bytes
+  for (int i = 0; i < k; ++i) {
+    auto dst = span_of(i);
+    if (s.present[i]) {
+      if (!dst.empty()) std::memcpy(dst.data(), s.valid[i].payload.data(), dst.size());
+    } else if (dst.size() == len) {
+      lost.push_back(i);
+      lost_out.push_back(dst.data());
+    } else {
+      lost.push_back(i);
+      scratch.resize(scratch.size() + len);
+      lost_out.push_back(nullptr);  // set below, once scratch stops growing
+    }
+  }
+  for (size_t e = 0, used = 0; e < lost.size(); ++e)
+    if (!lost_out[e]) lost_out[e] = scratch.data() + len * used++;
+  if (!lost.empty() && len > 0) {
+    // Survivors: intact data chunks first (identity rows), then parity, k in all.
+    std::vector<int> use;
+    for (int i = 0; i < n && static_cast<int>(use.size()) < k; ++i)
+      if (s.present[i]) use.push_back(i);
+    std::vector<uint8_t> rows(static_cast<size_t>(k) * k), inverse(rows.size());
+    for (int r = 0; r < k; ++r)
+      std::memcpy(rows.data() + r * k, encode_matrix.data() + static_cast<size_t>(use[r]) * k, k);
+    if (gf_invert_matrix(rows.data(), inverse.data(), k) != 0)
+      invariant_failed("k rows of a Cauchy encode matrix are singular");
+    // Lost data chunk i = row i of the inverse applied to the survivors.
+    std::vector<uint8_t> decode_rows(lost.size() * k), tables(32 * lost.size() * k);
+    for (size_t e = 0; e < lost.size(); ++e)
+      std::memcpy(decode_rows.data() + e * k, inverse.data() + static_cast<size_t>(lost[e]) * k, k);
+    std::vector<uint8_t*> sources(k);
+    for (int r = 0; r < k; ++r)  // ISA-L only reads the sources
+      sources[r] = const_cast<uint8_t*>(s.valid[use[r]].payload.data());
+    ec_init_tables(k, static_cast<int>(lost.size()), decode_rows.data(), tables.data());
+    ec_encode_data(static_cast<int>(len), k, static_cast<int>(lost.size()), tables.data(), sources.data(),
+                   lost_out.data());
+    for (size_t e = 0; e < lost.size(); ++e)  // the partial chunk's block bytes
+      if (auto dst = span_of(lost[e]); dst.size() != len && !dst.empty())
+        std::memcpy(dst.data(), lost_out[e], dst.size());
+  }
+  if (const uint32_t got = crc32c(out.data(), out.size()); got != any.block_crc)
+    return fail(errc::bad_checksum, "rebuilt block crc32c " + hex32(got) + " != header " + hex32(any.block_crc) +
+                                        " (" + std::to_string(lost.size()) + " data chunks rebuilt)");
+  return {};
+}
+
+std::expected<survivors, error> checked_survivors(std::span<const chunk_ref> chunks, int k, int m, bool verified) {
+  auto checked = check_chunks(chunks, k, m, verified);
+  if (checked && checked->n_valid < k) return fail(errc::unrecoverable, unrecoverable_message(*checked, k));
+  return checked;
+}
+
+uint64_t block_bytes_of(const survivors& s) {
+  return s.valid[std::find(s.present.begin(), s.present.end(), true) - s.present.begin()].block_bytes;
+}
+
 }  // namespace
 
 std::expected<std::vector<uint8_t>, error> ec_codec::decode(std::span<const chunk_ref> chunks,
                                                            bool payloads_verified) const {
-  auto checked = check_chunks(chunks, k_, m_, payloads_verified);
-  if (!checked) return std::unexpected(std::move(checked.error()));
-  const survivors& s = *checked;
-  if (s.n_valid < k_) return fail(errc::unrecoverable, unrecoverable_message(s, k_));
-
-  const chunk_view& any = s.valid[std::find(s.present.begin(), s.present.end(), true) - s.present.begin()];
-  const size_t len = any.payload_bytes;
-  std::vector<uint8_t> out(len * k_);  // (k, len) data chunks; trimmed to block_bytes below
-  std::vector<uint8_t*> lost_out;      // where each lost data chunk is rebuilt
-  std::vector<int> lost;
-  for (int i = 0; i < k_; ++i) {
-    if (s.present[i]) {
-      if (len > 0) std::memcpy(out.data() + i * len, s.valid[i].payload.data(), len);
-    } else {
-      lost.push_back(i);
-      lost_out.push_back(out.data() + i * len);
-    }
-  }
-  if (!lost.empty() && len > 0) {
-    // Survivors: intact data chunks first (identity rows), then parity, k in all.
-    std::vector<int> use;
-    for (int i = 0; i < n() && static_cast<int>(use.size()) < k_; ++i)
-      if (s.present[i]) use.push_back(i);
-    std::vector<uint8_t> rows(static_cast<size_t>(k_) * k_), inverse(rows.size());
-    for (int r = 0; r < k_; ++r)
-      std::memcpy(rows.data() + r * k_, encode_matrix_.data() + static_cast<size_t>(use[r]) * k_, k_);
-    if (gf_invert_matrix(rows.data(), inverse.data(), k_) != 0)
-      invariant_failed("k rows of a Cauchy encode matrix are singular");
-    // Lost data chunk i = row i of the inverse applied to the survivors.
-    std::vector<uint8_t> decode_rows(lost.size() * k_), tables(32 * lost.size() * k_);
-    for (size_t e = 0; e < lost.size(); ++e)
-      std::memcpy(decode_rows.data() + e * k_, inverse.data() + static_cast<size_t>(lost[e]) * k_, k_);
-    std::vector<uint8_t*> sources(k_);
-    for (int r = 0; r < k_; ++r)  // ISA-L only reads the sources
-      sources[r] = const_cast<uint8_t*>(s.valid[use[r]].payload.data());
-    ec_init_tables(k_, static_cast<int>(lost.size()), decode_rows.data(), tables.data());
-    ec_encode_data(static_cast<int>(len), k_, static_cast<int>(lost.size()), tables.data(), sources.data(),
-                   lost_out.data());
-  }
-  out.resize(any.block_bytes);
-  if (const uint32_t got = crc32c(out.data(), out.size()); got != any.block_crc)
-    return fail(errc::bad_checksum, "rebuilt block crc32c " + hex32(got) + " != header " + hex32(any.block_crc) +
-                                        " (" + std::to_string(lost.size()) + " data chunks rebuilt)");
+  auto s = checked_survivors(chunks, k_, m_, payloads_verified);
+  if (!s) return std::unexpected(std::move(s.error()));
+  std::vector<uint8_t> out(block_bytes_of(*s));
+  if (auto r = rebuild_into(*s, k_, encode_matrix_, out); !r) return std::unexpected(std::move(r.error()));
   return out;
+}
+
+std::expected<void, error> ec_codec::decode_into(std::span<const chunk_ref> chunks, std::span<uint8_t> dst,
+                                                 bool payloads_verified) const {
+  auto s = checked_survivors(chunks, k_, m_, payloads_verified);
+  if (!s) return std::unexpected(std::move(s.error()));
+  if (const uint64_t bytes = block_bytes_of(*s); bytes != dst.size())
+    return fail(errc::bad_size, "block of " + std::to_string(bytes) + " bytes, destination of " +
+                                    std::to_string(dst.size()));
+  return rebuild_into(*s, k_, encode_matrix_, dst);
 }
 
 }  // namespace shoal::storage

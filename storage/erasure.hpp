@@ -99,6 +99,10 @@ class ec_codec {
   // so only headers are parsed here; the rebuilt block's crc is checked either way.
   std::expected<std::vector<uint8_t>, error> decode(std::span<const chunk_ref> chunks,
                                                     bool payloads_verified = false) const;
+  // decode straight into the caller's buffer (no block-sized copy): dst must be exactly the
+  // block's length (else bad_size, dst untouched). On any error dst may be partly written.
+  std::expected<void, error> decode_into(std::span<const chunk_ref> chunks, std::span<uint8_t> dst,
+                                         bool payloads_verified = false) const;
 
  private:
   ec_codec(int k, int m);

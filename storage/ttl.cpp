@@ -1,24 +1,10 @@
-// Traffic class names and TTL arithmetic (see ttl.hpp). Saturates instead of overflowing so a
+// TTL arithmetic (see ttl.hpp). Saturates instead of overflowing so a
 // huge configured TTL means "never" rather than wrapping into the past.
 #include "storage/ttl.hpp"
 
 #include <limits>
 
 namespace shoal::storage {
-
-const char* to_string(traffic_class c) {
-  switch (c) {
-    case traffic_class::agent: return "agent";
-    case traffic_class::chat: return "chat";
-  }
-  return "unknown";
-}
-
-std::optional<traffic_class> traffic_class_from_byte(uint8_t b) {
-  if (b == uint8_t(traffic_class::agent)) return traffic_class::agent;
-  if (b == uint8_t(traffic_class::chat)) return traffic_class::chat;
-  return std::nullopt;
-}
 
 int64_t ttl_policy::ttl_ms(traffic_class c) const {
   return c == traffic_class::agent ? agent_ms : chat_ms;

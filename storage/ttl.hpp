@@ -7,13 +7,16 @@
 #include <optional>
 #include <string_view>
 
+#include "runtime/traffic_class.hpp"
+
 namespace shoal::storage {
 
-// Stored as one byte in the chunk file header: values are part of the on-disk format.
-enum class traffic_class : uint8_t { agent = 0, chat = 1 };
-inline constexpr int n_traffic_classes = 2;
-const char* to_string(traffic_class c);
-std::optional<traffic_class> traffic_class_from_byte(uint8_t b);  // nullopt for unknown values
+// The one traffic-class type of the project; stored as its byte in the chunk file header, so
+// its values are part of the on-disk format.
+using runtime::n_traffic_classes;
+using runtime::to_string;
+using runtime::traffic_class;
+using runtime::traffic_class_from_byte;
 
 inline constexpr int64_t ms_per_day = 24LL * 3600 * 1000;
 

@@ -323,7 +323,7 @@ static_assert(is_the_type_id_block<request_id, error_reply, actors::sampling_opt
                                    actors::rank_actor, actors::node_agent_actor, actors::router_actor,
                                    actors::gateway_actor, std::vector<std::string>, actors::chunk_put,
                                    actors::chunk_query, actors::storage_stats_snapshot, actors::storage_node_actor,
-                                   std::vector<uint8_t>>(),
+                                   std::vector<uint8_t>, runtime::block_key, std::vector<runtime::block_key>>(),
               "the round trip below covers exactly these types");
 
 }  // namespace
@@ -388,9 +388,9 @@ TEST_CASE("every type of the type-ID block round-trips through a remote actor") 
   round_trip(self, remote, caf::actor_cast<actors::rank_actor>(remote));  // a proxy stays that proxy
   round_trip(self, remote, std::vector<std::string>{"id=1 tokens=3", "", "id=2 tokens=0"});
   round_trip(self, remote, std::vector<std::string>{});
-  round_trip(self, remote, actors::chunk_put{0x0123456789abcdefull, 0xfedcba9876543210ull, 11, 1, mib});
+  round_trip(self, remote, actors::chunk_put{{0xfedcba9876543210ull, 0x0123456789abcdefull}, 11, runtime::traffic_class::chat, mib});
   round_trip(self, remote, actors::chunk_put{});
-  round_trip(self, remote, actors::chunk_query{{1, 2, 3, 4}, {0, 11}});
+  round_trip(self, remote, actors::chunk_query{{{1, 2}, {3, 4}}, {0, 11}});
   round_trip(self, remote, actors::storage_stats_snapshot{1, 2, 3, 90, 70, 4, 5, 6, 7, 8, 9, 10, 11, 12});
   round_trip(self, remote, caf::actor_cast<actors::storage_node_actor>(locals[1]));
   round_trip(self, remote, mib);
@@ -460,10 +460,12 @@ TEST_CASE("every message of the typed interfaces that crosses processes round-tr
   round_trip(self, remote, describe_atom_v);
   round_trip(self, remote, int64_t{-3});
   // storage_node_actor (replies: bool, vector<uint8_t>, storage_stats_snapshot, uint64_t)
-  round_trip(self, remote, put_atom_v, actors::chunk_put{7, 8, 3, 0, std::vector<uint8_t>(1000, 7)});
-  round_trip(self, remote, get_atom_v, uint64_t{7}, uint64_t{8}, int32_t{3});
-  round_trip(self, remote, exists_atom_v, actors::chunk_query{{7, 8, 9, 10}, {3, 4}});
-  round_trip(self, remote, corrupt_atom_v, uint64_t{7}, uint64_t{8}, int32_t{3});
+  round_trip(self, remote, put_atom_v, actors::chunk_put{{8, 7}, 3, runtime::traffic_class::agent, std::vector<uint8_t>(1000, 7)});
+  round_trip(self, remote, get_atom_v, runtime::block_key{8, 7}, int32_t{3});
+  round_trip(self, remote, exists_atom_v, actors::chunk_query{{{8, 7}, {10, 9}}, {3, 4}});
+  round_trip(self, remote, corrupt_atom_v, runtime::block_key{8, 7}, int32_t{3});
+  round_trip(self, remote, runtime::block_key{0x1234, 0xfedc});
+  round_trip(self, remote, std::vector<runtime::block_key>{{1, 2}, {3, 4}});
   round_trip(self, remote, gc_atom_v);
   round_trip(self, remote, uint64_t{12});
   caf::anon_send_exit(other, caf::exit_reason::user_shutdown);

@@ -149,7 +149,8 @@ struct cluster {
 
   explicit cluster(size_t n_engines) {
     for (size_t i = 0; i < n_engines; ++i)
-      engines.push_back(actors::spawn_engine(sys, tiny_checkpoint().model.weights, engine_config(), true));
+      engines.push_back(actors::spawn_engine(sys, tiny_checkpoint().model.weights, engine_config(), true, nullptr,
+                                             tiny_checkpoint().model.tokenizer));
     std::vector<size_t> all(n_engines);
     for (size_t i = 0; i < n_engines; ++i) all[i] = i;
     route_to(all);

@@ -9,22 +9,29 @@
 #include <set>
 #include <thread>
 
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <caf/actor_system.hpp>
 #include <caf/actor_system_config.hpp>
 #include <caf/exit_reason.hpp>
 #include <caf/scoped_actor.hpp>
 #include <caf/send.hpp>
+#include <caf/typed_event_based_actor.hpp>
 
 #include "actors/interfaces.hpp"
 #include "actors/kv_block_store.hpp"
 #include "actors/kv_client.hpp"
 #include "actors/storage_node_actor.hpp"
 #include "tests/support/process.hpp"
+#include "runtime/engine.hpp"
 #include "tests/support/random.hpp"
+#include "tests/support/tiny_models.hpp"
 
 using namespace shoal;
 using namespace std::chrono_literals;
-using actors::block_key;
+using runtime::block_key;
 
 namespace {
 
@@ -96,7 +103,7 @@ TEST_CASE("kv_client: blocks round-trip through 12 storage nodes, survive 2 loss
   for (uint32_t b = 0; b < 6; ++b) {
     chain.push_back({0x1000 + b, 0xabc0 + b});
     blocks.push_back(test::random_bytes(b == 5 ? 1 : 70'000 + 13 * b, b));
-    REQUIRE(c.client->put(chain[b], blocks[b], b % 2));
+    REQUIRE(c.client->put(chain[b], blocks[b], static_cast<runtime::traffic_class>(b % 2)));
   }
   for (size_t b = 0; b < chain.size(); ++b) {
     auto got = c.client->get(chain[b]);
@@ -117,7 +124,7 @@ TEST_CASE("kv_client: blocks round-trip through 12 storage nodes, survive 2 loss
   // A corrupt chunk is an erasure: the block still decodes bit-exact.
   caf::scoped_actor self{c.sys};
   bool corrupted = false;
-  self->request(c.nodes[group[0]].actor, 5s, corrupt_atom_v, chain[0].hi, chain[0].lo, int32_t{0})
+  self->request(c.nodes[group[0]].actor, 5s, corrupt_atom_v, chain[0], int32_t{0})
     .receive([&](bool found) { corrupted = found; }, [&](caf::error& e) { FAIL(c.sys.render(e)); });
   REQUIRE(corrupted);
   auto after_corrupt = c.client->get(chain[0]);
@@ -158,7 +165,7 @@ TEST_CASE("kv_client: put_many and get_many keep per-block results in order, als
     blocks.push_back(test::random_bytes(20'000 + 7 * b, 100 + b));
     keys.push_back({0x2000 + b, 0x77});
   }
-  for (uint32_t b = 0; b < 10; ++b) items.push_back({keys[b], blocks[b], 1});
+  for (uint32_t b = 0; b < 10; ++b) items.push_back({keys[b], blocks[b], runtime::traffic_class::chat});
   auto puts = c.client->put_many(items);
   REQUIRE(puts.size() == 10);
   for (const auto& r : puts) CHECK_MESSAGE(r, (r ? "" : r.error()));
@@ -190,7 +197,7 @@ TEST_CASE("kv_client: put_many and get_many keep per-block results in order, als
         mine.push_back(test::random_bytes(9'000 + b, 1000 * t + b));
         ks.push_back({0x3000 + t, b});
       }
-      for (uint32_t b = 0; b < 5; ++b) its.push_back({ks[b], mine[b], 0});
+      for (uint32_t b = 0; b < 5; ++b) its.push_back({ks[b], mine[b], runtime::traffic_class::agent});
       for (const auto& r : c.client->put_many(its)) wrong += r ? 0 : 1;
       auto got = c.client->get_many(ks);
       for (uint32_t b = 0; b < 5; ++b) wrong += (got[b] && *got[b] == mine[b]) ? 0 : 1;
@@ -210,20 +217,27 @@ TEST_CASE("kv_block_store: fetch_many fills the leading run of blocks and stops 
   for (size_t b = 0; b < src.size(); ++b) {
     for (size_t i = 0; i < src[b].size(); ++i) src[b][i] = static_cast<float>(b * 1000 + i) * 0.5f;
     keys.push_back({0x4000 + b, 0x11});
-    if (b != 3) REQUIRE(store->store_async(keys[b], src[b], 1));  // block 3 never written
+    if (b != 3) REQUIRE(store->store_async(keys[b], src[b], runtime::traffic_class::chat));  // 3 never written
   }
   auto counters = store->stats(true);
   CHECK(counters.written == 5);
   CHECK(counters.failed == 0);
-  CHECK(store->lookup(keys) == 3);
   std::vector<std::vector<float>> dst(6, std::vector<float>(96, -1.0f));
   std::vector<std::span<float>> spans(dst.begin(), dst.end());
-  CHECK(store->fetch_many(keys, spans) == 3);
+  auto f = store->start_fetch(keys, spans);
+  f->wait();  // off this thread: the reader decodes straight into the buffers
+  CHECK(f->listed() == 3);
+  CHECK(f->blocks() == 3);
+  CHECK(f->error().empty());
   for (size_t b = 0; b < 3; ++b) CHECK(dst[b] == src[b]);
   CHECK(dst[3] == std::vector<float>(96, -1.0f));
   // A destination of another shape is a miss, never a partial copy.
   std::vector<float> small(10, -1.0f);
-  CHECK(!store->fetch(keys[0], small));
+  auto g = store->start_fetch({keys[0]}, {std::span<float>(small)});
+  g->wait();
+  CHECK(g->listed() == 1);
+  CHECK(g->blocks() == 0);
+  CHECK(g->error().find("bytes, destination of 40") != std::string::npos);
   CHECK(small == std::vector<float>(10, -1.0f));
 }
 
@@ -231,32 +245,159 @@ TEST_CASE("storage node: bad requests get errors naming the problem, the node ke
   storage_cluster c(1);
   caf::scoped_actor self{c.sys};
   auto node = c.nodes[0].actor;
-  auto r1 = refused<bool>(self, node, put_atom_v, actors::chunk_put{1, 2, 300, 0, {1, 2, 3}});
+  auto r1 = refused<bool>(self, node, put_atom_v, actors::chunk_put{{1, 2}, 300, runtime::traffic_class::agent, {1, 2, 3}});
   REQUIRE(r1);
   CHECK(r1->code == actors::errc::invalid_request);
   CHECK(r1->message.find("chunk index 300") != std::string::npos);
-  auto r2 = refused<bool>(self, node, put_atom_v, actors::chunk_put{1, 2, 0, 7, {1, 2, 3}});
+  auto r2 = refused<bool>(self, node, put_atom_v, actors::chunk_put{{1, 2}, 0, static_cast<runtime::traffic_class>(7), {1, 2, 3}});
   REQUIRE(r2);
   CHECK(r2->message.find("traffic class 7") != std::string::npos);
-  auto r3 = refused<bool>(self, node, put_atom_v, actors::chunk_put{1, 2, 0, 0, {}});
+  auto r3 = refused<bool>(self, node, put_atom_v, actors::chunk_put{{1, 2}, 0, runtime::traffic_class::agent, {}});
   REQUIRE(r3);
   CHECK(r3->code == actors::errc::invalid_request);
-  auto r4 = refused<std::vector<uint8_t>>(self, node, get_atom_v, uint64_t{5}, uint64_t{6}, int32_t{0});
+  auto r4 = refused<std::vector<uint8_t>>(self, node, get_atom_v, runtime::block_key{5, 6}, int32_t{0});
   REQUIRE(r4);
   CHECK(r4->code == actors::errc::not_found);
-  auto r5 = refused<std::vector<uint8_t>>(self, node, exists_atom_v, actors::chunk_query{{1, 2, 3}, {0, 1}});
+  auto r5 = refused<std::vector<uint8_t>>(self, node, exists_atom_v, actors::chunk_query{{{1, 2}, {3, 4}, {5, 6}}, {0, 1}});
   REQUIRE(r5);
-  CHECK(r5->message.find("3 key words for 2 chunks") != std::string::npos);
-  auto r6 = refused<bool>(self, node, put_atom_v, actors::chunk_put{1, 2, 0, 0, std::vector<uint8_t>(65 << 20, 1)});
+  CHECK(r5->message.find("3 keys for 2 chunk indices") != std::string::npos);
+  auto r6 = refused<bool>(self, node, put_atom_v, actors::chunk_put{{1, 2}, 0, runtime::traffic_class::agent, std::vector<uint8_t>(65 << 20, 1)});
   REQUIRE(r6);
   CHECK(r6->code == actors::errc::invalid_request);
   // Still serving.
   bool stored = false;
-  self->request(node, 5s, put_atom_v, actors::chunk_put{1, 2, 0, 1, {9, 9, 9}})
+  self->request(node, 5s, put_atom_v, actors::chunk_put{{1, 2}, 0, runtime::traffic_class::chat, {9, 9, 9}})
     .receive([&](bool ok) { stored = ok; }, [&](caf::error& e) { FAIL(c.sys.render(e)); });
   CHECK(stored);
   std::vector<uint8_t> back;
-  self->request(node, 5s, get_atom_v, uint64_t{1}, uint64_t{2}, int32_t{0})
+  self->request(node, 5s, get_atom_v, runtime::block_key{1, 2}, int32_t{0})
     .receive([&](std::vector<uint8_t>& b) { back = b; }, [&](caf::error& e) { FAIL(c.sys.render(e)); });
   CHECK(back == std::vector<uint8_t>{9, 9, 9});
+}
+
+namespace {
+
+// Storage nodes that take every request and never answer (hung processes): an actor that
+// keeps each request's promise without delivering it, and a bulk port whose listener never
+// accepts (the kernel completes the connections, nobody reads).
+struct mute_node {
+  caf::actor_system& sys;
+  actors::storage_node_actor actor;
+  int listener = -1;
+  uint16_t port = 0;
+
+  explicit mute_node(caf::actor_system& s) : sys(s) {
+    actor = sys.spawn([](actors::storage_node_actor::pointer self) -> actors::storage_node_actor::behavior_type {
+      return {
+        [self](put_atom, actors::chunk_put&) { return self->make_response_promise<bool>(); },
+        [self](get_atom, runtime::block_key, int32_t) { return self->make_response_promise<std::vector<uint8_t>>(); },
+        [self](exists_atom, actors::chunk_query&) { return self->make_response_promise<std::vector<uint8_t>>(); },
+        [self](stats_atom) { return self->make_response_promise<actors::storage_stats_snapshot>(); },
+        [self](corrupt_atom, runtime::block_key, int32_t) { return self->make_response_promise<bool>(); },
+        [self](gc_atom) { return self->make_response_promise<uint64_t>(); },
+      };
+    });
+    listener = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::bind(listener, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    REQUIRE(::listen(listener, 64) == 0);
+    socklen_t len = sizeof a;
+    ::getsockname(listener, reinterpret_cast<sockaddr*>(&a), &len);
+    port = ntohs(a.sin_port);
+  }
+  ~mute_node() {
+    caf::anon_send_exit(actor, caf::exit_reason::user_shutdown);
+    ::close(listener);
+  }
+  // Takes the place (same name: same placement) of `e`.
+  actors::storage_endpoint as(const actors::storage_endpoint& e) const { return {e.name, actor, "127.0.0.1", port}; }
+};
+
+runtime::sampling_params greedy(int32_t n) {
+  runtime::sampling_params p;
+  p.max_tokens = n;
+  p.ignore_eos = true;
+  return p;
+}
+
+std::shared_ptr<actors::kv_block_store> store_over(caf::actor_system& sys, std::vector<actors::storage_endpoint> nodes) {
+  actors::kv_client_config kc;
+  kc.timeout = 2s;
+  auto client = actors::kv_client::create(sys, kc);
+  REQUIRE(client);
+  (*client)->set_nodes(std::move(nodes));
+  return std::make_shared<actors::kv_block_store>(std::move(*client));
+}
+
+}  // namespace
+
+TEST_CASE("engine over storage nodes that hang: one is read around, three delay only the request reading them") {
+  storage_cluster c(12);
+  auto w = test::tiny_model("v3-tiny");
+  const int64_t bs = w->config.block_size;
+  auto written = store_over(c.sys, c.nodes);
+  auto wcfg = test::exact_engine_config(256);
+  wcfg.cache.remote = written;
+  runtime::engine writer(w, wcfg), cold(w, test::exact_engine_config(256));
+  auto prompt = test::random_tokens(static_cast<size_t>(4 * bs), 91);
+  test::run_alone(writer, prompt, greedy(2));
+  REQUIRE(written->stats(true).written == 4);
+  prompt.push_back(5);  // its 4 full blocks are in the cluster
+  const auto ref = test::run_alone(cold, prompt, greedy(4));
+  std::vector<std::unique_ptr<mute_node>> mute;
+  for (int i = 0; i < 3; ++i) mute.push_back(std::make_unique<mute_node>(c.sys));
+
+  // One hung node of 12: the lookup is decided by the other 11 and the get is hedged past it,
+  // well within the engine's 1 s deadline (the client's own timeout is 2 s).
+  {
+    auto nodes = c.nodes;
+    nodes[0] = mute[0]->as(nodes[0]);
+    auto cfg = test::exact_engine_config(256);
+    cfg.cache.remote = store_over(c.sys, nodes);
+    cfg.cache.remote_timeout_s = 1.0;
+    runtime::engine reader(w, cfg);
+    auto got = test::run_alone(reader, prompt, greedy(4));
+    REQUIRE(got.size() == ref.size());
+    for (size_t i = 0; i < got.size(); ++i) CHECK(got[i].logits == ref[i].logits);
+    CHECK(reader.stats().cache.remote_hit_tokens == static_cast<uint64_t>(4 * bs));
+    CHECK(reader.stats().cache.remote_timeouts == 0);
+  }
+
+  // Three hung nodes: no block can be decided without them. The request that reads waits; the
+  // engine's other requests (shorter than a block: nothing to read) complete meanwhile; at its
+  // deadline the waiting one recomputes, with the cold logits.
+  auto nodes = c.nodes;
+  for (int i = 0; i < 3; ++i) nodes[static_cast<size_t>(i)] = mute[static_cast<size_t>(i)]->as(nodes[static_cast<size_t>(i)]);
+  auto cfg = test::exact_engine_config(256);
+  cfg.cache.remote = store_over(c.sys, nodes);
+  cfg.cache.remote_timeout_s = 1.0;
+  runtime::engine reader(w, cfg);
+  auto waiting = reader.add_request(prompt, greedy(4));
+  REQUIRE(waiting);
+  std::vector<request_id> others;
+  for (uint32_t i = 0; i < 3; ++i) {
+    auto o = reader.add_request(test::random_tokens(static_cast<size_t>(bs - 1), 300 + i), greedy(4));
+    REQUIRE(o);
+    others.push_back(*o);
+  }
+  std::map<int64_t, std::vector<runtime::token_event>> events;
+  auto finished = [&](request_id id) { return !events[id.value].empty() && events[id.value].back().finished; };
+  auto step_until = [&](auto done, std::chrono::seconds limit) {
+    const auto end = std::chrono::steady_clock::now() + limit;
+    while (!done() && std::chrono::steady_clock::now() < end) {
+      for (auto& ev : reader.step()) events[ev.id.value].push_back(ev);
+      if (reader.stalled()) std::this_thread::sleep_for(1ms);
+    }
+  };
+  step_until([&] { return std::all_of(others.begin(), others.end(), finished); }, 10s);
+  for (auto id : others) CHECK(finished(id));
+  CHECK(events[waiting->value].empty());  // still waiting on the hung nodes
+  CHECK(reader.stats().waiting_for_remote == 1);
+  step_until([&] { return finished(*waiting); }, 10s);
+  REQUIRE(events[waiting->value].size() == ref.size());
+  for (size_t i = 0; i < ref.size(); ++i) CHECK(events[waiting->value][i].logits == ref[i].logits);
+  CHECK(reader.stats().cache.remote_timeouts == 1);
+  CHECK(reader.stats().cache.remote_hit_tokens == 0);
 }

@@ -156,7 +156,7 @@ TEST_CASE("openai_api: completion requests parse with defaults and every field")
   CHECK_FALSE(d.include_usage);
   CHECK_FALSE(d.seed);
   CHECK_FALSE(d.ignore_eos);
-  CHECK(d.traffic_class == "chat");
+  CHECK(d.cls == shoal::runtime::traffic_class::chat);
 
   const completion_request f = parse_ok(R"({"model": "deepseek-v3", "prompt": [1, 2, 3], "max_tokens": 1000,
       "temperature": 0, "top_p": 0.5, "top_k": 40, "stop": "\n", "stream": true,
@@ -173,7 +173,7 @@ TEST_CASE("openai_api: completion requests parse with defaults and every field")
   CHECK(f.include_usage);
   CHECK(f.seed == 18446744073709551615ull);
   CHECK(f.ignore_eos);
-  CHECK(f.traffic_class == "agent");
+  CHECK(f.cls == shoal::runtime::traffic_class::agent);
 
   CHECK(std::get<std::string>(parse_ok(R"({"model": "small", "prompt": ["one"]})", false).prompt) == "one");
   CHECK(parse_ok(R"({"model": "small", "prompt": "x", "stop": ["a", "b", "c", "d"]})", false).stop.size() == 4);

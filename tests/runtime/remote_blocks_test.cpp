@@ -1,8 +1,10 @@
 // The remote block tier through the engine: blocks one engine computed and offered are a
 // prefix hit for another engine with its own pool, with next-token logits bit-identical to a
 // cold computation; a remote tier that lists blocks it then cannot deliver is a miss (the
-// engine recomputes, same logits). The tier here is an in-memory map standing in for the
-// storage cluster (the cluster test uses the real storage nodes).
+// engine recomputes, same logits); a read that does not come back delays only the request
+// waiting on it, which recomputes at its deadline (a manual clock). The tier here is an
+// in-memory map standing in for the storage cluster (the cluster test uses the real storage
+// nodes).
 #include <doctest/doctest.h>
 
 #include <map>
@@ -22,29 +24,36 @@ struct key_less {
   bool operator()(const block_key& a, const block_key& b) const { return std::tie(a.hi, a.lo) < std::tie(b.hi, b.lo); }
 };
 
+// Reads complete inside start_fetch unless `hold` is set: then a read of blocks the tier has
+// waits until release() (a storage node that accepted the request and went quiet).
 class memory_tier final : public runtime::remote_blocks {
  public:
   bool fail_fetches = false;
-  size_t fetches = 0;
+  bool hold = false;
+  size_t fetches = 0, lookups = 0;
 
-  size_t lookup(std::span<const block_key> keys) override {
+  std::shared_ptr<runtime::remote_fetch> start_fetch(std::vector<block_key> keys,
+                                                     std::vector<std::span<float>> dsts) override {
     std::lock_guard lock(mu_);
-    size_t n = 0;
-    while (n < keys.size() && blocks_.contains(keys[n])) ++n;
-    return n;
+    ++lookups;
+    auto f = std::make_shared<runtime::remote_fetch>();
+    job j{std::move(keys), std::move(dsts), f};
+    if (hold && listed(j) > 0)
+      held_.push_back(std::move(j));
+    else
+      serve(j);
+    return f;
   }
-  bool fetch(const block_key& key, std::span<float> dst) override {
+  // Serves the held reads now (their requests may have given up on them long ago).
+  void release() {
     std::lock_guard lock(mu_);
-    ++fetches;
-    auto it = blocks_.find(key);
-    if (fail_fetches || it == blocks_.end() || it->second.size() != dst.size()) return false;
-    std::copy(it->second.begin(), it->second.end(), dst.begin());
-    return true;
+    for (auto& j : held_) serve(j);
+    held_.clear();
   }
-  int last_class = -1;
-  bool store_async(const block_key& key, std::span<const float> src, int traffic_class) override {
+  runtime::traffic_class last_class = runtime::traffic_class::agent;
+  bool store_async(const block_key& key, std::span<const float> src, runtime::traffic_class cls) override {
     std::lock_guard lock(mu_);
-    last_class = traffic_class;
+    last_class = cls;
     blocks_[key].assign(src.begin(), src.end());
     return true;
   }
@@ -54,8 +63,32 @@ class memory_tier final : public runtime::remote_blocks {
   }
 
  private:
+  struct job {
+    std::vector<block_key> keys;
+    std::vector<std::span<float>> dsts;
+    std::shared_ptr<runtime::remote_fetch> fetch;
+  };
+  size_t listed(const job& j) const {
+    size_t n = 0;
+    while (n < j.keys.size() && blocks_.contains(j.keys[n])) ++n;
+    return n;
+  }
+  void serve(job& j) {
+    size_t n = listed(j), done = 0;
+    if (!j.fetch->cancelled())
+      for (; done < n && !fail_fetches; ++done) {
+        ++fetches;
+        const auto& b = blocks_.at(j.keys[done]);
+        if (b.size() != j.dsts[done].size()) break;
+        std::copy(b.begin(), b.end(), j.dsts[done].begin());
+      }
+    if (fail_fetches) ++fetches;
+    j.fetch->complete(n, done, done < n ? "memory tier: fetch failed" : "");
+  }
+
   mutable std::mutex mu_;
   std::map<block_key, std::vector<float>, key_less> blocks_;
+  std::vector<job> held_;
 };
 
 runtime::sampling_params greedy(int32_t n) {
@@ -81,7 +114,7 @@ TEST_CASE("remote tier: blocks computed by one engine are a hit for another, log
   run_one(writer, first);
   CHECK(tier->size() == static_cast<size_t>(96 / w->config.block_size));
   CHECK(writer.stats().cache.remote_stored == tier->size());
-  CHECK(tier->last_class == 1);  // chat unless the request says otherwise
+  CHECK(tier->last_class == runtime::traffic_class::chat);  // unless the request says otherwise
 
   auto second = first;
   auto extra = test::random_tokens(40, 22);
@@ -149,4 +182,107 @@ TEST_CASE("remote tier: fetches into a nearly full pool keep the local hit they 
   CHECK(reader.stats().cache.remote_hit_tokens > 0);
   CHECK(reader.stats().cache.hit_tokens > reader.stats().cache.remote_hit_tokens);  // local hits too
   CHECK(reader.stats().blocks_free == reader.stats().blocks_total);
+}
+
+TEST_CASE("remote tier: a read that never answers delays only its request, which recomputes at its deadline") {
+  auto w = test::tiny_model("v3-tiny");
+  auto tier = std::make_shared<memory_tier>();
+  auto clock = std::make_shared<runtime::manual_clock>();
+  auto wcfg = test::exact_engine_config(256);
+  wcfg.cache.remote = tier;
+  auto rcfg = wcfg;
+  rcfg.cache.time = clock;
+  rcfg.cache.remote_timeout_s = 2.0;
+  runtime::engine writer(w, wcfg), cold(w, test::exact_engine_config(256));
+  auto shared = test::random_tokens(96, 41);
+  run_one(writer, shared);
+  auto waiting_prompt = shared;
+  waiting_prompt.push_back(7);
+  auto other_prompt = test::random_tokens(70, 42);  // nothing of it in the tier
+  auto ref_waiting = run_one(cold, waiting_prompt);
+  auto ref_other = run_one(cold, other_prompt);
+
+  tier->hold = true;
+  {
+    runtime::engine reader(w, rcfg);
+    auto waiting = reader.add_request(waiting_prompt, greedy(6));
+    auto other = reader.add_request(other_prompt, greedy(6));
+    REQUIRE(waiting);
+    REQUIRE(other);
+    std::map<int64_t, std::vector<runtime::token_event>> events;
+    auto step = [&] {
+      for (auto& ev : reader.step()) events[ev.id.value].push_back(ev);
+    };
+    for (int i = 0; i < 100 && (events[other->value].empty() || !events[other->value].back().finished); ++i) step();
+    // The other request finished while the first one's read is still out.
+    REQUIRE(!events[other->value].empty());
+    CHECK(events[other->value].back().finished);
+    CHECK(events[waiting->value].empty());
+    CHECK(reader.stats().waiting_for_remote == 1);
+    CHECK(reader.has_work());
+    step();
+    CHECK(reader.stalled());  // nothing to compute: the caller polls later, it does not spin
+    REQUIRE(events[other->value].size() == ref_other.size());
+    for (size_t i = 0; i < ref_other.size(); ++i) CHECK(events[other->value][i].logits == ref_other[i].logits);
+
+    clock->advance(2.5);  // past the deadline: it recomputes
+    for (int i = 0; i < 100 && reader.has_work(); ++i) step();
+    REQUIRE(events[waiting->value].size() == ref_waiting.size());
+    for (size_t i = 0; i < ref_waiting.size(); ++i) CHECK(events[waiting->value][i].logits == ref_waiting[i].logits);
+    auto st = reader.stats();
+    CHECK(st.cache.remote_timeouts == 1);
+    CHECK(st.cache.remote_hit_tokens == 0);
+    CHECK(reader.cached_tokens(*waiting) == 0);
+    // The late read still holds the blocks it was given until the tier lets go of them.
+    CHECK(st.blocks_free < st.blocks_total);
+    CHECK(reader.has_work());
+    tier->release();
+    step();
+    CHECK(reader.stats().blocks_free == reader.stats().blocks_total);
+    CHECK(reader.stats().waiting_for_remote == 0);
+    CHECK(!reader.has_work());
+  }
+}
+
+TEST_CASE("remote tier: each request asks the tier once, also when admission is refused and retried") {
+  auto w = test::tiny_model("v3-tiny");
+  auto tier = std::make_shared<memory_tier>();
+  auto cfg = test::exact_engine_config(256);
+  cfg.cache.remote = tier;
+  cfg.sched.token_budget = 40;  // one prompt per step: the others are refused and retried
+  runtime::engine reader(w, cfg);
+  std::vector<std::vector<int32_t>> prompts;
+  for (uint32_t i = 0; i < 4; ++i) prompts.push_back(test::random_tokens(36, 60 + i));
+  for (const auto& p : prompts) REQUIRE(reader.add_request(p, greedy(3)));
+  reader.run_to_completion();
+  CHECK(tier->lookups == prompts.size());
+  CHECK(reader.stats().cache.remote_lookups == prompts.size());
+  CHECK(reader.stats().cache.lookups >= prompts.size());
+}
+
+TEST_CASE("remote tier: a request aborted while its read is out frees its blocks once the tier lets go") {
+  auto w = test::tiny_model("v3-tiny");
+  auto tier = std::make_shared<memory_tier>();
+  auto cfg = test::exact_engine_config(64);
+  cfg.cache.remote = tier;
+  runtime::engine writer(w, cfg);
+  auto prompt = test::random_tokens(64, 77);
+  run_one(writer, prompt);
+  prompt.push_back(3);
+  tier->hold = true;
+  runtime::engine reader(w, cfg);
+  auto id = reader.add_request(prompt, greedy(4));
+  REQUIRE(id);
+  CHECK(reader.step().empty());
+  CHECK(reader.stats().waiting_for_remote == 1);
+  CHECK(reader.abort(*id));
+  CHECK(reader.stats().waiting_for_remote == 0);
+  reader.step();
+  CHECK(reader.has_work());  // the read still holds its blocks: the engine keeps polling it
+  CHECK(reader.stalled());
+  tier->release();
+  CHECK(reader.stats().blocks_free < reader.stats().blocks_total);  // given back at the next poll
+  reader.step();
+  CHECK(reader.stats().blocks_free == reader.stats().blocks_total);
+  CHECK(!reader.has_work());
 }

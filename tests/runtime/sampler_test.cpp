@@ -301,7 +301,7 @@ TEST_CASE("stop checker: eos, ignore_eos, stop ids, stop strings across tokens, 
   sampling_params p;
   p.max_tokens = 4;
   stop_checker c(p, eos);
-  CHECK(c.check({}, "").reason == finish_reason::none);
+  CHECK(c.check(std::vector<int32_t>{}, "").reason == finish_reason::none);
   CHECK(c.check({5}, "a").reason == finish_reason::none);
   CHECK(c.check({5, 2}, "a").reason == finish_reason::stop);
   CHECK_FALSE(c.check({5, 2}, "a").truncate_at.has_value());

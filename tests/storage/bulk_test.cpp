@@ -245,7 +245,7 @@ TEST_CASE("bulk: bad frames from another process get an error naming the problem
 }
 
 TEST_CASE("bulk: request and reply frames round-trip, truncated or padded ones are refused") {
-  chunk_key k{0x1234, 0x5678, 9};
+  chunk_key k{{.lo = 0x5678, .hi = 0x1234}, 9};
   std::vector<uint8_t> chunk = {1, 2, 3, 4, 5};
   auto head = encode_request_head({bulk_op::put, 42, k, 1, chunk});
   auto body = head;

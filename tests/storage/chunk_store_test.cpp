@@ -16,7 +16,7 @@ using namespace shoal::storage;
 using namespace shoal::storage::test;
 
 TEST_CASE("chunk file header round trips and rejects a flipped bit") {
-  chunk_header h{chunk_key{0x0123456789abcdefull, 0xfedcba9876543210ull, 7}, traffic_class::chat,
+  chunk_header h{chunk_key{{.lo = 0xfedcba9876543210ull, .hi = 0x0123456789abcdefull}, 7}, traffic_class::chat,
                  123456789, 4096, 0xdeadbeef};
   auto b = encode_header(h);
   const auto d = decode_header(b);
@@ -270,13 +270,13 @@ TEST_CASE("concurrent puts gets removes and gc keep the index consistent") {
         switch ((i + uint64_t(t)) % 4) {
           case 0:
           case 1: {
-            const auto r = s->put(k, payload_of(k, 0, 100 + k.lo), traffic_class::agent);
+            const auto r = s->put(k, payload_of(k, 0, 100 + k.block.lo), traffic_class::agent);
             if (!r && r.error().code != store_errc::full) ++bad;
             break;
           }
           case 2: {
             const auto g = s->get(k);  // any served bytes must be exactly what was put
-            if (g ? *g != payload_of(k, 0, 100 + k.lo) : g.error().code != store_errc::not_found)
+            if (g ? *g != payload_of(k, 0, 100 + k.block.lo) : g.error().code != store_errc::not_found)
               ++bad;
             break;
           }

@@ -430,3 +430,41 @@ TEST_CASE("garbage bytes never parse and never crash decode") {
   REQUIRE_FALSE(none.has_value());
   CHECK(none.error().message.find("missing [0,1,2,3,4,5,6,7,8,9,10,11]") != std::string::npos);
 }
+
+TEST_CASE("decode_into rebuilds straight into the caller's buffer, every single and double loss") {
+  const ec_codec c = make_codec(10, 2);
+  std::mt19937_64 rng(seed + 7);
+  for (const size_t size : {size_t{1}, size_t{9}, size_t{1000}, size_t{1001}, size_t{65'543}}) {
+    CAPTURE(size);
+    const auto block = random_block(size, rng);
+    const chunk_set chunks = encode_ok(c, block);
+    for (int a = 0; a < 12; ++a)
+      for (int b = a; b < 12; ++b) {
+        CAPTURE(a);
+        CAPTURE(b);
+        std::vector<uint8_t> dst(size, 0xa5);  // stale bytes must all be overwritten
+        auto done = c.decode_into(refs_without(chunks, (1ull << a) | (1ull << b)), dst);
+        REQUIRE_MESSAGE(done, (done ? "" : to_string(done.error())));
+        CHECK(dst == block);
+      }
+  }
+}
+
+TEST_CASE("decode_into refuses a buffer of another length and leaves it untouched") {
+  const ec_codec c = make_codec(10, 2);
+  std::mt19937_64 rng(seed + 8);
+  const auto block = random_block(4096, rng);
+  const chunk_set chunks = encode_ok(c, block);
+  for (size_t n : {size_t{0}, size_t{4095}, size_t{4097}}) {
+    std::vector<uint8_t> dst(n, 0x11);
+    auto done = c.decode_into(refs_without(chunks, 0b11), dst);
+    REQUIRE(!done);
+    CHECK(done.error().code == errc::bad_size);
+    CHECK(done.error().message.find("block of 4096 bytes, destination of " + std::to_string(n)) != std::string::npos);
+    CHECK(dst == std::vector<uint8_t>(n, 0x11));
+  }
+  std::vector<uint8_t> dst(4096);
+  auto lost = c.decode_into(refs_without(chunks, 0b111), dst);  // three lost: unrecoverable
+  REQUIRE(!lost);
+  CHECK(lost.error().code == errc::unrecoverable);
+}

@@ -14,7 +14,7 @@ using namespace shoal::storage::test;
 namespace {
 
 // Keys with a readable order: key(i) < key(j) iff i < j.
-chunk_key k(uint64_t i) { return chunk_key{0, i, 0}; }
+chunk_key k(uint64_t i) { return chunk_key{{.lo = i, .hi = 0}, 0}; }
 
 void put100(chunk_store& s, uint64_t i) {
   REQUIRE(s.put(k(i), payload_of(k(i), 0, 100), traffic_class::agent));

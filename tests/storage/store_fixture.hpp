@@ -41,13 +41,13 @@ struct fake_clock {
 
 inline chunk_key key_of(uint64_t i, uint8_t index = 0) {
   // Spread over shards: the top byte of hi varies with i.
-  return chunk_key{(i * 0x9E3779B97F4A7C15ull) ^ (i << 56), i, index};
+  return chunk_key{{.lo = i, .hi = (i * 0x9E3779B97F4A7C15ull) ^ (i << 56)}, index};
 }
 
 // Deterministic bytes for (key, version): splitmix64 stream.
 inline std::vector<std::byte> payload_of(const chunk_key& k, uint64_t version, size_t n) {
   std::vector<std::byte> out(n);
-  uint64_t x = k.hi ^ (k.lo * 31) ^ (uint64_t(k.index) << 8) ^ (version * 0x632BE59BD9B4E019ull);
+  uint64_t x = k.block.hi ^ (k.block.lo * 31) ^ (uint64_t(k.index) << 8) ^ (version * 0x632BE59BD9B4E019ull);
   for (size_t i = 0; i < n; ++i) {
     x += 0x9E3779B97F4A7C15ull;
     uint64_t z = x;

@@ -240,9 +240,7 @@ TEST_CASE("storage cluster: a prefix computed on one engine is read by others, s
     self->request(*agent, 10s, members_atom_v)
       .receive([&](actors::membership& m) { (*client)->set_nodes(actors::kv_client::nodes_of(m)); }, [&](caf::error&) {});
   }
-  auto keys = runtime::chain_keys(runtime::encode_prompt(*c.model->tokenizer, prompt), static_cast<int>(bs));
-  std::vector<actors::block_key> chain;
-  for (const auto& k : keys) chain.push_back({k.hi, k.lo});
+  auto chain = runtime::chain_keys(runtime::encode_prompt(*c.model->tokenizer, prompt), static_cast<int>(bs));
   CHECK((*client)->lookup(chain) == static_cast<size_t>(full_blocks));  // the prompt's full blocks
   auto block = (*client)->get(chain[0]);
   CHECK_MESSAGE(block, (block ? "" : block.error()));
@@ -250,7 +248,7 @@ TEST_CASE("storage cluster: a prefix computed on one engine is read by others, s
   // 5. kill -9 of a storage node in the middle of a write load, then a restart: every block
   //    whose put was acknowledged reads back bit-exact, and every chunk the restarted node
   //    returns is whole and exactly the chunk that was sent (encoding is deterministic).
-  std::vector<actors::block_key> written;
+  std::vector<runtime::block_key> written;
   std::vector<std::vector<uint8_t>> payloads;
   std::vector<bool> acked;
   {
@@ -262,7 +260,7 @@ TEST_CASE("storage cluster: a prefix computed on one engine is read by others, s
           written.push_back({0x5eed0000 + i, 0xc0ffee});
           payloads.push_back(test::random_bytes(30'000 + 17 * i, static_cast<uint32_t>(i)));
         }
-        for (uint64_t i = b; i < b + 4; ++i) items.push_back({written[i], payloads[i], 1});
+        for (uint64_t i = b; i < b + 4; ++i) items.push_back({written[i], payloads[i], runtime::traffic_class::chat});
         for (const auto& r : (*client)->put_many(items)) acked.push_back(r.has_value());
       }
     });
@@ -310,8 +308,7 @@ TEST_CASE("storage cluster: a prefix computed on one engine is read by others, s
   actors::chunk_query q;
   for (const auto& k : written)
     for (int32_t idx = 0; idx < storage_nodes; ++idx) {
-      q.keys.push_back(k.hi);
-      q.keys.push_back(k.lo);
+      q.keys.push_back(k);
       q.indices.push_back(idx);
     }
   std::vector<uint8_t> held;
@@ -324,7 +321,7 @@ TEST_CASE("storage cluster: a prefix computed on one engine is read by others, s
       if (!held[i * storage_nodes + static_cast<size_t>(idx)]) continue;
       auto chunks = codec->encode(payloads[i]);
       REQUIRE(chunks);
-      self->request(node05, 10s, get_atom_v, written[i].hi, written[i].lo, idx)
+      self->request(node05, 10s, get_atom_v, written[i], idx)
         .receive(
           [&](std::vector<uint8_t>& bytes) {
             ++returned;

@@ -234,12 +234,12 @@ store_result measure_store(const storage_args& a, const std::string& parent_dir)
     auto bytes = std::span<const std::byte>(reinterpret_cast<const std::byte*>(chunk.data()), chunk.size());
     double t0 = now_s();
     for (int i = 0; i < chunks; ++i)
-      if (auto p = (*store)->put({0x5107eull, static_cast<uint64_t>(i), 0}, bytes, storage::traffic_class::chat); !p)
+      if (auto p = (*store)->put({{.lo = static_cast<uint64_t>(i), .hi = 0x5107eull}, 0}, bytes, storage::traffic_class::chat); !p)
         throw std::runtime_error("chunk store put: " + storage::to_string(p.error()));
     r.put_gbps = static_cast<double>(block) * a.blocks / (now_s() - t0) / 1e9;
     t0 = now_s();
     for (int i = 0; i < a.blocks * 11; ++i)  // a get reads k + 1 chunks
-      if (auto g = (*store)->get({0x5107eull, static_cast<uint64_t>(i), 0}); !g)
+      if (auto g = (*store)->get({{.lo = static_cast<uint64_t>(i), .hi = 0x5107eull}, 0}); !g)
         throw std::runtime_error("chunk store get: " + storage::to_string(g.error()));
     r.get_gbps = static_cast<double>(block) * a.blocks / (now_s() - t0) / 1e9;
   }
@@ -248,7 +248,9 @@ store_result measure_store(const storage_args& a, const std::string& parent_dir)
   return r;
 }
 
-actors::block_key key_of(int b) { return {0x5107a6e000000000ull + static_cast<uint64_t>(b), 0xb10c000000000000ull ^ static_cast<uint64_t>(b)}; }
+runtime::block_key key_of(int b) {
+  return {.lo = 0xb10c000000000000ull ^ static_cast<uint64_t>(b), .hi = 0x5107a6e000000000ull + static_cast<uint64_t>(b)};
+}
 
 int run_storage_bench(const storage_args& a) {
   json base = machine_facts();  // popen: before any thread of ours exists
@@ -297,8 +299,8 @@ int run_storage_bench(const storage_args& a) {
   for (int b = 0; b < a.blocks; ++b) blocks.push_back(random_block(bytes, 7 + b));
   // Warm-up: the connections to every node and the stores' first files (keys apart).
   for (int b = 0; b < 4; ++b) {
-    actors::block_key k = key_of(1'000'000 + b);
-    if (auto r = client->put(k, blocks[b % blocks.size()], 0); !r) throw std::runtime_error("warm-up put: " + r.error());
+    runtime::block_key k = key_of(1'000'000 + b);
+    if (auto r = client->put(k, blocks[b % blocks.size()], runtime::traffic_class::agent); !r) throw std::runtime_error("warm-up put: " + r.error());
     if (auto r = client->get(k); !r) throw std::runtime_error("warm-up get: " + r.error());
   }
   // Blocks go in batches of `inflight` (put_many / get_many: every block of a batch in flight).
@@ -306,7 +308,7 @@ int run_storage_bench(const storage_args& a) {
   double t0 = now_s();
   for (int b0 = 0; b0 < a.blocks; b0 += a.inflight) {
     std::vector<actors::kv_client::put_item> items;
-    for (int b = b0; b < std::min(a.blocks, b0 + a.inflight); ++b) items.push_back({key_of(b), blocks[b], 0});
+    for (int b = b0; b < std::min(a.blocks, b0 + a.inflight); ++b) items.push_back({key_of(b), blocks[b], runtime::traffic_class::agent});
     auto rs = client->put_many(items);
     for (size_t i = 0; i < rs.size(); ++i)
       if (!rs[i] && put_failed++ == 0) fmt::print(stderr, "put {}: {}\n", b0 + static_cast<int>(i), rs[i].error());
@@ -314,7 +316,7 @@ int run_storage_bench(const storage_args& a) {
   double put_s = now_s() - t0;
   t0 = now_s();
   for (int b0 = 0; b0 < a.blocks; b0 += a.inflight) {
-    std::vector<actors::block_key> keys;
+    std::vector<runtime::block_key> keys;
     for (int b = b0; b < std::min(a.blocks, b0 + a.inflight); ++b) keys.push_back(key_of(b));
     auto rs = client->get_many(keys);
     for (size_t i = 0; i < rs.size(); ++i) {

@@ -295,7 +295,7 @@ bool shell::cmd_corrupt(const std::string& args) {
     return fail("usage: corrupt <node>/storage<i> <hi>:<lo>:<index> (key words in hex)");
   auto node = storage_node(name);
   if (!node) return false;
-  auto found = ask<bool>(*node, corrupt_atom_v, static_cast<uint64_t>(hi), static_cast<uint64_t>(lo), int32_t{index});
+  auto found = ask<bool>(*node, corrupt_atom_v, runtime::block_key{.lo = lo, .hi = hi}, int32_t{index});
   if (!found) return false;
   if (!*found) return fail("no chunk " + chunk + " on " + name);
   fmt::print("corrupted {} on {}\n", chunk, name);

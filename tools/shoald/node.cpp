@@ -266,7 +266,7 @@ int run_node(const runtime::node_config& cfg, logger& log) {
     for (int32_t r = 0; r < cfg.ranks; ++r) {
       std::shared_ptr<actors::caf_ep_transport> ep;
       if (cfg.expert_parallel) ep = std::make_shared<actors::caf_ep_transport>(ep_timeout);
-      parts.engines.push_back(actors::spawn_engine(sys, weights, ecfg, /*detached=*/true, ep));
+      parts.engines.push_back(actors::spawn_engine(sys, weights, ecfg, /*detached=*/true, ep, tok));
       caf::actor rank;
       if (ep) {
         parts.ranks.push_back(actors::spawn_rank(sys, ep, parts.engines.back()));
