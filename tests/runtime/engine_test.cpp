@@ -223,3 +223,35 @@ TEST_CASE("bad requests get errors naming the problem, and leave nothing queued"
   check_err(test::random_tokens(200, 1), greedy(100), "blocks");
   CHECK_FALSE(e.has_work());
 }
+
+TEST_CASE("stop strings end a request in the engine at the first match, text cut before it") {
+  auto w = test::tiny_model("tiny");
+  auto tok = model::tokenizer::parse(model::byte_level_tokenizer_json({"<eos>"}), "generated");
+  REQUIRE(tok);
+  auto shared_tok = std::make_shared<const model::tokenizer>(std::move(*tok));
+  auto prompt = test::random_tokens(20, 5);
+  sampling_params p;
+  p.max_tokens = 32;
+  p.ignore_eos = true;
+  engine plain(w, test::exact_engine_config(64), shared_tok);
+  REQUIRE(plain.add_request(prompt, p));
+  const auto free_run = plain.run_to_completion().at(0);
+  REQUIRE(free_run.text.size() >= 8);
+  const std::string stop = free_run.text.substr(free_run.text.size() / 2, 2);
+  const size_t at = free_run.text.find(stop);
+
+  engine stopping(w, test::exact_engine_config(64), shared_tok);
+  p.stop_strings = {stop, "\x01never\x02"};
+  REQUIRE(stopping.add_request(prompt, p));
+  const auto got = stopping.run_to_completion().at(0);
+  CHECK(got.reason == runtime::finish_reason::stop);
+  CHECK(got.text == free_run.text.substr(0, at));
+  CHECK(got.output.size() < free_run.output.size());
+  CHECK(std::equal(got.output.begin(), got.output.end(), free_run.output.begin()));
+
+  // Without a tokenizer the engine cannot see text: refused, naming why.
+  engine blind(w, test::exact_engine_config(64));
+  auto refused = blind.add_request(prompt, p);
+  REQUIRE(!refused);
+  CHECK(refused.error().find("stop strings need a tokenizer") != std::string::npos);
+}

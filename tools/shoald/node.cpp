@@ -259,6 +259,7 @@ int run_node(const runtime::node_config& cfg, logger& log) {
       parts.kv = std::make_shared<actors::kv_block_store>(std::move(*client));
       parts.kv_watcher = actors::spawn_storage_watcher(sys, parts.kv);
       ecfg.cache.remote = parts.kv;
+      ecfg.cache.remote_timeout_s = std::chrono::duration<double>(kc.timeout).count();  // then recompute
     }
     // A silent peer fails an expert-parallel exchange after this long at the latest (a dead
     // one sooner: the membership change interrupts it).
