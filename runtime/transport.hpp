@@ -1,0 +1,75 @@
+// Bulk bytes between processes (KV blocks and SWA slots of a prefill → decode handoff, SWA
+// slot fetches): the owner registers memory and describes ranges of it (remote_memory: plain
+// data that travels inside a CAF control message), the reader reads a range into a buffer of
+// its own. Reads are one-sided (the owner's CPU does not copy), asynchronous (a transfer is
+// polled, never awaited on a step loop) and checked: every range carries the crc32c of its
+// bytes, verified on arrival, so a late or torn read is an error, never data. No libfabric
+// type appears here; transport/ holds the backends.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <expected>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace shoal::runtime {
+
+// A range of registered memory in another process.
+struct remote_memory {
+  std::vector<uint8_t> owner;  // the owner's transport address (backend-specific bytes)
+  uint64_t addr = 0;           // where the range starts, in the owner's addressing
+  uint64_t key = 0;            // the registration's remote key
+  uint64_t length = 0;         // bytes
+  uint32_t crc32c = 0;         // of the bytes when described
+  bool operator==(const remote_memory&) const = default;
+};
+
+// One read in flight: filled by the backend's progress thread, polled by the reader.
+class transfer {
+ public:
+  bool done() const { return done_.load(std::memory_order_acquire); }
+  void wait() const { done_.wait(false, std::memory_order_acquire); }
+  bool ok() const { return done() && error_.empty(); }
+  const std::string& error() const { return error_; }  // valid once done()
+  void complete(std::string error = {}) {               // the backend, exactly once
+    error_ = std::move(error);
+    done_.store(true, std::memory_order_release);
+    done_.notify_all();
+  }
+
+ private:
+  std::atomic<bool> done_{false};
+  std::string error_;
+};
+
+// A registration: memory the owner keeps alive (and unchanged while described ranges may be
+// read) until this object is destroyed.
+class registered_memory {
+ public:
+  virtual ~registered_memory() = default;
+  // The range [offset, offset + length) of the registration, with the crc32c of its bytes now.
+  virtual remote_memory describe(uint64_t offset, uint64_t length) const = 0;
+};
+
+class transport {
+ public:
+  virtual ~transport() = default;
+  // "libfabric shm", "libfabric tcp;ofi_rxm", ...
+  virtual std::string name() const = 0;
+  // What a remote_memory's `owner` is for memory registered here.
+  virtual std::vector<uint8_t> address() const = 0;
+  virtual std::expected<std::unique_ptr<registered_memory>, std::string> register_memory(
+      std::span<const std::byte> bytes) = 0;
+  // Starts reading `src` into `dst` (dst.size() must equal src.length); the transfer fails
+  // with a message naming the problem on a bad address or key, an unreachable owner, a
+  // checksum mismatch, or when `timeout` passes first. `dst` must stay valid until done().
+  virtual std::shared_ptr<transfer> read(const remote_memory& src, std::span<std::byte> dst,
+                                         std::chrono::milliseconds timeout) = 0;
+};
+
+}  // namespace shoal::runtime

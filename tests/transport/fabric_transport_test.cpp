@@ -1,0 +1,174 @@
+// fabric_transport over the providers this machine has (shm, tcp;ofi_rxm on loopback): reads
+// of registered memory are bit-exact, whole and in pieces, between two endpoints of one
+// process and between two processes; changed bytes fail the checksum; an unusable provider,
+// a foreign address, a wrong-sized destination and a gone owner are clear errors, never a hang.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <cstring>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "transport/fabric_transport.hpp"
+
+using namespace shoal;
+using transport::fabric_config;
+using transport::fabric_transport;
+
+namespace {
+
+const fabric_config providers[] = {{"shm", ""}, {"tcp;ofi_rxm", "127.0.0.1"}};
+
+std::vector<std::byte> random_bytes(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<std::byte> b(n);
+  for (auto& x : b) x = static_cast<std::byte>(rng());
+  return b;
+}
+
+std::unique_ptr<fabric_transport> make(const fabric_config& c) {
+  auto t = fabric_transport::create(c);
+  REQUIRE_MESSAGE(t, (t ? "" : t.error()));
+  return std::move(*t);
+}
+
+// Waits (bounded) for a transfer; false if it did not end within `limit`.
+bool settle(const runtime::transfer& t, std::chrono::seconds limit = std::chrono::seconds(10)) {
+  const auto end = std::chrono::steady_clock::now() + limit;
+  while (!t.done() && std::chrono::steady_clock::now() < end) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  return t.done();
+}
+
+}  // namespace
+
+TEST_CASE("fabric transport: reads are bit-exact whole and in pieces, changed bytes fail the checksum") {
+  for (const auto& cfg : providers) {
+    CAPTURE(cfg.provider);
+    auto owner = make(cfg);
+    auto reader = make(cfg);
+    CHECK(owner->name() == "libfabric " + cfg.provider);
+    auto bytes = random_bytes((4 << 20) + 123, 7);
+    auto reg = owner->register_memory(bytes);
+    REQUIRE_MESSAGE(reg, (reg ? "" : reg.error()));
+    for (auto [off, len] : {std::pair<uint64_t, uint64_t>{0, bytes.size()}, {4096, 1 << 20}, {bytes.size() - 5, 5}}) {
+      CAPTURE(off);
+      auto desc = (*reg)->describe(off, len);
+      CHECK(desc.length == len);
+      CHECK(desc.owner == owner->address());
+      std::vector<std::byte> dst(len);
+      auto t = reader->read(desc, dst, std::chrono::seconds(5));
+      REQUIRE(settle(*t));
+      CHECK_MESSAGE(t->ok(), t->error());
+      CHECK(std::memcmp(dst.data(), bytes.data() + off, len) == 0);
+    }
+    // Several reads in flight at once.
+    std::vector<std::vector<std::byte>> dsts(8, std::vector<std::byte>(256 << 10));
+    std::vector<std::shared_ptr<runtime::transfer>> ts;
+    for (size_t i = 0; i < dsts.size(); ++i)
+      ts.push_back(reader->read((*reg)->describe(i * (256 << 10), 256 << 10), dsts[i], std::chrono::seconds(5)));
+    for (size_t i = 0; i < dsts.size(); ++i) {
+      REQUIRE(settle(*ts[i]));
+      CHECK_MESSAGE(ts[i]->ok(), ts[i]->error());
+      CHECK(std::memcmp(dsts[i].data(), bytes.data() + i * (256 << 10), 256 << 10) == 0);
+    }
+    // The owner changed the bytes after describing them: the read is refused, not trusted.
+    auto desc = (*reg)->describe(0, 1000);
+    bytes[10] ^= std::byte{1};
+    std::vector<std::byte> dst(1000);
+    auto t = reader->read(desc, dst, std::chrono::seconds(5));
+    REQUIRE(settle(*t));
+    CHECK(!t->ok());
+    CHECK(t->error().find("checksum mismatch") != std::string::npos);
+  }
+}
+
+TEST_CASE("fabric transport: bad provider, foreign address, wrong size and a gone owner are clear errors") {
+  auto none = fabric_transport::create({"no-such-provider", ""});
+  REQUIRE(!none);
+  CHECK(none.error().find("libfabric provider 'no-such-provider'") != std::string::npos);
+  CHECK(none.error().find("fi_getinfo") != std::string::npos);
+
+  for (const auto& cfg : providers) {
+    CAPTURE(cfg.provider);
+    auto reader = make(cfg);
+    auto bytes = random_bytes(64 << 10, 9);
+    std::vector<std::byte> dst(bytes.size());
+    runtime::remote_memory foreign{{1, 2, 3}, 0, 1, bytes.size(), 0};
+    auto t = reader->read(foreign, dst, std::chrono::seconds(2));
+    REQUIRE(t->done());
+    CHECK(t->error().find("owner address is 3 bytes") != std::string::npos);
+
+    auto owner = make(cfg);
+    auto reg = owner->register_memory(bytes);
+    REQUIRE(reg);
+    std::vector<std::byte> small(10);
+    auto w = reader->read((*reg)->describe(0, bytes.size()), small, std::chrono::seconds(2));
+    REQUIRE(w->done());
+    CHECK(w->error().find("destination is 10 bytes") != std::string::npos);
+    CHECK(!owner->register_memory({}));
+
+    // The owner goes away: the read ends with an error within its timeout, never hangs.
+    auto desc = (*reg)->describe(0, bytes.size());
+    reg->reset();
+    owner.reset();
+    auto gone = reader->read(desc, dst, std::chrono::milliseconds(500));
+    REQUIRE(settle(*gone));
+    CHECK(!gone->ok());
+    MESSAGE(cfg.provider << " read of a gone owner: " << gone->error());
+  }
+}
+
+TEST_CASE("fabric transport: a read from another process's registered memory is bit-exact") {
+  for (const auto& cfg : providers) {
+    CAPTURE(cfg.provider);
+    int to_parent[2], to_child[2];
+    REQUIRE(::pipe(to_parent) == 0);
+    REQUIRE(::pipe(to_child) == 0);
+    const size_t n = (2 << 20) + 77;
+    pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {  // the owner: registers, sends its descriptor, waits for the word to go
+      auto t = fabric_transport::create(cfg);
+      if (!t) ::_exit(2);
+      auto bytes = random_bytes(n, 11);
+      auto reg = (*t)->register_memory(bytes);
+      if (!reg) ::_exit(3);
+      auto d = (*reg)->describe(0, n);
+      uint64_t head[5] = {d.owner.size(), d.addr, d.key, d.length, d.crc32c};
+      if (::write(to_parent[1], head, sizeof head) != sizeof head) ::_exit(4);
+      if (::write(to_parent[1], d.owner.data(), d.owner.size()) != static_cast<ssize_t>(d.owner.size())) ::_exit(4);
+      char go;
+      [[maybe_unused]] auto r = ::read(to_child[0], &go, 1);  // the parent has read
+      reg->reset();
+      t->reset();  // closes the endpoint (and removes its shm region) before _exit
+      ::_exit(0);
+    }
+    uint64_t head[5];
+    REQUIRE(::read(to_parent[0], head, sizeof head) == sizeof head);
+    runtime::remote_memory d;
+    d.owner.resize(head[0]);
+    REQUIRE(::read(to_parent[0], d.owner.data(), d.owner.size()) == static_cast<ssize_t>(d.owner.size()));
+    d.addr = head[1];
+    d.key = head[2];
+    d.length = head[3];
+    d.crc32c = static_cast<uint32_t>(head[4]);
+    auto reader = make(cfg);
+    std::vector<std::byte> dst(n);
+    auto t = reader->read(d, dst, std::chrono::seconds(5));
+    bool settled = settle(*t);
+    char go = 1;
+    CHECK(::write(to_child[1], &go, 1) == 1);
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+    REQUIRE(settled);
+    CHECK_MESSAGE(t->ok(), t->error());
+    CHECK(dst == random_bytes(n, 11));
+    for (int fd : {to_parent[0], to_parent[1], to_child[0], to_child[1]}) ::close(fd);
+  }
+}

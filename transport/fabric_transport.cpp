@@ -1,0 +1,378 @@
+// libfabric RDM + RMA backend of runtime::transport (fabric_transport.hpp): bring-up
+// (fi_getinfo → fabric → domain → av, cq → endpoint), registrations, reads split at the
+// provider's message size, and the progress thread that drains the completion queue, checks
+// deadlines and verifies each finished read's crc32c.
+#include "transport/fabric_transport.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <list>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include <unistd.h>
+
+#include <rdma/fabric.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_errno.h>
+#include <rdma/fi_rma.h>
+
+#include "storage/crc32c.hpp"
+
+namespace shoal::transport {
+
+namespace {
+
+std::string fi_error(const char* what, int rc) { return std::string(what) + ": " + fi_strerror(-rc); }
+
+// Closes a libfabric object (null-safe).
+template <class T>
+void close_fid(T*& obj) {
+  if (obj) fi_close(&obj->fid);
+  obj = nullptr;
+}
+
+}  // namespace
+
+// One read: its pieces (fi_read calls) share it; done when every piece has come back.
+struct read_op {
+  std::shared_ptr<runtime::transfer> result;
+  std::span<std::byte> dst;
+  uint32_t crc = 0;
+  fid_mr* local_mr = nullptr;  // FI_MR_LOCAL: dst registered for the read
+  size_t pieces_out = 0;
+  bool posting = true;         // pieces still being posted
+  std::string error;
+  std::chrono::steady_clock::time_point deadline;
+  bool cancelled = false;
+};
+
+struct piece {
+  fi_context2 ctx;  // first: the completion's op_context points here
+  read_op* op;
+};
+
+struct fabric_transport::state {
+  fabric_config cfg;
+  fi_info* info = nullptr;
+  fid_fabric* fabric = nullptr;
+  fid_domain* domain = nullptr;
+  fid_av* av = nullptr;
+  fid_cq* cq = nullptr;
+  fid_ep* ep = nullptr;
+  std::vector<uint8_t> addr;
+  uint64_t mr_mode = 0;
+  size_t max_msg = 0;
+
+  std::mutex mu;  // guards everything below
+  std::map<std::vector<uint8_t>, fi_addr_t> peers;
+  std::list<read_op> ops;
+  std::list<piece> pieces;
+  uint64_t next_key = 1;
+  bool stopping = false;
+  std::thread progress;
+
+  ~state() {
+    close_fid(ep);
+    close_fid(av);
+    close_fid(cq);
+    close_fid(domain);
+    close_fid(fabric);
+    if (info) fi_freeinfo(info);
+  }
+
+  bool needs(uint64_t mode) const { return (mr_mode & mode) != 0; }
+
+  std::expected<fid_mr*, std::string> reg(const void* p, size_t n, uint64_t access) {
+    fid_mr* mr = nullptr;
+    uint64_t key = 0;
+    {
+      std::lock_guard lock(mu);
+      key = next_key++;
+    }
+    if (int rc = fi_mr_reg(domain, p, n, access, 0, key, 0, &mr, nullptr); rc)
+      return std::unexpected(fi_error("fi_mr_reg", rc));
+    if (needs(FI_MR_ENDPOINT)) {
+      int rc = fi_mr_bind(mr, &ep->fid, 0);
+      if (!rc) rc = fi_mr_enable(mr);
+      if (rc) {
+        fi_close(&mr->fid);
+        return std::unexpected(fi_error("fi_mr_bind/enable", rc));
+      }
+    }
+    return mr;
+  }
+
+  std::expected<fi_addr_t, std::string> peer(const std::vector<uint8_t>& a) {
+    std::lock_guard lock(mu);
+    if (auto it = peers.find(a); it != peers.end()) return it->second;
+    if (a.size() != addr.size())
+      return std::unexpected("owner address is " + std::to_string(a.size()) + " bytes; " + cfg.provider +
+                             " addresses are " + std::to_string(addr.size()));
+    if (auto gone = shm_peer_gone(a)) return std::unexpected(*gone);
+    fi_addr_t fa = FI_ADDR_UNSPEC;
+    if (int n = fi_av_insert(av, a.data(), 1, &fa, 0, nullptr); n != 1)
+      return std::unexpected("owner address not accepted by " + cfg.provider + " (fi_av_insert returned " +
+                             std::to_string(n) + ")");
+    peers.emplace(a, fa);
+    return fa;
+  }
+
+  // libfabric 1.17's shm provider maps a peer's region at fi_av_insert and crashes when the
+  // region is gone (its owner closed or exited), so shm addresses ("fi_shm://<region>") are
+  // checked against /dev/shm first. A peer that goes away between this check and the insert
+  // still hits the provider's bug; reads of a peer already inserted fail cleanly.
+  std::optional<std::string> shm_peer_gone(const std::vector<uint8_t>& a) const {
+    if (cfg.provider != "shm") return std::nullopt;
+    std::string name(a.begin(), std::find(a.begin(), a.end(), uint8_t{0}));
+    const std::string scheme = "fi_shm://";
+    if (name.rfind(scheme, 0) != 0 || name.size() == scheme.size() || name.find('/', scheme.size()) != std::string::npos)
+      return "owner address '" + name + "' is not a shm address";
+    if (::access(("/dev/shm/" + name.substr(scheme.size())).c_str(), F_OK) != 0)
+      return "owner " + name + " is gone (its shm region no longer exists)";
+    return std::nullopt;
+  }
+
+  // Under mu: a piece came back (err: why it failed, "" when it succeeded).
+  void piece_done(piece* p, const std::string& err) {
+    read_op* op = p->op;
+    if (!err.empty() && op->error.empty()) op->error = err;
+    --op->pieces_out;
+    pieces.remove_if([&](const piece& x) { return &x == p; });
+    finish_if_done(op);
+  }
+
+  void finish_if_done(read_op* op) {
+    if (op->posting || op->pieces_out > 0) return;
+    if (op->local_mr) fi_close(&op->local_mr->fid);
+    std::string err = op->error;
+    if (err.empty() && op->cancelled) err = "read timed out";
+    if (err.empty()) {
+      const uint32_t got = storage::crc32c(op->dst.data(), op->dst.size());
+      if (got != op->crc)
+        err = "checksum mismatch: crc32c of the bytes read " + std::to_string(got) + " != described " +
+              std::to_string(op->crc) + " (the owner's memory changed or was released)";
+    }
+    auto result = op->result;
+    ops.remove_if([&](const read_op& x) { return &x == op; });
+    result->complete(std::move(err));
+  }
+
+  void drain_cq() {
+    fi_cq_entry entries[16];
+    for (;;) {
+      ssize_t n = fi_cq_read(cq, entries, 16);
+      if (n == -FI_EAGAIN) return;
+      std::lock_guard lock(mu);
+      if (n == -FI_EAVAIL) {
+        fi_cq_err_entry e{};
+        if (fi_cq_readerr(cq, &e, 0) < 0) return;
+        char buf[256] = {};
+        const char* detail = fi_cq_strerror(cq, e.prov_errno, e.err_data, buf, sizeof buf);
+        auto* p = static_cast<piece*>(e.op_context);
+        if (p) piece_done(p, std::string("fi_read failed: ") + fi_strerror(e.err) + (detail ? std::string(" (") + detail + ")" : ""));
+        continue;
+      }
+      if (n < 0) return;
+      for (ssize_t i = 0; i < n; ++i) piece_done(static_cast<piece*>(entries[i].op_context), "");
+    }
+  }
+
+  void check_deadlines() {
+    std::lock_guard lock(mu);
+    const auto now = std::chrono::steady_clock::now();
+    for (auto& op : ops)
+      if (!op.cancelled && now >= op.deadline) {
+        op.cancelled = true;
+        op.error = op.error.empty() ? "read timed out (owner gone or not progressing)" : op.error;
+        for (auto& p : pieces)
+          if (p.op == &op) fi_cancel(&ep->fid, &p.ctx);  // comes back as a canceled completion, if at all
+      }
+  }
+
+  void run() {
+    for (;;) {
+      {
+        std::lock_guard lock(mu);
+        if (stopping) return;
+      }
+      drain_cq();
+      check_deadlines();
+      bool idle;
+      {
+        std::lock_guard lock(mu);
+        idle = ops.empty();
+      }
+      // Busy while reads are out (their latency is the point); a short sleep otherwise, while
+      // still progressing reads of this endpoint's own memory by peers.
+      if (idle) std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  }
+};
+
+namespace {
+
+class fabric_registration final : public runtime::registered_memory {
+ public:
+  fabric_registration(std::shared_ptr<fabric_transport::state> s, fid_mr* mr, std::span<const std::byte> bytes)
+      : s_(std::move(s)), mr_(mr), bytes_(bytes) {}
+  ~fabric_registration() override { fi_close(&mr_->fid); }
+
+  runtime::remote_memory describe(uint64_t offset, uint64_t length) const override {
+    runtime::remote_memory m;
+    m.owner = s_->addr;
+    const uint64_t off = std::min<uint64_t>(offset, bytes_.size());
+    m.length = std::min<uint64_t>(length, bytes_.size() - off);
+    m.addr = (s_->needs(FI_MR_VIRT_ADDR) ? reinterpret_cast<uint64_t>(bytes_.data()) : 0) + off;
+    m.key = fi_mr_key(mr_);
+    m.crc32c = storage::crc32c(bytes_.data() + off, m.length);
+    return m;
+  }
+
+ private:
+  std::shared_ptr<fabric_transport::state> s_;
+  fid_mr* mr_;
+  std::span<const std::byte> bytes_;
+};
+
+}  // namespace
+
+std::expected<std::unique_ptr<fabric_transport>, std::string> fabric_transport::create(const fabric_config& cfg) {
+  auto s = std::make_shared<state>();
+  s->cfg = cfg;
+  const std::string where = "libfabric provider '" + cfg.provider + "'";
+  fi_info* hints = fi_allocinfo();
+  hints->ep_attr->type = FI_EP_RDM;
+  hints->caps = FI_RMA | FI_READ | FI_REMOTE_READ;
+  hints->mode = FI_CONTEXT | FI_CONTEXT2;
+  hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
+  hints->domain_attr->threading = FI_THREAD_SAFE;
+  hints->fabric_attr->prov_name = strdup(cfg.provider.c_str());
+  int rc = fi_getinfo(FI_VERSION(1, 17), cfg.node.empty() ? nullptr : cfg.node.c_str(), nullptr,
+                      cfg.node.empty() ? 0 : FI_SOURCE, hints, &s->info);
+  fi_freeinfo(hints);
+  if (rc || !s->info)
+    return std::unexpected(where + " (node '" + cfg.node + "'): no RDM endpoint with one-sided reads: " +
+                           fi_error("fi_getinfo", rc) + " (fi_info -l lists the providers here)");
+  s->mr_mode = s->info->domain_attr->mr_mode;
+  s->max_msg = std::max<size_t>(1, s->info->ep_attr->max_msg_size);
+  if ((rc = fi_fabric(s->info->fabric_attr, &s->fabric, nullptr))) return std::unexpected(where + ": " + fi_error("fi_fabric", rc));
+  if ((rc = fi_domain(s->fabric, s->info, &s->domain, nullptr))) return std::unexpected(where + ": " + fi_error("fi_domain", rc));
+  fi_av_attr av{};
+  av.type = FI_AV_TABLE;
+  if ((rc = fi_av_open(s->domain, &av, &s->av, nullptr))) return std::unexpected(where + ": " + fi_error("fi_av_open", rc));
+  fi_cq_attr cq{};
+  cq.format = FI_CQ_FORMAT_CONTEXT;
+  cq.size = 1024;
+  cq.wait_obj = FI_WAIT_NONE;
+  if ((rc = fi_cq_open(s->domain, &cq, &s->cq, nullptr))) return std::unexpected(where + ": " + fi_error("fi_cq_open", rc));
+  if ((rc = fi_endpoint(s->domain, s->info, &s->ep, nullptr))) return std::unexpected(where + ": " + fi_error("fi_endpoint", rc));
+  if ((rc = fi_ep_bind(s->ep, &s->av->fid, 0))) return std::unexpected(where + ": " + fi_error("fi_ep_bind(av)", rc));
+  if ((rc = fi_ep_bind(s->ep, &s->cq->fid, FI_TRANSMIT | FI_RECV)))
+    return std::unexpected(where + ": " + fi_error("fi_ep_bind(cq)", rc));
+  if ((rc = fi_enable(s->ep))) return std::unexpected(where + ": " + fi_error("fi_enable", rc));
+  size_t len = 0;
+  fi_getname(&s->ep->fid, nullptr, &len);
+  s->addr.resize(len);
+  if ((rc = fi_getname(&s->ep->fid, s->addr.data(), &len)))
+    return std::unexpected(where + ": " + fi_error("fi_getname", rc));
+  s->addr.resize(len);
+  s->progress = std::thread([raw = s.get()] { raw->run(); });
+  return std::unique_ptr<fabric_transport>(new fabric_transport(std::move(s)));
+}
+
+fabric_transport::fabric_transport(std::shared_ptr<state> s) : s_(std::move(s)) {}
+
+fabric_transport::~fabric_transport() {
+  {
+    std::lock_guard lock(s_->mu);
+    s_->stopping = true;
+  }
+  s_->progress.join();
+  close_fid(s_->ep);  // what is still in flight ends here
+  std::lock_guard lock(s_->mu);
+  for (auto& op : s_->ops) {
+    if (op.local_mr) fi_close(&op.local_mr->fid);
+    op.result->complete("transport closed");
+  }
+  s_->ops.clear();
+  s_->pieces.clear();
+}
+
+std::string fabric_transport::name() const { return "libfabric " + s_->cfg.provider; }
+
+std::vector<uint8_t> fabric_transport::address() const { return s_->addr; }
+
+std::expected<std::unique_ptr<runtime::registered_memory>, std::string> fabric_transport::register_memory(
+    std::span<const std::byte> bytes) {
+  if (bytes.empty()) return std::unexpected("cannot register an empty range");
+  auto mr = s_->reg(bytes.data(), bytes.size(), FI_REMOTE_READ);
+  if (!mr) return std::unexpected(name() + ": " + mr.error());
+  return std::make_unique<fabric_registration>(s_, *mr, bytes);
+}
+
+std::shared_ptr<runtime::transfer> fabric_transport::read(const runtime::remote_memory& src, std::span<std::byte> dst,
+                                                          std::chrono::milliseconds timeout) {
+  auto result = std::make_shared<runtime::transfer>();
+  if (dst.size() != src.length) {
+    result->complete("destination is " + std::to_string(dst.size()) + " bytes, the range " +
+                     std::to_string(src.length));
+    return result;
+  }
+  auto fa = s_->peer(src.owner);
+  if (!fa) {
+    result->complete(name() + ": " + fa.error());
+    return result;
+  }
+  fid_mr* local = nullptr;
+  if (s_->needs(FI_MR_LOCAL) && !dst.empty()) {
+    auto mr = s_->reg(dst.data(), dst.size(), FI_READ);
+    if (!mr) {
+      result->complete(name() + ": registering the destination: " + mr.error());
+      return result;
+    }
+    local = *mr;
+  }
+  read_op* op;
+  {
+    std::lock_guard lock(s_->mu);
+    op = &s_->ops.emplace_back();
+    op->result = result;
+    op->dst = dst;
+    op->crc = src.crc32c;
+    op->local_mr = local;
+    op->deadline = std::chrono::steady_clock::now() + timeout;
+  }
+  void* desc = local ? fi_mr_desc(local) : nullptr;
+  for (size_t off = 0; off < dst.size();) {
+    const size_t n = std::min(s_->max_msg, dst.size() - off);
+    piece* p;
+    {
+      std::lock_guard lock(s_->mu);
+      p = &s_->pieces.emplace_back();
+      p->op = op;
+      ++op->pieces_out;
+    }
+    ssize_t rc;
+    while ((rc = fi_read(s_->ep, dst.data() + off, n, desc, *fa, src.addr + off, src.key, &p->ctx)) == -FI_EAGAIN) {
+      if (std::chrono::steady_clock::now() >= op->deadline) break;
+      std::this_thread::yield();  // the progress thread frees queue room
+    }
+    if (rc) {
+      std::lock_guard lock(s_->mu);
+      s_->piece_done(p, rc == -FI_EAGAIN ? "read timed out: the provider did not take it before the deadline (owner gone or not progressing)" : fi_error("fi_read", static_cast<int>(rc)));
+      break;
+    }
+    off += n;
+  }
+  std::lock_guard lock(s_->mu);
+  op->posting = false;
+  s_->finish_if_done(op);
+  return result;
+}
+
+}  // namespace shoal::transport

@@ -1,0 +1,44 @@
+// runtime::transport over a libfabric RDM endpoint: memory is registered with the domain and
+// read by peers with one-sided RMA (fi_read), so the owner's CPU copies nothing. One endpoint
+// per transport, one completion queue polled by the transport's progress thread (providers
+// like tcp;ofi_rxm progress manually: the owner's side must poll too for reads of its memory
+// to complete). Bring-up errors name the provider and the step that failed.
+#pragma once
+
+#include <chrono>
+#include <expected>
+#include <memory>
+#include <string>
+
+#include "runtime/transport.hpp"
+
+namespace shoal::transport {
+
+struct fabric_config {
+  std::string provider = "shm";  // "shm", "tcp;ofi_rxm", "verbs;ofi_rxm", "efa", ...
+  // Local address to bind (tcp: the interface's IP, "127.0.0.1" for loopback); "" = the
+  // provider's default.
+  std::string node;
+};
+
+class fabric_transport final : public runtime::transport {
+ public:
+  static std::expected<std::unique_ptr<fabric_transport>, std::string> create(const fabric_config& cfg);
+  // Stops the progress thread, then closes the endpoint (in-flight reads end with it).
+  ~fabric_transport() override;
+
+  std::string name() const override;
+  std::vector<uint8_t> address() const override;
+  std::expected<std::unique_ptr<runtime::registered_memory>, std::string> register_memory(
+      std::span<const std::byte> bytes) override;
+  std::shared_ptr<runtime::transfer> read(const runtime::remote_memory& src, std::span<std::byte> dst,
+                                          std::chrono::milliseconds timeout) override;
+
+  struct state;
+
+ private:
+  explicit fabric_transport(std::shared_ptr<state> s);
+  std::shared_ptr<state> s_;
+};
+
+}  // namespace shoal::transport
