@@ -52,6 +52,9 @@ class block_pool {
   float* data(block_id b);                 // (block_floats)
   const float* data(block_id b) const;
   size_t block_floats() const { return block_floats_; }
+  // Every block's payload, block b at b · block_floats (registered once for remote reads).
+  std::span<const float> storage() const { return storage_; }
+  size_t offset_bytes(block_id b) const { return static_cast<size_t>(b.value) * block_floats_ * sizeof(float); }
   // Free list from head (next evicted) to tail, for tests.
   std::vector<block_id> free_list() const;
   uint64_t evictions() const { return evictions_; }

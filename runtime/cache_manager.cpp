@@ -27,6 +27,8 @@ cache_manager::cache_manager(const model::model_config& model, const cache_confi
 cache_manager::~cache_manager() {
   for (auto& w : waits_) w.fetch->cancel();
   for (auto& w : waits_) w.fetch->wait();
+  for (auto& w : imports_)
+    for (auto& t : w.reads) t->wait();
 }
 
 bool cache_manager::can_admit(const request& r) const {
@@ -228,6 +230,94 @@ void cache_manager::abandon_remote(request& r) {
 
 size_t cache_manager::remote_waiting() const {
   return static_cast<size_t>(std::count_if(waits_.begin(), waits_.end(), [](const remote_wait& w) { return w.r; }));
+}
+
+std::string cache_manager::validate_handoff(const handoff_state& s) const {
+  const int64_t n = static_cast<int64_t>(s.tokens.size());
+  if (s.prompt_len <= 0 || s.prompt_len >= n) return "prompt_len " + std::to_string(s.prompt_len) + " with " + std::to_string(n) + " tokens";
+  if (s.computed != n - 1) return "computed " + std::to_string(s.computed) + ", expected tokens - 1 = " + std::to_string(n - 1);
+  if (s.ring_tokens != ring_tokens_)
+    return "ring of " + std::to_string(s.ring_tokens) + " tokens, this engine's is " + std::to_string(ring_tokens_);
+  if (static_cast<int64_t>(s.blocks.size()) != blocks_for(s.computed))
+    return std::to_string(s.blocks.size()) + " blocks for " + std::to_string(s.computed) + " positions, expected " +
+           std::to_string(blocks_for(s.computed));
+  const uint64_t block_bytes = pool_.block_floats() * sizeof(float);
+  for (size_t i = 0; i < s.blocks.size(); ++i)
+    if (s.blocks[i].length != block_bytes)
+      return "block " + std::to_string(i) + " is " + std::to_string(s.blocks[i].length) + " bytes, this engine's are " +
+             std::to_string(block_bytes);
+  model::sequence_cache probe;
+  probe.init(model_, ring_tokens_);
+  if (s.rings.size() != probe.rings.size() || s.ring_floor.size() != probe.rings.size())
+    return std::to_string(s.rings.size()) + " rings and " + std::to_string(s.ring_floor.size()) + " floors, the model has " +
+           std::to_string(probe.rings.size()) + " streams";
+  for (size_t i = 0; i < s.rings.size(); ++i)
+    if (s.rings[i].length != probe.rings[i].size() * sizeof(float))
+      return "ring " + std::to_string(i) + " is " + std::to_string(s.rings[i].length) + " bytes, expected " +
+             std::to_string(probe.rings[i].size() * sizeof(float));
+  if (s.dec_from < 0 || s.dec_from > n) return "dec_from " + std::to_string(s.dec_from) + " outside [0, tokens]";
+  return {};
+}
+
+bool cache_manager::start_import(request& r, const handoff_state& s, transport& t, std::chrono::milliseconds timeout) {
+  const int64_t need = blocks_for(s.computed);
+  if (model_.is_flash() && !swa_.can_acquire()) return false;
+  if (!pool_.can_allocate(static_cast<int32_t>(need + 1))) return false;  // and one block to decode into
+  import_wait w;
+  w.r = &r;
+  w.reserved = pool_.allocate(static_cast<int32_t>(need));
+  if (model_.is_flash()) swa_.acquire();
+  model::sequence_cache probe;
+  probe.init(model_, ring_tokens_);
+  w.rings = std::move(probe.rings);
+  for (size_t i = 0; i < w.reserved.size(); ++i) {
+    auto* p = reinterpret_cast<std::byte*>(pool_.data(w.reserved[i]));
+    w.reads.push_back(t.read(s.blocks[i], {p, pool_.block_floats() * sizeof(float)}, timeout));
+  }
+  for (size_t i = 0; i < w.rings.size(); ++i)
+    if (!w.rings[i].empty()) w.reads.push_back(t.read(s.rings[i], std::as_writable_bytes(std::span(w.rings[i])), timeout));
+  w.state = s;
+  w.state.blocks.clear();
+  w.state.rings.clear();
+  imports_.push_back(std::move(w));
+  return true;
+}
+
+std::vector<std::pair<request*, bool>> cache_manager::poll_imports() {
+  std::vector<std::pair<request*, bool>> out;
+  for (auto& w : imports_) {
+    if (!std::all_of(w.reads.begin(), w.reads.end(), [](const auto& t) { return t->done(); })) continue;
+    const bool ok = std::all_of(w.reads.begin(), w.reads.end(), [](const auto& t) { return t->ok(); });
+    w.reads.clear();
+    if (w.r && ok) {
+      request& r = *w.r;
+      r.cache.init(model_, ring_tokens_);
+      r.cache.rings = std::move(w.rings);
+      r.cache.ring_floor = w.state.ring_floor;
+      attach(r, w.reserved);
+      r.cache.computed = w.state.computed;
+      r.keys = chain_keys(r.tokens, static_cast<int>(bs_));
+      r.blocks_cached = 0;  // the next commit registers its full blocks here too
+      r.blocks_valid_until = 0;
+      r.swa_approx = w.state.swa_approx;
+      r.snapshot_at = w.state.snapshot_at;
+      r.cached_tokens = w.state.cached_tokens;
+      ++stats_.imports;
+    } else {
+      give_back(w.reserved);
+      if (model_.is_flash()) swa_.release();
+      if (w.r) ++stats_.import_failures;
+    }
+    w.reserved.clear();
+    if (w.r) out.emplace_back(std::exchange(w.r, nullptr), ok);
+  }
+  std::erase_if(imports_, [](const import_wait& w) { return !w.r && w.reads.empty(); });
+  return out;
+}
+
+void cache_manager::abandon_import(request& r) {
+  for (auto& w : imports_)
+    if (w.r == &r) w.r = nullptr;  // its reads end into the wait's own blocks and rings
 }
 
 void cache_manager::release(request& r) {

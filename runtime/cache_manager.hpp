@@ -8,7 +8,12 @@
 #include <memory>
 #include <vector>
 
+#include <chrono>
+#include <utility>
+
 #include "runtime/clock.hpp"
+#include "runtime/handoff.hpp"
+#include "runtime/transport.hpp"
 #include "model/config.hpp"
 #include "runtime/block_pool.hpp"
 #include "runtime/remote_blocks.hpp"
@@ -39,6 +44,7 @@ struct cache_stats {
   uint64_t remote_stored = 0, remote_dropped = 0;  // blocks offered for writing / dropped
   uint64_t replays = 0, swa_restores = 0;
   uint64_t preemptions = 0;
+  uint64_t imports = 0, import_failures = 0;  // handoffs read from a prefill engine / recomputed
 };
 
 class cache_manager {
@@ -69,6 +75,20 @@ class cache_manager {
   // r stops waiting (aborted): its read is abandoned.
   void abandon_remote(request& r);
   size_t remote_waiting() const;
+  // Handoff, decode side (never blocks): reserves pool blocks for [0, s.computed) (and an
+  // SWA slot) and starts reading s's blocks and rings into them through `t`. False, nothing
+  // held, when there is no room. `s` must have passed validate_handoff.
+  bool start_import(request& r, const handoff_state& s, transport& t, std::chrono::milliseconds timeout);
+  // Requests whose reads all ended since the last call, and whether every byte arrived
+  // intact: then r holds the cache exactly as the prefill engine had it; else r holds nothing
+  // and recomputes from its tokens.
+  std::vector<std::pair<request*, bool>> poll_imports();
+  // r stops waiting (aborted): the reads keep their own buffers until they end.
+  void abandon_import(request& r);
+  size_t imports_out() const { return imports_.size(); }
+  // Why a handoff cannot continue on this engine ("" when it can): shapes that differ from
+  // this engine's model and cache layout, counts that do not add up.
+  std::string validate_handoff(const handoff_state& s) const;
   // Remote reads not yet let go by the tier, also those no request waits on any more.
   size_t remote_reads_out() const { return waits_.size(); }
   // Blocks to add so r covers [0, upto); empty when not enough are free (nothing taken).
@@ -108,6 +128,15 @@ class cache_manager {
     double deadline_s = 0;
   };
   void end_wait(remote_wait& w, bool use_blocks);
+
+  struct import_wait {
+    request* r = nullptr;  // null once aborted
+    std::vector<block_id> reserved;
+    std::vector<std::vector<float>> rings;  // (streams) read here, moved into r's cache
+    std::vector<std::shared_ptr<transfer>> reads;
+    handoff_state state;  // scalars and floors (its descriptors are not used again)
+  };
+  std::vector<import_wait> imports_;
 
   const model::model_config& model_;
   cache_config config_;

@@ -32,6 +32,13 @@ engine::engine(std::shared_ptr<const model::model_weights> weights, const engine
     ep_ = std::make_unique<ep_moe_exchange>(weights_, config_.ep->layout, config_.ep->transport,
                                             config_.batch_invariant, config_.ep->limits);
   }
+  if (config_.role == engine_role::prefill) {
+    SHOAL_ASSERT(config_.bulk);  // engine_setup refuses a prefill role without a transport
+    auto pool = caches_.pool().storage();
+    auto reg = config_.bulk->register_memory(std::as_bytes(pool));
+    SHOAL_ASSERT(reg.has_value());
+    pool_reg_ = std::move(*reg);
+  }
   if (config_.async_scheduling) worker_ = std::thread([this] { compute_loop(); });
 }
 
@@ -91,13 +98,105 @@ bool engine::abort(request_id id) {
         return true;
       }
   r->finish = finish_reason::aborted;
+  leases_.erase(id.value);
   sched_.finish(r);
   return true;
 }
 
 bool engine::has_work() const {
   // Reads no request waits on any more still hold blocks: polled until the tier lets go.
-  return sched_.running() + sched_.waiting() + sched_.remote_reads_out() > 0 || flight_.has_value();
+  return sched_.running() + sched_.waiting() + sched_.remote_reads_out() + sched_.importing() > 0 ||
+         flight_.has_value();
+}
+
+// Pins r (it leaves the running set with its caches) and describes its blocks and rings.
+void engine::offer_handoff(request& r) {
+  handoff_state s;
+  s.source = r.id;
+  s.tokens = r.tokens;
+  s.prompt_len = r.prompt_len;
+  s.params = r.params;
+  s.seq_seed = r.seq_seed;
+  s.cls = r.cls;
+  s.text = texts_[r.id.value];
+  s.computed = r.computed();
+  s.dec_from = r.dec_from;
+  s.ring_tokens = r.cache.ring_tokens;
+  s.ring_floor = r.cache.ring_floor;
+  s.cached_tokens = r.cached_tokens;
+  s.swa_approx = r.swa_approx;
+  s.snapshot_at = r.snapshot_at;
+  const uint64_t block_bytes = caches_.pool().block_floats() * sizeof(float);
+  for (int64_t i = 0; i < caches_.blocks_for(s.computed); ++i)
+    s.blocks.push_back(pool_reg_->describe(caches_.pool().offset_bytes(r.blocks[static_cast<size_t>(i)]), block_bytes));
+  std::vector<std::unique_ptr<registered_memory>> regs;
+  for (const auto& ring : r.cache.rings) {
+    if (ring.empty()) {  // nothing to read
+      s.rings.emplace_back();
+      continue;
+    }
+    auto reg = config_.bulk->register_memory(std::as_bytes(std::span(ring)));
+    if (!reg) {  // cannot lend this one: it stays here, colocated
+      last_error_ = "handoff of request " + std::to_string(r.id.value) + ": " + reg.error();
+      return;
+    }
+    s.rings.push_back((*reg)->describe(0, ring.size() * sizeof(float)));
+    regs.push_back(std::move(*reg));
+  }
+  r.handed_off = true;
+  sched_.detach(&r);
+  leases_[r.id.value] = std::move(regs);
+  handoffs_.push_back(std::move(s));
+}
+
+std::vector<handoff_state> engine::take_handoffs() { return std::exchange(handoffs_, {}); }
+
+bool engine::handoff_done(request_id id, bool taken) {
+  auto it = requests_.find(id.value);
+  if (it == requests_.end() || it->second->status != request_status::handing_off) return false;
+  request* r = it->second.get();
+  leases_.erase(id.value);  // the registrations go before anything they cover can change
+  if (!taken) {
+    sched_.resume(r);
+    return true;
+  }
+  r->finish = finish_reason::handed_off;
+  sched_.finish(r);
+  return true;
+}
+
+std::expected<request_id, std::string> engine::add_handoff(const handoff_state& s) {
+  const model::model_config& c = weights_->config;
+  if (!config_.bulk) return std::unexpected("this engine has no transport to read a handoff with");
+  if (auto why = caches_.validate_handoff(s); !why.empty()) return std::unexpected("handoff: " + why);
+  for (size_t i = 0; i < s.tokens.size(); ++i)
+    if (s.tokens[i] < 0 || s.tokens[i] >= c.vocab_size)
+      return std::unexpected("handoff: token " + std::to_string(i) + " (id " + std::to_string(s.tokens[i]) +
+                             ") is outside the vocabulary");
+  if (auto bad = validate(s.params, c.vocab_size)) return std::unexpected("handoff: " + *bad);
+  if (!traffic_class_from_byte(static_cast<uint8_t>(s.cls))) return std::unexpected("handoff: unknown traffic class");
+  if (!s.params.stop_strings.empty() && !tok_) return std::unexpected("stop strings need a tokenizer, and this engine has none");
+  const int64_t total = s.prompt_len + s.params.max_tokens;
+  if (caches_.blocks_for(total) > caches_.pool().num_blocks())
+    return std::unexpected("handoff: request needs " + std::to_string(caches_.blocks_for(total)) + " cache blocks; the engine has " +
+                           std::to_string(caches_.pool().num_blocks()));
+  auto r = std::make_unique<request>();
+  r->id = request_id(next_id_++);
+  r->tokens = s.tokens;
+  r->prompt_len = s.prompt_len;
+  r->params = s.params;
+  r->seq_seed = s.seq_seed;
+  r->cls = s.cls;
+  r->dec_from = s.dec_from;
+  r->remote_checked = true;  // its prefix came with it
+  if (!caches_.start_import(*r, s, *config_.bulk, config_.handoff_read_timeout))
+    return std::unexpected("no room: " + std::to_string(caches_.blocks_for(s.computed) + 1) + " blocks needed, " +
+                           std::to_string(caches_.pool().num_free()) + " free");
+  request* raw = r.get();
+  texts_[r->id.value] = s.text;
+  requests_[r->id.value] = std::move(r);
+  sched_.add_importing(raw);
+  return raw->id;
 }
 
 void engine::dispatch(step_plan plan) {
@@ -191,7 +290,11 @@ std::vector<token_event> engine::complete() {
       events.push_back({r->id, -1, true, finish_reason::aborted, {}});
     }
     caches_.commit(*r);
-    if (r->finish != finish_reason::none) sched_.finish(r);
+    if (r->finish != finish_reason::none) {
+      sched_.finish(r);
+    } else if (config_.role == engine_role::prefill && !r->handed_off && f.items[i].logits && r->output_len() == 1) {
+      offer_handoff(*r);  // its first token is out: the rest is a decode engine's
+    }
   }
   ++stats_.steps;
   flight_.reset();

@@ -18,11 +18,19 @@
 #include "model/weights.hpp"
 #include "runtime/cache_manager.hpp"
 #include "runtime/expert_parallel.hpp"
+#include "runtime/handoff.hpp"
+#include "runtime/transport.hpp"
 #include "runtime/scheduler.hpp"
 
 namespace shoal::runtime {
 
 struct engine_config {
+  // prefill: after a request's first token its cache is offered to a decode engine
+  // (take_handoffs); decode and both: runs requests to the end (decode also takes handoffs).
+  engine_role role = engine_role::both;
+  // Bulk bytes of handoffs (required for role prefill; needed to take handoffs).
+  std::shared_ptr<transport> bulk;
+  std::chrono::milliseconds handoff_read_timeout{5000};
   cache_config cache;
   scheduler_config sched;
   bool batch_invariant = false;
@@ -87,6 +95,18 @@ class engine {
                                                      const sampling_params& params,
                                                      traffic_class cls = traffic_class::chat);
   bool abort(request_id id);
+
+  // Handoff, prefill side: requests that sampled their first token since the last call, their
+  // caches pinned for a decode engine to read (the first token's event was already returned).
+  std::vector<handoff_state> take_handoffs();
+  // A decode engine took `id` (it finishes here as handed_off and its caches are released) or
+  // refused / failed to (it continues here, colocated). False for an unknown id.
+  bool handoff_done(request_id id, bool taken);
+  // Handoff, decode side: validates `s` (it comes from another process), reserves blocks and
+  // starts reading its cache; the request then continues exactly as on the prefill engine (a
+  // failed read recomputes it from its tokens). Errors: "no room: ..." (nothing reserved: ask
+  // another engine) or what is wrong with `s`.
+  std::expected<request_id, std::string> add_handoff(const handoff_state& s);
   // One step. In EP mode always one lockstep step of the group (an empty one when nothing is
   // planned). When the group's exchange fails (ep_error: peer lost, timeout, bad frame) every
   // request of the step finishes with finish_reason::error (an event each, token −1), its
@@ -144,6 +164,10 @@ class engine {
   std::unordered_map<int64_t, std::unique_ptr<request>> requests_;
   std::unordered_map<int64_t, std::string> texts_;
   bool stalled_ = false;
+  void offer_handoff(request& r);
+  std::unique_ptr<registered_memory> pool_reg_;  // the block pool, registered once (prefill)
+  std::unordered_map<int64_t, std::vector<std::unique_ptr<registered_memory>>> leases_;  // ring registrations
+  std::vector<handoff_state> handoffs_;
   int64_t next_id_ = 0;
   std::optional<in_flight_step> flight_;
   engine_stats stats_;

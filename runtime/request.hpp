@@ -18,7 +18,9 @@ namespace shoal::runtime {
 // waiting_for_remote_kv: its local prefix hit is pinned and pool blocks are reserved while
 // the remote tier reads the blocks that extend it (cache_manager::try_start_remote); it is
 // not scheduled until the read is done, failed or past its deadline.
-enum class request_status { waiting, waiting_for_remote_kv, running, finished };
+// handing_off: a prefill engine's request whose cache a decode engine is reading (pinned,
+// not scheduled).
+enum class request_status { waiting, waiting_for_remote_kv, running, handing_off, finished };
 
 struct request {
   request_id id;
@@ -42,6 +44,7 @@ struct request {
   bool swa_approx = false;       // the SWA window came from bounded replay
   int64_t snapshot_at = -1;      // last position an SWA snapshot was saved at
   int64_t preemptions = 0;
+  bool handed_off = false;       // a prefill engine already offered it to a decode engine
   bool remote_checked = false;   // the remote tier was asked (once per request)
   bool abort_requested = false;  // aborted while its step was computing: finishes after it
 

@@ -176,6 +176,7 @@ const char* to_string(finish_reason r) {
     case finish_reason::length: return "length";
     case finish_reason::aborted: return "aborted";
     case finish_reason::error: return "error";
+    case finish_reason::handed_off: return "handed_off";
   }
   return "unknown";
 }

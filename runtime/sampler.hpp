@@ -45,7 +45,8 @@ double uniform_at(uint64_t seq_seed, int64_t step);
 int32_t sample_token(std::span<const float> logits, const sampling_params& p, uint64_t seq_seed,
                      int64_t step);
 
-enum class finish_reason { none, stop, length, aborted, error };
+// handed_off: the request continues on another engine (prefill → decode handoff).
+enum class finish_reason { none, stop, length, aborted, error, handed_off };
 
 const char* to_string(finish_reason r);
 

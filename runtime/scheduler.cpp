@@ -64,8 +64,39 @@ void scheduler::collect_remote() {
   }
 }
 
+void scheduler::add_importing(request* r) {
+  r->status = request_status::waiting_for_remote_kv;
+  importing_.push_back(r);
+}
+
+// Imported requests run from where the prefill engine stopped; failed ones recompute first.
+void scheduler::collect_imports() {
+  for (auto [r, ok] : caches_.poll_imports()) {
+    std::erase(importing_, r);
+    if (ok) {
+      r->status = request_status::running;
+      running_.push_back(r);
+    } else {
+      r->status = request_status::waiting;
+      waiting_.push_front(r);
+    }
+  }
+}
+
+void scheduler::detach(request* r) {
+  std::erase(running_, r);
+  r->status = request_status::handing_off;
+}
+
+void scheduler::resume(request* r) {
+  SHOAL_ASSERT(r->status == request_status::handing_off);
+  r->status = request_status::running;
+  running_.push_back(r);
+}
+
 step_plan scheduler::plan(const std::vector<planned_item>& in_flight) {
   collect_remote();
+  collect_imports();
   step_plan out;
   const bool async = !in_flight.empty();
   int64_t budget = config_.token_budget;
@@ -140,6 +171,11 @@ void scheduler::finish(request* r) {
   } else if (auto rw = std::find(remote_waiting_.begin(), remote_waiting_.end(), r); rw != remote_waiting_.end()) {
     remote_waiting_.erase(rw);
     caches_.abandon_remote(*r);
+  } else if (auto im = std::find(importing_.begin(), importing_.end(), r); im != importing_.end()) {
+    importing_.erase(im);
+    caches_.abandon_import(*r);
+  } else if (r->status == request_status::handing_off) {
+    caches_.release(*r);
   }
   r->status = request_status::finished;
 }

@@ -46,6 +46,13 @@ class scheduler {
   scheduler(const scheduler_config& config, cache_manager& caches);
 
   void add(request* r);
+  // Handoff, decode side: r's cache is being read (cache_manager::start_import); it runs as
+  // soon as the reads end intact, else it recomputes from its tokens.
+  void add_importing(request* r);
+  // Handoff, prefill side: r leaves the running set with its caches kept (handing_off) /
+  // comes back to it when no decode engine took it.
+  void detach(request* r);
+  void resume(request* r);
   // Plans the next step. `in_flight`: requests of the step being computed now, with their
   // token counts (their positions advance by that much; those with logits get one token).
   step_plan plan(const std::vector<planned_item>& in_flight);
@@ -57,6 +64,7 @@ class scheduler {
   size_t waiting() const { return waiting_.size(); }
   size_t waiting_for_remote() const { return remote_waiting_.size(); }
   size_t remote_reads_out() const { return caches_.remote_reads_out(); }
+  size_t importing() const { return caches_.imports_out(); }
   size_t running() const { return running_.size(); }
   const std::vector<request*>& running_requests() const { return running_; }
   const std::deque<request*>& waiting_requests() const { return waiting_; }
@@ -73,10 +81,12 @@ class scheduler {
   scheduler_config config_;
   cache_manager& caches_;
   void collect_remote();
+  void collect_imports();
 
   std::deque<request*> waiting_;
   std::vector<request*> running_;
   std::vector<request*> remote_waiting_;  // start order
+  std::vector<request*> importing_;
 };
 
 }  // namespace shoal::runtime

@@ -1,0 +1,170 @@
+// The prefill → decode handoff between two engines over libfabric (shm): the prefill engine
+// samples the first token and lends its cache; the decode engine reads blocks and rings into
+// its own pool and continues with tokens and logits bit-identical to one colocated engine,
+// for deepseek_v3 and for shoal_flash in exact SWA mode. A read that fails its checksum (an
+// injected fault) makes the decode engine recompute from the tokens, same output; a decode
+// engine without room says so and reserves nothing; a malformed handoff is refused, named.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <map>
+#include <thread>
+
+#include "runtime/engine.hpp"
+#include "tests/support/tiny_models.hpp"
+#include "transport/fabric_transport.hpp"
+
+using namespace shoal;
+
+namespace {
+
+std::shared_ptr<runtime::transport> shm() {
+  auto t = transport::fabric_transport::create({"shm", ""});
+  REQUIRE_MESSAGE(t, (t ? "" : t.error()));
+  return std::shared_ptr<runtime::transport>(std::move(*t));
+}
+
+runtime::sampling_params sampling(int32_t n) {
+  runtime::sampling_params p;
+  p.max_tokens = n;
+  p.ignore_eos = true;
+  p.temperature = 0.8f;  // sampled, seeded: the sampler position must carry over
+  p.seed = 1234;
+  return p;
+}
+
+runtime::engine_config config_for(const std::string& preset, runtime::engine_role role,
+                                  std::shared_ptr<runtime::transport> bulk, int64_t blocks = 64) {
+  auto c = test::exact_engine_config(blocks);
+  c.role = role;
+  c.bulk = std::move(bulk);
+  if (preset == "tiny") c.cache.exact_swa = true;
+  return c;
+}
+
+// Steps `e` until `done` or `limit` steps (a stalled engine waits on reads: 1 ms apart).
+template <class Done>
+void step_until(runtime::engine& e, std::vector<runtime::token_event>& out, Done done, int limit = 5000) {
+  for (int i = 0; i < limit && !done(); ++i) {
+    for (auto& ev : e.step()) out.push_back(std::move(ev));
+    if (e.stalled()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+struct handoff_run {
+  std::vector<runtime::token_event> prefill, decode;
+  runtime::engine_stats decode_stats;
+};
+
+// One request through P then D; `tamper` may change the handoff on its way.
+template <class Tamper>
+handoff_run through(const std::string& preset, const std::vector<int32_t>& prompt, int32_t n, Tamper tamper) {
+  auto w = test::tiny_model(preset);
+  handoff_run out;
+  runtime::engine p(w, config_for(preset, runtime::engine_role::prefill, shm()));
+  runtime::engine d(w, config_for(preset, runtime::engine_role::decode, shm()));
+  REQUIRE(p.add_request(prompt, sampling(n)));
+  std::vector<runtime::handoff_state> offered;
+  step_until(p, out.prefill, [&] {
+    auto h = p.take_handoffs();
+    offered.insert(offered.end(), h.begin(), h.end());
+    return !offered.empty();
+  });
+  REQUIRE(offered.size() == 1);
+  CHECK(!p.has_work());  // pinned, not scheduled
+  tamper(offered[0]);
+  auto id = d.add_handoff(offered[0]);
+  REQUIRE_MESSAGE(id, (id ? "" : id.error()));
+  step_until(d, out.decode, [&] { return !out.decode.empty() && out.decode.back().finished; });
+  CHECK(p.handoff_done(offered[0].source, true));
+  CHECK(p.stats().blocks_free == p.stats().blocks_total);
+  CHECK(d.stats().blocks_free == d.stats().blocks_total);
+  out.decode_stats = d.stats();
+  return out;
+}
+
+void check_equal(const handoff_run& got, const std::vector<runtime::token_event>& ref) {
+  REQUIRE(got.prefill.size() == 1);
+  REQUIRE(got.prefill.size() + got.decode.size() == ref.size());
+  CHECK(got.prefill[0].token == ref[0].token);
+  CHECK(got.prefill[0].logits == ref[0].logits);
+  for (size_t i = 0; i < got.decode.size(); ++i) {
+    CAPTURE(i);
+    CHECK(got.decode[i].token == ref[i + 1].token);
+    CHECK(got.decode[i].logits == ref[i + 1].logits);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("handoff: the decode engine continues exactly where a colocated engine would") {
+  for (const std::string preset : {"v3-tiny", "tiny"}) {
+    CAPTURE(preset);
+    auto w = test::tiny_model(preset);
+    auto prompt = test::random_tokens(77, 5);  // 4 full blocks and a partial one
+    runtime::engine colocated(w, config_for(preset, runtime::engine_role::both, nullptr));
+    const auto ref = test::run_alone(colocated, prompt, sampling(10));
+    auto got = through(preset, prompt, 10, [](runtime::handoff_state&) {});
+    check_equal(got, ref);
+    CHECK(got.decode_stats.cache.imports == 1);
+    CHECK(got.decode_stats.cache.import_failures == 0);
+  }
+}
+
+TEST_CASE("handoff: a read that fails its checksum is recomputed on the decode engine, same output") {
+  for (const std::string preset : {"v3-tiny", "tiny"}) {
+    CAPTURE(preset);
+    auto w = test::tiny_model(preset);
+    auto prompt = test::random_tokens(50, 6);
+    runtime::engine colocated(w, config_for(preset, runtime::engine_role::both, nullptr));
+    const auto ref = test::run_alone(colocated, prompt, sampling(8));
+    auto got = through(preset, prompt, 8, [](runtime::handoff_state& s) { s.blocks[1].crc32c ^= 1; });
+    check_equal(got, ref);
+    CHECK(got.decode_stats.cache.imports == 0);
+    CHECK(got.decode_stats.cache.import_failures == 1);
+  }
+}
+
+TEST_CASE("handoff: no room is said before anything is reserved, a refused handoff continues colocated") {
+  auto w = test::tiny_model("v3-tiny");
+  auto bulk = shm();
+  runtime::engine p(w, config_for("v3-tiny", runtime::engine_role::prefill, bulk));
+  runtime::engine tight(w, config_for("v3-tiny", runtime::engine_role::decode, shm(), 6));
+  runtime::engine colocated(w, config_for("v3-tiny", runtime::engine_role::both, nullptr));
+  auto prompt = test::random_tokens(77, 8);  // 5 blocks + 1 to decode into: more than 6 - 1 free
+  const auto ref = test::run_alone(colocated, prompt, sampling(4));
+  REQUIRE(tight.add_request(test::random_tokens(20, 9), sampling(40)));  // holds 2 blocks
+  tight.step();
+  REQUIRE(p.add_request(prompt, sampling(4)));
+  std::vector<runtime::token_event> events;
+  std::vector<runtime::handoff_state> offered;
+  step_until(p, events, [&] { return !(offered = p.take_handoffs()).empty(); });
+  REQUIRE(offered.size() == 1);
+  const auto free_before = tight.stats().blocks_free;
+  auto refused = tight.add_handoff(offered[0]);
+  REQUIRE(!refused);
+  CHECK(refused.error().rfind("no room: ", 0) == 0);
+  CHECK(tight.stats().blocks_free == free_before);
+  CHECK(p.handoff_done(offered[0].source, false));  // nobody took it: P decodes it itself
+  step_until(p, events, [&] { return !events.empty() && events.back().finished; });
+  REQUIRE(events.size() == ref.size());
+  for (size_t i = 0; i < ref.size(); ++i) CHECK(events[i].logits == ref[i].logits);
+  CHECK(p.take_handoffs().empty());  // offered once only
+
+  // Malformed handoffs (bytes from another process) are refused with what is wrong.
+  auto bad = offered[0];
+  bad.blocks.pop_back();
+  auto r1 = tight.add_handoff(bad);
+  REQUIRE(!r1);
+  CHECK(r1.error().find("blocks for 77 positions") != std::string::npos);
+  bad = offered[0];
+  bad.ring_tokens += 1;
+  auto r2 = tight.add_handoff(bad);
+  REQUIRE(!r2);
+  CHECK(r2.error().find("ring of") != std::string::npos);
+  bad = offered[0];
+  bad.tokens.back() = 1 << 30;
+  auto r3 = tight.add_handoff(bad);
+  REQUIRE(!r3);
+  CHECK(r3.error().find("outside the vocabulary") != std::string::npos);
+}
