@@ -241,7 +241,11 @@ class fabric_registration final : public runtime::registered_memory {
 
 }  // namespace
 
-std::expected<std::unique_ptr<fabric_transport>, std::string> fabric_transport::create(const fabric_config& cfg) {
+namespace {
+
+// fi_getinfo → fabric → domain → av, cq → endpoint → its address; errors name the step.
+std::expected<std::shared_ptr<fabric_transport::state>, std::string> bring_up(const fabric_config& cfg) {
+  using state = fabric_transport::state;
   auto s = std::make_shared<state>();
   s->cfg = cfg;
   const std::string where = "libfabric provider '" + cfg.provider + "'";
@@ -281,8 +285,64 @@ std::expected<std::unique_ptr<fabric_transport>, std::string> fabric_transport::
   if ((rc = fi_getname(&s->ep->fid, s->addr.data(), &len)))
     return std::unexpected(where + ": " + fi_error("fi_getname", rc));
   s->addr.resize(len);
-  s->progress = std::thread([raw = s.get()] { raw->run(); });
-  return std::unique_ptr<fabric_transport>(new fabric_transport(std::move(s)));
+  return s;
+}
+
+}  // namespace
+
+std::expected<std::unique_ptr<fabric_transport>, std::string> fabric_transport::create(const fabric_config& cfg) {
+  auto s = bring_up(cfg);
+  if (!s) return std::unexpected(s.error());
+  (*s)->progress = std::thread([raw = s->get()] { raw->run(); });
+  return std::unique_ptr<fabric_transport>(new fabric_transport(std::move(*s)));
+}
+
+std::expected<double, std::string> raw_read_seconds(const fabric_config& cfg, std::span<const runtime::remote_memory> ranges,
+                                                    std::span<std::byte> dst, size_t inflight) {
+  auto up = bring_up(cfg);
+  if (!up) return std::unexpected(up.error());
+  auto& s = **up;
+  size_t total = 0;
+  for (const auto& r : ranges) total += r.length;
+  if (total > dst.size()) return std::unexpected("destination smaller than the ranges");
+  fid_mr* local = nullptr;
+  if (s.needs(FI_MR_LOCAL)) {
+    auto mr = s.reg(dst.data(), dst.size(), FI_READ);
+    if (!mr) return std::unexpected(mr.error());
+    local = *mr;
+  }
+  void* desc = local ? fi_mr_desc(local) : nullptr;
+  std::optional<fi_addr_t> fa;
+  if (!ranges.empty()) {
+    auto p = s.peer(ranges[0].owner);
+    if (!p) return std::unexpected(p.error());
+    fa = *p;
+  }
+  std::vector<fi_context2> ctx(ranges.size());
+  const double t0 = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  size_t posted = 0, done = 0, off = 0;
+  std::string error;
+  fi_cq_entry entries[16];
+  while (done < ranges.size() && error.empty()) {
+    while (posted < ranges.size() && posted - done < inflight) {
+      const auto& r = ranges[posted];
+      ssize_t rc = fi_read(s.ep, dst.data() + off, r.length, desc, *fa, r.addr, r.key, &ctx[posted]);
+      if (rc == -FI_EAGAIN) break;
+      if (rc) {
+        error = fi_error("fi_read", static_cast<int>(rc));
+        break;
+      }
+      off += r.length;
+      ++posted;
+    }
+    ssize_t n = fi_cq_read(s.cq, entries, 16);
+    if (n > 0) done += static_cast<size_t>(n);
+    else if (n == -FI_EAVAIL) error = "a read failed";
+  }
+  const double t1 = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  if (local) fi_close(&local->fid);
+  if (!error.empty()) return std::unexpected(error);
+  return t1 - t0;
 }
 
 fabric_transport::fabric_transport(std::shared_ptr<state> s) : s_(std::move(s)) {}

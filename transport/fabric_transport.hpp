@@ -41,4 +41,10 @@ class fabric_transport final : public runtime::transport {
   std::shared_ptr<state> s_;
 };
 
+// The bench's reference: the same reads as raw fi_read calls on a fresh endpoint of the same
+// provider, `inflight` at a time, no checksum and no bookkeeping; the wall time of the loop.
+// Ranges larger than the provider's message size are not split (the caller keeps them small).
+std::expected<double, std::string> raw_read_seconds(const fabric_config& cfg, std::span<const runtime::remote_memory> ranges,
+                                                    std::span<std::byte> dst, size_t inflight);
+
 }  // namespace shoal::transport
