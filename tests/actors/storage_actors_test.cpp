@@ -9,9 +9,6 @@
 #include <set>
 #include <thread>
 
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <caf/actor_system.hpp>
 #include <caf/actor_system_config.hpp>
@@ -26,6 +23,7 @@
 #include "actors/storage_node_actor.hpp"
 #include "tests/support/process.hpp"
 #include "runtime/engine.hpp"
+#include "tests/support/hung_listener.hpp"
 #include "tests/support/random.hpp"
 #include "tests/support/tiny_models.hpp"
 
@@ -283,8 +281,7 @@ namespace {
 struct mute_node {
   caf::actor_system& sys;
   actors::storage_node_actor actor;
-  int listener = -1;
-  uint16_t port = 0;
+  test::hung_listener bulk;
 
   explicit mute_node(caf::actor_system& s) : sys(s) {
     actor = sys.spawn([](actors::storage_node_actor::pointer self) -> actors::storage_node_actor::behavior_type {
@@ -297,22 +294,10 @@ struct mute_node {
         [self](gc_atom) { return self->make_response_promise<uint64_t>(); },
       };
     });
-    listener = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    REQUIRE(::bind(listener, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-    REQUIRE(::listen(listener, 64) == 0);
-    socklen_t len = sizeof a;
-    ::getsockname(listener, reinterpret_cast<sockaddr*>(&a), &len);
-    port = ntohs(a.sin_port);
   }
-  ~mute_node() {
-    caf::anon_send_exit(actor, caf::exit_reason::user_shutdown);
-    ::close(listener);
-  }
+  ~mute_node() { caf::anon_send_exit(actor, caf::exit_reason::user_shutdown); }
   // Takes the place (same name: same placement) of `e`.
-  actors::storage_endpoint as(const actors::storage_endpoint& e) const { return {e.name, actor, "127.0.0.1", port}; }
+  actors::storage_endpoint as(const actors::storage_endpoint& e) const { return {e.name, actor, "127.0.0.1", bulk.port}; }
 };
 
 runtime::sampling_params greedy(int32_t n) {

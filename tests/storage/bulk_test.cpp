@@ -16,6 +16,7 @@
 #include <cstring>
 
 #include "tests/storage/store_fixture.hpp"
+#include "tests/support/hung_listener.hpp"
 
 using namespace shoal::storage;
 using namespace shoal::storage::test;
@@ -280,15 +281,8 @@ TEST_CASE("bulk: request and reply frames round-trip, truncated or padded ones a
 TEST_CASE("bulk: a node that stops reading fails the sends after the send timeout instead of blocking") {
   // A listener that never accepts: the kernel completes the connection and buffers what it can,
   // then the client's sends stall.
-  int ls = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(::bind(ls, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-  REQUIRE(::listen(ls, 4) == 0);
-  socklen_t len = sizeof a;
-  ::getsockname(ls, reinterpret_cast<sockaddr*>(&a), &len);
-  bulk_endpoint hung{"hung", "127.0.0.1", ntohs(a.sin_port)};
+  shoal::test::hung_listener listener(4);
+  bulk_endpoint hung{"hung", "127.0.0.1", listener.port};
   bulk_pool pool;
   std::vector<uint8_t> chunk(1 << 20, 0x5a);
   bulk_exchange ex(pool, 1s, 200ms);
@@ -304,5 +298,4 @@ TEST_CASE("bulk: a node that stops reading fails the sends after the send timeou
     }
   CHECK(failed > 0);  // 64 MiB cannot all sit in socket buffers
   CHECK_MESSAGE(why.find("send timed out after 200 ms") != std::string::npos, why);
-  ::close(ls);
 }
