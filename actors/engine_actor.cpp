@@ -81,7 +81,8 @@ struct engine_state {
   engine_stats_snapshot snapshot() const {
     runtime::engine_stats s = engine->stats();
     return {s.steps,       s.prefill_tokens, s.decode_tokens, s.generated, s.cache.hit_tokens,
-            static_cast<int64_t>(routes.size()), s.blocks_free, s.blocks_total};
+            static_cast<int64_t>(routes.size()), s.blocks_free, s.blocks_total, s.waiting_for_remote,
+            s.cache.remote_hit_tokens, s.cache.remote_timeouts};
   }
 };
 

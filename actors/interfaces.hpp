@@ -151,13 +151,17 @@ struct engine_stats_snapshot {
   int64_t requests_running = 0;  // submitted, not yet finished or cancelled
   int64_t blocks_free = 0;
   int64_t blocks_total = 0;
+  int64_t waiting_for_remote = 0;      // requests whose prefix is being read from storage
+  uint64_t remote_hit_tokens = 0;      // of prefix_hit_tokens: read from the storage cluster
+  uint64_t remote_timeouts = 0;        // reads given up at their deadline (recomputed)
   friend bool operator==(const engine_stats_snapshot&, const engine_stats_snapshot&) = default;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, engine_stats_snapshot& x) {
   return f(caf::meta::type_name("engine_stats_snapshot"), x.steps, x.prefill_tokens, x.decode_tokens,
-           x.generated, x.prefix_hit_tokens, x.requests_running, x.blocks_free, x.blocks_total);
+           x.generated, x.prefix_hit_tokens, x.requests_running, x.blocks_free, x.blocks_total, x.waiting_for_remote,
+           x.remote_hit_tokens, x.remote_timeouts);
 }
 
 

@@ -88,9 +88,11 @@ std::string describe_engine(caf::actor_system& sys, const actors::engine_actor& 
     .receive(
       [&](const actors::engine_stats_snapshot& s) {
         out = fmt::format("rank{}: running={} steps={} prefill_tokens={} decode_tokens={} generated={} "
-                          "prefix_hit_tokens={} blocks_free={}/{}",
+                          "prefix_hit_tokens={} blocks_free={}/{} waiting_for_remote={} remote_hit_tokens={} "
+                          "remote_timeouts={}",
                           rank, s.requests_running, s.steps, s.prefill_tokens, s.decode_tokens, s.generated,
-                          s.prefix_hit_tokens, s.blocks_free, s.blocks_total);
+                          s.prefix_hit_tokens, s.blocks_free, s.blocks_total, s.waiting_for_remote,
+                          s.remote_hit_tokens, s.remote_timeouts);
       },
       [&](caf::error& err) { out = "rank" + std::to_string(rank) + ": " + sys.render(err); });
   return out;
