@@ -1,4 +1,4 @@
-// The prefill → decode handoff between two engines over libfabric (shm): the prefill engine
+// The prefill → decode handoff between two engines over libfabric (shm and tcp;ofi_rxm): the prefill engine
 // samples the first token and lends its cache; the decode engine reads blocks and rings into
 // its own pool and continues with tokens and logits bit-identical to one colocated engine,
 // for deepseek_v3 and for shoal_flash in exact SWA mode. A read that fails its checksum (an
@@ -18,8 +18,8 @@ using namespace shoal;
 
 namespace {
 
-std::shared_ptr<runtime::transport> shm() {
-  auto t = transport::fabric_transport::create({"shm", ""});
+std::shared_ptr<runtime::transport> fabric(const std::string& provider = "shm") {
+  auto t = transport::fabric_transport::create({provider, provider == "shm" ? "" : "127.0.0.1"});
   REQUIRE_MESSAGE(t, (t ? "" : t.error()));
   return std::shared_ptr<runtime::transport>(std::move(*t));
 }
@@ -58,11 +58,12 @@ struct handoff_run {
 
 // One request through P then D; `tamper` may change the handoff on its way.
 template <class Tamper>
-handoff_run through(const std::string& preset, const std::vector<int32_t>& prompt, int32_t n, Tamper tamper) {
+handoff_run through(const std::string& preset, const std::vector<int32_t>& prompt, int32_t n, Tamper tamper,
+                    const std::string& provider = "shm") {
   auto w = test::tiny_model(preset);
   handoff_run out;
-  runtime::engine p(w, config_for(preset, runtime::engine_role::prefill, shm()));
-  runtime::engine d(w, config_for(preset, runtime::engine_role::decode, shm()));
+  runtime::engine p(w, config_for(preset, runtime::engine_role::prefill, fabric(provider)));
+  runtime::engine d(w, config_for(preset, runtime::engine_role::decode, fabric(provider)));
   REQUIRE(p.add_request(prompt, sampling(n)));
   std::vector<runtime::handoff_state> offered;
   step_until(p, out.prefill, [&] {
@@ -97,18 +98,20 @@ void check_equal(const handoff_run& got, const std::vector<runtime::token_event>
 
 }  // namespace
 
-TEST_CASE("handoff: the decode engine continues exactly where a colocated engine would") {
-  for (const std::string preset : {"v3-tiny", "tiny"}) {
-    CAPTURE(preset);
-    auto w = test::tiny_model(preset);
-    auto prompt = test::random_tokens(77, 5);  // 4 full blocks and a partial one
-    runtime::engine colocated(w, config_for(preset, runtime::engine_role::both, nullptr));
-    const auto ref = test::run_alone(colocated, prompt, sampling(10));
-    auto got = through(preset, prompt, 10, [](runtime::handoff_state&) {});
-    check_equal(got, ref);
-    CHECK(got.decode_stats.cache.imports == 1);
-    CHECK(got.decode_stats.cache.import_failures == 0);
-  }
+TEST_CASE("handoff: the decode engine continues exactly where a colocated engine would (shm, tcp;ofi_rxm)") {
+  for (const std::string provider : {"shm", "tcp;ofi_rxm"})
+    for (const std::string preset : {"v3-tiny", "tiny"}) {
+      CAPTURE(provider);
+      CAPTURE(preset);
+      auto w = test::tiny_model(preset);
+      auto prompt = test::random_tokens(77, 5);  // 4 full blocks and a partial one
+      runtime::engine colocated(w, config_for(preset, runtime::engine_role::both, nullptr));
+      const auto ref = test::run_alone(colocated, prompt, sampling(10));
+      auto got = through(preset, prompt, 10, [](runtime::handoff_state&) {}, provider);
+      check_equal(got, ref);
+      CHECK(got.decode_stats.cache.imports == 1);
+      CHECK(got.decode_stats.cache.import_failures == 0);
+    }
 }
 
 TEST_CASE("handoff: a read that fails its checksum is recomputed on the decode engine, same output") {
@@ -127,9 +130,9 @@ TEST_CASE("handoff: a read that fails its checksum is recomputed on the decode e
 
 TEST_CASE("handoff: no room is said before anything is reserved, a refused handoff continues colocated") {
   auto w = test::tiny_model("v3-tiny");
-  auto bulk = shm();
+  auto bulk = fabric();
   runtime::engine p(w, config_for("v3-tiny", runtime::engine_role::prefill, bulk));
-  runtime::engine tight(w, config_for("v3-tiny", runtime::engine_role::decode, shm(), 6));
+  runtime::engine tight(w, config_for("v3-tiny", runtime::engine_role::decode, fabric(), 6));
   runtime::engine colocated(w, config_for("v3-tiny", runtime::engine_role::both, nullptr));
   auto prompt = test::random_tokens(77, 8);  // 5 blocks + 1 to decode into: more than 6 - 1 free
   const auto ref = test::run_alone(colocated, prompt, sampling(4));
