@@ -228,10 +228,6 @@ void cache_manager::abandon_remote(request& r) {
   std::erase_if(waits_, [](const remote_wait& w) { return !w.r && w.reserved.empty(); });
 }
 
-size_t cache_manager::remote_waiting() const {
-  return static_cast<size_t>(std::count_if(waits_.begin(), waits_.end(), [](const remote_wait& w) { return w.r; }));
-}
-
 std::string cache_manager::validate_handoff(const handoff_state& s) const {
   const int64_t n = static_cast<int64_t>(s.tokens.size());
   if (s.prompt_len <= 0 || s.prompt_len >= n) return "prompt_len " + std::to_string(s.prompt_len) + " with " + std::to_string(n) + " tokens";

@@ -74,7 +74,6 @@ class cache_manager {
   std::vector<request*> poll_remote();
   // r stops waiting (aborted): its read is abandoned.
   void abandon_remote(request& r);
-  size_t remote_waiting() const;
   // Handoff, decode side (never blocks): reserves pool blocks for [0, s.computed) (and an
   // SWA slot) and starts reading s's blocks and rings into them through `t`. False, nothing
   // held, when there is no room. `s` must have passed validate_handoff.

@@ -33,7 +33,7 @@ engine::engine(std::shared_ptr<const model::model_weights> weights, const engine
                                             config_.batch_invariant, config_.ep->limits);
   }
   if (config_.role == engine_role::prefill) {
-    SHOAL_ASSERT(config_.bulk);  // engine_setup refuses a prefill role without a transport
+    SHOAL_ASSERT(config_.bulk);  // engine_config::bulk is required for role prefill (caller's error)
     auto pool = caches_.pool().storage();
     auto reg = config_.bulk->register_memory(std::as_bytes(pool));
     SHOAL_ASSERT(reg.has_value());
