@@ -39,6 +39,25 @@ struct engine_state {
   bool draining = false;                                  // refuses new requests
   std::shared_ptr<caf_ep_transport> ep;                   // expert parallelism, else null
 
+  // Prefill side: a request lent to a decode engine, its caches pinned until the decode
+  // engine releases them or the lease deadline passes. Until placed, the route stays (a
+  // refused handoff is decoded here); once placed, the route goes (the caller's id may come
+  // back with a re-routed attempt) and only the lease is left.
+  struct lease {
+    request_id caller;
+    uint64_t number = 0;  // which deadline message is current
+    bool placed = false;
+  };
+  std::unordered_map<request_id, lease> leases;  // engine id → lease
+  uint64_t lease_numbers = 0;
+  std::chrono::milliseconds lease_timeout{10'000};
+  // Decode side: who lent each imported request, told when its reads are over.
+  struct lender {
+    caf::actor prefill;
+    request_id source;
+  };
+  std::unordered_map<request_id, lender> lenders;  // engine id → lender
+
   // Refusals that need no engine: bad id, id still running, nowhere to stream.
   std::optional<error_reply> check_submit(const generation_request& req,
                                           const token_sink_actor& sink) const {
@@ -73,6 +92,7 @@ struct engine_state {
   // Stops engine request `engine_id` and drops its route; its later events are discarded.
   route drop(request_id engine_id) {
     engine->abort(engine_id);
+    leases.erase(engine_id);
     route r = remove_route(engine_id);
     engine->forget(engine_id);  // no-op while it is in the running step; see deliver
     return r;
@@ -80,9 +100,23 @@ struct engine_state {
 
   engine_stats_snapshot snapshot() const {
     runtime::engine_stats s = engine->stats();
-    return {s.steps,       s.prefill_tokens, s.decode_tokens, s.generated, s.cache.hit_tokens,
-            static_cast<int64_t>(routes.size()), s.blocks_free, s.blocks_total, s.waiting_for_remote,
-            s.cache.remote_hit_tokens, s.cache.remote_timeouts};
+    return {s.steps,
+            s.prefill_tokens,
+            s.decode_tokens,
+            s.generated,
+            s.cache.hit_tokens,
+            static_cast<int64_t>(routes.size()),
+            s.blocks_free,
+            s.blocks_total,
+            s.waiting_for_remote,
+            s.cache.remote_hit_tokens,
+            s.cache.remote_timeouts,
+            runtime::to_string(engine->role()),
+            s.handoffs_offered,
+            s.handoffs_lent,
+            s.handoffs_kept,
+            s.cache.imports + s.cache.import_failures,
+            s.cache.import_failures};
   }
 };
 
@@ -124,14 +158,107 @@ caf::result<request_id> submit(self_pointer self, generation_request& req, token
   return req.id;
 }
 
+void release_lender(self_pointer self, request_id engine_id);
+
 bool cancel(self_pointer self, request_id id) {
   auto& st = self->state;
   auto it = st.engine_ids.find(id);
   if (it == st.engine_ids.end()) return false;
-  auto sink = st.drop(it->second).sink;
+  const request_id engine_id = it->second;
+  auto sink = st.drop(engine_id).sink;
+  release_lender(self, engine_id);
   self->send(sink, token_event{id, -1, true, runtime::finish_reason::aborted});
   release_sink(self, sink);
   return true;
+}
+
+// -- handoff ------------------------------------------------------------------------------
+
+void arm_lease(self_pointer self, request_id engine_id, engine_state::lease& l) {
+  l.number = ++self->state.lease_numbers;
+  self->delayed_send(self, self->state.lease_timeout, lease_atom_v, engine_id, l.number);
+}
+
+// Prefill side, after a step: every request that just streamed its first token is offered
+// to its sink (the relay places it), under a lease.
+void offer_handoffs(self_pointer self) {
+  auto& st = self->state;
+  for (runtime::handoff_state& h : st.engine->take_handoffs()) {
+    auto it = st.routes.find(h.source);
+    if (it == st.routes.end()) {  // dropped in the meantime: nothing to lend
+      st.engine->handoff_done(h.source, true);
+      st.engine->forget(h.source);
+      continue;
+    }
+    auto& l = st.leases[h.source];
+    l.caller = it->second.id;
+    arm_lease(self, h.source, l);
+    const int64_t need = st.engine->handoff_blocks_needed(h);
+    self->send(it->second.sink, handoff_atom_v,
+               to_handoff_offer(h, it->second.id, caf::actor_cast<caf::actor>(self), need));
+  }
+}
+
+// Prefill side: the lease of `engine_id` ends; taken = the decode engine has the request.
+void end_lease(self_pointer self, request_id engine_id, bool taken) {
+  auto& st = self->state;
+  st.leases.erase(engine_id);
+  st.engine->handoff_done(engine_id, taken);
+  if (!taken) return schedule_step(self);
+  if (st.routes.contains(engine_id)) release_sink(self, st.remove_route(engine_id).sink);
+  st.engine->forget(engine_id);
+}
+
+// Prefill side, from the sink: placed on a decode engine (wait for its release) or not.
+void on_placed(self_pointer self, request_id caller, bool placed) {
+  auto& st = self->state;
+  auto id = st.engine_ids.find(caller);
+  if (id == st.engine_ids.end()) return;  // released already, or cancelled
+  const request_id engine_id = id->second;
+  auto l = st.leases.find(engine_id);
+  if (l == st.leases.end() || l->second.placed) return;
+  if (!placed) return end_lease(self, engine_id, false);
+  l->second.placed = true;
+  release_sink(self, st.remove_route(engine_id).sink);
+  arm_lease(self, engine_id, l->second);
+}
+
+// Prefill side, from the decode engine: its reads of `source` are over.
+void on_release(self_pointer self, request_id source) {
+  if (self->state.leases.contains(source)) end_lease(self, source, true);
+}
+
+void on_lease_deadline(self_pointer self, request_id engine_id, uint64_t number) {
+  auto l = self->state.leases.find(engine_id);
+  if (l == self->state.leases.end() || l->second.number != number) return;
+  // Placed: the decode engine went quiet (a late read fails its checksum). Never placed: the
+  // sink did not answer, so the request is decoded here.
+  end_lease(self, engine_id, l->second.placed);
+}
+
+void release_lender(self_pointer self, request_id engine_id) {
+  auto& st = self->state;
+  auto it = st.lenders.find(engine_id);
+  if (it == st.lenders.end()) return;
+  self->send(caf::actor_cast<engine_actor>(it->second.prefill), release_atom_v, it->second.source);
+  st.lenders.erase(it);
+}
+
+// Decode side: reserve, start the reads, stream the rest to `sink`.
+caf::result<request_id> take_handoff(self_pointer self, const handoff_offer& offer, token_sink_actor sink) {
+  auto& st = self->state;
+  generation_request probe;
+  probe.id = offer.id;
+  if (auto refused = st.check_submit(probe, sink)) return make_error(std::move(*refused));
+  auto engine_id = st.engine->add_handoff(to_handoff_state(offer));
+  if (!engine_id) {
+    const bool no_room = engine_id.error().rfind("no room: ", 0) == 0;
+    return make_error(no_room ? errc::no_room : errc::invalid_request, std::move(engine_id.error()));
+  }
+  if (st.add_route(*engine_id, offer.id, sink)) self->monitor(sink);
+  st.lenders[*engine_id] = {offer.prefill, offer.source};
+  schedule_step(self);
+  return offer.id;
 }
 
 // One engine step (with expert parallelism: one lockstep step of the group, which runs even
@@ -139,6 +266,8 @@ bool cancel(self_pointer self, request_id id) {
 void run_step(self_pointer self) {
   auto& st = self->state;
   for (const runtime::token_event& ev : st.engine->step()) deliver(self, ev);
+  for (request_id id : st.engine->take_imports_over()) release_lender(self, id);
+  offer_handoffs(self);
   if (st.engine->stalled() && !st.ep) {  // remote reads pending: look again shortly, not at once
     if (!st.step_pending) {
       st.step_pending = true;
@@ -178,7 +307,10 @@ void on_sink_down(self_pointer self, const caf::down_msg& msg) {
   std::vector<request_id> orphans;
   for (const auto& [engine_id, r] : st.routes)
     if (r.sink.address() == msg.source) orphans.push_back(engine_id);
-  for (request_id engine_id : orphans) st.drop(engine_id);
+  for (request_id engine_id : orphans) {
+    st.drop(engine_id);
+    release_lender(self, engine_id);
+  }
   st.sinks.erase(msg.source);
 }
 
@@ -189,6 +321,7 @@ engine_actor_impl::behavior_type engine_behavior(self_pointer self,
                                                  std::shared_ptr<const model::tokenizer> tok) {
   if (ep) config.ep = runtime::engine_config::ep_config{{0, 1}, ep, {}};
   self->state.ep = std::move(ep);
+  self->state.lease_timeout = 2 * config.handoff_read_timeout;
   self->state.engine = std::make_unique<runtime::engine>(std::move(weights), config, std::move(tok));
   self->set_down_handler([self](caf::down_msg& msg) { on_sink_down(self, msg); });
   return {
@@ -201,6 +334,12 @@ engine_actor_impl::behavior_type engine_behavior(self_pointer self,
     [self](cancel_atom, request_id id) { return cancel(self, id); },
     [self](stats_atom) { return self->state.snapshot(); },
     [self](drain_atom) { return !std::exchange(self->state.draining, true); },
+    [self](handoff_atom, const handoff_offer& offer, token_sink_actor& sink) -> caf::result<request_id> {
+      return take_handoff(self, offer, std::move(sink));
+    },
+    [self](handoff_atom, request_id caller, bool placed) { on_placed(self, caller, placed); },
+    [self](release_atom, request_id source) { on_release(self, source); },
+    [self](lease_atom, request_id engine_id, uint64_t number) { on_lease_deadline(self, engine_id, number); },
     [self](step_atom) { step(self); },
     [self](lockstep_atom, uint64_t group, uint64_t s) { join(self, group, s); },
     [self](lockstep_atom, uint64_t group, int32_t rank, std::vector<caf::actor>& ranks) {

@@ -44,6 +44,7 @@ const char* to_string(errc e) {
     case errc::not_found: return "not_found";
     case errc::corrupt: return "corrupt";
     case errc::storage_full: return "storage_full";
+    case errc::no_room: return "no_room";
   }
   return "errc(?)";
 }
@@ -86,6 +87,35 @@ runtime::sampling_params to_sampling_params(const sampling_options& o) {
   p.ignore_eos = o.ignore_eos;
   if (o.has_seed) p.seed = o.seed;
   return p;
+}
+
+handoff_offer to_handoff_offer(const runtime::handoff_state& s, request_id id, caf::actor prefill,
+                               int64_t blocks_needed) {
+  return {id,          std::move(prefill), blocks_needed, s.source,        s.tokens,     s.prompt_len,
+          to_sampling_options(s.params),   s.seq_seed,    s.cls,           s.text,       s.computed,
+          s.dec_from,  s.ring_tokens,      s.ring_floor,  s.cached_tokens, s.swa_approx, s.snapshot_at,
+          s.blocks,    s.rings};
+}
+
+runtime::handoff_state to_handoff_state(const handoff_offer& o) {
+  runtime::handoff_state s;
+  s.source = o.source;
+  s.tokens = o.tokens;
+  s.prompt_len = o.prompt_len;
+  s.params = to_sampling_params(o.sampling);
+  s.seq_seed = o.seq_seed;
+  s.cls = o.cls;
+  s.text = o.text;
+  s.computed = o.computed;
+  s.dec_from = o.dec_from;
+  s.ring_tokens = o.ring_tokens;
+  s.ring_floor = o.ring_floor;
+  s.cached_tokens = o.cached_tokens;
+  s.swa_approx = o.swa_approx;
+  s.snapshot_at = o.snapshot_at;
+  s.blocks = o.blocks;
+  s.rings = o.rings;
+  return s;
 }
 
 void add_message_types(caf::actor_system_config& cfg) {

@@ -15,6 +15,7 @@
 #include <caf/typed_actor.hpp>
 
 #include "runtime/block_key.hpp"
+#include "runtime/handoff.hpp"
 #include "runtime/ids.hpp"
 #include "runtime/sampler.hpp"
 #include "runtime/traffic_class.hpp"
@@ -40,6 +41,13 @@ typename Inspector::result_type inspect(Inspector& f, block_key& x) {
   return f(caf::meta::type_name("block_key"), x.hi, x.lo);
 }
 
+// A registered range on the wire (a handoff's blocks and rings): the owner's transport
+// address, then address, key, length and checksum. The receiver validates it before reading.
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, remote_memory& x) {
+  return f(caf::meta::type_name("remote_memory"), x.owner, x.addr, x.key, x.length, x.crc32c);
+}
+
 }  // namespace shoal::runtime
 
 namespace shoal::actors {
@@ -60,6 +68,7 @@ enum class errc : uint8_t {
   not_found,            // a named actor, node or chunk does not exist
   corrupt,              // a stored chunk failed its checksum (removed, never served)
   storage_full,         // a storage node cannot take the chunk (capacity or disk full)
+  no_room,              // a decode engine cannot reserve the blocks of a handoff (ask another)
 };
 
 const char* to_string(errc e);
@@ -154,6 +163,12 @@ struct engine_stats_snapshot {
   int64_t waiting_for_remote = 0;      // requests whose prefix is being read from storage
   uint64_t remote_hit_tokens = 0;      // of prefix_hit_tokens: read from the storage cluster
   uint64_t remote_timeouts = 0;        // reads given up at their deadline (recomputed)
+  std::string role = "both";           // runtime::engine_role
+  uint64_t handoffs_offered = 0;       // prefill: requests lent to a decode engine
+  uint64_t handoffs_placed = 0;        // prefill: of those, taken by a decode engine
+  uint64_t handoffs_kept = 0;          // prefill: of those, decoded here (no decode engine had room)
+  uint64_t handoffs_taken = 0;         // decode: handoffs read from a prefill engine
+  uint64_t handoff_failures = 0;       // decode: of those, recomputed (read failed or timed out)
   friend bool operator==(const engine_stats_snapshot&, const engine_stats_snapshot&) = default;
 };
 
@@ -161,7 +176,8 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, engine_stats_snapshot& x) {
   return f(caf::meta::type_name("engine_stats_snapshot"), x.steps, x.prefill_tokens, x.decode_tokens,
            x.generated, x.prefix_hit_tokens, x.requests_running, x.blocks_free, x.blocks_total, x.waiting_for_remote,
-           x.remote_hit_tokens, x.remote_timeouts);
+           x.remote_hit_tokens, x.remote_timeouts, x.role, x.handoffs_offered, x.handoffs_placed, x.handoffs_kept,
+           x.handoffs_taken, x.handoff_failures);
 }
 
 
@@ -179,6 +195,45 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, text_event& x) {
   return f(caf::meta::type_name("text_event"), x.id, x.text, x.finished, x.finish_reason);
 }
+
+// -- disaggregation --------------------------------------------------------------------------
+
+// A prefill engine's offer of one request to a decode engine (runtime::handoff_state on the
+// wire, DISAGG.md steps 3-4). The prefill engine sends it to the request's sink (the gateway's
+// relay) after streaming the first token; the relay places it on a decode engine, which reads
+// the ranges with its transport and releases the prefill engine's lease when the reads are
+// over. Every field comes from another process: the decode engine validates it
+// (runtime::engine::add_handoff) before reserving anything.
+struct handoff_offer {
+  request_id id;               // the caller's id (the relay's)
+  caf::actor prefill;          // the engine actor holding the lease
+  int64_t blocks_needed = 0;   // decode blocks to take it and decode one token
+  request_id source;           // the request's id on the prefill engine
+  std::vector<int32_t> tokens; // prompt ++ output so far
+  int64_t prompt_len = 0;
+  sampling_options sampling;
+  uint64_t seq_seed = 0;
+  runtime::traffic_class cls = runtime::traffic_class::chat;
+  std::string text;
+  int64_t computed = 0, dec_from = 0, ring_tokens = 0;
+  std::vector<int64_t> ring_floor;
+  int64_t cached_tokens = 0;
+  bool swa_approx = false;
+  int64_t snapshot_at = -1;
+  std::vector<runtime::remote_memory> blocks, rings;
+  friend bool operator==(const handoff_offer&, const handoff_offer&) = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, handoff_offer& x) {
+  return f(caf::meta::type_name("handoff_offer"), x.id, x.prefill, x.blocks_needed, x.source, x.tokens, x.prompt_len,
+           x.sampling, x.seq_seed, x.cls, x.text, x.computed, x.dec_from, x.ring_tokens, x.ring_floor, x.cached_tokens,
+           x.swa_approx, x.snapshot_at, x.blocks, x.rings);
+}
+
+handoff_offer to_handoff_offer(const runtime::handoff_state& s, request_id id, caf::actor prefill,
+                               int64_t blocks_needed);
+runtime::handoff_state to_handoff_state(const handoff_offer& o);
 
 // -- KV-cache storage ------------------------------------------------------------------------
 
@@ -256,13 +311,14 @@ struct node_info {
   std::vector<caf::actor> storage; // storage role: its storage_node_actors, by index
   bool draining = false;           // SIGTERM or `drain`: takes no new requests
   std::vector<uint16_t> storage_ports;  // storage role: each storage node's bulk port on `host`
+  std::string engine_role = "both";     // engine role: "both", "prefill" or "decode" (every rank)
   friend bool operator==(const node_info&, const node_info&) = default;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, node_info& x) {
   return f(caf::meta::type_name("node_info"), x.name, x.host, x.port, x.roles, x.agent, x.ranks,
-           x.storage, x.draining, x.storage_ports);
+           x.storage, x.draining, x.storage_ports, x.engine_role);
 }
 
 // The nodes one node agent knows to be up, sorted by name. version grows with every change
@@ -325,6 +381,11 @@ CAF_ADD_ATOM(shoal, shoal, get_atom, "get")
 CAF_ADD_ATOM(shoal, shoal, exists_atom, "exists")
 CAF_ADD_ATOM(shoal, shoal, corrupt_atom, "corrupt")
 CAF_ADD_ATOM(shoal, shoal, gc_atom, "gc")
+CAF_ADD_ATOM(shoal, shoal, handoff_atom, "handoff")
+CAF_ADD_ATOM(shoal, shoal, release_atom, "release")
+CAF_ADD_ATOM(shoal, shoal, decode_atom, "decode")
+CAF_ADD_ATOM(shoal, shoal, lease_atom, "lease")
+CAF_ADD_ATOM(shoal, shoal, tick_atom, "tick")
 
 // -- typed interfaces -----------------------------------------------------------------------
 
@@ -334,9 +395,14 @@ namespace shoal::actors {
 using token_sink_actor = caf::typed_actor<
   // Handles one generated token; events of one request arrive in order, the last one with
   // finished = true. No reply.
-  caf::reacts_to<token_event>>;
+  caf::reacts_to<token_event>,
+  // A prefill engine lends the request (after its first token): the sink places it on a
+  // decode engine and answers the prefill engine with (handoff, id, placed). A sink that
+  // never answers gets the rest of the stream from the prefill engine after its lease
+  // deadline. No reply.
+  caf::reacts_to<handoff_atom, handoff_offer>>;
 
-// One data-parallel engine replica (colocated prefill + decode). Owns a runtime::engine and
+// One data-parallel engine replica (prefill, decode or both, runtime::engine_role). Owns a runtime::engine and
 // steps it while it has work, one step per message, so submit/cancel/stats interleave.
 using engine_actor = caf::typed_actor<
   // Queues `req` and streams its token events to the sender. Replies req.id once queued, or
@@ -352,6 +418,18 @@ using engine_actor = caf::typed_actor<
   // Stops taking new requests (submit then fails with errc::draining); running ones finish.
   // Replies true when the engine was not draining before.
   caf::replies_to<drain_atom>::with<bool>,
+  // Decode side of a handoff: reserves blocks, starts reading the offer's ranges and streams
+  // the rest of the request to `sink`; replies the offer's id. Errors: no_room (nothing
+  // reserved: ask another), invalid_request (what is wrong with the offer), draining,
+  // duplicate_request, no_sink. When the reads are over (taken or recomputed) it sends
+  // (release, source) to the offer's prefill engine.
+  caf::replies_to<handoff_atom, handoff_offer, token_sink_actor>::with<request_id>,
+  // Prefill side, from the sink: request `id` was placed on a decode engine (true: wait for
+  // its release, at most the lease deadline) or not (false: decode it here). No reply.
+  caf::reacts_to<handoff_atom, request_id, bool>,
+  // Prefill side, from the decode engine: it is done reading the lent request `source` (the
+  // prefill engine's own id); the lease ends. No reply.
+  caf::reacts_to<release_atom, request_id>,
   // Expert parallelism, from the engine's rank actor: join lockstep step `step` of group
   // `group` unless this engine has begun it already. No reply.
   caf::reacts_to<lockstep_atom, uint64_t, uint64_t>,
@@ -417,6 +495,9 @@ using router_actor = caf::typed_actor<
   // An engine for one request, never one of `exclude` (engines that failed it already);
   // error no_engine when none is left. The caller must send done for it later.
   caf::replies_to<route_atom, std::vector<caf::actor>>::with<caf::actor>,
+  // A decode engine for a handoff needing `blocks` free blocks, never one of `refused`
+  // (runtime::decode_placement); error no_engine when none fits. Done is sent for it too.
+  caf::replies_to<route_atom, decode_atom, int64_t, std::vector<caf::actor>>::with<caf::actor>,
   // A request routed to `engine` ended (finished, failed or re-routed). No reply.
   caf::reacts_to<done_atom, caf::actor>,
   // The node agent's view after a change. No reply.
@@ -440,7 +521,9 @@ using gateway_actor = caf::typed_actor<
 // itself. Only engine_actor.cpp spawns this; everyone else holds an engine_actor.
 using engine_actor_impl = engine_actor::extend<
   // Runs one engine step and sends the resulting token events; re-sent while work remains.
-  caf::reacts_to<step_atom>>;
+  caf::reacts_to<step_atom>,
+  // The lease deadline of lent request (engine id, lease number) passed.
+  caf::reacts_to<lease_atom, request_id, uint64_t>>;
 
 }  // namespace shoal::actors
 
@@ -472,6 +555,7 @@ CAF_BEGIN_TYPE_ID_BLOCK(shoal, caf::first_custom_type_id)
   CAF_ADD_TYPE_ID(shoal, (std::vector<uint8_t>))
   CAF_ADD_TYPE_ID(shoal, (shoal::runtime::block_key))
   CAF_ADD_TYPE_ID(shoal, (std::vector<shoal::runtime::block_key>))
+  CAF_ADD_TYPE_ID(shoal, (shoal::actors::handoff_offer))
 CAF_END_TYPE_ID_BLOCK(shoal)
 
 namespace shoal::actors {

@@ -42,6 +42,11 @@ struct relay_state {
   int attempt = 0;
   int64_t forwarded = 0;            // tokens the client has
   int64_t received = 0;             // tokens of the current attempt
+  // A handoff being placed: the offer of the current (prefill) engine, the decode engines
+  // that refused it, and a number that makes answers to an older placement stale.
+  std::optional<handoff_offer> offer;
+  std::vector<caf::actor> refused;
+  uint64_t placement = 0;
 };
 
 using relay_pointer = caf::stateful_actor<relay_state>*;
@@ -62,6 +67,8 @@ void give_up(relay_pointer self, error_reply err) {
 // after a backoff, unless the error is the request's own fault or attempts are used up.
 void retry(relay_pointer self, error_reply err, bool exclude_engine) {
   auto& st = self->state;
+  st.offer.reset();
+  ++st.placement;
   if (st.engine) {
     self->demonitor(st.engine);
     self->send(st.router, done_atom_v, st.engine);
@@ -97,6 +104,81 @@ void attempt(relay_pointer self) {
           [self](caf::error& e) { give_up(self, to_error_reply(e)); });
 }
 
+// -- handoff placement -------------------------------------------------------------------
+
+// Nobody takes the offer: the prefill engine decodes the request itself.
+void keep_on_prefill(relay_pointer self) {
+  auto& st = self->state;
+  st.offer.reset();
+  ++st.placement;
+  self->send(caf::actor_cast<engine_actor>(st.engine), handoff_atom_v, st.req.id, false);
+}
+
+void place(relay_pointer self);
+
+// Hands the offer to decode engine `d`; on success `d` is the request's engine from now on.
+void ask_decode(relay_pointer self, caf::actor d, uint64_t placement) {
+  auto& st = self->state;
+  self->request(caf::actor_cast<engine_actor>(d), st.options.handoff_timeout, handoff_atom_v, *st.offer,
+                caf::actor_cast<token_sink_actor>(self))
+    .then(
+      [self, d, placement](request_id) {
+        auto& st = self->state;
+        if (placement != st.placement || !st.offer) {  // the request moved on meanwhile
+          caf::anon_send(caf::actor_cast<engine_actor>(d), cancel_atom_v, st.req.id);
+          self->send(st.router, done_atom_v, d);
+          return;
+        }
+        const caf::actor prefill = st.engine;
+        self->demonitor(prefill);
+        self->send(st.router, done_atom_v, prefill);
+        self->send(caf::actor_cast<engine_actor>(prefill), handoff_atom_v, st.req.id, true);
+        st.engine = d;
+        self->monitor(d);
+        st.received = static_cast<int64_t>(st.offer->tokens.size()) - st.offer->prompt_len;
+        st.offer.reset();
+        ++st.placement;
+      },
+      [self, d, placement](caf::error&) {
+        auto& st = self->state;
+        self->send(st.router, done_atom_v, d);
+        if (placement != st.placement || !st.offer) return;
+        st.refused.push_back(d);
+        if (static_cast<int>(st.refused.size()) >= st.options.handoff_attempts) return keep_on_prefill(self);
+        place(self);
+      });
+}
+
+void place(relay_pointer self) {
+  auto& st = self->state;
+  const uint64_t placement = st.placement;
+  self->request(st.router, st.options.handoff_timeout, route_atom_v, decode_atom_v, st.offer->blocks_needed, st.refused)
+    .then(
+      [self, placement](caf::actor& d) {
+        if (placement != self->state.placement || !self->state.offer) {
+          self->send(self->state.router, done_atom_v, d);
+          return;
+        }
+        ask_decode(self, std::move(d), placement);
+      },
+      [self, placement](caf::error&) {
+        if (placement == self->state.placement && self->state.offer) keep_on_prefill(self);
+      });
+}
+
+void on_offer(relay_pointer self, handoff_offer& offer) {
+  auto& st = self->state;
+  if (!st.engine || self->current_sender() != caf::actor_cast<caf::strong_actor_ptr>(st.engine) ||
+      offer.id != st.req.id) {  // a stale attempt's: nobody reads it
+    if (offer.prefill) caf::anon_send(caf::actor_cast<engine_actor>(offer.prefill), cancel_atom_v, offer.id);
+    return;
+  }
+  st.offer = std::move(offer);
+  st.refused.clear();
+  ++st.placement;
+  place(self);
+}
+
 void on_token(relay_pointer self, const token_event& ev) {
   auto& st = self->state;
   if (!st.engine || self->current_sender() != caf::actor_cast<caf::strong_actor_ptr>(st.engine)) return;
@@ -128,6 +210,7 @@ caf::behavior relay_behavior(caf::stateful_actor<relay_state>* self, router_acto
   attempt(self);
   return {
     [self](const token_event& ev) { on_token(self, ev); },
+    [self](handoff_atom, handoff_offer& offer) { on_offer(self, offer); },
     [self](route_atom) { attempt(self); },
     [self](cancel_atom) {
       if (self->state.engine) caf::anon_send(caf::actor_cast<engine_actor>(self->state.engine), cancel_atom_v,

@@ -3,6 +3,12 @@
 // and re-routes the request when its engine fails (down, draining, a failed expert-parallel
 // step): the new engine recomputes from the prompt with the same seed, and the tokens the
 // client already has are skipped, so the client sees one uninterrupted stream.
+//
+// With disaggregation the relay also places the request: a prefill engine offers it after
+// the first token (handoff_offer), the relay asks the router for a decode engine and hands
+// it the offer; the one that takes it becomes the request's engine (monitored, re-routed
+// from on failure), and the prefill engine is told. When every decode engine refuses (no
+// room) or none is up, the prefill engine decodes the request itself.
 #pragma once
 
 #include <chrono>
@@ -45,6 +51,8 @@ struct relay_options {
   int max_attempts = 4;                          // engines tried before giving up
   std::chrono::milliseconds request_timeout{60'000};  // whole request, all attempts
   std::chrono::milliseconds retry_backoff{200};  // × attempt number, before re-routing
+  int handoff_attempts = 3;                       // decode engines asked per handoff
+  std::chrono::milliseconds handoff_timeout{5'000};  // one decode engine's answer
 };
 
 // Spawns the relay of `req` (its sampling must carry a seed: re-routing relies on it).

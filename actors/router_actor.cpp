@@ -11,18 +11,20 @@
 namespace shoal::actors {
 
 void least_loaded_policy::update(const membership& m) {
-  engines_.clear();
+  entry_.clear();
+  decode_.clear();
   for (const node_info& n : m.nodes) {
     if (n.draining || std::find(n.roles.begin(), n.roles.end(), "engine") == n.roles.end()) continue;
     for (const rank_info& r : n.ranks)
-      if (r.engine) engines_.push_back(r.engine);
+      if (r.engine) (n.engine_role == "decode" ? decode_ : entry_).push_back(r.engine);
   }
 }
 
-std::optional<caf::actor> least_loaded_policy::pick(const std::vector<caf::actor>& exclude) {
+std::optional<caf::actor> least_loaded_policy::least_loaded(const std::vector<caf::actor>& among,
+                                                            const std::vector<caf::actor>& exclude) {
   const caf::actor* best = nullptr;
   int64_t best_load = 0;
-  for (const caf::actor& e : engines_) {
+  for (const caf::actor& e : among) {
     if (std::find(exclude.begin(), exclude.end(), e) != exclude.end()) continue;
     int64_t load = in_flight_[e.address()];
     if (!best || load < best_load) {
@@ -35,6 +37,34 @@ std::optional<caf::actor> least_loaded_policy::pick(const std::vector<caf::actor
   return *best;
 }
 
+std::optional<caf::actor> least_loaded_policy::pick(const std::vector<caf::actor>& exclude) {
+  if (auto e = least_loaded(entry_, exclude)) return e;
+  return least_loaded(decode_, exclude);
+}
+
+std::optional<caf::actor> least_loaded_policy::pick_decode(int64_t blocks, const std::vector<caf::actor>& refused) {
+  std::vector<runtime::decode_candidate> candidates;
+  std::vector<int64_t> refused_index;
+  for (size_t i = 0; i < decode_.size(); ++i) {
+    const caf::actor& e = decode_[i];
+    auto free = blocks_free_.find(e.address());
+    candidates.push_back({static_cast<int64_t>(i), in_flight_[e.address()], 0,
+                          free == blocks_free_.end() ? blocks : free->second, false});
+    if (std::find(refused.begin(), refused.end(), e) != refused.end()) refused_index.push_back(static_cast<int64_t>(i));
+  }
+  runtime::decode_ask ask;
+  ask.blocks_needed = blocks;
+  auto chosen = placement_.choose(ask, candidates, refused_index);
+  if (!chosen) return std::nullopt;
+  const caf::actor& e = decode_[static_cast<size_t>(*chosen)];
+  ++in_flight_[e.address()];
+  return e;
+}
+
+void least_loaded_policy::observe(const caf::actor& engine, int64_t blocks_free) {
+  blocks_free_[engine.address()] = blocks_free;
+}
+
 void least_loaded_policy::done(const caf::actor& engine) {
   auto it = in_flight_.find(engine.address());
   if (it != in_flight_.end() && it->second > 0) --it->second;
@@ -45,9 +75,26 @@ namespace {
 struct router_state {
   static inline const char* name = "router";
   least_loaded_policy policy;
+  bool polling = false;  // a tick is due
 };
 
-router_actor::behavior_type router_behavior(router_actor::stateful_pointer<router_state> self) {
+// How often the router asks each decode engine for its free blocks.
+constexpr auto decode_poll_interval = std::chrono::milliseconds(200);
+
+using router_impl = router_actor::extend<caf::reacts_to<tick_atom>>;
+using router_pointer = router_impl::stateful_pointer<router_state>;
+
+void poll_decoders(router_pointer self) {
+  self->state.polling = !self->state.policy.decode_engines().empty();
+  if (!self->state.polling) return;
+  for (const caf::actor& e : self->state.policy.decode_engines())
+    self->request(caf::actor_cast<engine_actor>(e), decode_poll_interval * 5, stats_atom_v)
+      .then([self, e](const engine_stats_snapshot& s) { self->state.policy.observe(e, s.blocks_free); },
+            [](const caf::error&) {});  // gone: the next membership drops it
+  self->delayed_send(self, decode_poll_interval, tick_atom_v);
+}
+
+router_impl::behavior_type router_behavior(router_pointer self) {
   return {
     [self](route_atom, std::vector<caf::actor>& exclude) -> caf::result<caf::actor> {
       if (auto e = self->state.policy.pick(exclude)) return *e;
@@ -55,13 +102,25 @@ router_actor::behavior_type router_behavior(router_actor::stateful_pointer<route
                                              ? "no engine is up in the cluster"
                                              : "every engine failed this request already");
     },
+    [self](route_atom, decode_atom, int64_t blocks, std::vector<caf::actor>& refused) -> caf::result<caf::actor> {
+      if (auto e = self->state.policy.pick_decode(blocks, refused)) return *e;
+      return make_error(errc::no_engine, self->state.policy.decode_engines().empty()
+                                             ? "no decode engine is up in the cluster"
+                                             : "no decode engine has room for the handoff");
+    },
     [self](done_atom, caf::actor& engine) { self->state.policy.done(engine); },
-    [self](membership& m) { self->state.policy.update(m); },
+    [self](membership& m) {
+      self->state.policy.update(m);
+      if (!self->state.polling) poll_decoders(self);
+    },
+    [self](tick_atom) { poll_decoders(self); },
   };
 }
 
 }  // namespace
 
-router_actor spawn_router(caf::actor_system& sys) { return sys.spawn(router_behavior); }
+router_actor spawn_router(caf::actor_system& sys) {
+  return caf::actor_cast<router_actor>(sys.spawn(router_behavior));
+}
 
 }  // namespace shoal::actors

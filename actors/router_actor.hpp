@@ -1,7 +1,10 @@
 // The router: picks an engine for each of the gateway's requests among the ranks of the
 // engine nodes that are up and not draining, the one with the fewest requests it routed
-// there still in flight (ties: the first in membership order). The prefill/decode balancers
-// of later issues replace this policy; the interface stays.
+// there still in flight (ties: the first in membership order). Requests enter at prefill
+// and colocated ("both") engines; decode engines take them only when no other is up. A
+// prefill engine's handoff goes to a decode engine chosen by runtime::decode_placement over
+// the in-flight counts and the free blocks the router polls from each decode engine. The
+// prefill/decode balancers of later issues replace these policies; the interface stays.
 #pragma once
 
 #include <map>
@@ -9,22 +12,34 @@
 #include <vector>
 
 #include "actors/interfaces.hpp"
+#include "runtime/decode_placement.hpp"
 
 namespace shoal::actors {
 
 // The policy as plain state, tested without an actor system.
 class least_loaded_policy {
  public:
-  // Engines from `m`: every rank of every node with the engine role that is not draining.
+  // Engines from `m`: every rank of every node with the engine role that is not draining,
+  // entry engines (prefill, both) apart from decode engines.
   void update(const membership& m);
-  // The least loaded engine not in `exclude` (counted as one more in flight), or nullopt.
+  // The least loaded entry engine not in `exclude` (counted as one more in flight), or
+  // nullopt; a decode engine when no entry engine is up.
   std::optional<caf::actor> pick(const std::vector<caf::actor>& exclude);
+  // The decode engine for a handoff needing `blocks` free blocks, not in `refused` (counted
+  // as one more in flight), or nullopt.
+  std::optional<caf::actor> pick_decode(int64_t blocks, const std::vector<caf::actor>& refused);
+  // A decode engine's free blocks as last reported (until then it is assumed to have room).
+  void observe(const caf::actor& engine, int64_t blocks_free);
   void done(const caf::actor& engine);
-  size_t engines() const { return engines_.size(); }
+  size_t engines() const { return entry_.size() + decode_.size(); }
+  const std::vector<caf::actor>& decode_engines() const { return decode_; }
 
  private:
-  std::vector<caf::actor> engines_;
+  std::optional<caf::actor> least_loaded(const std::vector<caf::actor>& among, const std::vector<caf::actor>& exclude);
+  std::vector<caf::actor> entry_, decode_;
   std::map<caf::actor_addr, int64_t> in_flight_;
+  std::map<caf::actor_addr, int64_t> blocks_free_;
+  runtime::least_loaded_placement placement_;
 };
 
 router_actor spawn_router(caf::actor_system& sys);

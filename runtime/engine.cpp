@@ -144,6 +144,7 @@ void engine::offer_handoff(request& r) {
     regs.push_back(std::move(*reg));
   }
   r.handed_off = true;
+  ++stats_.handoffs_offered;
   sched_.detach(&r);
   leases_[r.id.value] = std::move(regs);
   handoffs_.push_back(std::move(s));
@@ -157,9 +158,11 @@ bool engine::handoff_done(request_id id, bool taken) {
   request* r = it->second.get();
   leases_.erase(id.value);  // the registrations go before anything they cover can change
   if (!taken) {
+    ++stats_.handoffs_kept;
     sched_.resume(r);
     return true;
   }
+  ++stats_.handoffs_lent;
   r->finish = finish_reason::handed_off;
   sched_.finish(r);
   return true;

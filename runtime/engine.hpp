@@ -67,6 +67,10 @@ struct engine_stats {
   cache_stats cache;
   swa_stats swa;
   int64_t blocks_free = 0, blocks_total = 0;
+  // Handoffs, prefill side: offered (first token out, caches lent), lent (a decode engine took
+  // it: finished here as handed_off), kept (nobody took it: decoded here). Decode side: the
+  // cache stats' imports / import_failures.
+  uint64_t handoffs_offered = 0, handoffs_lent = 0, handoffs_kept = 0;
 };
 
 struct completion {
@@ -107,6 +111,12 @@ class engine {
   // failed read recomputes it from its tokens). Errors: "no room: ..." (nothing reserved: ask
   // another engine) or what is wrong with `s`.
   std::expected<request_id, std::string> add_handoff(const handoff_state& s);
+  // Handoff, decode side: requests whose reads are over since the last call (imported, or
+  // failed and queued to recompute): their prefill engines' leases can end.
+  std::vector<request_id> take_imports_over() { return sched_.take_imports_over(); }
+  // Free blocks a decode engine needs to take `s` (its cache and one block to decode into).
+  int64_t handoff_blocks_needed(const handoff_state& s) const { return caches_.blocks_for(s.computed) + 1; }
+  engine_role role() const { return config_.role; }
   // One step. In EP mode always one lockstep step of the group (an empty one when nothing is
   // planned). When the group's exchange fails (ep_error: peer lost, timeout, bad frame) every
   // request of the step finishes with finish_reason::error (an event each, token −1), its

@@ -36,7 +36,7 @@ struct schema_section {
 const std::vector<schema_section>& schema() {
   static const std::vector<schema_section> sections = {
       {"node", {"name", "listen", "roles", "model_dir", "drain_timeout_ms"}},
-      {"engine", {"ranks", "cache_mib", "expert_parallel", "kv_storage"}},
+      {"engine", {"ranks", "cache_mib", "expert_parallel", "kv_storage", "role", "transport", "handoff_timeout_ms"}},
       {"gateway", {"listen", "auth_token_file"}},
       {"cluster", {"seeds", "heartbeat_interval_ms", "connection_timeout_ms", "request_timeout_ms"}},
       {"storage", {"dir", "nodes", "capacity_mib", "high_watermark_pct", "low_watermark_pct", "fsync",
@@ -392,6 +392,20 @@ void read_sections(error_sink& sink, const sections& f, const fs::path& base, no
   if (std::optional<int64_t> n = read_integer(sink, f.engine, "cache_mib", 16, 1 << 20)) c.cache_mib = *n;
   if (std::optional<bool> b = read_bool(sink, f.engine, "expert_parallel")) c.expert_parallel = *b;
   if (std::optional<bool> b = read_bool(sink, f.engine, "kv_storage")) c.kv_storage = *b;
+  if (std::optional<std::string> v = read_string(sink, f.engine, "role")) {
+    if (*v == "both") c.disagg_role = engine_role::both;
+    else if (*v == "prefill") c.disagg_role = engine_role::prefill;
+    else if (*v == "decode") c.disagg_role = engine_role::decode;
+    else
+      sink.fail(config_errc::bad_value, f.engine.pos("role"), f.engine.path("role"),
+                "expected \"both\", \"prefill\" or \"decode\", got \"" + *v + "\"");
+  }
+  if (std::optional<std::string> v = read_string(sink, f.engine, "transport")) {
+    if (!v->empty()) c.transport = *v;
+    else sink.fail(config_errc::bad_value, f.engine.pos("transport"), f.engine.path("transport"),
+                   "expected a libfabric provider such as \"shm\" or \"tcp;ofi_rxm\", got \"\"");
+  }
+  if (auto ms = read_integer(sink, f.engine, "handoff_timeout_ms", 1, hour_ms)) c.handoff_timeout_ms = *ms;
   c.http_listen = read_host_port(sink, f.gateway, "listen", true);
   c.auth_token_file = read_path(sink, f.gateway, "auth_token_file", base);
   for (const auto& [text, pos] : read_string_array(sink, f.cluster, "seeds")) {
@@ -455,6 +469,14 @@ void check_consistency(error_sink& sink, const sections& f, const node_config& c
               std::string(blame_timeout ? "must exceed" : "must be below") + " cluster." + other + " (" +
                   std::to_string(other_ms) + (f.cluster.get(other) ? "" : ", the default") + ")");
   }
+  if (c.disagg_role != engine_role::both && c.expert_parallel)
+    sink.fail(config_errc::bad_value, f.engine.pos("role"), "engine.role",
+              std::string("\"") + to_string(c.disagg_role) +
+                "\" engines run without expert parallelism in this version (engine.expert_parallel = true)");
+  for (std::string_view key : {"transport", "handoff_timeout_ms"})
+    if (c.disagg_role == engine_role::both && f.engine.get(key))
+      sink.fail(config_errc::bad_value, f.engine.pos(key), f.engine.path(key),
+                "only prefill and decode engines move handoffs (engine.role is \"both\")");
   if (c.http_listen && c.http_listen->port != 0 && *c.http_listen == c.listen)
     sink.fail(config_errc::bad_value, f.gateway.pos("listen"), "gateway.listen",
               "same address as node.listen (" + to_string(c.listen) + ")");

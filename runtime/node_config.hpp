@@ -12,6 +12,8 @@
 #include <string_view>
 #include <vector>
 
+#include "runtime/handoff.hpp"
+
 namespace shoal::runtime {
 
 // What a node runs. A node has at least one role and each at most once.
@@ -44,6 +46,9 @@ struct node_config {
   int64_t cache_mib = 512;        // KV block memory per rank
   bool expert_parallel = false;   // ranks of all such engine nodes form one EP group
   bool kv_storage = false;        // the storage cluster is the ranks' second cache tier
+  engine_role disagg_role = engine_role::both;  // engine.role: prefill / decode pools, or both
+  std::string transport = "tcp;ofi_rxm";        // libfabric provider of handoff bytes (roles prefill, decode)
+  int64_t handoff_timeout_ms = 5'000;           // decode side: a handoff's reads, then recompute
 
   // [gateway] (required with the gateway role, rejected without it)
   std::optional<host_port> http_listen;                 // set iff the node has the gateway role

@@ -73,6 +73,7 @@ void scheduler::add_importing(request* r) {
 void scheduler::collect_imports() {
   for (auto [r, ok] : caches_.poll_imports()) {
     std::erase(importing_, r);
+    imports_over_.push_back(r->id);
     if (ok) {
       r->status = request_status::running;
       running_.push_back(r);

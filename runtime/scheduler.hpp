@@ -12,6 +12,7 @@
 
 #include <deque>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "runtime/cache_manager.hpp"
@@ -65,6 +66,8 @@ class scheduler {
   size_t waiting_for_remote() const { return remote_waiting_.size(); }
   size_t remote_reads_out() const { return caches_.remote_reads_out(); }
   size_t importing() const { return caches_.imports_out(); }
+  // Requests whose handoff reads ended (either way) since the last call.
+  std::vector<request_id> take_imports_over() { return std::exchange(imports_over_, {}); }
   size_t running() const { return running_.size(); }
   const std::vector<request*>& running_requests() const { return running_; }
   const std::deque<request*>& waiting_requests() const { return waiting_; }
@@ -87,6 +90,7 @@ class scheduler {
   std::vector<request*> running_;
   std::vector<request*> remote_waiting_;  // start order
   std::vector<request*> importing_;
+  std::vector<request_id> imports_over_;
 };
 
 }  // namespace shoal::runtime

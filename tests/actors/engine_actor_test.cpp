@@ -304,6 +304,34 @@ void round_trip(caf::scoped_actor& self, const caf::actor& remote, const Ts&... 
 
 namespace {
 
+// A handoff offer with every field set (two blocks, one ring, an empty ring).
+actors::handoff_offer offer_example(caf::actor prefill) {
+  actors::handoff_offer o;
+  o.id = request_id(77);
+  o.prefill = std::move(prefill);
+  o.blocks_needed = 3;
+  o.source = request_id(4);
+  o.tokens = {256, 5, 6, 7, 99};
+  o.prompt_len = 4;
+  o.sampling.temperature = 0.5f;
+  o.sampling.has_seed = true;
+  o.sampling.seed = 99;
+  o.sampling.stop_strings = {"END"};
+  o.seq_seed = 1ull << 60;
+  o.cls = runtime::traffic_class::agent;
+  o.text = "h\xc3\xa9";
+  o.computed = 4;
+  o.dec_from = 2;
+  o.ring_tokens = 32;
+  o.ring_floor = {0, -1};
+  o.cached_tokens = 16;
+  o.swa_approx = true;
+  o.snapshot_at = 16;
+  o.blocks = {{{1, 2, 3}, 4096, 0xabcdef, 65536, 0xdeadbeef}, {{1, 2, 3}, 8192, 0xabcdef, 65536, 7}};
+  o.rings = {{{9}, 1, 2, 3, 4}, {}};
+  return o;
+}
+
 // True when Ts are exactly the types of the shoal type-ID block: a type added to the block
 // without a round trip below fails to compile here.
 template <class... Ts>
@@ -323,7 +351,8 @@ static_assert(is_the_type_id_block<request_id, error_reply, actors::sampling_opt
                                    actors::rank_actor, actors::node_agent_actor, actors::router_actor,
                                    actors::gateway_actor, std::vector<std::string>, actors::chunk_put,
                                    actors::chunk_query, actors::storage_stats_snapshot, actors::storage_node_actor,
-                                   std::vector<uint8_t>, runtime::block_key, std::vector<runtime::block_key>>(),
+                                   std::vector<uint8_t>, runtime::block_key, std::vector<runtime::block_key>,
+                                   actors::handoff_offer>(),
               "the round trip below covers exactly these types");
 
 }  // namespace
@@ -356,7 +385,8 @@ TEST_CASE("every type of the type-ID block round-trips through a remote actor") 
   actors::rank_info rank0{0, locals[0], locals[1]};
   actors::rank_info rank1{1, remote, {}};  // a remote engine, no rank actor (no expert parallelism)
   actors::node_info engine_node{"node-b", "127.0.0.1", 4711, {"engine", "storage"},
-                                caf::actor_cast<caf::actor>(self), {rank0, rank1}, {locals[2], remote}, true, {4100, 0}};
+                                caf::actor_cast<caf::actor>(self), {rank0, rank1}, {locals[2], remote}, true, {4100, 0},
+                                "prefill"};
   actors::node_info gateway_node{"node-a", "::1", 0, {"gateway"}, locals[2], {}, {}, false, {}};
   std::vector<uint8_t> mib(1 << 20);
   for (size_t i = 0; i < mib.size(); ++i) mib[i] = static_cast<uint8_t>(i * 131 + (i >> 12));
@@ -369,7 +399,7 @@ TEST_CASE("every type of the type-ID block round-trips through a remote actor") 
   round_trip(self, remote, req);
   round_trip(self, remote, token_event{request_id(3), 77, true, runtime::finish_reason::stop});
   round_trip(self, remote, token_event{request_id(4), 12, true, runtime::finish_reason::length, 48});
-  round_trip(self, remote, engine_stats_snapshot{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11});
+  round_trip(self, remote, engine_stats_snapshot{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, "decode", 12, 13, 14, 15, 16});
   round_trip(self, remote, sink);  // a local handle comes back as itself
   round_trip(self, remote, caf::actor_cast<actors::engine_actor>(locals[0]));
   round_trip(self, remote, rank0);
@@ -395,6 +425,8 @@ TEST_CASE("every type of the type-ID block round-trips through a remote actor") 
   round_trip(self, remote, caf::actor_cast<actors::storage_node_actor>(locals[1]));
   round_trip(self, remote, mib);
   round_trip(self, remote, std::vector<uint8_t>{});
+  round_trip(self, remote, offer_example(locals[0]));
+  round_trip(self, remote, actors::handoff_offer{});
 
   // A caf::error carrying an error_reply (how actors answer a refused request; the remote
   // engine case checks that path end to end). A message holding only an error would go to
@@ -433,10 +465,14 @@ TEST_CASE("every message of the typed interfaces that crosses processes round-tr
   round_trip(self, remote, lockstep_atom_v, uint64_t{0xfeedull << 40}, uint64_t{17});
   round_trip(self, remote, lockstep_atom_v, uint64_t{42}, int32_t{1}, std::vector<caf::actor>{me, remote, other});
   round_trip(self, remote, lockstep_atom_v, uint64_t{43}, int32_t{0}, std::vector<caf::actor>{});
+  round_trip(self, remote, handoff_atom_v, offer_example(other), sink);
+  round_trip(self, remote, handoff_atom_v, request_id(5), true);
+  round_trip(self, remote, release_atom_v, request_id(6));
   round_trip(self, remote, true);
   // token_sink_actor and the shell's text sink
   round_trip(self, remote, token_event{request_id(5), -1, true, runtime::finish_reason::aborted});
   round_trip(self, remote, actors::text_event{request_id(5), "abc", true, "stop"});
+  round_trip(self, remote, handoff_atom_v, offer_example(remote));
   // rank_actor
   round_trip(self, remote, expert_atom_v, frame);
   round_trip(self, remote, expert_atom_v, actors::ep_frame{11, 3, 2, 1, 0, {}});
@@ -454,6 +490,7 @@ TEST_CASE("every message of the typed interfaces that crosses processes round-tr
   // router_actor (replies: caf::actor)
   round_trip(self, remote, route_atom_v, std::vector<caf::actor>{other, remote});
   round_trip(self, remote, route_atom_v, std::vector<caf::actor>{});
+  round_trip(self, remote, route_atom_v, decode_atom_v, int64_t{6}, std::vector<caf::actor>{other});
   round_trip(self, remote, done_atom_v, other);
   round_trip(self, remote, remote);
   // gateway_actor (replies: vector<string>, bool, string, int64_t, request_id)

@@ -94,10 +94,37 @@ TEST_CASE("node_config: config/local-3node/ is 1 gateway node and 2 engine nodes
   }
 }
 
+TEST_CASE("node_config: config/local-disagg/ is a gateway, 2 prefill and 2 decode engine nodes over tcp;ofi_rxm") {
+  const node_config gw = load_sample("config/local-disagg/gateway.toml");
+  CHECK(gw.roles == std::vector<role>{role::gateway});
+  CHECK(gw.listen == host_port{"127.0.0.1", 7200});
+  CHECK(gw.http_listen == host_port{"127.0.0.1", 8000});
+  CHECK(gw.disagg_role == engine_role::both);
+  const std::vector<std::pair<std::string, engine_role>> nodes = {{"prefill-a", engine_role::prefill},
+                                                                  {"prefill-b", engine_role::prefill},
+                                                                  {"decode-a", engine_role::decode},
+                                                                  {"decode-b", engine_role::decode}};
+  uint16_t port = 7201;
+  for (const auto& [name, r] : nodes) {
+    const node_config e = load_sample("config/local-disagg/" + name + ".toml");
+    CAPTURE(name);
+    CHECK(e.name == name);
+    CHECK(e.listen == host_port{"127.0.0.1", port++});
+    CHECK(e.roles == std::vector<role>{role::engine});
+    CHECK(e.disagg_role == r);
+    CHECK(e.transport == "tcp;ofi_rxm");
+    CHECK(e.handoff_timeout_ms == 5'000);
+    CHECK_FALSE(e.expert_parallel);
+    CHECK(e.seeds == std::vector<host_port>{gw.listen});
+  }
+}
+
 TEST_CASE("node_config: optional keys take their defaults") {
   const auto c = parse_node_config(base, "");
   REQUIRE_MESSAGE(c.has_value(), (c ? std::string() : to_string(c.error())));
   CHECK(c->ranks == 1);
+  CHECK(c->disagg_role == engine_role::both);
+  CHECK(c->transport == "tcp;ofi_rxm");
   CHECK(c->drain_timeout_ms == 30'000);
   CHECK(c->seeds.empty());
   CHECK(c->heartbeat_interval_ms == 1'000);
@@ -227,6 +254,16 @@ TEST_CASE("node_config: every bad input names its line and key") {
        "unknown level 'verbose'"},
       {"log file as a boolean", base + "[log]\nfile = true\n", config_errc::wrong_type, 7, "log.file",
        "expected a string, got a boolean"},
+      {"unknown engine role", base + "[engine]\nrole = \"encode\"\n", config_errc::bad_value, 7, "engine.role",
+       "expected \"both\", \"prefill\" or \"decode\", got \"encode\""},
+      {"prefill role with expert parallelism", base + "[engine]\nexpert_parallel = true\nrole = \"prefill\"\n",
+       config_errc::bad_value, 8, "engine.role", "without expert parallelism"},
+      {"transport on a colocated engine", base + "[engine]\ntransport = \"shm\"\n", config_errc::bad_value, 7,
+       "engine.transport", "only prefill and decode engines"},
+      {"empty transport", base + "[engine]\nrole = \"decode\"\ntransport = \"\"\n", config_errc::bad_value, 8,
+       "engine.transport", "libfabric provider"},
+      {"handoff timeout of 0", base + "[engine]\nrole = \"decode\"\nhandoff_timeout_ms = 0\n",
+       config_errc::bad_value, 8, "engine.handoff_timeout_ms", "got 0"},
   };
   for (const bad_case& bc : cases) {
     CAPTURE(bc.what);

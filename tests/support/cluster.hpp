@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "actors/http_client.hpp"
 #include "model/generate.hpp"
 #include "runtime/engine_setup.hpp"
 #include "tests/support/process.hpp"
@@ -67,6 +68,37 @@ inline void cluster_down(const fs::path& dir, const fs::path& state_dir) {
   child_process p({SHOAL_SHOAL_BIN, "down", "--state-dir", state_dir.string(), "--timeout", "20"}, o, o);
   if (!p.wait_exit(std::chrono::seconds(60)))
     for (auto& [name, pid] : cluster_pids(state_dir)) kill(pid, SIGKILL);
+}
+
+// A greedy completion request body (ignore_eos, so every request runs max_tokens).
+inline nlohmann::json completion_body(const std::string& prompt, int max_tokens, bool stream) {
+  return nlohmann::json{{"model", "model"}, {"prompt", prompt}, {"max_tokens", max_tokens}, {"temperature", 0},
+          {"ignore_eos", true}, {"stream", stream}};
+}
+
+// The concatenated text of a completion or chat stream, and whether it ended with [DONE].
+inline std::string stream_text(const std::string& body, bool chat, bool& done, std::string* error = nullptr) {
+  std::string text;
+  done = false;
+  for (const std::string& d : actors::sse_data(body)) {
+    if (d == "[DONE]") {
+      done = true;
+      continue;
+    }
+    nlohmann::json j = nlohmann::json::parse(d);
+    if (j.contains("error")) {
+      if (error) *error = j["error"]["message"];
+      continue;
+    }
+    if (j["choices"].empty()) continue;
+    const nlohmann::json& c = j["choices"][0];
+    if (chat) {
+      if (c["delta"].contains("content")) text += c["delta"]["content"].get<std::string>();
+    } else {
+      text += c["text"].get<std::string>();
+    }
+  }
+  return text;
 }
 
 }  // namespace shoal::test

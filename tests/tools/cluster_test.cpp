@@ -30,6 +30,8 @@
 using namespace shoal;
 using namespace std::chrono_literals;
 using nlohmann::json;
+using test::completion_body;
+using test::stream_text;
 using test::read_text;
 using test::temp_dir;
 using test::write_text;
@@ -110,36 +112,6 @@ struct cluster {
     return out;
   }
 };
-
-json completion_body(const std::string& prompt, int max_tokens, bool stream) {
-  return {{"model", "model"}, {"prompt", prompt}, {"max_tokens", max_tokens}, {"temperature", 0},
-          {"ignore_eos", true}, {"stream", stream}};
-}
-
-// The concatenated text of a completion or chat stream, and whether it ended with [DONE].
-std::string stream_text(const std::string& body, bool chat, bool& done, std::string* error = nullptr) {
-  std::string text;
-  done = false;
-  for (const std::string& d : actors::sse_data(body)) {
-    if (d == "[DONE]") {
-      done = true;
-      continue;
-    }
-    json j = json::parse(d);
-    if (j.contains("error")) {
-      if (error) *error = j["error"]["message"];
-      continue;
-    }
-    if (j["choices"].empty()) continue;
-    const json& c = j["choices"][0];
-    if (chat) {
-      if (c["delta"].contains("content")) text += c["delta"]["content"].get<std::string>();
-    } else {
-      text += c["text"].get<std::string>();
-    }
-  }
-  return text;
-}
 
 }  // namespace
 

@@ -30,6 +30,7 @@
 #include "model/config.hpp"
 #include "runtime/engine_setup.hpp"
 #include "tools/shoald/engine_options.hpp"
+#include "transport/fabric_transport.hpp"
 
 namespace shoal::tools::shoald {
 
@@ -93,6 +94,11 @@ std::string describe_engine(caf::actor_system& sys, const actors::engine_actor& 
                           rank, s.requests_running, s.steps, s.prefill_tokens, s.decode_tokens, s.generated,
                           s.prefix_hit_tokens, s.blocks_free, s.blocks_total, s.waiting_for_remote,
                           s.remote_hit_tokens, s.remote_timeouts);
+        if (s.role != "both")
+          out += fmt::format(" role={} handoffs_offered={} handoffs_placed={} handoffs_kept={} handoffs_taken={} "
+                             "handoff_failures={}",
+                             s.role, s.handoffs_offered, s.handoffs_placed, s.handoffs_kept, s.handoffs_taken,
+                             s.handoff_failures);
       },
       [&](caf::error& err) { out = "rank" + std::to_string(rank) + ": " + sys.render(err); });
   return out;
@@ -246,10 +252,24 @@ int run_node(const runtime::node_config& cfg, logger& log) {
   system_config sys_cfg(cfg);
   caf::actor_system sys{sys_cfg};
   node_parts parts;
-  actors::node_info me{cfg.name, cfg.listen.host, cfg.listen.port, role_names(cfg), {}, {}, {}, false, {}};
+  actors::node_info me{cfg.name, cfg.listen.host, cfg.listen.port, role_names(cfg), {}, {}, {}, false, {}, "both"};
 
   if (cfg.has_role(runtime::role::engine)) {
     runtime::engine_config ecfg = engine_config_for(weights->config, static_cast<double>(cfg.cache_mib));
+    me.engine_role = runtime::to_string(cfg.disagg_role);
+    if (cfg.disagg_role != runtime::engine_role::both) {
+      // Handoff bytes: one libfabric endpoint for the node's ranks, bound to the listen host
+      // (shm needs no address).
+      auto t = transport::fabric_transport::create({cfg.transport, cfg.transport == "shm" ? "" : cfg.listen.host});
+      if (!t) {
+        log.error("key 'engine.transport' (\"{}\"): {}", cfg.transport, t.error());
+        return exit_failure;
+      }
+      ecfg.role = cfg.disagg_role;
+      ecfg.bulk = std::shared_ptr<runtime::transport>(std::move(*t));
+      ecfg.handoff_read_timeout = std::chrono::milliseconds(cfg.handoff_timeout_ms);
+      log.info("{} engine: handoffs over {}", me.engine_role, ecfg.bulk->name());
+    }
     if (cfg.kv_storage) {
       actors::kv_client_config kc;
       kc.timeout = std::chrono::milliseconds(std::min<int64_t>(cfg.request_timeout_ms, 5000));

@@ -1,0 +1,309 @@
+// The disaggregated loopback cluster as `shoal up` starts it from the sample
+// config/local-disagg/ (gateway + 2 prefill + 2 decode engine nodes, handoffs over libfabric
+// tcp;ofi_rxm on loopback; the test only rewrites ports, the model path and the cache size): greedy completions
+// and chat, streamed and not, equal the colocated engine's for deepseek_v3 and for
+// shoal_flash in exact SWA mode, every request went through a handoff, and usage
+// cached_tokens matches the colocated engine's on a repeated prompt. Then kill -9 of a
+// decode node under 50 concurrent streams: every stream is accounted for, with its exact
+// text.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <regex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "actors/http_client.hpp"
+#include "runtime/chat_template.hpp"
+#include "runtime/engine_setup.hpp"
+#include "tests/support/cluster.hpp"
+#include "tools/shoald/engine_options.hpp"
+
+using namespace shoal;
+using namespace std::chrono_literals;
+using nlohmann::json;
+using test::completion_body;
+using test::read_text;
+using test::stream_text;
+using test::temp_dir;
+using test::write_text;
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::vector<std::string> node_files = {"gateway", "prefill-a", "prefill-b", "decode-a", "decode-b"};
+
+struct disagg_cluster {
+  temp_dir dir;
+  fs::path model_dir, config_dir, state_dir;
+  std::map<std::string, uint16_t> ports;  // node name → node.listen port
+  uint16_t http_port = 0;
+  std::optional<runtime::loaded_model> model;
+  bool up = false;
+
+  // `preset` generated with `seed`; `exact`: the checkpoint's swa_mode set to "exact".
+  disagg_cluster(const std::string& preset, uint64_t seed, bool exact) {
+    model_dir = dir.path / "model";
+    config_dir = dir.path / "config";
+    state_dir = dir.path / "state";
+    fs::create_directories(config_dir);
+    model = test::generated_model(model_dir, preset, seed);
+    if (exact) {
+      json c = json::parse(read_text(model_dir / "config.json"));
+      c["swa_mode"] = "exact";
+      write_text(model_dir / "config.json", c.dump(2));
+      auto m = runtime::load_model_dir(model_dir.string(), false);
+      REQUIRE(m);
+      REQUIRE(m->weights->config.swa_mode == "exact");
+      model = std::move(*m);
+    }
+    http_port = test::free_port();
+    for (size_t i = 0; i < node_files.size(); ++i) ports[node_files[i]] = test::free_port();
+    // The samples as shipped, with this test's ports, model and a smaller cache.
+    const fs::path samples = fs::path(SHOAL_SOURCE_DIR) / "config" / "local-disagg";
+    for (size_t i = 0; i < node_files.size(); ++i) {
+      std::string text = read_text(samples / (node_files[i] + ".toml"));
+      REQUIRE(!text.empty());
+      for (size_t j = 0; j < node_files.size(); ++j)
+        text = std::regex_replace(text, std::regex("127\\.0\\.0\\.1:720" + std::to_string(j)),
+                                  "127.0.0.1:" + std::to_string(ports[node_files[j]]));
+      text = std::regex_replace(text, std::regex("127\\.0\\.0\\.1:8000"), "127.0.0.1:" + std::to_string(http_port));
+      text = std::regex_replace(text, std::regex("\\.\\./\\.\\./models/small"), model_dir.string());
+      text = std::regex_replace(text, std::regex("cache_mib = 256"), "cache_mib = 64");
+      text = std::regex_replace(text, std::regex("connection_timeout_ms = 3000"), "connection_timeout_ms = 2000");
+      write_text(config_dir / (node_files[i] + ".toml"), text);
+    }
+  }
+
+  int shoal(std::vector<std::string> args, std::string& out) { return test::run_shoal(dir.path, std::move(args), out); }
+
+  void start() {
+    std::string out;
+    int rc = shoal({"up", "--config", config_dir.string(), "--state-dir", state_dir.string(), "--timeout", "120"}, out);
+    REQUIRE_MESSAGE(rc == 0, out);
+    up = true;
+  }
+
+  ~disagg_cluster() {
+    if (up) test::cluster_down(dir.path, state_dir);
+    if (const char* keep = std::getenv("SHOAL_TEST_KEEP_LOGS")) {  // the nodes' logs, for a failed run
+      std::error_code ec;
+      fs::copy(state_dir, keep, fs::copy_options::recursive | fs::copy_options::overwrite_existing, ec);
+    }
+  }
+
+  std::expected<actors::http_response, std::string> post(const std::string& path, const json& body,
+                                                         actors::http_call_options opts = {}) const {
+    return actors::http_call("127.0.0.1", http_port, "POST", path, body.dump(), opts);
+  }
+
+  // The colocated engine (role both, the daemon's config): greedy texts and cached tokens of
+  // `prompts` run one after the other (the prefix cache carries over, as on one engine).
+  std::vector<std::pair<std::string, int64_t>> colocated(const std::vector<std::vector<int32_t>>& prompts,
+                                                         int32_t max_tokens) const {
+    runtime::engine local(model->weights, tools::shoald::engine_config_for(model->weights->config));
+    runtime::sampling_params p;
+    p.max_tokens = max_tokens;
+    p.ignore_eos = true;
+    std::vector<std::pair<std::string, int64_t>> out;
+    for (const auto& prompt : prompts) {
+      auto id = local.add_request(prompt, p);
+      REQUIRE_MESSAGE(id, (id ? "" : id.error()));
+      auto done = local.run_to_completion();
+      REQUIRE(done.size() == 1);
+      out.emplace_back(test::as_json_text(model->tokenizer->decode(done[0].output)), done[0].cached_tokens);
+    }
+    return out;
+  }
+
+  // A number from `shoal shell -c "stats NODE/rank0"`: the value after "KEY=".
+  int64_t stat(const std::string& node, const std::string& key) {
+    std::string out;
+    int rc = shoal({"shell", "--connect=127.0.0.1:" + std::to_string(ports["gateway"]), "-c", "stats " + node + "/rank0"},
+                   out);
+    REQUIRE_MESSAGE(rc == 0, out);
+    std::smatch m;
+    REQUIRE_MESSAGE(std::regex_search(out, m, std::regex(" " + key + "=(\\d+)")), out);
+    return std::stoll(m[1]);
+  }
+};
+
+// Every completion form through the cluster equals the colocated engine; returns requests sent.
+int check_completions(disagg_cluster& c) {
+  const std::vector<std::string> prompts = {"The quick brown fox", "jumps over the lazy dog, twice and again and once more",
+                                            "a"};
+  const int32_t n = 12;
+  std::vector<std::vector<int32_t>> ids;
+  for (const auto& p : prompts) ids.push_back(runtime::encode_prompt(*c.model->tokenizer, p));
+  int sent = 0;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    CAPTURE(prompts[i]);
+    const std::string expected = c.colocated({ids[i]}, n)[0].first;
+    auto r = c.post("/v1/completions", completion_body(prompts[i], n, false));
+    ++sent;
+    REQUIRE_MESSAGE(r, r.error());
+    REQUIRE_MESSAGE(r->status == 200, r->body);
+    json j = json::parse(r->body);
+    CHECK(j["choices"][0]["text"] == expected);
+    CHECK(j["usage"]["prompt_tokens"] == ids[i].size());
+    CHECK(j["usage"]["completion_tokens"] == n);
+    auto s = c.post("/v1/completions", completion_body(prompts[i], n, true));
+    ++sent;
+    REQUIRE(s);
+    bool done = false;
+    CHECK(stream_text(s->body, false, done) == expected);
+    CHECK(done);
+  }
+
+  auto tmpl = runtime::load_chat_template(c.model_dir / "tokenizer_config.json");
+  REQUIRE(tmpl);
+  std::vector<runtime::chat_message> messages = {{"user", std::string("hello there, how are you")}};
+  auto rendered = tmpl->tmpl.render(messages, true, tmpl->bos_token, tmpl->eos_token);
+  REQUIRE(rendered);
+  const std::string chat_expected = c.colocated({c.model->tokenizer->encode(*rendered)}, n)[0].first;
+  json chat = {{"model", "model"},   {"messages", {{{"role", "user"}, {"content", "hello there, how are you"}}}},
+               {"max_tokens", n},    {"temperature", 0},
+               {"ignore_eos", true}};
+  auto r = c.post("/v1/chat/completions", chat);
+  ++sent;
+  REQUIRE(r);
+  REQUIRE_MESSAGE(r->status == 200, r->body);
+  CHECK(json::parse(r->body)["choices"][0]["message"]["content"] == chat_expected);
+  chat["stream"] = true;
+  auto s = c.post("/v1/chat/completions", chat);
+  ++sent;
+  REQUIRE(s);
+  bool done = false;
+  CHECK(stream_text(s->body, true, done) == chat_expected);
+  CHECK(done);
+  return sent;
+}
+
+}  // namespace
+
+TEST_CASE("disaggregated cluster: 2 prefill + 2 decode nodes equal the colocated engine (deepseek_v3, shoal_flash exact)") {
+  for (const auto& [preset, exact] : std::vector<std::pair<std::string, bool>>{{"v3-tiny", false}, {"tiny", true}}) {
+    CAPTURE(preset);
+    disagg_cluster c(preset, 21, exact);
+    c.start();
+    // A fresh cluster: nothing cached yet. The long prompt is sent once to warm the one
+    // prefill engine it lands on (the router breaks ties by membership order, so an idle
+    // cluster sends consecutive requests to the same prefill engine).
+    const int sent = check_completions(c);
+
+    // Every request was computed on a prefill engine and decoded on a decode engine.
+    const int64_t offered = c.stat("prefill-a", "handoffs_offered") + c.stat("prefill-b", "handoffs_offered");
+    const int64_t placed = c.stat("prefill-a", "handoffs_placed") + c.stat("prefill-b", "handoffs_placed");
+    const int64_t taken = c.stat("decode-a", "handoffs_taken") + c.stat("decode-b", "handoffs_taken");
+    CHECK(offered == sent);
+    CHECK(placed == sent);
+    CHECK(taken == sent);
+    CHECK(c.stat("decode-a", "handoff_failures") + c.stat("decode-b", "handoff_failures") == 0);
+    CHECK(c.stat("prefill-a", "handoffs_kept") + c.stat("prefill-b", "handoffs_kept") == 0);
+    CHECK(c.stat("decode-a", "blocks_free") > 0);
+
+    // usage.cached_tokens: a prompt of several blocks, then a longer one that extends it (a
+    // conversation's next turn: in exact SWA mode a hit must end at a window snapshot and
+    // before the decoder tail, so a repeated prompt alone would hit nothing) report what the
+    // colocated engine reports for the same two requests (0, then the shared prefix).
+    std::string first, second;
+    for (int i = 0; i < 5; ++i) first += "block number " + std::to_string(i) + " of the shared prefix; ";
+    second = first;
+    for (int i = 0; i < 4; ++i) second += "and the next turn adds sentence " + std::to_string(i) + "; ";
+    const std::vector<std::string> turns = {first, second};
+    auto ref = c.colocated({runtime::encode_prompt(*c.model->tokenizer, first),
+                            runtime::encode_prompt(*c.model->tokenizer, second)},
+                           6);
+    REQUIRE(ref[0].second == 0);
+    REQUIRE(ref[1].second > 0);
+    for (int k = 0; k < 2; ++k) {
+      CAPTURE(k);
+      auto r = c.post("/v1/completions", completion_body(turns[static_cast<size_t>(k)], 6, false));
+      REQUIRE(r);
+      REQUIRE_MESSAGE(r->status == 200, r->body);
+      json j = json::parse(r->body);
+      CHECK(j["choices"][0]["text"] == ref[static_cast<size_t>(k)].first);
+      CHECK(j["usage"]["prompt_tokens_details"]["cached_tokens"] == ref[static_cast<size_t>(k)].second);
+    }
+  }
+}
+
+TEST_CASE("disaggregated cluster: kill -9 of a decode node under 50 streams, every stream completes exactly") {
+  disagg_cluster c("tiny", 23, true);
+  c.start();
+  const int streams = 50;
+  const int32_t n = 200;  // long enough that the kill lands mid-stream
+  std::vector<std::string> prompts;
+  std::vector<std::string> expected;
+  for (int i = 0; i < streams; ++i) {
+    prompts.push_back("request number " + std::to_string(i) + " says");
+    expected.push_back(c.colocated({runtime::encode_prompt(*c.model->tokenizer, prompts.back())}, n)[0].first);
+  }
+
+  std::atomic<int> started{0};
+  std::vector<std::string> texts(streams), errors(streams);
+  std::vector<int> done(streams, 0);
+  std::vector<std::thread> clients;
+  auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < streams; ++i)
+    clients.emplace_back([&, i] {
+      actors::http_call_options o;
+      o.timeout = 120s;
+      // Decoding has begun once a stream has a few tokens: the first comes from the prefill
+      // engine, the rest from a decode engine.
+      int chunks = 0;
+      o.on_body = [&](std::string_view piece) {
+        for (size_t at = piece.find("data:"); at != std::string_view::npos; at = piece.find("data:", at + 1))
+          if (++chunks == 4) ++started;
+      };
+      auto r = c.post("/v1/completions", completion_body(prompts[i], n, true), o);
+      if (!r) {
+        errors[i] = r.error();
+        return;
+      }
+      bool d = false;
+      texts[i] = stream_text(r->body, false, d, &errors[i]);
+      done[i] = d;
+    });
+  // Kill decode-b once every stream is decoding (half of them there).
+  auto pids = test::cluster_pids(c.state_dir);
+  auto deadline = std::chrono::steady_clock::now() + 60s;
+  while (started < streams && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(1ms);
+  const double kill_at = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  REQUIRE(pids.contains("decode-b"));
+  REQUIRE(kill(pids["decode-b"], SIGKILL) == 0);
+  for (auto& t : clients) t.join();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  // The kill hit requests in flight: those decode-b held were recomputed from their prompt
+  // on a prefill engine and handed off again (to decode-a), so more than 50 were offered.
+  const int64_t offered = c.stat("prefill-a", "handoffs_offered") + c.stat("prefill-b", "handoffs_offered");
+  MESSAGE("50 streams in " << seconds << " s, decode-b killed at " << kill_at << " s; " << offered
+                           << " handoffs offered for 50 requests");
+  CHECK(offered > streams);
+
+  int completed = 0;
+  for (int i = 0; i < streams; ++i) {
+    CAPTURE(i);
+    CAPTURE(errors[i]);
+    CHECK(done[i]);  // ended with [DONE], nothing hung
+    if (errors[i].empty() && texts[i] == expected[i]) ++completed;
+    else MESSAGE("stream " << i << ": " << (errors[i].empty() ? "text differs" : errors[i]));
+  }
+  // Re-routed requests are recomputed (same seed) and their streamed tokens skipped: all 50
+  // finish with the colocated engine's text.
+  CHECK(completed == streams);
+
+  // The survivor decodes new requests; the gateway no longer lists decode-b.
+  auto r = c.post("/v1/completions", completion_body(prompts[0], n, false));
+  REQUIRE(r);
+  CHECK_MESSAGE(r->status == 200, r->body);
+  if (r->status == 200) CHECK(json::parse(r->body)["choices"][0]["text"] == expected[0]);
+  std::string out;
+  CHECK(c.shoal({"shell", "--connect=127.0.0.1:" + std::to_string(c.ports["gateway"]), "-c", "nodes"}, out) == 0);
+  CHECK(out.find("decode-b") == std::string::npos);
+}
