@@ -272,6 +272,9 @@ bool cache_manager::start_import(request& r, const handoff_state& s, transport& 
   }
   for (size_t i = 0; i < w.rings.size(); ++i)
     if (!w.rings[i].empty()) w.reads.push_back(t.read(s.rings[i], std::as_writable_bytes(std::span(w.rings[i])), timeout));
+  w.started = std::chrono::steady_clock::now();
+  for (const auto& m : s.blocks) w.bytes += m.length;
+  for (const auto& m : s.rings) w.bytes += m.length;
   w.state = s;
   w.state.blocks.clear();
   w.state.rings.clear();
@@ -284,6 +287,12 @@ std::vector<std::pair<request*, bool>> cache_manager::poll_imports() {
   for (auto& w : imports_) {
     if (!std::all_of(w.reads.begin(), w.reads.end(), [](const auto& t) { return t->done(); })) continue;
     const bool ok = std::all_of(w.reads.begin(), w.reads.end(), [](const auto& t) { return t->ok(); });
+    if (ok && w.r) {
+      auto last = w.started;
+      for (const auto& t : w.reads) last = std::max(last, t->finished_at());
+      stats_.import_bytes += w.bytes;
+      stats_.import_read_s += std::chrono::duration<double>(last - w.started).count();
+    }
     w.reads.clear();
     if (w.r && ok) {
       request& r = *w.r;

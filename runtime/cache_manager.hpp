@@ -45,6 +45,8 @@ struct cache_stats {
   uint64_t replays = 0, swa_restores = 0;
   uint64_t preemptions = 0;
   uint64_t imports = 0, import_failures = 0;  // handoffs read from a prefill engine / recomputed
+  uint64_t import_bytes = 0;                  // of the imported handoffs
+  double import_read_s = 0;                   // their reads, first issued to last completed (summed)
 };
 
 class cache_manager {
@@ -134,6 +136,8 @@ class cache_manager {
     std::vector<std::vector<float>> rings;  // (streams) read here, moved into r's cache
     std::vector<std::shared_ptr<transfer>> reads;
     handoff_state state;  // scalars and floors (its descriptors are not used again)
+    std::chrono::steady_clock::time_point started;
+    uint64_t bytes = 0;
   };
   std::vector<import_wait> imports_;
 

@@ -36,8 +36,11 @@ class transfer {
   void wait() const { done_.wait(false, std::memory_order_acquire); }
   bool ok() const { return done() && error_.empty(); }
   const std::string& error() const { return error_; }  // valid once done()
+  // When the backend completed it (valid once done()): read throughput without the poller's cadence.
+  std::chrono::steady_clock::time_point finished_at() const { return finished_at_; }
   void complete(std::string error = {}) {               // the backend, exactly once
     error_ = std::move(error);
+    finished_at_ = std::chrono::steady_clock::now();
     done_.store(true, std::memory_order_release);
     done_.notify_all();
   }
@@ -45,6 +48,7 @@ class transfer {
  private:
   std::atomic<bool> done_{false};
   std::string error_;
+  std::chrono::steady_clock::time_point finished_at_{};
 };
 
 // A registration: memory the owner keeps alive (and unchanged while described ranges may be

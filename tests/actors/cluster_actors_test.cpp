@@ -89,7 +89,8 @@ struct handles {
 
 node_info make_node(std::string name, strings roles, caf::actor agent, std::vector<rank_info> ranks = {},
                     bool draining = false) {
-  return {std::move(name), "127.0.0.1", 0, std::move(roles), std::move(agent), std::move(ranks), {}, draining, {}};
+  return {std::move(name), "127.0.0.1", 0, std::move(roles), std::move(agent), std::move(ranks), {}, draining, {},
+          "both"};
 }
 
 strings names_of(const membership& m) {
@@ -210,6 +211,41 @@ TEST_CASE("least_loaded_policy: non-draining engine nodes only, least in flight 
   p.update(membership{});
   CHECK(p.engines() == 0);
   CHECK(which(p.pick({})) == -1);
+}
+
+TEST_CASE("least_loaded_policy: requests enter at prefill engines, handoffs go to decode engines with room") {
+  handles e(5);
+  auto which = [&](const std::optional<caf::actor>& x) {
+    if (!x) return -1;
+    for (int i = 0; i < 5; ++i)
+      if (*x == e[i]) return i;
+    return -2;
+  };
+  membership m;
+  m.nodes = {make_node("p", {"engine"}, {}, {{0, e[0], {}}}), make_node("d1", {"engine"}, {}, {{0, e[1], {}}}),
+             make_node("d2", {"engine"}, {}, {{0, e[2], {}}})};
+  m.nodes[0].engine_role = "prefill";
+  m.nodes[1].engine_role = "decode";
+  m.nodes[2].engine_role = "decode";
+  actors::least_loaded_policy p;
+  p.update(m);
+  using actor_list = std::vector<caf::actor>;
+  CHECK(which(p.pick({})) == 0);  // only the prefill engine takes new requests …
+  CHECK(which(p.pick({})) == 0);
+  CHECK(which(p.pick(actor_list{e[0]})) == 1);  // … unless it failed them: decode engines run whole requests
+  // Handoffs: least in flight among decode engines with room (unknown free blocks: room).
+  CHECK(which(p.pick_decode(4, {})) == 2);  // in flight: d1 1, d2 0
+  CHECK(which(p.pick_decode(4, {})) == 1);  // 1 1: ties to the first
+  p.observe(e[1], 3);                        // d1 has 3 free blocks: too few for 4
+  CHECK(which(p.pick_decode(4, {})) == 2);
+  CHECK(which(p.pick_decode(3, actor_list{e[2]})) == 1);  // d2 refused it; d1 fits 3
+  CHECK(which(p.pick_decode(4, actor_list{e[2]})) == -1);  // no decode engine has room
+  m.nodes[2].draining = true;
+  p.update(m);
+  CHECK(which(p.pick_decode(1, {})) == 1);
+  CHECK(p.decode_engines().size() == 1);
+  p.update(membership{m.version, {m.nodes[0]}});
+  CHECK(which(p.pick_decode(1, {})) == -1);  // no decode pool: the prefill engine decodes
 }
 
 // -- ep_group_of ----------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ void add_bench_commands(CLI::App& app) {
   bench->require_subcommand(1);
   add_engine_bench(*bench);
   add_transport_bench(*bench);
+  add_disagg_bench(*bench);
   add_model_benches(*bench);
   add_serve_bench(*bench);
   add_storage_bench(*bench);

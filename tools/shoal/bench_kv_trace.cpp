@@ -63,13 +63,6 @@ struct kv_trace_args {
 
 constexpr double high_watermark = 0.98, low_watermark = 0.95;
 
-uint64_t splitmix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
 // The prompt of a trace request: `block_size` tokens per hash id (in [0, 256): plain bytes
 // of the test vocabulary), then one tail token.
 std::vector<int32_t> prompt_of(const runtime::trace_request& r, int64_t block_size) {
@@ -77,7 +70,7 @@ std::vector<int32_t> prompt_of(const runtime::trace_request& r, int64_t block_si
   out.reserve(r.hash_ids.size() * static_cast<size_t>(block_size) + 1);
   for (int64_t h : r.hash_ids)
     for (int64_t j = 0; j < block_size; ++j)
-      out.push_back(static_cast<int32_t>(splitmix(static_cast<uint64_t>(h) * 131 + static_cast<uint64_t>(j)) % 256));
+      out.push_back(static_cast<int32_t>(splitmix64(static_cast<uint64_t>(h) * 131 + static_cast<uint64_t>(j)) % 256));
   out.push_back(1);
   return out;
 }

@@ -57,12 +57,6 @@ struct level_result {
   int failed = 0;
 };
 
-double pct(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[std::min(v.size() - 1, static_cast<size_t>(p * static_cast<double>(v.size() - 1) + 0.5))];
-}
-
 std::string prompt_text(int i) {
   static const char* words[] = {"river", "stone", "engine", "cloud", "garden", "signal", "harbor", "lantern"};
   std::string s = "Request " + std::to_string(i) + ":";
@@ -176,10 +170,10 @@ json summarize(const level_result& r, int n) {
           {"wall_s", r.wall_s},
           {"requests_per_s", static_cast<double>(r.times.size()) / r.wall_s},
           {"tokens_per_s", static_cast<double>(r.tokens) / r.wall_s},
-          {"ttft_p50_ms", pct(ttft, 0.5) * 1e3},
-          {"ttft_p99_ms", pct(ttft, 0.99) * 1e3},
-          {"tpot_p50_ms", pct(tpot, 0.5) * 1e3},
-          {"tpot_p99_ms", pct(tpot, 0.99) * 1e3}};
+          {"ttft_p50_ms", percentile(ttft, 0.5) * 1e3},
+          {"ttft_p99_ms", percentile(ttft, 0.99) * 1e3},
+          {"tpot_p50_ms", percentile(tpot, 0.5) * 1e3},
+          {"tpot_p99_ms", percentile(tpot, 0.99) * 1e3}};
 }
 
 // Request/response round trips to `target` from a scoped actor: latency p50/p99 (µs) one at a
@@ -198,7 +192,7 @@ json messaging(caf::actor_system& sys, const Handle& target, int reps, Ts... xs)
   int got = 0;
   self->receive_for(got, reps)([](Reply&) {});
   double thr = reps / (now_s() - t0);
-  return {{"reps", reps}, {"latency_us_p50", pct(lat, 0.5)}, {"latency_us_p99", pct(lat, 0.99)}, {"msgs_per_s", thr}};
+  return {{"reps", reps}, {"latency_us_p50", percentile(lat, 0.5)}, {"latency_us_p99", percentile(lat, 0.99)}, {"msgs_per_s", thr}};
 }
 
 caf::behavior echo(caf::event_based_actor*) {

@@ -12,6 +12,10 @@ namespace shoal::tools {
 
 double now_s();
 double median(std::vector<double> v);
+// The p-quantile (p in [0, 1]) by nearest rank; 0 for no values.
+double percentile(std::vector<double> v, double p);
+// splitmix64's finaliser: seeded synthetic token ids for trace replays.
+uint64_t splitmix64(uint64_t x);
 // OpenBLAS sgemm GFLOP/s at (m, n, k) with OpenBLAS's own threading over `threads`: median of `reps`.
 double gemm_gflops(int64_t m, int64_t n, int64_t k, int threads, int reps = 5);
 // cores, ISA, BLAS core, git commit.

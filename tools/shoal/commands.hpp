@@ -18,6 +18,7 @@ void add_serve_bench(CLI::App& bench);      // bench serve
 void add_storage_bench(CLI::App& bench);    // bench storage
 void add_kv_trace_bench(CLI::App& bench);   // bench kv-trace
 void add_transport_bench(CLI::App& bench);  // bench transport
+void add_disagg_bench(CLI::App& bench);     // bench disagg
 void add_cluster_commands(CLI::App& app);   // up, down
 int exit_code();
 void set_exit_code(int code);
