@@ -36,7 +36,8 @@ struct schema_section {
 const std::vector<schema_section>& schema() {
   static const std::vector<schema_section> sections = {
       {"node", {"name", "listen", "roles", "model_dir", "drain_timeout_ms"}},
-      {"engine", {"ranks", "cache_mib", "expert_parallel", "kv_storage", "role", "transport", "handoff_timeout_ms"}},
+      {"engine", {"ranks", "cache_mib", "expert_parallel", "kv_storage", "role", "transport", "handoff_timeout_ms",
+                  "cost_model", "step_ms"}},
       {"gateway", {"listen", "auth_token_file"}},
       {"cluster", {"seeds", "heartbeat_interval_ms", "connection_timeout_ms", "request_timeout_ms"}},
       {"storage", {"dir", "nodes", "capacity_mib", "high_watermark_pct", "low_watermark_pct", "fsync",
@@ -406,6 +407,8 @@ void read_sections(error_sink& sink, const sections& f, const fs::path& base, no
                    "expected a libfabric provider such as \"shm\" or \"tcp;ofi_rxm\", got \"\"");
   }
   if (auto ms = read_integer(sink, f.engine, "handoff_timeout_ms", 1, hour_ms)) c.handoff_timeout_ms = *ms;
+  c.cost_model = read_path(sink, f.engine, "cost_model", base);
+  if (auto ms = read_integer(sink, f.engine, "step_ms", 1, 60'000)) c.step_ms = *ms;
   c.http_listen = read_host_port(sink, f.gateway, "listen", true);
   c.auth_token_file = read_path(sink, f.gateway, "auth_token_file", base);
   for (const auto& [text, pos] : read_string_array(sink, f.cluster, "seeds")) {
@@ -473,6 +476,9 @@ void check_consistency(error_sink& sink, const sections& f, const node_config& c
     sink.fail(config_errc::bad_value, f.engine.pos("role"), "engine.role",
               std::string("\"") + to_string(c.disagg_role) +
                 "\" engines run without expert parallelism in this version (engine.expert_parallel = true)");
+  if (!c.cost_model && f.engine.get("step_ms"))
+    sink.fail(config_errc::bad_value, f.engine.pos("step_ms"), "engine.step_ms",
+              "a step time budget needs engine.cost_model (the fitted model that predicts step times)");
   for (std::string_view key : {"transport", "handoff_timeout_ms"})
     if (c.disagg_role == engine_role::both && f.engine.get(key))
       sink.fail(config_errc::bad_value, f.engine.pos(key), f.engine.path(key),

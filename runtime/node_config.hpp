@@ -49,6 +49,8 @@ struct node_config {
   engine_role disagg_role = engine_role::both;  // engine.role: prefill / decode pools, or both
   std::string transport = "tcp;ofi_rxm";        // libfabric provider of handoff bytes (roles prefill, decode)
   int64_t handoff_timeout_ms = 5'000;           // decode side: a handoff's reads, then recompute
+  std::optional<std::filesystem::path> cost_model;  // fitted prefill cost model: chunks sized to step_ms
+  int64_t step_ms = 50;                         // step time budget with cost_model
 
   // [gateway] (required with the gateway role, rejected without it)
   std::optional<host_port> http_listen;                 // set iff the node has the gateway role

@@ -262,6 +262,8 @@ TEST_CASE("node_config: every bad input names its line and key") {
        "engine.transport", "only prefill and decode engines"},
       {"empty transport", base + "[engine]\nrole = \"decode\"\ntransport = \"\"\n", config_errc::bad_value, 8,
        "engine.transport", "libfabric provider"},
+      {"step budget without a cost model", base + "[engine]\nstep_ms = 20\n", config_errc::bad_value, 7,
+       "engine.step_ms", "needs engine.cost_model"},
       {"handoff timeout of 0", base + "[engine]\nrole = \"decode\"\nhandoff_timeout_ms = 0\n",
        config_errc::bad_value, 8, "engine.handoff_timeout_ms", "got 0"},
   };

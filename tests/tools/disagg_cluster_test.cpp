@@ -2,7 +2,8 @@
 // config/local-disagg/ (gateway + 2 prefill + 2 decode engine nodes, handoffs over libfabric
 // tcp;ofi_rxm on loopback; the test only rewrites ports, the model path and the cache size): greedy completions
 // and chat, streamed and not, equal the colocated engine's for deepseek_v3 and for
-// shoal_flash in exact SWA mode, every request went through a handoff, and usage
+// shoal_flash in exact SWA mode (deepseek_v3 with cost-model chunked prefill on the prefill
+// engines), every request went through a handoff, and usage
 // cached_tokens matches the colocated engine's on a repeated prompt. Then kill -9 of a
 // decode node under 50 concurrent streams: every stream is accounted for, with its exact
 // text.
@@ -20,6 +21,7 @@
 
 #include "actors/http_client.hpp"
 #include "runtime/chat_template.hpp"
+#include "runtime/cost_model.hpp"
 #include "runtime/engine_setup.hpp"
 #include "tests/support/cluster.hpp"
 #include "tools/shoald/engine_options.hpp"
@@ -46,8 +48,10 @@ struct disagg_cluster {
   std::optional<runtime::loaded_model> model;
   bool up = false;
 
-  // `preset` generated with `seed`; `exact`: the checkpoint's swa_mode set to "exact".
-  disagg_cluster(const std::string& preset, uint64_t seed, bool exact) {
+  // `preset` generated with `seed`; `exact`: the checkpoint's swa_mode set to "exact";
+  // `chunked`: the prefill engines get a cost model (1 ms per token) and a 20 ms step budget,
+  // so prompts are computed in chunks of about 19 tokens before the handoff.
+  disagg_cluster(const std::string& preset, uint64_t seed, bool exact, bool chunked = false) {
     model_dir = dir.path / "model";
     config_dir = dir.path / "config";
     state_dir = dir.path / "state";
@@ -76,6 +80,12 @@ struct disagg_cluster {
       text = std::regex_replace(text, std::regex("\\.\\./\\.\\./models/small"), model_dir.string());
       text = std::regex_replace(text, std::regex("cache_mib = 256"), "cache_mib = 64");
       text = std::regex_replace(text, std::regex("connection_timeout_ms = 3000"), "connection_timeout_ms = 2000");
+      if (chunked && text.find("role = \"prefill\"") != std::string::npos) {
+        write_text(dir.path / "cost.json", runtime::cost_model(0.001, 0.001, 0, 0).to_json());
+        text = std::regex_replace(text, std::regex("role = \"prefill\""),
+                                  "role = \"prefill\"\ncost_model = \"" + (dir.path / "cost.json").string() +
+                                    "\"\nstep_ms = 20");
+      }
       write_text(config_dir / (node_files[i] + ".toml"), text);
     }
   }
@@ -189,7 +199,7 @@ int check_completions(disagg_cluster& c) {
 TEST_CASE("disaggregated cluster: 2 prefill + 2 decode nodes equal the colocated engine (deepseek_v3, shoal_flash exact)") {
   for (const auto& [preset, exact] : std::vector<std::pair<std::string, bool>>{{"v3-tiny", false}, {"tiny", true}}) {
     CAPTURE(preset);
-    disagg_cluster c(preset, 21, exact);
+    disagg_cluster c(preset, 21, exact, /*chunked=*/preset == "v3-tiny");
     c.start();
     // A fresh cluster: nothing cached yet. The long prompt is sent once to warm the one
     // prefill engine it lands on (the router breaks ties by membership order, so an idle
@@ -206,6 +216,11 @@ TEST_CASE("disaggregated cluster: 2 prefill + 2 decode nodes equal the colocated
     CHECK(c.stat("decode-a", "handoff_failures") + c.stat("decode-b", "handoff_failures") == 0);
     CHECK(c.stat("prefill-a", "handoffs_kept") + c.stat("prefill-b", "handoffs_kept") == 0);
     CHECK(c.stat("decode-a", "blocks_free") > 0);
+    // One prefill step per request (prompt and first token at once), or several with the cost
+    // model's 20 ms budget (about 19 tokens a chunk).
+    const int64_t prefill_steps = c.stat("prefill-a", "steps") + c.stat("prefill-b", "steps");
+    if (preset == "v3-tiny") CHECK(prefill_steps > sent);
+    else CHECK(prefill_steps == sent);
 
     // usage.cached_tokens: a prompt of several blocks, then a longer one that extends it (a
     // conversation's next turn: in exact SWA mode a hit must end at a window snapshot and

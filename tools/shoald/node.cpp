@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <optional>
 #include <thread>
 #include <vector>
@@ -257,6 +258,22 @@ int run_node(const runtime::node_config& cfg, logger& log) {
   if (cfg.has_role(runtime::role::engine)) {
     runtime::engine_config ecfg = engine_config_for(weights->config, static_cast<double>(cfg.cache_mib));
     me.engine_role = runtime::to_string(cfg.disagg_role);
+    if (cfg.cost_model) {  // prefill chunks sized so a step takes about engine.step_ms
+      std::ifstream f(*cfg.cost_model);
+      std::string text((std::istreambuf_iterator<char>(f)), {});
+      auto cm = f ? runtime::cost_model::from_json(text, cfg.cost_model->string())
+                  : std::unexpected("cannot read " + cfg.cost_model->string());
+      if (!cm) {
+        log.error("key 'engine.cost_model': {}", cm.error());
+        return exit_failure;
+      }
+      if (cm->machine() != runtime::machine_id())
+        log.warn("engine.cost_model was fitted on {}, this machine is {}: its step times may be off", cm->machine(),
+                 runtime::machine_id());
+      ecfg.sched.cost = *cm;
+      ecfg.sched.step_time_budget_s = static_cast<double>(cfg.step_ms) / 1000.0;
+      log.info("prefill chunks from cost model {} (step budget {} ms)", cfg.cost_model->string(), cfg.step_ms);
+    }
     if (cfg.disagg_role != runtime::engine_role::both) {
       // Handoff bytes: one libfabric endpoint for the node's ranks, bound to the listen host
       // (shm needs no address).
