@@ -3,7 +3,10 @@
 // way the JSON API renders it.
 #pragma once
 
+#include <atomic>
 #include <chrono>
+#include <csignal>
+#include <thread>
 #include <map>
 #include <string>
 #include <vector>
@@ -12,6 +15,7 @@
 
 #include "actors/http_client.hpp"
 #include "model/generate.hpp"
+#include "runtime/chat_template.hpp"
 #include "runtime/engine_setup.hpp"
 #include "tests/support/process.hpp"
 
@@ -99,6 +103,107 @@ inline std::string stream_text(const std::string& body, bool chat, bool& done, s
     }
   }
   return text;
+}
+
+// Greedy completions of `prompts` and one chat message `chat`, each streamed and not, through
+// `post(path, body)` equal `expected(token ids, n)` (the prompt rendered and tokenised as the
+// gateway does) with the usage counts right; returns the requests sent.
+template <class Post, class Expected>
+int check_api_forms(const Post& post, const model::tokenizer& tok, const fs::path& model_dir, int32_t n,
+                    const Expected& expected, const std::vector<std::string>& prompts, const std::string& chat) {
+  using nlohmann::json;
+  int sent = 0;
+  for (const std::string& prompt : prompts) {
+    CAPTURE(prompt);
+    const auto ids = runtime::encode_prompt(tok, prompt);
+    const std::string want = expected(ids, n);
+    auto r = post("/v1/completions", completion_body(prompt, n, false));
+    ++sent;
+    REQUIRE_MESSAGE(r, r.error());
+    REQUIRE_MESSAGE(r->status == 200, r->body);
+    json j = json::parse(r->body);
+    CHECK(j["choices"][0]["text"] == want);
+    CHECK(j["usage"]["prompt_tokens"] == ids.size());
+    CHECK(j["usage"]["completion_tokens"] == n);
+    auto s = post("/v1/completions", completion_body(prompt, n, true));
+    ++sent;
+    REQUIRE(s);
+    bool done = false;
+    CHECK(stream_text(s->body, false, done) == want);
+    CHECK(done);
+  }
+  // Chat: the prompt is the checkpoint's chat template, rendered as the gateway does.
+  auto tmpl = runtime::load_chat_template(model_dir / "tokenizer_config.json");
+  REQUIRE(tmpl);
+  std::vector<runtime::chat_message> messages = {{"user", chat}};
+  auto rendered = tmpl->tmpl.render(messages, true, tmpl->bos_token, tmpl->eos_token);
+  REQUIRE(rendered);
+  const std::string want = expected(tok.encode(*rendered), n);
+  json body = {{"model", "model"}, {"messages", {{{"role", "user"}, {"content", chat}}}}, {"max_tokens", n},
+               {"temperature", 0}, {"ignore_eos", true}};
+  auto r = post("/v1/chat/completions", body);
+  ++sent;
+  REQUIRE(r);
+  REQUIRE_MESSAGE(r->status == 200, r->body);
+  CHECK(json::parse(r->body)["choices"][0]["message"]["content"] == want);
+  body["stream"] = true;
+  auto s = post("/v1/chat/completions", body);
+  ++sent;
+  REQUIRE(s);
+  bool done = false;
+  CHECK(stream_text(s->body, true, done) == want);
+  CHECK(done);
+  return sent;
+}
+
+// What `streams_with_kill` saw of each stream.
+struct stream_outcome {
+  std::vector<std::string> texts, errors;
+  std::vector<int> done;       // ended with [DONE]
+  double kill_at_s = 0, seconds = 0;  // from the first request
+};
+
+// One streaming greedy completion per prompt (`n` tokens), all at once over `post`, and a
+// SIGKILL of `victim` once every stream has `chunks` SSE events (or after 60 s); returns
+// when every stream ended.
+template <class Post>
+stream_outcome streams_with_kill(const Post& post, const std::vector<std::string>& prompts, int32_t n, int chunks,
+                                 pid_t victim) {
+  using namespace std::chrono_literals;
+  const size_t streams = prompts.size();
+  stream_outcome out;
+  out.texts.resize(streams);
+  out.errors.resize(streams);
+  out.done.assign(streams, 0);
+  std::atomic<size_t> started{0};
+  std::vector<std::thread> clients;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (size_t i = 0; i < streams; ++i)
+    clients.emplace_back([&, i] {
+      actors::http_call_options o;
+      o.timeout = 120s;
+      int seen = 0;
+      o.on_body = [&](std::string_view piece) {
+        for (size_t at = piece.find("data:"); at != std::string_view::npos; at = piece.find("data:", at + 1))
+          if (++seen == chunks) ++started;
+      };
+      auto r = post("/v1/completions", completion_body(prompts[i], n, true), o);
+      if (!r) {
+        out.errors[i] = r.error();
+        return;
+      }
+      bool d = false;
+      out.texts[i] = stream_text(r->body, false, d, &out.errors[i]);
+      out.done[i] = d;
+    });
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  while (started < streams && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(1ms);
+  out.kill_at_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const int killed = kill(victim, SIGKILL);
+  for (auto& t : clients) t.join();
+  out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  REQUIRE(killed == 0);
+  return out;
 }
 
 }  // namespace shoal::test

@@ -118,47 +118,12 @@ struct cluster {
 TEST_CASE("3-process cluster: completions and chat, streamed and not, equal the offline engine, and the shell") {
   cluster c;
   c.start();
-  const std::vector<std::string> prompts = {"The quick brown fox", "jumps over", "the lazy dog, twice and again"};
+  auto post = [&](const std::string& path, const json& body) { return c.post(path, body); };
+  auto expected = [&](const std::vector<int32_t>& ids, int32_t n) { return c.offline({ids}, n)[0]; };
+  test::check_api_forms(post, *c.model->tokenizer, c.model_dir, 12, expected,
+                        {"The quick brown fox", "jumps over", "the lazy dog, twice and again"}, "hello there");
+  const std::string first_prompt = "The quick brown fox";
   const int32_t n = 12;
-  std::vector<std::vector<int32_t>> ids;
-  for (const auto& p : prompts) ids.push_back(runtime::encode_prompt(*c.model->tokenizer, p));
-  std::vector<std::string> expected = c.offline(ids, n);
-
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    CAPTURE(prompts[i]);
-    auto r = c.post("/v1/completions", completion_body(prompts[i], n, false));
-    REQUIRE_MESSAGE(r, r.error());
-    REQUIRE_MESSAGE(r->status == 200, r->body);
-    json j = json::parse(r->body);
-    CHECK(j["choices"][0]["text"] == expected[i]);
-    CHECK(j["usage"]["prompt_tokens"] == ids[i].size());
-    CHECK(j["usage"]["completion_tokens"] == n);
-    auto s = c.post("/v1/completions", completion_body(prompts[i], n, true));
-    REQUIRE(s);
-    bool done = false;
-    CHECK(stream_text(s->body, false, done) == expected[i]);
-    CHECK(done);
-  }
-
-  // Chat: the prompt is the checkpoint's chat template, rendered as the gateway does.
-  auto tmpl = runtime::load_chat_template(c.model_dir / "tokenizer_config.json");
-  REQUIRE(tmpl);
-  std::vector<runtime::chat_message> messages = {{"user", std::string("hello there")}};
-  auto rendered = tmpl->tmpl.render(messages, true, tmpl->bos_token, tmpl->eos_token);
-  REQUIRE(rendered);
-  std::string chat_expected = c.offline({c.model->tokenizer->encode(*rendered)}, n)[0];
-  json chat = {{"model", "model"}, {"messages", {{{"role", "user"}, {"content", "hello there"}}}}, {"max_tokens", n},
-               {"temperature", 0}, {"ignore_eos", true}};
-  auto r = c.post("/v1/chat/completions", chat);
-  REQUIRE(r);
-  REQUIRE_MESSAGE(r->status == 200, r->body);
-  CHECK(json::parse(r->body)["choices"][0]["message"]["content"] == chat_expected);
-  chat["stream"] = true;
-  auto s = c.post("/v1/chat/completions", chat);
-  REQUIRE(s);
-  bool done = false;
-  CHECK(stream_text(s->body, true, done) == chat_expected);
-  CHECK(done);
 
   // Every rank of the group stepped (lockstep), whichever engines the router chose.
   std::string out;
@@ -183,7 +148,7 @@ TEST_CASE("3-process cluster: completions and chat, streamed and not, equal the 
   CHECK(c.shoal({"shell", "--connect=127.0.0.1:1", "-c", "nodes"}, out) == 1);
   CHECK(out.find("cannot reach a shoal node at 127.0.0.1:1") != std::string::npos);
   // The drained node takes no new requests; the other engine node serves them.
-  auto after = c.post("/v1/completions", completion_body(prompts[0], n, false));
+  auto after = c.post("/v1/completions", completion_body(first_prompt, n, false));
   REQUIRE(after);
   CHECK(after->status == 200);
 }
@@ -199,45 +164,23 @@ TEST_CASE("3-process cluster: kill -9 of an engine node under 50 streams ends ev
   for (const auto& p : prompts) ids.push_back(runtime::encode_prompt(*c.model->tokenizer, p));
   std::vector<std::string> expected = c.offline(ids, n);
 
-  std::atomic<int> started{0};
-  std::vector<std::string> texts(streams), errors(streams);
-  std::vector<int> done(streams, 0);
-  std::vector<std::thread> clients;
-  auto t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < streams; ++i)
-    clients.emplace_back([&, i] {
-      actors::http_call_options o;
-      o.timeout = 120s;
-      o.on_body = [&](std::string_view) { ++started; };
-      auto r = c.post("/v1/completions", completion_body(prompts[i], n, true), o);
-      if (!r) {
-        errors[i] = r.error();
-        return;
-      }
-      bool d = false;
-      texts[i] = stream_text(r->body, false, d, &errors[i]);
-      done[i] = d;
-    });
   // Kill engine-b once streams are flowing.
-  auto deadline = std::chrono::steady_clock::now() + 60s;
-  while (started < streams && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(5ms);
   auto pids = c.pids();
   REQUIRE(pids.contains("engine-b"));
-  REQUIRE(kill(pids["engine-b"], SIGKILL) == 0);
-  for (auto& t : clients) t.join();
-  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  CHECK(seconds < 110);  // bounded: nothing hung until the client timeout
+  auto post = [&](const std::string& path, const json& body, actors::http_call_options o) { return c.post(path, body, o); };
+  auto got = test::streams_with_kill(post, prompts, n, 1, pids["engine-b"]);
+  CHECK(got.seconds < 110);  // bounded: nothing hung until the client timeout
 
   int completed = 0, failed = 0;
   for (int i = 0; i < streams; ++i) {
     CAPTURE(i);
-    CHECK(done[i]);  // every stream ended properly with [DONE]
-    if (errors[i].empty()) {
-      CHECK(texts[i] == expected[i]);  // re-routed requests recomputed the same tokens
+    CHECK(got.done[i]);  // every stream ended properly with [DONE]
+    if (got.errors[i].empty()) {
+      CHECK(got.texts[i] == expected[i]);  // re-routed requests recomputed the same tokens
       ++completed;
     } else {
       ++failed;
-      MESSAGE("request " << i << " failed: " << errors[i]);
+      MESSAGE("request " << i << " failed: " << got.errors[i]);
     }
   }
   MESSAGE(completed << " completed, " << failed << " failed with an error");

@@ -143,57 +143,6 @@ struct disagg_cluster {
   }
 };
 
-// Every completion form through the cluster equals the colocated engine; returns requests sent.
-int check_completions(disagg_cluster& c) {
-  const std::vector<std::string> prompts = {"The quick brown fox", "jumps over the lazy dog, twice and again and once more",
-                                            "a"};
-  const int32_t n = 12;
-  std::vector<std::vector<int32_t>> ids;
-  for (const auto& p : prompts) ids.push_back(runtime::encode_prompt(*c.model->tokenizer, p));
-  int sent = 0;
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    CAPTURE(prompts[i]);
-    const std::string expected = c.colocated({ids[i]}, n)[0].first;
-    auto r = c.post("/v1/completions", completion_body(prompts[i], n, false));
-    ++sent;
-    REQUIRE_MESSAGE(r, r.error());
-    REQUIRE_MESSAGE(r->status == 200, r->body);
-    json j = json::parse(r->body);
-    CHECK(j["choices"][0]["text"] == expected);
-    CHECK(j["usage"]["prompt_tokens"] == ids[i].size());
-    CHECK(j["usage"]["completion_tokens"] == n);
-    auto s = c.post("/v1/completions", completion_body(prompts[i], n, true));
-    ++sent;
-    REQUIRE(s);
-    bool done = false;
-    CHECK(stream_text(s->body, false, done) == expected);
-    CHECK(done);
-  }
-
-  auto tmpl = runtime::load_chat_template(c.model_dir / "tokenizer_config.json");
-  REQUIRE(tmpl);
-  std::vector<runtime::chat_message> messages = {{"user", std::string("hello there, how are you")}};
-  auto rendered = tmpl->tmpl.render(messages, true, tmpl->bos_token, tmpl->eos_token);
-  REQUIRE(rendered);
-  const std::string chat_expected = c.colocated({c.model->tokenizer->encode(*rendered)}, n)[0].first;
-  json chat = {{"model", "model"},   {"messages", {{{"role", "user"}, {"content", "hello there, how are you"}}}},
-               {"max_tokens", n},    {"temperature", 0},
-               {"ignore_eos", true}};
-  auto r = c.post("/v1/chat/completions", chat);
-  ++sent;
-  REQUIRE(r);
-  REQUIRE_MESSAGE(r->status == 200, r->body);
-  CHECK(json::parse(r->body)["choices"][0]["message"]["content"] == chat_expected);
-  chat["stream"] = true;
-  auto s = c.post("/v1/chat/completions", chat);
-  ++sent;
-  REQUIRE(s);
-  bool done = false;
-  CHECK(stream_text(s->body, true, done) == chat_expected);
-  CHECK(done);
-  return sent;
-}
-
 }  // namespace
 
 TEST_CASE("disaggregated cluster: 2 prefill + 2 decode nodes equal the colocated engine (deepseek_v3, shoal_flash exact)") {
@@ -204,7 +153,12 @@ TEST_CASE("disaggregated cluster: 2 prefill + 2 decode nodes equal the colocated
     // A fresh cluster: nothing cached yet. The long prompt is sent once to warm the one
     // prefill engine it lands on (the router breaks ties by membership order, so an idle
     // cluster sends consecutive requests to the same prefill engine).
-    const int sent = check_completions(c);
+    auto post = [&](const std::string& path, const json& body) { return c.post(path, body); };
+    auto expected = [&](const std::vector<int32_t>& ids, int32_t n) { return c.colocated({ids}, n)[0].first; };
+    const int sent = test::check_api_forms(post, *c.model->tokenizer, c.model_dir, 12, expected,
+                                           {"The quick brown fox", "jumps over the lazy dog, twice and again and once more",
+                                            "a"},
+                                           "hello there, how are you");
 
     // Every request was computed on a prefill engine and decoded on a decode engine.
     const int64_t offered = c.stat("prefill-a", "handoffs_offered") + c.stat("prefill-b", "handoffs_offered");
@@ -260,54 +214,25 @@ TEST_CASE("disaggregated cluster: kill -9 of a decode node under 50 streams, eve
     expected.push_back(c.colocated({runtime::encode_prompt(*c.model->tokenizer, prompts.back())}, n)[0].first);
   }
 
-  std::atomic<int> started{0};
-  std::vector<std::string> texts(streams), errors(streams);
-  std::vector<int> done(streams, 0);
-  std::vector<std::thread> clients;
-  auto t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < streams; ++i)
-    clients.emplace_back([&, i] {
-      actors::http_call_options o;
-      o.timeout = 120s;
-      // Decoding has begun once a stream has a few tokens: the first comes from the prefill
-      // engine, the rest from a decode engine.
-      int chunks = 0;
-      o.on_body = [&](std::string_view piece) {
-        for (size_t at = piece.find("data:"); at != std::string_view::npos; at = piece.find("data:", at + 1))
-          if (++chunks == 4) ++started;
-      };
-      auto r = c.post("/v1/completions", completion_body(prompts[i], n, true), o);
-      if (!r) {
-        errors[i] = r.error();
-        return;
-      }
-      bool d = false;
-      texts[i] = stream_text(r->body, false, d, &errors[i]);
-      done[i] = d;
-    });
-  // Kill decode-b once every stream is decoding (half of them there).
+  // Kill decode-b once every stream is decoding (4 events: the role chunk, token 1 from a
+  // prefill engine, then a decode engine's), half of them there.
   auto pids = test::cluster_pids(c.state_dir);
-  auto deadline = std::chrono::steady_clock::now() + 60s;
-  while (started < streams && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(1ms);
-  const double kill_at = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   REQUIRE(pids.contains("decode-b"));
-  REQUIRE(kill(pids["decode-b"], SIGKILL) == 0);
-  for (auto& t : clients) t.join();
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  auto post = [&](const std::string& path, const json& body, actors::http_call_options o) { return c.post(path, body, o); };
+  auto got = test::streams_with_kill(post, prompts, n, 4, pids["decode-b"]);
   // The kill hit requests in flight: those decode-b held were recomputed from their prompt
   // on a prefill engine and handed off again (to decode-a), so more than 50 were offered.
   const int64_t offered = c.stat("prefill-a", "handoffs_offered") + c.stat("prefill-b", "handoffs_offered");
-  MESSAGE("50 streams in " << seconds << " s, decode-b killed at " << kill_at << " s; " << offered
+  MESSAGE("50 streams in " << got.seconds << " s, decode-b killed at " << got.kill_at_s << " s; " << offered
                            << " handoffs offered for 50 requests");
   CHECK(offered > streams);
 
   int completed = 0;
   for (int i = 0; i < streams; ++i) {
     CAPTURE(i);
-    CAPTURE(errors[i]);
-    CHECK(done[i]);  // ended with [DONE], nothing hung
-    if (errors[i].empty() && texts[i] == expected[i]) ++completed;
-    else MESSAGE("stream " << i << ": " << (errors[i].empty() ? "text differs" : errors[i]));
+    CHECK(got.done[i]);  // ended with [DONE], nothing hung
+    if (got.errors[i].empty() && got.texts[i] == expected[i]) ++completed;
+    else MESSAGE("stream " << i << ": " << (got.errors[i].empty() ? "text differs" : got.errors[i]));
   }
   // Re-routed requests are recomputed (same seed) and their streamed tokens skipped: all 50
   // finish with the colocated engine's text.

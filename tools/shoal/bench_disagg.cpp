@@ -30,9 +30,6 @@
 #include "tools/shoal/commands.hpp"
 #include "transport/fabric_transport.hpp"
 
-#ifndef SHOAL_DEFAULT_TRACES_DIR
-#define SHOAL_DEFAULT_TRACES_DIR ""
-#endif
 
 namespace shoal::tools {
 
@@ -41,7 +38,7 @@ namespace {
 using nlohmann::json;
 
 struct disagg_args {
-  std::string trace = std::string(SHOAL_DEFAULT_TRACES_DIR) + "/mooncake/conversation_trace.jsonl";
+  std::string trace = conversation_trace_path();
   std::string preset = "v3-tiny";
   int requests = 48;
   int length_scale = 32;

@@ -40,9 +40,6 @@
 #include "tools/shoal/commands.hpp"
 #include "tools/shoal/storage_child.hpp"
 
-#ifndef SHOAL_DEFAULT_TRACES_DIR
-#define SHOAL_DEFAULT_TRACES_DIR ""
-#endif
 
 namespace shoal::tools {
 
@@ -52,7 +49,7 @@ using nlohmann::json;
 using namespace std::chrono_literals;
 
 struct kv_trace_args {
-  std::string trace = std::string(SHOAL_DEFAULT_TRACES_DIR) + "/mooncake/conversation_trace.jsonl";
+  std::string trace = conversation_trace_path();
   int requests = 2000;
   std::vector<int> capacities = {1000, 10000};
   int engines = 2;

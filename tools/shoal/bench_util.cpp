@@ -25,6 +25,14 @@ double median(std::vector<double> v) {
   return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
 }
 
+#ifndef SHOAL_DEFAULT_TRACES_DIR
+#define SHOAL_DEFAULT_TRACES_DIR ""
+#endif
+
+std::string conversation_trace_path() {
+  return std::string(SHOAL_DEFAULT_TRACES_DIR) + "/mooncake/conversation_trace.jsonl";
+}
+
 double percentile(std::vector<double> v, double p) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());

@@ -11,6 +11,8 @@
 namespace shoal::tools {
 
 double now_s();
+// The Mooncake conversation trace in ../shared/traces (the benches' default load).
+std::string conversation_trace_path();
 double median(std::vector<double> v);
 // The p-quantile (p in [0, 1]) by nearest rank; 0 for no values.
 double percentile(std::vector<double> v, double p);
