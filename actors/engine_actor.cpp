@@ -44,7 +44,6 @@ struct engine_state {
   // refused handoff is decoded here); once placed, the route goes (the caller's id may come
   // back with a re-routed attempt) and only the lease is left.
   struct lease {
-    request_id caller;
     uint64_t number = 0;  // which deadline message is current
     bool placed = false;
   };
@@ -190,9 +189,7 @@ void offer_handoffs(self_pointer self) {
       st.engine->forget(h.source);
       continue;
     }
-    auto& l = st.leases[h.source];
-    l.caller = it->second.id;
-    arm_lease(self, h.source, l);
+    arm_lease(self, h.source, st.leases[h.source]);
     const int64_t need = st.engine->handoff_blocks_needed(h);
     self->send(it->second.sink, handoff_atom_v,
                to_handoff_offer(h, it->second.id, caf::actor_cast<caf::actor>(self), need));
