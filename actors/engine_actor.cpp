@@ -4,6 +4,8 @@
 // meanwhile are handled between steps.
 #include "actors/engine_actor.hpp"
 
+#include <algorithm>
+#include <cmath>
 #include <map>
 #include <optional>
 #include <unordered_map>
@@ -99,6 +101,13 @@ struct engine_state {
 
   engine_stats_snapshot snapshot() const {
     runtime::engine_stats s = engine->stats();
+    std::vector<double> fetch_s = engine->swa_fetch_seconds();
+    std::sort(fetch_s.begin(), fetch_s.end());
+    auto ms_at = [&](double q) {  // nearest rank
+      if (fetch_s.empty()) return 0.0;
+      auto i = static_cast<size_t>(std::ceil(q * static_cast<double>(fetch_s.size()))) - 1;
+      return 1000.0 * fetch_s[std::min(i, fetch_s.size() - 1)];
+    };
     return {s.steps,
             s.prefill_tokens,
             s.decode_tokens,
@@ -115,7 +124,14 @@ struct engine_state {
             s.handoffs_lent,
             s.handoffs_kept,
             s.cache.imports + s.cache.import_failures,
-            s.cache.import_failures};
+            s.cache.import_failures,
+            s.cache.swa_restores,
+            s.cache.replays + s.cache.swa_cut,
+            s.cache.swa_lookups,
+            s.cache.swa_fetches,
+            s.cache.swa_fetch_failures + s.cache.swa_fetch_timeouts,
+            ms_at(0.5),
+            ms_at(0.99)};
   }
 };
 

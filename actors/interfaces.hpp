@@ -169,6 +169,12 @@ struct engine_stats_snapshot {
   uint64_t handoffs_kept = 0;          // prefill: of those, decoded here (no decode engine had room)
   uint64_t handoffs_taken = 0;         // decode: handoffs read from a prefill engine
   uint64_t handoff_failures = 0;       // decode: of those, recomputed (read failed or timed out)
+  uint64_t swa_restores = 0;           // shoal_flash: windows restored from a slot (local or fetched)
+  uint64_t swa_replays = 0;            // windows recomputed instead (bounded replay, or exact hits cut back)
+  uint64_t swa_lookups = 0;            // requests that asked other machines for a slot
+  uint64_t swa_fetches = 0;            // of those, a slot arrived
+  uint64_t swa_fetch_failures = 0;     // of those, the holder failed, died, timed out or sent a bad slot
+  double swa_fetch_p50_ms = 0, swa_fetch_p99_ms = 0;  // of the last ≤ 1024 fetches that arrived
   friend bool operator==(const engine_stats_snapshot&, const engine_stats_snapshot&) = default;
 };
 
@@ -177,7 +183,8 @@ typename Inspector::result_type inspect(Inspector& f, engine_stats_snapshot& x) 
   return f(caf::meta::type_name("engine_stats_snapshot"), x.steps, x.prefill_tokens, x.decode_tokens,
            x.generated, x.prefix_hit_tokens, x.requests_running, x.blocks_free, x.blocks_total, x.waiting_for_remote,
            x.remote_hit_tokens, x.remote_timeouts, x.role, x.handoffs_offered, x.handoffs_placed, x.handoffs_kept,
-           x.handoffs_taken, x.handoff_failures);
+           x.handoffs_taken, x.handoff_failures, x.swa_restores, x.swa_replays, x.swa_lookups, x.swa_fetches,
+           x.swa_fetch_failures, x.swa_fetch_p50_ms, x.swa_fetch_p99_ms);
 }
 
 
@@ -282,6 +289,63 @@ typename Inspector::result_type inspect(Inspector& f, storage_stats_snapshot& x)
            x.evicted_chunks, x.sweeps, x.expired_chunks, x.corrupt_removed);
 }
 
+// -- the SWA-cache tier -------------------------------------------------------------------------
+
+// A machine's store tells the directory what it holds: everything (`full`, after the store
+// or the directory started) or what changed since its last report (evictions applied first).
+struct swa_report {
+  std::string node;                    // the store's node name
+  caf::actor store;                    // its swa_store_actor
+  bool full = false;
+  std::vector<runtime::block_key> added, evicted;
+  friend bool operator==(const swa_report&, const swa_report&) = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, swa_report& x) {
+  return f(caf::meta::type_name("swa_report"), x.node, x.store, x.full, x.added, x.evicted);
+}
+
+// The directory's answer to a lookup: the deepest of the asked keys some store holds.
+struct swa_hit {
+  int32_t index = -1;                  // into the asked keys; −1: none
+  caf::actor store;                    // the holder's swa_store_actor
+  std::string node;
+  friend bool operator==(const swa_hit&, const swa_hit&) = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, swa_hit& x) {
+  return f(caf::meta::type_name("swa_hit"), x.index, x.store, x.node);
+}
+
+// The directory's state for the shell: keys known, slots per store, lookups and hits.
+struct swa_directory_stats {
+  int64_t entries = 0;
+  std::vector<std::string> nodes;      // one per store
+  std::vector<int64_t> slots;          // (nodes) keys registered by each
+  uint64_t lookups = 0, hits = 0, reports = 0, full_reports = 0;
+  friend bool operator==(const swa_directory_stats&, const swa_directory_stats&) = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, swa_directory_stats& x) {
+  return f(caf::meta::type_name("swa_directory_stats"), x.entries, x.nodes, x.slots, x.lookups, x.hits, x.reports,
+           x.full_reports);
+}
+
+// One machine's store for the shell.
+struct swa_store_stats {
+  int64_t slots = 0, capacity = 0;
+  uint64_t slot_bytes = 0, puts = 0, evictions = 0, served = 0;
+  friend bool operator==(const swa_store_stats&, const swa_store_stats&) = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, swa_store_stats& x) {
+  return f(caf::meta::type_name("swa_store_stats"), x.slots, x.capacity, x.slot_bytes, x.puts, x.evictions, x.served);
+}
+
 // -- cluster membership ---------------------------------------------------------------------
 
 // One rank of an engine node: its engine replica and, with expert parallelism, the rank
@@ -312,13 +376,15 @@ struct node_info {
   bool draining = false;           // SIGTERM or `drain`: takes no new requests
   std::vector<uint16_t> storage_ports;  // storage role: each storage node's bulk port on `host`
   std::string engine_role = "both";     // engine role: "both", "prefill" or "decode" (every rank)
+  caf::actor swa_store;                 // shoal_flash engine nodes: the machine's swa_store_actor
+  caf::actor swa_directory;             // directory role: the swa_directory_actor
   friend bool operator==(const node_info&, const node_info&) = default;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, node_info& x) {
   return f(caf::meta::type_name("node_info"), x.name, x.host, x.port, x.roles, x.agent, x.ranks,
-           x.storage, x.draining, x.storage_ports, x.engine_role);
+           x.storage, x.draining, x.storage_ports, x.engine_role, x.swa_store, x.swa_directory);
 }
 
 // The nodes one node agent knows to be up, sorted by name. version grows with every change
@@ -386,6 +452,8 @@ CAF_ADD_ATOM(shoal, shoal, release_atom, "release")
 CAF_ADD_ATOM(shoal, shoal, decode_atom, "decode")
 CAF_ADD_ATOM(shoal, shoal, lease_atom, "lease")
 CAF_ADD_ATOM(shoal, shoal, tick_atom, "tick")
+CAF_ADD_ATOM(shoal, shoal, swa_atom, "swa")
+CAF_ADD_ATOM(shoal, shoal, lookup_atom, "lookup")
 
 // -- typed interfaces -----------------------------------------------------------------------
 
@@ -517,6 +585,25 @@ using gateway_actor = caf::typed_actor<
   // An operator's request (see node_agent_actor's submit): text_events go to the sink.
   caf::replies_to<submit_atom, std::string, int32_t, caf::actor>::with<request_id>>;
 
+// One machine's SWA slot store (runtime::swa_store, shared by the node's engines): describes
+// slots to other machines' engines, which read them with the transport, and reports its keys
+// to the directory named in the membership (everything when that directory is new, then the
+// changes every 200 ms).
+using swa_store_actor = caf::typed_actor<
+  // The registered range of the slot saved for `key` (its crc32c taken now). Error not_found.
+  caf::replies_to<swa_atom, get_atom, runtime::block_key>::with<runtime::remote_memory>,
+  caf::replies_to<stats_atom>::with<swa_store_stats>,
+  // The node agent's view after a change. No reply.
+  caf::reacts_to<membership>>;
+
+// The SWA-cache directory: prefix block key at a slot's position → holder. Built only from
+// the stores' reports, so a restarted directory is complete again once every store reported.
+using swa_directory_actor = caf::typed_actor<
+  caf::reacts_to<swa_report>,
+  // The deepest of `keys` held by a store of a node other than `asker`.
+  caf::replies_to<swa_atom, lookup_atom, std::vector<runtime::block_key>, std::string>::with<swa_hit>,
+  caf::replies_to<stats_atom>::with<swa_directory_stats>>;
+
 // What an engine actor really handles: its public interface plus the step message it sends
 // itself. Only engine_actor.cpp spawns this; everyone else holds an engine_actor.
 using engine_actor_impl = engine_actor::extend<
@@ -556,6 +643,13 @@ CAF_BEGIN_TYPE_ID_BLOCK(shoal, caf::first_custom_type_id)
   CAF_ADD_TYPE_ID(shoal, (shoal::runtime::block_key))
   CAF_ADD_TYPE_ID(shoal, (std::vector<shoal::runtime::block_key>))
   CAF_ADD_TYPE_ID(shoal, (shoal::actors::handoff_offer))
+  CAF_ADD_TYPE_ID(shoal, (shoal::runtime::remote_memory))
+  CAF_ADD_TYPE_ID(shoal, (shoal::actors::swa_report))
+  CAF_ADD_TYPE_ID(shoal, (shoal::actors::swa_hit))
+  CAF_ADD_TYPE_ID(shoal, (shoal::actors::swa_directory_stats))
+  CAF_ADD_TYPE_ID(shoal, (shoal::actors::swa_store_stats))
+  CAF_ADD_TYPE_ID(shoal, (shoal::actors::swa_store_actor))
+  CAF_ADD_TYPE_ID(shoal, (shoal::actors::swa_directory_actor))
 CAF_END_TYPE_ID_BLOCK(shoal)
 
 namespace shoal::actors {

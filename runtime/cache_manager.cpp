@@ -22,9 +22,10 @@ cache_manager::cache_manager(const model::model_config& model, const cache_confi
       tail_(model.is_flash() ? (config.exact_swa ? model::exact_decoder_tail(model) : model.replay_tokens) : 0),
       pool_(static_cast<int32_t>(config.num_blocks), model::block_floats(model)),
       swa_(config.swa_slots, config.swa_snapshots, model.encoder_layers(), model.entry_dim(),
-           model.window(), config.snapshot_storage) {}
+           model.window(), config.snapshot_storage, config.swa_machine_store) {}
 
 cache_manager::~cache_manager() {
+  for (auto& w : slot_waits_) w.fetch->cancel();  // each owns its buffer: nothing to wait for
   for (auto& w : waits_) w.fetch->cancel();
   for (auto& w : waits_) w.fetch->wait();
   for (auto& w : imports_)
@@ -73,7 +74,9 @@ void cache_manager::admit(request& r) {
   if (model_.is_flash() && hit > 0) {
     if (config_.exact_swa) {
       // Exact mode: the hit must end where a snapshot of the window exists.
+      const int64_t found = hit;
       while (hit > 0 && !swa_.contains(r.keys[hit - 1])) --hit;
+      if (hit < found) ++stats_.swa_cut;
       start = hit * bs_;
       if (hit > 0) swa_.restore(r.keys[hit - 1], r.cache, start), ++stats_.swa_restores;
     } else if (start <= r.dec_from && swa_.restore(r.keys[hit - 1], r.cache, start)) {
@@ -151,7 +154,75 @@ void cache_manager::commit(request& r) {
   }
 }
 
-bool cache_manager::try_start_remote(request& r) {
+bool cache_manager::try_start_remote(request& r) { return start_block_read(r) || start_slot_read(r); }
+
+bool cache_manager::start_slot_read(request& r) {
+  if (!model_.is_flash() || !config_.swa_remote || !config_.prefix_caching || r.swa_checked) return false;
+  r.swa_checked = true;
+  fix_decoder_tail(r);
+  std::vector<block_key> keys = chain_keys(r.tokens, static_cast<int>(bs_));
+  const int64_t hit = usable_hit(r, local_hit(keys));
+  if (hit == 0) return false;
+  int64_t from = hit - 1;  // compact mode restores at the end of the hit only
+  if (config_.exact_swa) {  // exact mode: any boundary deeper than the deepest snapshot here
+    while (from >= 0 && !swa_.contains(keys[static_cast<size_t>(from)])) --from;
+    ++from;
+    if (from == hit) return false;
+  } else if (swa_.contains(keys[static_cast<size_t>(hit - 1)]) || hit * bs_ > r.dec_from) {
+    return false;
+  }
+  slot_wait w;
+  w.r = &r;
+  w.base = from;
+  w.keys.assign(keys.begin() + from, keys.begin() + hit);
+  for (int64_t i = 0; i < hit; ++i) w.pinned.push_back(*pool_.lookup(keys[static_cast<size_t>(i)]));
+  pool_.touch(w.pinned);  // the hit stays while the slot is on its way
+  w.deadline_s = config_.time->now_s() + config_.swa_timeout_s;
+  w.fetch = config_.swa_remote->start_fetch(w.keys, swa_.snapshot_bytes());
+  ++stats_.swa_lookups;
+  slot_waits_.push_back(std::move(w));
+  return true;
+}
+
+void cache_manager::poll_slots(std::vector<request*>& ready) {
+  const double now = config_.time->now_s();
+  for (auto& w : slot_waits_) {
+    if (!w.fetch->done() && now < w.deadline_s) continue;
+    ready.push_back(std::exchange(w.r, nullptr));
+    give_back(w.pinned);
+    w.pinned.clear();
+    if (!w.fetch->done()) {
+      w.fetch->cancel();
+      ++stats_.swa_fetch_timeouts;
+      continue;
+    }
+    const int64_t i = w.fetch->index();
+    if (i < 0) {
+      if (!w.fetch->error().empty()) ++stats_.swa_fetch_failures;
+      continue;
+    }
+    const bool stored = i < static_cast<int64_t>(w.keys.size()) &&
+                        swa_.put_encoded(w.keys[static_cast<size_t>(i)], (w.base + i + 1) * bs_, w.fetch->bytes());
+    if (!stored) {  // a slot of another shape (another model or snapshot format): replay
+      ++stats_.swa_fetch_failures;
+      continue;
+    }
+    ++stats_.swa_fetches;
+    if (fetch_s_.size() < 1024) fetch_s_.push_back(w.fetch->seconds());
+    else fetch_s_[fetch_next_] = w.fetch->seconds();
+    fetch_next_ = (fetch_next_ + 1) % 1024;
+  }
+  std::erase_if(slot_waits_, [](const slot_wait& w) { return !w.r; });
+}
+
+std::vector<double> cache_manager::swa_fetch_seconds() const {
+  if (fetch_s_.size() < 1024) return fetch_s_;
+  std::vector<double> out(fetch_s_.begin() + static_cast<std::ptrdiff_t>(fetch_next_), fetch_s_.end());
+  out.insert(out.end(), fetch_s_.begin(), fetch_s_.begin() + static_cast<std::ptrdiff_t>(fetch_next_));
+  return out;
+}
+
+bool cache_manager::start_block_read(request& r) {
   if (!config_.remote || !config_.prefix_caching || r.remote_checked) return false;
   r.remote_checked = true;  // asked once per request, whatever the answer
   fix_decoder_tail(r);
@@ -213,6 +284,7 @@ std::vector<request*> cache_manager::poll_remote() {
     }
   }
   std::erase_if(waits_, [](const remote_wait& w) { return !w.r && w.reserved.empty(); });
+  poll_slots(ready);
   return ready;
 }
 
@@ -226,6 +298,14 @@ void cache_manager::abandon_remote(request& r) {
       if (w.fetch->done()) end_wait(w, false);
     }
   std::erase_if(waits_, [](const remote_wait& w) { return !w.r && w.reserved.empty(); });
+  for (auto& w : slot_waits_)
+    if (w.r == &r) {
+      w.r = nullptr;
+      w.fetch->cancel();
+      give_back(w.pinned);
+      w.pinned.clear();
+    }
+  std::erase_if(slot_waits_, [](const slot_wait& w) { return !w.r; });
 }
 
 std::string cache_manager::validate_handoff(const handoff_state& s) const {

@@ -32,6 +32,11 @@ struct cache_config {
   // Second tier behind the pool (the KV-cache storage cluster); null = local blocks only.
   std::shared_ptr<remote_blocks> remote;
   double remote_timeout_s = 5.0;      // a request waits this long for the tier, then recomputes
+  // shoal_flash: the machine's SWA slot store (shared by its engines; null = a private one of
+  // swa_snapshots slots) and the other machines' stores (null = none).
+  std::shared_ptr<swa_store> swa_machine_store;
+  std::shared_ptr<remote_swa> swa_remote;
+  double swa_timeout_s = 2.0;         // a request waits this long for a slot, then replays
   std::shared_ptr<const clock> time = default_clock();
 };
 
@@ -43,6 +48,11 @@ struct cache_stats {
   uint64_t remote_timeouts = 0;       // fetches abandoned at their deadline (the request recomputed)
   uint64_t remote_stored = 0, remote_dropped = 0;  // blocks offered for writing / dropped
   uint64_t replays = 0, swa_restores = 0;
+  uint64_t swa_cut = 0;               // exact mode: hits cut back to a snapshot (tokens recomputed)
+  uint64_t swa_lookups = 0;           // requests that asked other machines for a slot (once each)
+  uint64_t swa_fetches = 0;           // of those, a slot arrived and was stored here
+  uint64_t swa_fetch_failures = 0;    // the holder failed, died or sent a bad slot (replayed)
+  uint64_t swa_fetch_timeouts = 0;    // abandoned at the deadline (replayed)
   uint64_t preemptions = 0;
   uint64_t imports = 0, import_failures = 0;  // handoffs read from a prefill engine / recomputed
   uint64_t import_bytes = 0;                  // of the imported handoffs
@@ -68,6 +78,9 @@ class cache_manager {
   // blocks for the keys past it (keeping one block free) and starts the tier's read into
   // them. True when r must now wait (request_status::waiting_for_remote_kv); false with
   // nothing held otherwise (admit it as usual).
+  // Then (shoal_flash, once per request) when no snapshot here covers the end of r's hit and
+  // other machines' stores are set: asks them for the deepest slot of the hit; r waits the
+  // same way (its hit pinned) and the arrived slot is stored here, so admit() restores it.
   bool try_start_remote(request& r);
   // Requests whose read finished, failed or passed its deadline since the last call, in the
   // order they started. Their blocks are back in the pool (the fetched ones cached), so
@@ -91,7 +104,9 @@ class cache_manager {
   // this engine's model and cache layout, counts that do not add up.
   std::string validate_handoff(const handoff_state& s) const;
   // Remote reads not yet let go by the tier, also those no request waits on any more.
-  size_t remote_reads_out() const { return waits_.size(); }
+  size_t remote_reads_out() const { return waits_.size() + slot_waits_.size(); }
+  // Seconds of the last (≤ 1024) slot fetches that arrived, oldest first.
+  std::vector<double> swa_fetch_seconds() const;
   // Blocks to add so r covers [0, upto); empty when not enough are free (nothing taken).
   bool can_grow(const request& r, int64_t upto, int64_t pending_blocks) const;
   std::vector<block_id> take_blocks(int64_t n);
@@ -129,6 +144,21 @@ class cache_manager {
     double deadline_s = 0;
   };
   void end_wait(remote_wait& w, bool use_blocks);
+  bool start_block_read(request& r);
+  bool start_slot_read(request& r);
+  void poll_slots(std::vector<request*>& ready);
+
+  struct slot_wait {
+    request* r = nullptr;
+    std::shared_ptr<slot_fetch> fetch;
+    std::vector<block_key> keys;   // asked for, prefix order: keys[i] ends at (base + i + 1) blocks
+    int64_t base = 0;
+    std::vector<block_id> pinned;  // the hit the slot would restore
+    double deadline_s = 0;
+  };
+  std::vector<slot_wait> slot_waits_;
+  std::vector<double> fetch_s_;    // ring of slot fetch times
+  size_t fetch_next_ = 0;
 
   struct import_wait {
     request* r = nullptr;  // null once aborted

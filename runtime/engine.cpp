@@ -192,6 +192,7 @@ std::expected<request_id, std::string> engine::add_handoff(const handoff_state& 
   r->cls = s.cls;
   r->dec_from = s.dec_from;
   r->remote_checked = true;  // its prefix came with it
+  r->swa_checked = true;
   if (!caches_.start_import(*r, s, *config_.bulk, config_.handoff_read_timeout))
     return std::unexpected("no room: " + std::to_string(caches_.blocks_for(s.computed) + 1) + " blocks needed, " +
                            std::to_string(caches_.pool().num_free()) + " free");

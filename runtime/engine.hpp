@@ -138,6 +138,10 @@ class engine {
   void forget(request_id id);
 
   engine_stats stats() const;
+  // shoal_flash: the SWA slot store this engine saves into (the machine's when configured).
+  const std::shared_ptr<swa_store>& slot_store() const { return caches_.swa().store(); }
+  // Seconds of the last (≤ 1024) SWA slot fetches from other machines, oldest first.
+  std::vector<double> swa_fetch_seconds() const { return caches_.swa_fetch_seconds(); }
   // EP: lockstep steps begun since the last group change (the actor layer compares it with
   // the group's step number); without EP, completed steps.
   uint64_t steps_started() const;

@@ -37,7 +37,7 @@ const std::vector<schema_section>& schema() {
   static const std::vector<schema_section> sections = {
       {"node", {"name", "listen", "roles", "model_dir", "drain_timeout_ms"}},
       {"engine", {"ranks", "cache_mib", "expert_parallel", "kv_storage", "role", "transport", "handoff_timeout_ms",
-                  "cost_model", "step_ms"}},
+                  "cost_model", "step_ms", "swa_slots", "swa_timeout_ms"}},
       {"gateway", {"listen", "auth_token_file"}},
       {"cluster", {"seeds", "heartbeat_interval_ms", "connection_timeout_ms", "request_timeout_ms"}},
       {"storage", {"dir", "nodes", "capacity_mib", "high_watermark_pct", "low_watermark_pct", "fsync",
@@ -310,7 +310,7 @@ std::vector<std::pair<std::string, position>> read_string_array(error_sink& sink
 }
 
 std::optional<role> role_named(std::string_view name) {
-  for (role r : {role::gateway, role::engine, role::storage})
+  for (role r : {role::gateway, role::engine, role::storage, role::directory})
     if (name == to_string(r)) return r;
   return std::nullopt;
 }
@@ -324,7 +324,7 @@ std::vector<role> read_roles(error_sink& sink, const section& s) {
     const std::optional<role> r = role_named(name);
     if (!r) {
       sink.fail(config_errc::bad_value, pos, s.path("roles"),
-                "unknown role '" + name + "' (expected gateway, engine or storage)");
+                "unknown role '" + name + "' (expected gateway, engine, storage or directory)");
     } else if (std::ranges::find(roles, *r) != roles.end()) {
       sink.fail(config_errc::bad_value, pos, s.path("roles"), "role '" + name + "' listed twice");
     } else {
@@ -409,6 +409,8 @@ void read_sections(error_sink& sink, const sections& f, const fs::path& base, no
   if (auto ms = read_integer(sink, f.engine, "handoff_timeout_ms", 1, hour_ms)) c.handoff_timeout_ms = *ms;
   c.cost_model = read_path(sink, f.engine, "cost_model", base);
   if (auto ms = read_integer(sink, f.engine, "step_ms", 1, 60'000)) c.step_ms = *ms;
+  if (auto n = read_integer(sink, f.engine, "swa_slots", 0, 1 << 20)) c.swa_slots = *n;
+  if (auto ms = read_integer(sink, f.engine, "swa_timeout_ms", 1, hour_ms)) c.swa_timeout_ms = *ms;
   c.http_listen = read_host_port(sink, f.gateway, "listen", true);
   c.auth_token_file = read_path(sink, f.gateway, "auth_token_file", base);
   for (const auto& [text, pos] : read_string_array(sink, f.cluster, "seeds")) {
@@ -479,10 +481,9 @@ void check_consistency(error_sink& sink, const sections& f, const node_config& c
   if (!c.cost_model && f.engine.get("step_ms"))
     sink.fail(config_errc::bad_value, f.engine.pos("step_ms"), "engine.step_ms",
               "a step time budget needs engine.cost_model (the fitted model that predicts step times)");
-  for (std::string_view key : {"transport", "handoff_timeout_ms"})
-    if (c.disagg_role == engine_role::both && f.engine.get(key))
-      sink.fail(config_errc::bad_value, f.engine.pos(key), f.engine.path(key),
-                "only prefill and decode engines move handoffs (engine.role is \"both\")");
+  if (c.disagg_role == engine_role::both && f.engine.get("handoff_timeout_ms"))
+    sink.fail(config_errc::bad_value, f.engine.pos("handoff_timeout_ms"), f.engine.path("handoff_timeout_ms"),
+              "only prefill and decode engines move handoffs (engine.role is \"both\")");
   if (c.http_listen && c.http_listen->port != 0 && *c.http_listen == c.listen)
     sink.fail(config_errc::bad_value, f.gateway.pos("listen"), "gateway.listen",
               "same address as node.listen (" + to_string(c.listen) + ")");
@@ -526,6 +527,7 @@ const char* to_string(role r) {
     case role::gateway: return "gateway";
     case role::engine: return "engine";
     case role::storage: return "storage";
+    case role::directory: return "directory";
   }
   return "?";
 }

@@ -17,7 +17,7 @@
 namespace shoal::runtime {
 
 // What a node runs. A node has at least one role and each at most once.
-enum class role : uint8_t { gateway, engine, storage };
+enum class role : uint8_t { gateway, engine, storage, directory };  // directory: the SWA-cache directory
 const char* to_string(role r);
 
 enum class log_level : uint8_t { trace, debug, info, warn, error };
@@ -47,10 +47,12 @@ struct node_config {
   bool expert_parallel = false;   // ranks of all such engine nodes form one EP group
   bool kv_storage = false;        // the storage cluster is the ranks' second cache tier
   engine_role disagg_role = engine_role::both;  // engine.role: prefill / decode pools, or both
-  std::string transport = "tcp;ofi_rxm";        // libfabric provider of handoff bytes (roles prefill, decode)
+  std::string transport = "tcp;ofi_rxm";        // libfabric provider of handoff bytes and SWA slot reads
   int64_t handoff_timeout_ms = 5'000;           // decode side: a handoff's reads, then recompute
   std::optional<std::filesystem::path> cost_model;  // fitted prefill cost model: chunks sized to step_ms
   int64_t step_ms = 50;                         // step time budget with cost_model
+  int64_t swa_slots = 256;                      // shoal_flash: the machine's SWA slot store (0 = none)
+  int64_t swa_timeout_ms = 2'000;               // a request waits this long for another machine's slot
 
   // [gateway] (required with the gateway role, rejected without it)
   std::optional<host_port> http_listen;                 // set iff the node has the gateway role

@@ -46,6 +46,7 @@ struct request {
   int64_t preemptions = 0;
   bool handed_off = false;       // a prefill engine already offered it to a decode engine
   bool remote_checked = false;   // the remote tier was asked (once per request)
+  bool swa_checked = false;      // other machines' SWA stores were asked (once per request)
   bool abort_requested = false;  // aborted while its step was computing: finishes after it
 
   int64_t num_tokens() const { return static_cast<int64_t>(tokens.size()); }

@@ -352,7 +352,9 @@ static_assert(is_the_type_id_block<request_id, error_reply, actors::sampling_opt
                                    actors::gateway_actor, std::vector<std::string>, actors::chunk_put,
                                    actors::chunk_query, actors::storage_stats_snapshot, actors::storage_node_actor,
                                    std::vector<uint8_t>, runtime::block_key, std::vector<runtime::block_key>,
-                                   actors::handoff_offer>(),
+                                   actors::handoff_offer, runtime::remote_memory, actors::swa_report, actors::swa_hit,
+                                   actors::swa_directory_stats, actors::swa_store_stats, actors::swa_store_actor,
+                                   actors::swa_directory_actor>(),
               "the round trip below covers exactly these types");
 
 }  // namespace
@@ -386,8 +388,9 @@ TEST_CASE("every type of the type-ID block round-trips through a remote actor") 
   actors::rank_info rank1{1, remote, {}};  // a remote engine, no rank actor (no expert parallelism)
   actors::node_info engine_node{"node-b", "127.0.0.1", 4711, {"engine", "storage"},
                                 caf::actor_cast<caf::actor>(self), {rank0, rank1}, {locals[2], remote}, true, {4100, 0},
-                                "prefill"};
-  actors::node_info gateway_node{"node-a", "::1", 0, {"gateway"}, locals[2], {}, {}, false, {}};
+                                "prefill", locals[1], {}};
+  actors::node_info gateway_node{"node-a", "::1", 0, {"gateway", "directory"}, locals[2], {}, {}, false, {}, "both",
+                                 {}, locals[0]};
   std::vector<uint8_t> mib(1 << 20);
   for (size_t i = 0; i < mib.size(); ++i) mib[i] = static_cast<uint8_t>(i * 131 + (i >> 12));
 
@@ -399,7 +402,8 @@ TEST_CASE("every type of the type-ID block round-trips through a remote actor") 
   round_trip(self, remote, req);
   round_trip(self, remote, token_event{request_id(3), 77, true, runtime::finish_reason::stop});
   round_trip(self, remote, token_event{request_id(4), 12, true, runtime::finish_reason::length, 48});
-  round_trip(self, remote, engine_stats_snapshot{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, "decode", 12, 13, 14, 15, 16});
+  round_trip(self, remote, engine_stats_snapshot{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, "decode", 12, 13, 14, 15, 16,
+                                                 17, 18, 19, 20, 21, 0.25, 12.5});
   round_trip(self, remote, sink);  // a local handle comes back as itself
   round_trip(self, remote, caf::actor_cast<actors::engine_actor>(locals[0]));
   round_trip(self, remote, rank0);
@@ -427,6 +431,15 @@ TEST_CASE("every type of the type-ID block round-trips through a remote actor") 
   round_trip(self, remote, std::vector<uint8_t>{});
   round_trip(self, remote, offer_example(locals[0]));
   round_trip(self, remote, actors::handoff_offer{});
+  round_trip(self, remote, runtime::remote_memory{{1, 2, 3}, 1ull << 40, 0xabcdef, 1415040, 0xdeadbeef});
+  round_trip(self, remote, actors::swa_report{"node-b", locals[1], true, {{1, 2}, {3, 4}}, {{5, 6}}});
+  round_trip(self, remote, actors::swa_report{});
+  round_trip(self, remote, actors::swa_hit{3, remote, "node-c"});
+  round_trip(self, remote, actors::swa_hit{});
+  round_trip(self, remote, actors::swa_directory_stats{12, {"a", "b"}, {5, 7}, 9, 4, 30, 2});
+  round_trip(self, remote, actors::swa_store_stats{5, 256, 1415040, 9, 4, 3});
+  round_trip(self, remote, caf::actor_cast<actors::swa_store_actor>(locals[2]));
+  round_trip(self, remote, caf::actor_cast<actors::swa_directory_actor>(remote));
 
   // A caf::error carrying an error_reply (how actors answer a refused request; the remote
   // engine case checks that path end to end). A message holding only an error would go to

@@ -96,7 +96,7 @@ TEST_CASE("node_config: config/local-3node/ is 1 gateway node and 2 engine nodes
 
 TEST_CASE("node_config: config/local-disagg/ is a gateway, 2 prefill and 2 decode engine nodes over tcp;ofi_rxm") {
   const node_config gw = load_sample("config/local-disagg/gateway.toml");
-  CHECK(gw.roles == std::vector<role>{role::gateway});
+  CHECK(gw.roles == (std::vector<role>{role::gateway, role::directory}));
   CHECK(gw.listen == host_port{"127.0.0.1", 7200});
   CHECK(gw.http_listen == host_port{"127.0.0.1", 8000});
   CHECK(gw.disagg_role == engine_role::both);
@@ -258,8 +258,9 @@ TEST_CASE("node_config: every bad input names its line and key") {
        "expected \"both\", \"prefill\" or \"decode\", got \"encode\""},
       {"prefill role with expert parallelism", base + "[engine]\nexpert_parallel = true\nrole = \"prefill\"\n",
        config_errc::bad_value, 8, "engine.role", "without expert parallelism"},
-      {"transport on a colocated engine", base + "[engine]\ntransport = \"shm\"\n", config_errc::bad_value, 7,
-       "engine.transport", "only prefill and decode engines"},
+      {"handoff timeout on a colocated engine", base + "[engine]\nhandoff_timeout_ms = 100\n", config_errc::bad_value, 7,
+       "engine.handoff_timeout_ms", "only prefill and decode engines"},
+      {"negative SWA slots", base + "[engine]\nswa_slots = -1\n", config_errc::bad_value, 7, "engine.swa_slots", ""},
       {"empty transport", base + "[engine]\nrole = \"decode\"\ntransport = \"\"\n", config_errc::bad_value, 8,
        "engine.transport", "libfabric provider"},
       {"step budget without a cost model", base + "[engine]\nstep_ms = 20\n", config_errc::bad_value, 7,

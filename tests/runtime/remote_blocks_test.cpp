@@ -13,6 +13,7 @@
 
 #include "runtime/engine.hpp"
 #include "runtime/remote_blocks.hpp"
+#include "runtime/swa_store.hpp"
 #include "tests/support/tiny_models.hpp"
 
 using namespace shoal;
@@ -285,4 +286,166 @@ TEST_CASE("remote tier: a request aborted while its read is out frees its blocks
   reader.step();
   CHECK(reader.stats().blocks_free == reader.stats().blocks_total);
   CHECK(!reader.has_work());
+}
+
+// -- the SWA tier: other machines' slot stores ------------------------------------------------
+
+namespace {
+
+// Other machines' stores in memory: the deepest key any of them holds, its bytes copied;
+// `hold` keeps every fetch unanswered (a holder that accepted and went quiet).
+class other_stores final : public runtime::remote_swa {
+ public:
+  std::vector<std::shared_ptr<runtime::swa_store>> stores;
+  bool hold = false;
+  size_t asked = 0;
+  std::vector<std::shared_ptr<runtime::slot_fetch>> held;
+
+  std::shared_ptr<runtime::slot_fetch> start_fetch(std::vector<block_key> keys, size_t max_bytes) override {
+    ++asked;
+    auto f = std::make_shared<runtime::slot_fetch>();
+    if (hold) {
+      held.push_back(f);
+      return f;
+    }
+    for (int64_t i = static_cast<int64_t>(keys.size()) - 1; i >= 0; --i)
+      for (auto& s : stores) {
+        std::vector<uint8_t> bytes;
+        s->read(keys[static_cast<size_t>(i)], -1, [&](std::span<const uint8_t> b) { bytes.assign(b.begin(), b.end()); });
+        if (bytes.size() > max_bytes) bytes.clear();
+        if (!bytes.empty()) {
+          f->complete(i, std::move(bytes));
+          return f;
+        }
+      }
+    f->complete(-1, {});
+    return f;
+  }
+};
+
+runtime::engine_config flash_config(bool exact) {
+  auto c = test::exact_engine_config(256);
+  c.cache.exact_swa = exact;
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("SWA store: fixed slots, LRU eviction, the change log and the full report") {
+  runtime::swa_store s(2, 64);
+  std::vector<uint8_t> a(64, 1), b(32, 2), c(64, 3);
+  block_key k1{1, 1}, k2{2, 2}, k3{3, 3};
+  s.put(k1, 16, a);
+  s.put(k2, 16, b);
+  auto ch = s.take_changes();
+  CHECK(ch.added.size() == 2);
+  CHECK(ch.evicted.empty());
+  std::vector<uint8_t> got;
+  CHECK(s.read(k1, 16, [&](std::span<const uint8_t> x) { got.assign(x.begin(), x.end()); }));  // k1 now most recent
+  CHECK(got == a);
+  CHECK_FALSE(s.read(k1, 32, [](std::span<const uint8_t>) {}));  // another position: a miss
+  s.put(k3, 16, c);  // full: k2 (least recent) goes
+  CHECK_FALSE(s.contains(k2));
+  CHECK(s.contains(k1));
+  ch = s.take_changes();
+  REQUIRE(ch.evicted.size() == 1);
+  CHECK(ch.evicted[0] == k2);
+  REQUIRE(ch.added.size() == 1);
+  CHECK(ch.added[0] == k3);
+  auto keys = s.keys();
+  CHECK(keys.size() == 2);
+  CHECK(s.stats().evictions == 1);
+  CHECK(s.stats().slots == 2);
+  CHECK(s.memory().size() == 128);
+}
+
+TEST_CASE("SWA tier: a slot saved on another machine restores the window here, logits equal the colocated engine's") {
+  for (bool exact : {true, false}) {
+    CAPTURE(exact);
+    auto w = test::tiny_model("tiny");
+    auto tier = std::make_shared<memory_tier>();  // the blocks come from the storage tier
+    auto others = std::make_shared<other_stores>();
+    auto wcfg = flash_config(exact);
+    wcfg.cache.remote = tier;
+    runtime::engine writer(w, wcfg), colocated(w, flash_config(exact));
+    others->stores.push_back(writer.slot_store());
+    auto rcfg = wcfg;
+    rcfg.cache.swa_remote = others;
+    runtime::engine reader(w, rcfg);
+    auto first = test::random_tokens(96, 71);
+    run_one(writer, first);
+    run_one(colocated, first);
+    auto second = first;
+    auto extra = test::random_tokens(60, 72);  // past the decoder tail: the hit can reach the slot
+    second.insert(second.end(), extra.begin(), extra.end());
+    auto ref = run_one(colocated, second);  // restores its own slot
+    auto got = run_one(reader, second);     // fetches the writer's
+    CHECK(colocated.stats().cache.swa_restores == 1);
+    auto st = reader.stats().cache;
+    CHECK(st.swa_lookups == 1);
+    CHECK(st.swa_fetches == 1);
+    CHECK(st.swa_restores == 1);
+    CHECK(st.replays == 0);
+    CHECK(st.hit_tokens > 0);
+    CHECK(st.hit_tokens == colocated.stats().cache.hit_tokens);  // its first request had none
+    REQUIRE(got.size() == ref.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      CHECK(got[i].token == ref[i].token);
+      CHECK(got[i].logits == ref[i].logits);
+    }
+    CHECK(reader.swa_fetch_seconds().size() == 1);
+  }
+}
+
+TEST_CASE("SWA tier: a holder that never answers delays only its request, which falls back at its deadline") {
+  auto w = test::tiny_model("tiny");
+  auto tier = std::make_shared<memory_tier>();
+  auto others = std::make_shared<other_stores>();
+  auto clock = std::make_shared<runtime::manual_clock>();
+  auto wcfg = flash_config(false);
+  wcfg.cache.remote = tier;
+  runtime::engine writer(w, wcfg), cold(w, flash_config(false));
+  others->stores.push_back(writer.slot_store());
+  auto shared = test::random_tokens(96, 81);
+  run_one(writer, shared);
+  auto waiting_prompt = shared;
+  for (int32_t t : test::random_tokens(40, 83)) waiting_prompt.push_back(t);  // past the decoder tail
+  auto other_prompt = test::random_tokens(70, 82);
+  // The reference: the same hit on an engine with the blocks and no slot (bounded replay).
+  auto rcfg = wcfg;
+  rcfg.cache.swa_remote = others;
+  rcfg.cache.time = clock;
+  rcfg.cache.swa_timeout_s = 2.0;
+  auto replay_cfg = wcfg;
+  runtime::engine replayer(w, replay_cfg);
+  auto ref_waiting = run_one(replayer, waiting_prompt);
+  CHECK(replayer.stats().cache.replays == 1);
+  auto ref_other = run_one(cold, other_prompt);
+
+  others->hold = true;
+  runtime::engine reader(w, rcfg);
+  auto waiting = reader.add_request(waiting_prompt, greedy(6));
+  auto other = reader.add_request(other_prompt, greedy(6));
+  REQUIRE(waiting);
+  REQUIRE(other);
+  std::map<int64_t, std::vector<runtime::token_event>> events;
+  auto step = [&] {
+    for (auto& ev : reader.step()) events[ev.id.value].push_back(ev);
+  };
+  for (int i = 0; i < 100 && (events[other->value].empty() || !events[other->value].back().finished); ++i) step();
+  REQUIRE(!events[other->value].empty());
+  CHECK(events[other->value].back().finished);
+  CHECK(events[waiting->value].empty());
+  CHECK(reader.stats().waiting_for_remote == 1);
+  clock->advance(2.5);
+  for (int i = 0; i < 100 && reader.has_work(); ++i) step();
+  REQUIRE(events[waiting->value].size() == ref_waiting.size());
+  for (size_t i = 0; i < ref_waiting.size(); ++i) CHECK(events[waiting->value][i].logits == ref_waiting[i].logits);
+  REQUIRE(events[other->value].size() == ref_other.size());
+  auto st = reader.stats().cache;
+  CHECK(st.swa_fetch_timeouts == 1);
+  CHECK(st.replays == 1);
+  CHECK(st.swa_fetches == 0);
+  CHECK(!reader.has_work());
+  for (auto& f : others->held) f->complete(-1, {}, "late");  // the holder lets go
 }

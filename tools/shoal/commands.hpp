@@ -19,6 +19,7 @@ void add_storage_bench(CLI::App& bench);    // bench storage
 void add_kv_trace_bench(CLI::App& bench);   // bench kv-trace
 void add_transport_bench(CLI::App& bench);  // bench transport
 void add_disagg_bench(CLI::App& bench);     // bench disagg
+void add_swa_bench(CLI::App& bench);        // bench swa
 void add_cluster_commands(CLI::App& app);   // up, down
 int exit_code();
 void set_exit_code(int code);

@@ -45,7 +45,7 @@ struct shell_config : caf::actor_system_config {
 };
 
 const std::vector<std::string> command_names = {"nodes", "actors", "stats", "requests", "submit", "drain",
-                                                "kill", "storage", "corrupt", "help", "quit"};
+                                                "kill", "storage", "corrupt", "swa", "help", "quit"};
 
 const char* help_text =
   "nodes                     the cluster's nodes (name, address, roles, ranks, state)\n"
@@ -58,6 +58,8 @@ const char* help_text =
   "storage                   every storage node: chunks, usage, watermarks, GC/TTL counters\n"
   "corrupt <node>/storage<i> <hi>:<lo>:<index>\n"
   "                          flips a byte of that chunk's file (tests; key words in hex)\n"
+  "swa                       the SWA-cache tier: directory size, slots per store, engines'\n"
+  "                          restores / replays / fetches, fetch latency p50/p99\n"
   "help                      this text\n"
   "quit                      leaves the shell\n";
 
@@ -90,6 +92,7 @@ class shell {
   bool cmd_drain(const std::string& name);
   bool cmd_kill(const std::string& target);
   bool cmd_storage();
+  bool cmd_swa();
   bool cmd_corrupt(const std::string& args);
   // The storage node actor named "<node>/storage<i>", or a printed error.
   std::optional<actors::storage_node_actor> storage_node(const std::string& name);
@@ -285,6 +288,39 @@ bool shell::cmd_storage() {
   return true;
 }
 
+bool shell::cmd_swa() {
+  auto m = members();
+  if (!m) return false;
+  bool directory = false;
+  for (const auto& n : m->nodes) {
+    if (!n.swa_directory) continue;
+    auto d = ask<actors::swa_directory_stats>(caf::actor_cast<actors::swa_directory_actor>(n.swa_directory), stats_atom_v);
+    if (!d) return false;
+    directory = true;
+    fmt::print("{}/swa_directory: entries={} stores={} lookups={} hits={} reports={} full_reports={}\n", n.name,
+               d->entries, d->nodes.size(), d->lookups, d->hits, d->reports, d->full_reports);
+    for (size_t i = 0; i < d->nodes.size(); ++i) fmt::print("  {}: {} slot(s) registered\n", d->nodes[i], d->slots[i]);
+  }
+  if (!directory) fmt::print("no SWA directory in the cluster (a node with the 'directory' role)\n");
+  for (const auto& n : m->nodes) {
+    if (!n.swa_store) continue;
+    auto s = ask<actors::swa_store_stats>(caf::actor_cast<actors::swa_store_actor>(n.swa_store), stats_atom_v);
+    if (!s) return false;
+    fmt::print("{}/swa_store: slots={}/{} slot_bytes={} puts={} evictions={} served={}\n", n.name, s->slots,
+               s->capacity, s->slot_bytes, s->puts, s->evictions, s->served);
+    for (const auto& r : n.ranks) {
+      auto e = ask<actors::engine_stats_snapshot>(caf::actor_cast<actors::engine_actor>(r.engine), stats_atom_v);
+      if (!e) return false;
+      fmt::print("  rank{}: restores={} replays={} lookups={} fetches={} fetch_failures={} misses={} "
+                 "fetch_ms p50={:.2f} p99={:.2f}\n",
+                 r.index, e->swa_restores, e->swa_replays, e->swa_lookups, e->swa_fetches, e->swa_fetch_failures,
+                 e->swa_lookups - std::min(e->swa_lookups, e->swa_fetches + e->swa_fetch_failures),
+                 e->swa_fetch_p50_ms, e->swa_fetch_p99_ms);
+    }
+  }
+  return true;
+}
+
 bool shell::cmd_corrupt(const std::string& args) {
   std::istringstream in(args);
   std::string name, chunk;
@@ -322,6 +358,7 @@ bool shell::run(const std::string& raw) {
   if (cmd == "drain") return cmd_drain(arg);
   if (cmd == "kill") return cmd_kill(arg);
   if (cmd == "storage") return cmd_storage();
+  if (cmd == "swa") return cmd_swa();
   if (cmd == "corrupt") return cmd_corrupt(arg);
   if (cmd == "help") {
     fmt::print("{}", help_text);

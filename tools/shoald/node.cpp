@@ -24,6 +24,7 @@
 #include "actors/gateway_actor.hpp"
 #include "actors/interfaces.hpp"
 #include "actors/kv_block_store.hpp"
+#include "actors/swa_tier.hpp"
 #include "actors/node_agent_actor.hpp"
 #include "actors/rank_actor.hpp"
 #include "actors/router_actor.hpp"
@@ -50,6 +51,9 @@ struct node_parts {
   caf::actor kv_watcher;                            // feeds it the storage nodes
   std::optional<actors::gateway_actor> gateway;
   std::optional<actors::router_actor> router;
+  std::shared_ptr<actors::swa_fetcher> swa_fetcher;    // shoal_flash: other machines' SWA slots
+  std::optional<actors::swa_store_actor> swa_store;    // this machine's
+  std::optional<actors::swa_directory_actor> swa_directory;  // directory role
 };
 
 struct system_config : caf::actor_system_config {
@@ -253,7 +257,7 @@ int run_node(const runtime::node_config& cfg, logger& log) {
   system_config sys_cfg(cfg);
   caf::actor_system sys{sys_cfg};
   node_parts parts;
-  actors::node_info me{cfg.name, cfg.listen.host, cfg.listen.port, role_names(cfg), {}, {}, {}, false, {}, "both"};
+  actors::node_info me{cfg.name, cfg.listen.host, cfg.listen.port, role_names(cfg), {}, {}, {}, false, {}, "both", {}, {}};
 
   if (cfg.has_role(runtime::role::engine)) {
     runtime::engine_config ecfg = engine_config_for(weights->config, static_cast<double>(cfg.cache_mib));
@@ -274,16 +278,40 @@ int run_node(const runtime::node_config& cfg, logger& log) {
       ecfg.sched.step_time_budget_s = static_cast<double>(cfg.step_ms) / 1000.0;
       log.info("prefill chunks from cost model {} (step budget {} ms)", cfg.cost_model->string(), cfg.step_ms);
     }
-    if (cfg.disagg_role != runtime::engine_role::both) {
-      // Handoff bytes: one libfabric endpoint for the node's ranks, bound to the listen host
-      // (shm needs no address).
+    const bool swa_tier = weights->config.is_flash() && cfg.swa_slots > 0;
+    std::shared_ptr<runtime::transport> bulk;
+    if (cfg.disagg_role != runtime::engine_role::both || swa_tier) {
+      // Handoff bytes and SWA slots: one libfabric endpoint for the node's ranks, bound to
+      // the listen host (shm needs no address).
       auto t = transport::fabric_transport::create({cfg.transport, cfg.transport == "shm" ? "" : cfg.listen.host});
       if (!t) {
         log.error("key 'engine.transport' (\"{}\"): {}", cfg.transport, t.error());
         return exit_failure;
       }
+      bulk = std::shared_ptr<runtime::transport>(std::move(*t));
+    }
+    if (swa_tier) {
+      // The machine's SWA slot store, shared by its ranks, and the reads of other machines'.
+      auto store = std::make_shared<runtime::swa_store>(
+          cfg.swa_slots, runtime::swa_snapshot_bytes(weights->config, ecfg.cache.snapshot_storage));
+      const auto timeout = std::chrono::milliseconds(cfg.swa_timeout_ms);
+      parts.swa_fetcher = std::make_shared<actors::swa_fetcher>(sys, bulk, cfg.name, timeout);
+      auto a = actors::spawn_swa_store(sys, {cfg.name, store, bulk, parts.swa_fetcher});
+      if (!a) {
+        log.error("key 'engine.swa_slots' ({}): {}", cfg.swa_slots, a.error());
+        return exit_failure;
+      }
+      parts.swa_store = *a;
+      me.swa_store = caf::actor_cast<caf::actor>(*a);
+      ecfg.cache.swa_machine_store = store;
+      ecfg.cache.swa_remote = parts.swa_fetcher;
+      ecfg.cache.swa_timeout_s = std::chrono::duration<double>(timeout).count();
+      log.info("SWA store: {} slots of {} bytes, slot reads over {}", store->capacity(), store->slot_bytes(),
+               bulk->name());
+    }
+    if (cfg.disagg_role != runtime::engine_role::both) {
       ecfg.role = cfg.disagg_role;
-      ecfg.bulk = std::shared_ptr<runtime::transport>(std::move(*t));
+      ecfg.bulk = bulk;
       ecfg.handoff_read_timeout = std::chrono::milliseconds(cfg.handoff_timeout_ms);
       log.info("{} engine: handoffs over {}", me.engine_role, ecfg.bulk->name());
     }
@@ -353,6 +381,11 @@ int run_node(const runtime::node_config& cfg, logger& log) {
     log.info("{} storage node(s) under {}, {} MiB each, fsync {}", cfg.storage_nodes, cfg.storage_dir->string(),
              cfg.storage_capacity_mib, cfg.storage_fsync ? "always" : "never");
   }
+  if (cfg.has_role(runtime::role::directory)) {
+    parts.swa_directory = actors::spawn_swa_directory(sys);
+    me.swa_directory = caf::actor_cast<caf::actor>(*parts.swa_directory);
+    log.info("SWA directory: rebuilt from the stores' reports as they arrive");
+  }
   if (cfg.has_role(runtime::role::gateway)) {
     parts.router = actors::spawn_router(sys);
     actors::gateway_config g;
@@ -393,6 +426,7 @@ int run_node(const runtime::node_config& cfg, logger& log) {
   if (parts.router) caf::anon_send(agent, subscribe_atom_v, caf::actor_cast<caf::actor>(*parts.router));
   for (const auto& r : parts.ranks) caf::anon_send(agent, subscribe_atom_v, caf::actor_cast<caf::actor>(r));
   if (parts.kv_watcher) caf::anon_send(agent, subscribe_atom_v, parts.kv_watcher);
+  if (parts.swa_store) caf::anon_send(agent, subscribe_atom_v, caf::actor_cast<caf::actor>(*parts.swa_store));
 
   if (!cfg.seeds.empty()) {
     auto m = join(sys, cfg, agent, log);
