@@ -139,6 +139,7 @@ int run_swa(const swa_args& a) {
   if (!cfg->is_flash()) throw std::runtime_error("--preset must be a shoal_flash model (tiny, small)");
   auto w = std::make_shared<model::model_weights>();
   w->config = *cfg;
+  if (w->config.vocab_size <= 0) w->config.vocab_size = 1024;  // the presets leave it to the tokenizer
   model::init_random(*w, 5);
   const size_t mission_slot = 20 * 134 * 528;
   const size_t preset_slot = runtime::swa_snapshot_bytes(w->config, runtime::swa_storage::mxfp8);
