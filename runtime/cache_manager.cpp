@@ -346,10 +346,10 @@ bool cache_manager::start_import(request& r, const handoff_state& s, transport& 
   model::sequence_cache probe;
   probe.init(model_, ring_tokens_);
   w.rings = std::move(probe.rings);
-  for (size_t i = 0; i < w.reserved.size(); ++i) {
-    auto* p = reinterpret_cast<std::byte*>(pool_.data(w.reserved[i]));
-    w.reads.push_back(t.read(s.blocks[i], {p, pool_.block_floats() * sizeof(float)}, timeout));
-  }
+  std::vector<std::span<std::byte>> dsts;  // adjacent blocks on both sides may travel as one read
+  for (block_id b : w.reserved)
+    dsts.emplace_back(reinterpret_cast<std::byte*>(pool_.data(b)), pool_.block_floats() * sizeof(float));
+  w.reads = t.read_all(s.blocks, dsts, timeout);
   for (size_t i = 0; i < w.rings.size(); ++i)
     if (!w.rings[i].empty()) w.reads.push_back(t.read(s.rings[i], std::as_writable_bytes(std::span(w.rings[i])), timeout));
   w.started = std::chrono::steady_clock::now();
@@ -371,6 +371,7 @@ std::vector<std::pair<request*, bool>> cache_manager::poll_imports() {
       auto last = w.started;
       for (const auto& t : w.reads) last = std::max(last, t->finished_at());
       stats_.import_bytes += w.bytes;
+      stats_.import_reads += w.reads.size();
       stats_.import_read_s += std::chrono::duration<double>(last - w.started).count();
     }
     w.reads.clear();

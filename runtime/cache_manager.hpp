@@ -56,6 +56,7 @@ struct cache_stats {
   uint64_t preemptions = 0;
   uint64_t imports = 0, import_failures = 0;  // handoffs read from a prefill engine / recomputed
   uint64_t import_bytes = 0;                  // of the imported handoffs
+  uint64_t import_reads = 0;                  // transport reads they took (adjacent blocks coalesce)
   double import_read_s = 0;                   // their reads, first issued to last completed (summed)
 };
 

@@ -74,6 +74,17 @@ class transport {
   // checksum mismatch, or when `timeout` passes first. `dst` must stay valid until done().
   virtual std::shared_ptr<transfer> read(const remote_memory& src, std::span<std::byte> dst,
                                          std::chrono::milliseconds timeout) = 0;
+  // Reads srcs[i] into dsts[i], each as read() would. A backend may move ranges that are
+  // adjacent both in the owner's memory and here (in the same order) as one read, each part
+  // still checked against its own crc32c; the transfers returned (one per read issued) all
+  // end, and all are ok exactly when every range arrived intact.
+  virtual std::vector<std::shared_ptr<transfer>> read_all(std::span<const remote_memory> srcs,
+                                                          std::span<const std::span<std::byte>> dsts,
+                                                          std::chrono::milliseconds timeout) {
+    std::vector<std::shared_ptr<transfer>> out;
+    for (size_t i = 0; i < srcs.size() && i < dsts.size(); ++i) out.push_back(read(srcs[i], dsts[i], timeout));
+    return out;
+  }
 };
 
 }  // namespace shoal::runtime

@@ -42,7 +42,7 @@ void close_fid(T*& obj) {
 struct read_op {
   std::shared_ptr<runtime::transfer> result;
   std::span<std::byte> dst;
-  uint32_t crc = 0;
+  std::vector<std::pair<std::span<std::byte>, uint32_t>> checks;  // parts of dst and their crc32c
   fid_mr* local_mr = nullptr;  // FI_MR_LOCAL: dst registered for the read
   size_t pieces_out = 0;
   bool posting = true;         // pieces still being posted
@@ -151,11 +151,12 @@ struct fabric_transport::state {
     if (op->local_mr) fi_close(&op->local_mr->fid);
     std::string err = op->error;
     if (err.empty() && op->cancelled) err = "read timed out";
-    if (err.empty()) {
-      const uint32_t got = storage::crc32c(op->dst.data(), op->dst.size());
-      if (got != op->crc)
+    for (const auto& [part, crc] : op->checks) {
+      if (!err.empty()) break;
+      const uint32_t got = storage::crc32c(part.data(), part.size());
+      if (got != crc)
         err = "checksum mismatch: crc32c of the bytes read " + std::to_string(got) + " != described " +
-              std::to_string(op->crc) + " (the owner's memory changed or was released)";
+              std::to_string(crc) + " (the owner's memory changed or was released)";
     }
     auto result = op->result;
     ops.remove_if([&](const read_op& x) { return &x == op; });
@@ -377,12 +378,57 @@ std::expected<std::unique_ptr<runtime::registered_memory>, std::string> fabric_t
 
 std::shared_ptr<runtime::transfer> fabric_transport::read(const runtime::remote_memory& src, std::span<std::byte> dst,
                                                           std::chrono::milliseconds timeout) {
-  auto result = std::make_shared<runtime::transfer>();
   if (dst.size() != src.length) {
+    auto result = std::make_shared<runtime::transfer>();
     result->complete("destination is " + std::to_string(dst.size()) + " bytes, the range " +
                      std::to_string(src.length));
     return result;
   }
+  return post(src, src.addr, dst, {{0, dst.size(), src.crc32c}}, timeout);
+}
+
+std::vector<std::shared_ptr<runtime::transfer>> fabric_transport::read_all(
+    std::span<const runtime::remote_memory> srcs, std::span<const std::span<std::byte>> dsts,
+    std::chrono::milliseconds timeout) {
+  std::vector<std::shared_ptr<runtime::transfer>> out;
+  const size_t n = std::min(srcs.size(), dsts.size());
+  auto step = [&](size_t a, size_t b) {  // +1 / −1: b follows a (above / below) on both sides; 0: not adjacent
+    const auto& x = srcs[a];
+    const auto& y = srcs[b];
+    if (x.owner != y.owner || x.key != y.key || x.length != y.length || dsts[a].size() != x.length ||
+        dsts[b].size() != y.length || x.length == 0)
+      return 0;
+    const auto len = static_cast<std::ptrdiff_t>(x.length);
+    const std::ptrdiff_t ds = static_cast<std::ptrdiff_t>(y.addr - x.addr), dd = dsts[b].data() - dsts[a].data();
+    if (ds != dd) return 0;
+    return ds == len ? 1 : ds == -len ? -1 : 0;
+  };
+  for (size_t i = 0; i < n;) {
+    size_t j = i;
+    const int dir = i + 1 < n ? step(i, i + 1) : 0;
+    if (dir != 0)
+      while (j + 1 < n && step(j, j + 1) == dir) ++j;
+    if (j == i) {
+      out.push_back(read(srcs[i], dsts[i], timeout));
+      ++i;
+      continue;
+    }
+    const size_t lo = dir > 0 ? i : j;  // the run's lowest address, on both sides
+    const size_t len = srcs[i].length;
+    std::span<std::byte> dst(dsts[lo].data(), (j - i + 1) * len);
+    std::vector<part> parts;
+    for (size_t k = i; k <= j; ++k)
+      parts.push_back({static_cast<size_t>(srcs[k].addr - srcs[lo].addr), len, srcs[k].crc32c});
+    out.push_back(post(srcs[lo], srcs[lo].addr, dst, std::move(parts), timeout));
+    i = j + 1;
+  }
+  return out;
+}
+
+std::shared_ptr<runtime::transfer> fabric_transport::post(const runtime::remote_memory& src, uint64_t addr,
+                                                          std::span<std::byte> dst, std::vector<part> parts,
+                                                          std::chrono::milliseconds timeout) {
+  auto result = std::make_shared<runtime::transfer>();
   auto fa = s_->peer(src.owner);
   if (!fa) {
     result->complete(name() + ": " + fa.error());
@@ -403,7 +449,7 @@ std::shared_ptr<runtime::transfer> fabric_transport::read(const runtime::remote_
     op = &s_->ops.emplace_back();
     op->result = result;
     op->dst = dst;
-    op->crc = src.crc32c;
+    for (const auto& p : parts) op->checks.emplace_back(dst.subspan(p.offset, p.length), p.crc);
     op->local_mr = local;
     op->deadline = std::chrono::steady_clock::now() + timeout;
   }
@@ -418,7 +464,7 @@ std::shared_ptr<runtime::transfer> fabric_transport::read(const runtime::remote_
       ++op->pieces_out;
     }
     ssize_t rc;
-    while ((rc = fi_read(s_->ep, dst.data() + off, n, desc, *fa, src.addr + off, src.key, &p->ctx)) == -FI_EAGAIN) {
+    while ((rc = fi_read(s_->ep, dst.data() + off, n, desc, *fa, addr + off, src.key, &p->ctx)) == -FI_EAGAIN) {
       if (std::chrono::steady_clock::now() >= op->deadline) break;
       std::this_thread::yield();  // the progress thread frees queue room
     }

@@ -33,10 +33,23 @@ class fabric_transport final : public runtime::transport {
       std::span<const std::byte> bytes) override;
   std::shared_ptr<runtime::transfer> read(const runtime::remote_memory& src, std::span<std::byte> dst,
                                           std::chrono::milliseconds timeout) override;
+  // Coalesces runs of ranges adjacent on both sides (ascending or descending, same owner and
+  // key, equal lengths) into one read each, split at the provider's message size.
+  std::vector<std::shared_ptr<runtime::transfer>> read_all(std::span<const runtime::remote_memory> srcs,
+                                                           std::span<const std::span<std::byte>> dsts,
+                                                           std::chrono::milliseconds timeout) override;
 
   struct state;
 
  private:
+  // One read of `length` bytes at `addr` (owner, key from `src`) into `dst`, whose parts
+  // (offset, length, crc32c) are each verified on arrival.
+  struct part {
+    size_t offset = 0, length = 0;
+    uint32_t crc = 0;
+  };
+  std::shared_ptr<runtime::transfer> post(const runtime::remote_memory& src, uint64_t addr, std::span<std::byte> dst,
+                                          std::vector<part> parts, std::chrono::milliseconds timeout);
   explicit fabric_transport(std::shared_ptr<state> s);
   std::shared_ptr<state> s_;
 };

@@ -466,7 +466,7 @@ TEST_CASE("every message of the typed interfaces that crosses processes round-tr
   caf::actor other = f.client.spawn(echo);
   auto sink = caf::actor_cast<token_sink_actor>(self);
   generation_request req{request_id(5), {256, 9, 8}, greedy(3)};
-  actors::node_info node{"node-c", "10.0.0.3", 7000, {"engine"}, me, {{0, other, me}}, {}, false, {}};
+  actors::node_info node{"node-c", "10.0.0.3", 7000, {"engine"}, me, {{0, other, me}}, {}, false, {}, "both", {}, {}};
   actors::ep_frame frame{11, 3, 2, 0, 1, std::vector<uint8_t>(4096, 0x5a)};
 
   // engine_actor (replies: request_id, bool, engine_stats_snapshot)

@@ -21,6 +21,7 @@
 #include "model/generate.hpp"
 #include "runtime/engine.hpp"
 #include "runtime/swa_pool.hpp"
+#include "tools/shoal/bench_swa.hpp"
 #include "tools/shoal/bench_util.hpp"
 #include "tools/shoal/commands.hpp"
 #include "transport/fabric_transport.hpp"
@@ -132,8 +133,15 @@ std::vector<double> second_turn_ttft(const std::shared_ptr<const model::model_we
   return out;
 }
 
-int run_swa(const swa_args& a) {
-  json rec = machine_facts();
+}  // namespace
+
+json swa_fetch_vs_replay(const std::string& provider, const std::string& preset_name, int fetches, int turns) {
+  swa_args a;
+  a.provider = provider;
+  a.preset = preset_name;
+  a.fetches = fetches;
+  a.turns = turns;
+  json rec;
   auto cfg = model::preset_config(a.preset);
   if (!cfg) throw std::runtime_error(cfg.error().message);
   if (!cfg->is_flash()) throw std::runtime_error("--preset must be a shoal_flash model (tiny, small)");
@@ -167,12 +175,21 @@ int run_swa(const swa_args& a) {
              restores, replay_ms, p2, w->config.replay_tokens);
   fmt::print("swa: a fetched slot costs {:.3f} ms against {:.1f} ms of replay ({:.1f}x)\n", fetch_ms,
              replay_ms - restore_ms, fetch_ms > 0 ? (replay_ms - restore_ms) / fetch_ms : 0.0);
-  rec.update({{"bench", "swa"}, {"provider", a.provider}, {"preset", a.preset}, {"fetches", a.fetches},
+  rec.update({{"swa_provider", a.provider}, {"swa_preset", a.preset}, {"fetches", a.fetches},
               {"mission_slot_bytes", mission_slot}, {"mission_fetch_p50_ms", 1000 * percentile(mission, 0.5)},
               {"mission_fetch_p99_ms", 1000 * percentile(mission, 0.99)}, {"preset_slot_bytes", preset_slot},
               {"preset_fetch_p50_ms", fetch_ms}, {"preset_fetch_p99_ms", 1000 * percentile(preset, 0.99)},
               {"turn_restored_ttft_ms", restore_ms}, {"turn_replayed_ttft_ms", replay_ms},
               {"replay_cost_ms", replay_ms - restore_ms}, {"restores", restores}, {"replays", p2}});
+  return rec;
+}
+
+namespace {
+
+int run_swa(const swa_args& a) {
+  json rec = machine_facts();  // popen: before any thread of ours exists
+  rec["bench"] = "swa";
+  rec.update(swa_fetch_vs_replay(a.provider, a.preset, a.fetches, a.turns));
   append_jsonl(a.out, rec);
   return 0;
 }
