@@ -8,6 +8,7 @@
 #include <doctest/doctest.h>
 
 #include <chrono>
+#include <map>
 #include <thread>
 
 #include <caf/actor_system.hpp>
@@ -18,6 +19,8 @@
 #include <caf/send.hpp>
 
 #include "actors/swa_tier.hpp"
+#include "runtime/engine.hpp"
+#include "tests/support/tiny_models.hpp"
 #include "transport/fabric_transport.hpp"
 
 using namespace shoal;
@@ -186,6 +189,83 @@ TEST_CASE("SWA tier actors: a holder that takes the request and never answers fa
   CHECK(f->error().find("node-q") != std::string::npos);
   CHECK(took >= 0.4);
   CHECK(took < 3.0);
+  caf::anon_send_exit(silent, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(dir, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("SWA tier: an engine whose slot holder never answers keeps serving its other requests; the waiting one replays") {
+  swa_config cfg;
+  caf::actor_system sys{cfg};
+  auto silent = sys.spawn([](caf::event_based_actor* self) -> caf::behavior {
+    auto held = std::make_shared<std::vector<caf::response_promise>>();
+    return {[self, held](swa_atom, get_atom, const runtime::block_key&) {
+      auto rp = self->make_response_promise();
+      held->push_back(rp);
+      return rp;
+    }};
+  });
+  auto w = test::tiny_model("tiny");
+  const int64_t bs = w->config.block_size;
+  auto shared = test::random_tokens(96, 91);
+  auto waiting_prompt = shared;
+  for (int32_t t : test::random_tokens(40, 92)) waiting_prompt.push_back(t);  // past the decoder tail
+  auto other_prompt = test::random_tokens(70, 93);
+  // The holder claims the slot at the end of the shared prefix.
+  auto dir = actors::spawn_swa_directory(sys);
+  auto keys = runtime::chain_keys(shared, static_cast<int>(bs));
+  caf::anon_send(dir, actors::swa_report{"node-q", silent, true, {keys.back()}, {}});
+  auto fetcher = std::make_shared<actors::swa_fetcher>(sys, fabric(), "node-b", 5000ms);
+  fetcher->set_directory(caf::actor_cast<caf::actor>(dir));
+  std::this_thread::sleep_for(100ms);
+
+  // No slots kept here (every hit would replay): the shared prefix is a local block hit only.
+  auto base = test::exact_engine_config(256);
+  base.cache.swa_snapshots = 0;
+  runtime::engine replayer(w, base), cold(w, base);
+  runtime::sampling_params p;
+  p.max_tokens = 6;
+  p.ignore_eos = true;
+  test::run_alone(replayer, shared, p);
+  auto ref_waiting = test::run_alone(replayer, waiting_prompt, p);
+  REQUIRE(replayer.stats().cache.replays == 1);
+  auto ref_other = test::run_alone(cold, other_prompt, p);
+
+  auto rcfg = base;
+  rcfg.cache.swa_remote = fetcher;
+  rcfg.cache.swa_timeout_s = 1.0;
+  runtime::engine e(w, rcfg);
+  test::run_alone(e, shared, p);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto waiting = e.add_request(waiting_prompt, p);
+  auto other = e.add_request(other_prompt, p);
+  REQUIRE(waiting);
+  REQUIRE(other);
+  std::map<int64_t, std::vector<runtime::token_event>> events;
+  double other_done_s = -1;
+  while (e.has_work() && std::chrono::steady_clock::now() - t0 < 20s) {
+    for (auto& ev : e.step()) {
+      if (ev.id == *other && ev.finished)
+        other_done_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      events[ev.id.value].push_back(std::move(ev));
+    }
+    if (e.stalled()) std::this_thread::sleep_for(1ms);
+  }
+  const double waited_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  // The other request finished long before the waiting one gave up on the silent holder.
+  REQUIRE(other_done_s >= 0);
+  CHECK(other_done_s < 0.9);
+  CHECK(waited_s >= 1.0);
+  CHECK(waited_s < 5.0);
+  REQUIRE(events[waiting->value].size() == ref_waiting.size());
+  for (size_t i = 0; i < ref_waiting.size(); ++i) CHECK(events[waiting->value][i].logits == ref_waiting[i].logits);
+  REQUIRE(events[other->value].size() == ref_other.size());
+  for (size_t i = 0; i < ref_other.size(); ++i) CHECK(events[other->value][i].logits == ref_other[i].logits);
+  auto st = e.stats().cache;
+  CHECK(st.swa_lookups == 1);  // the shared prefix had no hit to ask about
+  CHECK(st.swa_fetch_timeouts == 1);
+  CHECK(st.replays == 1);
+  MESSAGE("other request done at " << other_done_s << " s, the waiting one at " << waited_s << " s");
+  fetcher.reset();  // its reader waits out the silent holder (≤ 5 s) before the system goes
   caf::anon_send_exit(silent, caf::exit_reason::user_shutdown);
   caf::anon_send_exit(dir, caf::exit_reason::user_shutdown);
 }
