@@ -57,6 +57,18 @@ actors::membership with_directory(caf::actor dir) {
   return m;
 }
 
+// A store that accepts every request and never replies (it keeps the promises, unanswered).
+caf::actor silent_store(caf::actor_system& sys) {
+  return sys.spawn([](caf::event_based_actor* self) -> caf::behavior {
+    auto held = std::make_shared<std::vector<caf::response_promise>>();
+    return {[self, held](swa_atom, get_atom, const runtime::block_key&) {
+      auto rp = self->make_response_promise();
+      held->push_back(rp);
+      return rp;
+    }};
+  });
+}
+
 // Polls `f` (a fetch started anew each time) until its result satisfies `ok`, for ≤ 10 s.
 template <class Start, class Ok>
 std::shared_ptr<runtime::slot_fetch> fetch_until(Start start, Ok ok) {
@@ -166,15 +178,7 @@ TEST_CASE("SWA tier actors: a slot fetched from another machine over libfabric, 
 TEST_CASE("SWA tier actors: a holder that takes the request and never answers fails the fetch at the timeout") {
   swa_config cfg;
   caf::actor_system sys{cfg};
-  // A store that accepts every request and never replies (its promises are kept, not kept).
-  auto silent = sys.spawn([](caf::event_based_actor* self) -> caf::behavior {
-    auto held = std::make_shared<std::vector<caf::response_promise>>();
-    return {[self, held](swa_atom, get_atom, const runtime::block_key&) {
-      auto rp = self->make_response_promise();
-      held->push_back(rp);
-      return rp;
-    }};
-  });
+  auto silent = silent_store(sys);
   auto dir = actors::spawn_swa_directory(sys);
   block_key k{7, 7};
   caf::anon_send(dir, actors::swa_report{"node-q", silent, true, {k}, {}});
@@ -196,14 +200,7 @@ TEST_CASE("SWA tier actors: a holder that takes the request and never answers fa
 TEST_CASE("SWA tier: an engine whose slot holder never answers keeps serving its other requests; the waiting one replays") {
   swa_config cfg;
   caf::actor_system sys{cfg};
-  auto silent = sys.spawn([](caf::event_based_actor* self) -> caf::behavior {
-    auto held = std::make_shared<std::vector<caf::response_promise>>();
-    return {[self, held](swa_atom, get_atom, const runtime::block_key&) {
-      auto rp = self->make_response_promise();
-      held->push_back(rp);
-      return rp;
-    }};
-  });
+  auto silent = silent_store(sys);
   auto w = test::tiny_model("tiny");
   const int64_t bs = w->config.block_size;
   auto shared = test::random_tokens(96, 91);

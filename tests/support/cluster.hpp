@@ -74,6 +74,19 @@ inline void cluster_down(const fs::path& dir, const fs::path& state_dir) {
     for (auto& [name, pid] : cluster_pids(state_dir)) kill(pid, SIGKILL);
 }
 
+// A test cluster node's config: `roles` (a TOML array), the model directory (none when
+// empty), one role section, joining through 127.0.0.1:seed_port (0: it is the seed); short
+// heartbeats so a killed node is noticed within the tests' waits, debug logs.
+inline std::string node_config_text(const std::string& name, uint16_t port, const std::string& roles,
+                                    const fs::path& model_dir, const std::string& section, uint16_t seed_port) {
+  return "[node]\nname = \"" + name + "\"\nlisten = \"127.0.0.1:" + std::to_string(port) + "\"\nroles = " + roles +
+         "\n" + (model_dir.empty() ? "" : "model_dir = \"" + model_dir.string() + "\"\n") +
+         "drain_timeout_ms = 5000\n\n" + section + "\n[cluster]\nseeds = [" +
+         (seed_port ? "\"127.0.0.1:" + std::to_string(seed_port) + "\"" : "") +
+         "]\nheartbeat_interval_ms = 300\nconnection_timeout_ms = 2000\nrequest_timeout_ms = 30000\n\n"
+         "[log]\nlevel = \"debug\"\n";
+}
+
 // A greedy completion request body (ignore_eos, so every request runs max_tokens).
 inline nlohmann::json completion_body(const std::string& prompt, int max_tokens, bool stream) {
   return nlohmann::json{{"model", "model"}, {"prompt", prompt}, {"max_tokens", max_tokens}, {"temperature", 0},

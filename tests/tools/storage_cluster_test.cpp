@@ -80,15 +80,9 @@ struct storage_cluster {
   }
 
   void add(const std::string& name, const std::string& roles, const std::string& section, bool seeded, bool model) {
-    uint16_t port = name == "gateway" ? seed_port : test::free_port();
-    std::string text = "[node]\nname = \"" + name + "\"\nlisten = \"127.0.0.1:" + std::to_string(port) +
-                       "\"\nroles = " + roles + "\n" + (model ? "model_dir = \"" + model_dir.string() + "\"\n" : "") +
-                       "drain_timeout_ms = 5000\n\n" + section + "\n[cluster]\nseeds = [" +
-                       (seeded ? "\"127.0.0.1:" + std::to_string(seed_port) + "\"" : "") +
-                       "]\nheartbeat_interval_ms = 300\nconnection_timeout_ms = 2000\nrequest_timeout_ms = 30000\n\n"
-                       "[log]\nlevel = \"debug\"\n";
     fs::path p = config_dir / (name + ".toml");
-    write_text(p, text);
+    write_text(p, test::node_config_text(name, name == "gateway" ? seed_port : test::free_port(), roles,
+                                         model ? model_dir : fs::path(), section, seeded ? seed_port : 0));
     configs[name] = p;
   }
 
