@@ -177,11 +177,11 @@ struct stream_outcome {
 };
 
 // One streaming greedy completion per prompt (`n` tokens), all at once over `post`, and a
-// SIGKILL of `victim` once every stream has `chunks` SSE events (or after 60 s); returns
-// when every stream ended.
+// SIGKILL of `victim` once every stream has `chunks` SSE events (or after 60 s; with chunks
+// 0: `kill_after` from the first request); returns when every stream ended.
 template <class Post>
 stream_outcome streams_with_kill(const Post& post, const std::vector<std::string>& prompts, int32_t n, int chunks,
-                                 pid_t victim) {
+                                 pid_t victim, std::chrono::milliseconds kill_after = std::chrono::milliseconds(0)) {
   using namespace std::chrono_literals;
   const size_t streams = prompts.size();
   stream_outcome out;
@@ -209,8 +209,9 @@ stream_outcome streams_with_kill(const Post& post, const std::vector<std::string
       out.texts[i] = stream_text(r->body, false, d, &out.errors[i]);
       out.done[i] = d;
     });
-  const auto deadline = std::chrono::steady_clock::now() + 60s;
-  while (started < streams && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(1ms);
+  const auto deadline = chunks > 0 ? std::chrono::steady_clock::now() + 60s : t0 + kill_after;
+  while ((chunks <= 0 || started < streams) && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(1ms);
   out.kill_at_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const int killed = kill(victim, SIGKILL);
   for (auto& t : clients) t.join();

@@ -6,7 +6,8 @@
 // engines), every request went through a handoff, and usage
 // cached_tokens matches the colocated engine's on a repeated prompt. Then kill -9 of a
 // decode node under 50 concurrent streams: every stream is accounted for, with its exact
-// text.
+// text. Then kill -9 of a prefill node mid-prompt under 50 streams: its unfinished prompts
+// are re-routed to the other prefill engine, every stream ends with its exact text.
 #include <doctest/doctest.h>
 
 #include <atomic>
@@ -246,4 +247,39 @@ TEST_CASE("disaggregated cluster: kill -9 of a decode node under 50 streams, eve
   std::string out;
   CHECK(c.shoal({"shell", "--connect=127.0.0.1:" + std::to_string(c.ports["gateway"]), "-c", "nodes"}, out) == 0);
   CHECK(out.find("decode-b") == std::string::npos);
+}
+
+TEST_CASE("disaggregated cluster: kill -9 of a prefill node mid-prompt under 50 streams, every stream completes exactly") {
+  // deepseek_v3 with cost-model chunks (about 19 tokens a 20 ms step) and long prompts, so the
+  // kill lands while prefill-a is still computing most of its prompts.
+  disagg_cluster c("v3-tiny", 25, false, /*chunked=*/true);
+  c.start();
+  const int streams = 50;
+  const int32_t n = 16;
+  std::vector<std::string> prompts;
+  std::vector<std::string> expected;
+  for (int i = 0; i < streams; ++i) {
+    std::string p = "request number " + std::to_string(i) + " asks:";
+    while (p.size() < 240) p += " and then some more words about item " + std::to_string(i);
+    prompts.push_back(p);
+    expected.push_back(c.colocated({runtime::encode_prompt(*c.model->tokenizer, p)}, n)[0].first);
+  }
+  auto pids = test::cluster_pids(c.state_dir);
+  REQUIRE(pids.contains("prefill-a"));
+  auto post = [&](const std::string& path, const json& body, actors::http_call_options o) { return c.post(path, body, o); };
+  // Killed 300 ms in (all 50 prompts take about 1.5 s on this kind of machine), mid-prompt.
+  auto got = test::streams_with_kill(post, prompts, n, 0, pids["prefill-a"], 300ms);
+  // prefill-a's unfinished prompts were re-routed to prefill-b: it offered more than its half.
+  const int64_t offered_b = c.stat("prefill-b", "handoffs_offered");
+  MESSAGE("50 streams in " << got.seconds << " s, prefill-a killed at " << got.kill_at_s << " s; prefill-b offered "
+                           << offered_b << " handoffs");
+  CHECK(offered_b > streams / 2);
+  int completed = 0;
+  for (int i = 0; i < streams; ++i) {
+    CAPTURE(i);
+    CHECK(got.done[i]);
+    if (got.errors[i].empty() && got.texts[i] == expected[i]) ++completed;
+    else MESSAGE("stream " << i << ": " << (got.errors[i].empty() ? "text differs" : got.errors[i]));
+  }
+  CHECK(completed == streams);
 }
