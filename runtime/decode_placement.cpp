@@ -1,4 +1,4 @@
-// The least-loaded decode placement (decode_placement.hpp).
+// The decode placements (decode_placement.hpp): least loaded, the decode balancer, round-robin.
 #include "runtime/decode_placement.hpp"
 
 #include <algorithm>
@@ -6,17 +6,75 @@
 
 namespace shoal::runtime {
 
+namespace {
+
+bool usable(const decode_candidate& c, const decode_ask& ask, std::span<const int64_t> refused) {
+  return !c.draining && c.blocks_free >= ask.blocks_needed &&
+         std::find(refused.begin(), refused.end(), c.engine) == refused.end();
+}
+
+}  // namespace
+
 std::optional<int64_t> least_loaded_placement::choose(const decode_ask& ask, std::span<const decode_candidate> engines,
                                                       std::span<const int64_t> refused) const {
   const decode_candidate* best = nullptr;
   auto rank = [](const decode_candidate& c) { return std::make_tuple(c.running, -c.blocks_free, c.engine); };
   for (const auto& c : engines) {
-    if (c.draining || c.blocks_free < ask.blocks_needed) continue;
-    if (std::find(refused.begin(), refused.end(), c.engine) != refused.end()) continue;
+    if (!usable(c, ask, refused)) continue;
     if (!best || rank(c) < rank(*best)) best = &c;
   }
   if (!best) return std::nullopt;
   return best->engine;
+}
+
+double decode_balancer::score(const decode_candidate& e, int64_t L, double mean_requests, double mean_kv) {
+  const double r = static_cast<double>(e.running), k = static_cast<double>(e.kv_tokens), l = static_cast<double>(L);
+  const double mr = std::max(mean_requests, 1e-9), mk = std::max(mean_kv, 1e-9);
+  return (2 * r + 1) / (mr * mr) + (2 * k * l + l * l) / (mk * mk);
+}
+
+std::optional<int64_t> decode_balancer::choose(const decode_ask& ask, std::span<const decode_candidate> engines,
+                                               std::span<const int64_t> refused) const {
+  const int64_t L = cache_tokens(ask);
+  double sum_r = 0, sum_k = 0, n = 0;
+  for (const auto& c : engines)
+    if (!c.draining) sum_r += static_cast<double>(c.running), sum_k += static_cast<double>(c.kv_tokens), n += 1;
+  if (n == 0) return std::nullopt;
+  const double mean_r = (sum_r + 1) / n, mean_k = (sum_k + static_cast<double>(L)) / n;
+  const decode_candidate* best = nullptr;
+  double best_score = 0;
+  for (const auto& c : engines) {
+    if (!usable(c, ask, refused)) continue;
+    const double s = score(c, L, mean_r, mean_k);
+    if (!best || s < best_score || (s == best_score && c.engine < best->engine)) best = &c, best_score = s;
+  }
+  if (!best) return std::nullopt;
+  return best->engine;
+}
+
+std::optional<int64_t> round_robin_placement::choose(const decode_ask& ask, std::span<const decode_candidate> engines,
+                                                     std::span<const int64_t> refused) const {
+  for (size_t k = 0; k < engines.size(); ++k) {
+    const auto& c = engines[(next_ + k) % engines.size()];
+    if (!usable(c, ask, refused)) continue;
+    next_ = (next_ + k + 1) % engines.size();
+    return c.engine;
+  }
+  return std::nullopt;
+}
+
+double balance_ratio(std::span<const double> loads) {
+  if (loads.empty()) return 1.0;
+  double sum = 0, mx = 0;
+  for (double l : loads) sum += l, mx = std::max(mx, l);
+  return mx > 0 ? sum / static_cast<double>(loads.size()) / mx : 1.0;
+}
+
+std::unique_ptr<decode_placement> make_decode_placement(const std::string& name) {
+  if (name == "decode_balancer") return std::make_unique<decode_balancer>();
+  if (name == "least_loaded" || name == "least_requests") return std::make_unique<least_loaded_placement>();
+  if (name == "round_robin") return std::make_unique<round_robin_placement>();
+  return nullptr;
 }
 
 }  // namespace shoal::runtime
