@@ -131,7 +131,8 @@ struct engine_state {
             s.cache.swa_fetches,
             s.cache.swa_fetch_failures + s.cache.swa_fetch_timeouts,
             ms_at(0.5),
-            ms_at(0.99)};
+            ms_at(0.99),
+            s.kv_tokens};
   }
 };
 

@@ -175,6 +175,7 @@ struct engine_stats_snapshot {
   uint64_t swa_fetches = 0;            // of those, a slot arrived
   uint64_t swa_fetch_failures = 0;     // of those, the holder failed, died, timed out or sent a bad slot
   double swa_fetch_p50_ms = 0, swa_fetch_p99_ms = 0;  // of the last ≤ 1024 fetches that arrived
+  int64_t kv_tokens = 0;               // cache positions of its running requests
   friend bool operator==(const engine_stats_snapshot&, const engine_stats_snapshot&) = default;
 };
 
@@ -184,7 +185,7 @@ typename Inspector::result_type inspect(Inspector& f, engine_stats_snapshot& x) 
            x.generated, x.prefix_hit_tokens, x.requests_running, x.blocks_free, x.blocks_total, x.waiting_for_remote,
            x.remote_hit_tokens, x.remote_timeouts, x.role, x.handoffs_offered, x.handoffs_placed, x.handoffs_kept,
            x.handoffs_taken, x.handoff_failures, x.swa_restores, x.swa_replays, x.swa_lookups, x.swa_fetches,
-           x.swa_fetch_failures, x.swa_fetch_p50_ms, x.swa_fetch_p99_ms);
+           x.swa_fetch_failures, x.swa_fetch_p50_ms, x.swa_fetch_p99_ms, x.kv_tokens);
 }
 
 
@@ -563,9 +564,11 @@ using router_actor = caf::typed_actor<
   // An engine for one request, never one of `exclude` (engines that failed it already);
   // error no_engine when none is left. The caller must send done for it later.
   caf::replies_to<route_atom, std::vector<caf::actor>>::with<caf::actor>,
-  // A decode engine for a handoff needing `blocks` free blocks, never one of `refused`
-  // (runtime::decode_placement); error no_engine when none fits. Done is sent for it too.
-  caf::replies_to<route_atom, decode_atom, int64_t, std::vector<caf::actor>>::with<caf::actor>,
+  // A decode engine for a handoff needing `blocks` free blocks, of `context` tokens and up to
+  // `max_new` more, never one of `refused` (runtime::decode_balancer over the in-flight counts
+  // and the KV tokens and free blocks polled from each decode engine); error no_engine when
+  // none fits. Done is sent for it too.
+  caf::replies_to<route_atom, decode_atom, int64_t, int64_t, int64_t, std::vector<caf::actor>>::with<caf::actor>,
   // A request routed to `engine` ended (finished, failed or re-routed). No reply.
   caf::reacts_to<done_atom, caf::actor>,
   // The node agent's view after a change. No reply.

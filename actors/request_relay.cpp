@@ -152,7 +152,10 @@ void ask_decode(relay_pointer self, caf::actor d, uint64_t placement) {
 void place(relay_pointer self) {
   auto& st = self->state;
   const uint64_t placement = st.placement;
-  self->request(st.router, st.options.handoff_timeout, route_atom_v, decode_atom_v, st.offer->blocks_needed, st.refused)
+  const auto context = static_cast<int64_t>(st.offer->tokens.size());
+  const int64_t left = std::max<int64_t>(0, st.offer->sampling.max_tokens - (context - st.offer->prompt_len));
+  self->request(st.router, st.options.handoff_timeout, route_atom_v, decode_atom_v, st.offer->blocks_needed, context,
+                left, st.refused)
     .then(
       [self, placement](caf::actor& d) {
         if (placement != self->state.placement || !self->state.offer) {

@@ -1,4 +1,4 @@
-// The router actor over least_loaded_policy: membership in, engines out.
+// The router actor over router_policy: membership in, engines out.
 #include "actors/router_actor.hpp"
 
 #include <algorithm>
@@ -10,7 +10,7 @@
 
 namespace shoal::actors {
 
-void least_loaded_policy::update(const membership& m) {
+void router_policy::update(const membership& m) {
   entry_.clear();
   decode_.clear();
   for (const node_info& n : m.nodes) {
@@ -20,7 +20,7 @@ void least_loaded_policy::update(const membership& m) {
   }
 }
 
-std::optional<caf::actor> least_loaded_policy::least_loaded(const std::vector<caf::actor>& among,
+std::optional<caf::actor> router_policy::least_loaded(const std::vector<caf::actor>& among,
                                                             const std::vector<caf::actor>& exclude) {
   const caf::actor* best = nullptr;
   int64_t best_load = 0;
@@ -37,23 +37,22 @@ std::optional<caf::actor> least_loaded_policy::least_loaded(const std::vector<ca
   return *best;
 }
 
-std::optional<caf::actor> least_loaded_policy::pick(const std::vector<caf::actor>& exclude) {
+std::optional<caf::actor> router_policy::pick(const std::vector<caf::actor>& exclude) {
   if (auto e = least_loaded(entry_, exclude)) return e;
   return least_loaded(decode_, exclude);
 }
 
-std::optional<caf::actor> least_loaded_policy::pick_decode(int64_t blocks, const std::vector<caf::actor>& refused) {
+std::optional<caf::actor> router_policy::pick_decode(const runtime::decode_ask& ask,
+                                                           const std::vector<caf::actor>& refused) {
   std::vector<runtime::decode_candidate> candidates;
   std::vector<int64_t> refused_index;
   for (size_t i = 0; i < decode_.size(); ++i) {
     const caf::actor& e = decode_[i];
     auto free = blocks_free_.find(e.address());
-    candidates.push_back({static_cast<int64_t>(i), in_flight_[e.address()], 0,
-                          free == blocks_free_.end() ? blocks : free->second, false});
+    candidates.push_back({static_cast<int64_t>(i), in_flight_[e.address()], kv_tokens_[e.address()],
+                          free == blocks_free_.end() ? ask.blocks_needed : free->second, false});
     if (std::find(refused.begin(), refused.end(), e) != refused.end()) refused_index.push_back(static_cast<int64_t>(i));
   }
-  runtime::decode_ask ask;
-  ask.blocks_needed = blocks;
   auto chosen = placement_.choose(ask, candidates, refused_index);
   if (!chosen) return std::nullopt;
   const caf::actor& e = decode_[static_cast<size_t>(*chosen)];
@@ -61,11 +60,12 @@ std::optional<caf::actor> least_loaded_policy::pick_decode(int64_t blocks, const
   return e;
 }
 
-void least_loaded_policy::observe(const caf::actor& engine, int64_t blocks_free) {
+void router_policy::observe(const caf::actor& engine, int64_t blocks_free, int64_t kv_tokens) {
   blocks_free_[engine.address()] = blocks_free;
+  kv_tokens_[engine.address()] = kv_tokens;
 }
 
-void least_loaded_policy::done(const caf::actor& engine) {
+void router_policy::done(const caf::actor& engine) {
   auto it = in_flight_.find(engine.address());
   if (it != in_flight_.end() && it->second > 0) --it->second;
 }
@@ -74,7 +74,7 @@ namespace {
 
 struct router_state {
   static inline const char* name = "router";
-  least_loaded_policy policy;
+  router_policy policy;
   bool polling = false;  // a tick is due
 };
 
@@ -89,7 +89,7 @@ void poll_decoders(router_pointer self) {
   if (!self->state.polling) return;
   for (const caf::actor& e : self->state.policy.decode_engines())
     self->request(caf::actor_cast<engine_actor>(e), decode_poll_interval * 5, stats_atom_v)
-      .then([self, e](const engine_stats_snapshot& s) { self->state.policy.observe(e, s.blocks_free); },
+      .then([self, e](const engine_stats_snapshot& s) { self->state.policy.observe(e, s.blocks_free, s.kv_tokens); },
             [](const caf::error&) {});  // gone: the next membership drops it
   self->delayed_send(self, decode_poll_interval, tick_atom_v);
 }
@@ -102,8 +102,9 @@ router_impl::behavior_type router_behavior(router_pointer self) {
                                              ? "no engine is up in the cluster"
                                              : "every engine failed this request already");
     },
-    [self](route_atom, decode_atom, int64_t blocks, std::vector<caf::actor>& refused) -> caf::result<caf::actor> {
-      if (auto e = self->state.policy.pick_decode(blocks, refused)) return *e;
+    [self](route_atom, decode_atom, int64_t blocks, int64_t context, int64_t max_new,
+           std::vector<caf::actor>& refused) -> caf::result<caf::actor> {
+      if (auto e = self->state.policy.pick_decode({context, max_new, blocks}, refused)) return *e;
       return make_error(errc::no_engine, self->state.policy.decode_engines().empty()
                                              ? "no decode engine is up in the cluster"
                                              : "no decode engine has room for the handoff");

@@ -425,6 +425,7 @@ engine_stats engine::stats() const {
   s.blocks_free = caches_.pool().num_free();
   s.blocks_total = caches_.pool().num_blocks();
   s.running = static_cast<int64_t>(sched_.running());
+  for (const request* r : sched_.running_requests()) s.kv_tokens += r->computed();
   s.waiting = static_cast<int64_t>(sched_.waiting());
   s.waiting_for_remote = static_cast<int64_t>(sched_.waiting_for_remote());
   return s;

@@ -67,6 +67,7 @@ struct engine_stats {
   cache_stats cache;
   swa_stats swa;
   int64_t blocks_free = 0, blocks_total = 0;
+  int64_t kv_tokens = 0;       // cache positions of the running requests (the decode balancer's KV load)
   // Handoffs, prefill side: offered (first token out, caches lent), lent (a decode engine took
   // it: finished here as handed_off), kept (nobody took it: decoded here). Decode side: the
   // cache stats' imports / import_failures.

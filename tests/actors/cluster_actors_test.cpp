@@ -1,5 +1,5 @@
 // Cluster actors: the plain state behind the node agent (membership_table), the router
-// (least_loaded_policy) and expert parallelism (ep_group_of, caf_ep_transport) tested
+// (router_policy) and expert parallelism (ep_group_of, caf_ep_transport) tested
 // directly, then node agents and expert-parallel engines in two actor systems of this process
 // connected over loopback, as two shoald processes would be. Every wait is bounded.
 #include <doctest/doctest.h>
@@ -161,9 +161,9 @@ TEST_CASE("membership_table: remove_agent ignores unknown agents and never self,
   CHECK(t.view().version == 6);
 }
 
-// -- least_loaded_policy --------------------------------------------------------------------------
+// -- router_policy --------------------------------------------------------------------------
 
-TEST_CASE("least_loaded_policy: non-draining engine nodes only, least in flight first, ties to the first") {
+TEST_CASE("router_policy: non-draining engine nodes only, least in flight first, ties to the first") {
   handles e(6);
   // Which of e[] an answer is (-1: none).
   auto which = [&](const std::optional<caf::actor>& x) {
@@ -179,7 +179,7 @@ TEST_CASE("least_loaded_policy: non-draining engine nodes only, least in flight 
     make_node("c", {"engine"}, {}, {{0, e[3], {}}}, /*draining=*/true),
     make_node("d", {"gateway", "engine"}, {}, {{0, e[4], {}}}),
   };
-  actors::least_loaded_policy p;
+  actors::router_policy p;
   CHECK(which(p.pick({})) == -1);  // nothing known yet
   p.update(m);
   CHECK(p.engines() == 3);
@@ -213,7 +213,7 @@ TEST_CASE("least_loaded_policy: non-draining engine nodes only, least in flight 
   CHECK(which(p.pick({})) == -1);
 }
 
-TEST_CASE("least_loaded_policy: requests enter at prefill engines, handoffs go to decode engines with room") {
+TEST_CASE("router_policy: requests enter at prefill engines, handoffs go to decode engines with room") {
   handles e(5);
   auto which = [&](const std::optional<caf::actor>& x) {
     if (!x) return -1;
@@ -227,25 +227,37 @@ TEST_CASE("least_loaded_policy: requests enter at prefill engines, handoffs go t
   m.nodes[0].engine_role = "prefill";
   m.nodes[1].engine_role = "decode";
   m.nodes[2].engine_role = "decode";
-  actors::least_loaded_policy p;
+  actors::router_policy p;
   p.update(m);
   using actor_list = std::vector<caf::actor>;
   CHECK(which(p.pick({})) == 0);  // only the prefill engine takes new requests …
   CHECK(which(p.pick({})) == 0);
   CHECK(which(p.pick(actor_list{e[0]})) == 1);  // … unless it failed them: decode engines run whole requests
-  // Handoffs: least in flight among decode engines with room (unknown free blocks: room).
-  CHECK(which(p.pick_decode(4, {})) == 2);  // in flight: d1 1, d2 0
-  CHECK(which(p.pick_decode(4, {})) == 1);  // 1 1: ties to the first
-  p.observe(e[1], 3);                        // d1 has 3 free blocks: too few for 4
-  CHECK(which(p.pick_decode(4, {})) == 2);
-  CHECK(which(p.pick_decode(3, actor_list{e[2]})) == 1);  // d2 refused it; d1 fits 3
-  CHECK(which(p.pick_decode(4, actor_list{e[2]})) == -1);  // no decode engine has room
+  // Handoffs: the decode balancer among decode engines with room (unknown free blocks: room;
+  // unknown KV: empty).
+  auto ask = [](int64_t blocks, int64_t context = 64) { return runtime::decode_ask{context, 0, blocks}; };
+  CHECK(which(p.pick_decode(ask(4), {})) == 2);  // in flight: d1 1, d2 0
+  CHECK(which(p.pick_decode(ask(4), {})) == 1);  // 1 1: ties to the first
+  p.observe(e[1], 3);                             // d1 has 3 free blocks: too few for 4
+  CHECK(which(p.pick_decode(ask(4), {})) == 2);
+  CHECK(which(p.pick_decode(ask(3), actor_list{e[2]})) == 1);  // d2 refused it; d1 fits 3
+  CHECK(which(p.pick_decode(ask(4), actor_list{e[2]})) == -1);  // no decode engine has room
+  // KV counts too: in flight d1 3, d2 2; d1 holds 40000 cache tokens, d2 1000: a long
+  // handoff goes to d2.
+  p.observe(e[1], 1000, 40000);
+  p.observe(e[2], 1000, 1000);
+  CHECK(which(p.pick_decode(ask(4, 20000), {})) == 2);
+  p.done(e[2]);
+  p.done(e[2]);  // d2 now 1 in flight, d1 3
+  p.observe(e[2], 1000, 30000);
+  p.observe(e[1], 1000, 500);
+  CHECK(which(p.pick_decode(ask(4, 8000), {})) == 1);  // long: the small cache, although busier
   m.nodes[2].draining = true;
   p.update(m);
-  CHECK(which(p.pick_decode(1, {})) == 1);
+  CHECK(which(p.pick_decode(ask(1), {})) == 1);
   CHECK(p.decode_engines().size() == 1);
   p.update(membership{m.version, {m.nodes[0]}});
-  CHECK(which(p.pick_decode(1, {})) == -1);  // no decode pool: the prefill engine decodes
+  CHECK(which(p.pick_decode(ask(1), {})) == -1);  // no decode pool: the prefill engine decodes
 }
 
 // -- ep_group_of ----------------------------------------------------------------------------------

@@ -503,7 +503,8 @@ TEST_CASE("every message of the typed interfaces that crosses processes round-tr
   // router_actor (replies: caf::actor)
   round_trip(self, remote, route_atom_v, std::vector<caf::actor>{other, remote});
   round_trip(self, remote, route_atom_v, std::vector<caf::actor>{});
-  round_trip(self, remote, route_atom_v, decode_atom_v, int64_t{6}, std::vector<caf::actor>{other});
+  round_trip(self, remote, route_atom_v, decode_atom_v, int64_t{6}, int64_t{90}, int64_t{16},
+             std::vector<caf::actor>{other});
   round_trip(self, remote, done_atom_v, other);
   round_trip(self, remote, remote);
   // gateway_actor (replies: vector<string>, bool, string, int64_t, request_id)
