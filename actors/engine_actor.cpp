@@ -132,7 +132,10 @@ struct engine_state {
             s.cache.swa_fetch_failures + s.cache.swa_fetch_timeouts,
             ms_at(0.5),
             ms_at(0.99),
-            s.kv_tokens};
+            s.kv_tokens,
+            s.waiting,
+            s.cache.lookups,
+            s.forward_s};
   }
 };
 

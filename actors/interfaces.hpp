@@ -176,6 +176,9 @@ struct engine_stats_snapshot {
   uint64_t swa_fetch_failures = 0;     // of those, the holder failed, died, timed out or sent a bad slot
   double swa_fetch_p50_ms = 0, swa_fetch_p99_ms = 0;  // of the last ≤ 1024 fetches that arrived
   int64_t kv_tokens = 0;               // cache positions of its running requests
+  int64_t waiting = 0;                 // queued, not yet admitted
+  uint64_t prefix_lookups = 0;         // admissions that looked up the prefix cache
+  double forward_s = 0;                // seconds in forward passes
   friend bool operator==(const engine_stats_snapshot&, const engine_stats_snapshot&) = default;
 };
 
@@ -185,7 +188,8 @@ typename Inspector::result_type inspect(Inspector& f, engine_stats_snapshot& x) 
            x.generated, x.prefix_hit_tokens, x.requests_running, x.blocks_free, x.blocks_total, x.waiting_for_remote,
            x.remote_hit_tokens, x.remote_timeouts, x.role, x.handoffs_offered, x.handoffs_placed, x.handoffs_kept,
            x.handoffs_taken, x.handoff_failures, x.swa_restores, x.swa_replays, x.swa_lookups, x.swa_fetches,
-           x.swa_fetch_failures, x.swa_fetch_p50_ms, x.swa_fetch_p99_ms, x.kv_tokens);
+           x.swa_fetch_failures, x.swa_fetch_p50_ms, x.swa_fetch_p99_ms, x.kv_tokens, x.waiting,
+           x.prefix_lookups, x.forward_s);
 }
 
 

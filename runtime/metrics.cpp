@@ -107,6 +107,13 @@ void counter::inc(double by, std::string_view label) const {
   f_->at(label).value += by;
 }
 
+void counter::advance_to(double total, std::string_view label) const {
+  SHOAL_ASSERT(r_ != nullptr);
+  std::lock_guard lock(r_->mutex_);
+  auto& v = f_->at(label).value;
+  v = std::max(v, total);
+}
+
 void gauge::set(double v, std::string_view label) const {
   SHOAL_ASSERT(r_ != nullptr);
   std::lock_guard lock(r_->mutex_);
@@ -192,6 +199,31 @@ gateway_metrics add_gateway_metrics(metrics_registry& r) {
       r.add_histogram("shoal_time_per_output_token_seconds", "Mean time between output tokens of a request.",
                       latency_buckets_seconds(), "model"),
       r.add_gauge("shoal_queue_depth", "Requests in flight at the gateway (admitted, not finished)."),
+  };
+}
+
+node_metrics add_node_metrics(metrics_registry& r) {
+  const std::string a = "actor";
+  return {
+      r.add_gauge("shoal_engine_requests_running", "Requests an engine rank is computing.", a),
+      r.add_gauge("shoal_engine_requests_waiting", "Requests queued at an engine rank.", a),
+      r.add_gauge("shoal_engine_requests_waiting_for_remote", "Requests waiting for remote KV or an SWA slot.", a),
+      r.add_gauge("shoal_engine_kv_blocks_used", "KV cache blocks in use or cached.", a),
+      r.add_gauge("shoal_engine_kv_blocks_free", "KV cache blocks free.", a),
+      r.add_counter("shoal_engine_prefix_queries_total", "Admissions that looked up the prefix cache.", a),
+      r.add_counter("shoal_engine_prefix_hit_tokens_total", "Prompt tokens served from the prefix cache (local and storage).", a),
+      r.add_counter("shoal_engine_storage_hit_tokens_total", "Prompt tokens read from the KV storage cluster.", a),
+      r.add_counter("shoal_engine_steps_total", "Engine steps.", a),
+      r.add_counter("shoal_engine_step_seconds_total", "Seconds the engine spent in forward passes.", a),
+      r.add_counter("shoal_engine_prefill_tokens_total", "Prompt tokens computed.", a),
+      r.add_counter("shoal_engine_decode_tokens_total", "Tokens decoded.", a),
+      r.add_gauge("shoal_storage_usage_bytes", "Bytes of chunks a storage node holds.", a),
+      r.add_gauge("shoal_storage_capacity_bytes", "A storage node's capacity.", a),
+      r.add_gauge("shoal_storage_chunks", "Chunks a storage node holds.", a),
+      r.add_counter("shoal_storage_puts_total", "Chunk puts.", a),
+      r.add_counter("shoal_storage_gets_total", "Chunk gets.", a),
+      r.add_counter("shoal_storage_gc_evicted_chunks_total", "Chunks evicted by GC over the high watermark.", a),
+      r.add_counter("shoal_storage_ttl_expired_chunks_total", "Chunks removed by the TTL sweep.", a),
   };
 }
 

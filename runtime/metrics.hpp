@@ -21,6 +21,8 @@ struct metric_family;  // one named metric and its series (metrics.cpp)
 class counter {
  public:
   void inc(double by = 1.0, std::string_view label = {}) const;  // by >= 0
+  // Raises the series to `total` (a cumulative count read from elsewhere); never lowers it.
+  void advance_to(double total, std::string_view label = {}) const;
  private:
   friend class metrics_registry;
   metrics_registry* r_ = nullptr;
@@ -87,5 +89,20 @@ struct gateway_metrics {
   gauge queue_depth;          // shoal_queue_depth (no label): requests in flight at the gateway
 };
 gateway_metrics add_gateway_metrics(metrics_registry& r);
+
+// Every node's own metrics (node.metrics_listen), label `actor`: "rank<i>" for engine ranks,
+// "storage<i>" for storage nodes. Step time and tokens per step are ratios of the counters
+// (rate(step_seconds) / rate(steps), rate(prefill + decode tokens) / rate(steps)).
+struct node_metrics {
+  gauge running, waiting, waiting_for_remote;  // shoal_engine_requests_{running,waiting,waiting_for_remote}
+  gauge blocks_used, blocks_free;              // shoal_engine_kv_blocks_{used,free}
+  counter prefix_queries;                      // shoal_engine_prefix_queries_total: admissions that looked up the cache
+  counter hit_tokens, storage_hit_tokens;      // shoal_engine_prefix_hit_tokens_total, …_storage_hit_tokens_total
+  counter steps, step_seconds;                 // shoal_engine_steps_total, shoal_engine_step_seconds_total
+  counter prefill_tokens, decode_tokens;       // shoal_engine_{prefill,decode}_tokens_total
+  gauge storage_usage, storage_capacity, storage_chunks;  // shoal_storage_{usage,capacity}_bytes, shoal_storage_chunks
+  counter storage_puts, storage_gets, storage_gc_evicted, storage_ttl_expired;
+};
+node_metrics add_node_metrics(metrics_registry& r);
 
 }  // namespace shoal::runtime

@@ -35,7 +35,7 @@ struct schema_section {
 // Every key the format knows; anything else is an error so that typos never pass silently.
 const std::vector<schema_section>& schema() {
   static const std::vector<schema_section> sections = {
-      {"node", {"name", "listen", "roles", "model_dir", "drain_timeout_ms"}},
+      {"node", {"name", "listen", "roles", "model_dir", "drain_timeout_ms", "metrics_listen"}},
       {"engine", {"ranks", "cache_mib", "expert_parallel", "kv_storage", "role", "transport", "handoff_timeout_ms",
                   "cost_model", "step_ms", "swa_slots", "swa_timeout_ms"}},
       {"gateway", {"listen", "auth_token_file"}},
@@ -366,6 +366,7 @@ void read_node(error_sink& sink, const section& s, const fs::path& base, node_co
     c.name = std::move(*name);
   }
   if (std::optional<host_port> a = read_host_port(sink, s, "listen", true)) c.listen = *a;
+  c.metrics_listen = read_host_port(sink, s, "metrics_listen", true);
   c.roles = read_roles(sink, s);
   if (std::optional<fs::path> p = read_path(sink, s, "model_dir", base)) c.model_dir = *p;
   if (std::optional<int64_t> ms = read_integer(sink, s, "drain_timeout_ms", 0, day_ms)) c.drain_timeout_ms = *ms;
@@ -484,6 +485,11 @@ void check_consistency(error_sink& sink, const sections& f, const node_config& c
   if (c.disagg_role == engine_role::both && f.engine.get("handoff_timeout_ms"))
     sink.fail(config_errc::bad_value, f.engine.pos("handoff_timeout_ms"), f.engine.path("handoff_timeout_ms"),
               "only prefill and decode engines move handoffs (engine.role is \"both\")");
+  if (c.metrics_listen && c.metrics_listen->port != 0 &&
+      (*c.metrics_listen == c.listen || (c.http_listen && *c.metrics_listen == *c.http_listen)))
+    sink.fail(config_errc::bad_value, f.node.pos("metrics_listen"), "node.metrics_listen",
+              "same address as " + std::string(*c.metrics_listen == c.listen ? "node.listen" : "gateway.listen") + " (" +
+                  to_string(*c.metrics_listen) + ")");
   if (c.http_listen && c.http_listen->port != 0 && *c.http_listen == c.listen)
     sink.fail(config_errc::bad_value, f.gateway.pos("listen"), "gateway.listen",
               "same address as node.listen (" + to_string(c.listen) + ")");

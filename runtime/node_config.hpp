@@ -40,6 +40,7 @@ struct node_config {
   std::vector<role> roles;            // non-empty, no duplicates, file order
   std::filesystem::path model_dir;    // set iff the node has the gateway or engine role
   int64_t drain_timeout_ms = 30'000;  // SIGTERM: longest wait for running requests
+  std::optional<host_port> metrics_listen;  // Prometheus text of this node's engines and storage nodes
 
   // [engine] (only with the engine role)
   int32_t ranks = 1;  // data-parallel ranks hosted by this node, ≥ 1

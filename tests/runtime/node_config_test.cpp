@@ -236,6 +236,14 @@ TEST_CASE("node_config: every bad input names its line and key") {
        "[node]\nname = \"g\"\nlisten = \"127.0.0.1:7100\"\nroles = [\"gateway\"]\nmodel_dir = \"m\"\n"
        "[gateway]\nlisten = \"127.0.0.1:7100\"\n",
        config_errc::bad_value, 7, "gateway.listen", "same address"},
+      {"node.metrics_listen = gateway.listen",
+       "[node]\nname = \"g\"\nlisten = \"127.0.0.1:7100\"\nroles = [\"gateway\"]\nmodel_dir = \"m\"\n"
+       "metrics_listen = \"127.0.0.1:8000\"\n[gateway]\nlisten = \"127.0.0.1:8000\"\n",
+       config_errc::bad_value, 6, "node.metrics_listen", "same address as gateway.listen"},
+      {"node.metrics_listen not host:port",
+       "[node]\nname = \"g\"\nlisten = \"127.0.0.1:7100\"\nroles = [\"storage\"]\nmetrics_listen = \"nope\"\n"
+       "[storage]\ndir = \"d\"\n",
+       config_errc::bad_value, 5, "node.metrics_listen", ""},
       {"engine role without model_dir", "[node]\nname = \"n1\"\nlisten = \"127.0.0.1:7100\"\nroles = [\"engine\"]\n",
        config_errc::missing_key, 1, "node.model_dir", "required"},
       {"empty model_dir",

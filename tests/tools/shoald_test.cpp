@@ -10,6 +10,7 @@
 #include <fstream>
 #include <map>
 #include <optional>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -29,6 +30,7 @@
 #include <caf/io/remote_actor.hpp>
 #include <caf/scoped_actor.hpp>
 
+#include "actors/http_client.hpp"
 #include "actors/interfaces.hpp"
 #include "actors/node_agent_actor.hpp"
 #include "model/generate.hpp"
@@ -236,4 +238,67 @@ TEST_CASE("shoald refuses an invalid config or an unsupported role with exit cod
     CHECK_MESSAGE(err.find(c.key) != std::string::npos, err);
     CHECK(read_text(d.out).empty());
   }
+}
+
+TEST_CASE("shoald serves Prometheus text of its engine ranks and storage nodes on node.metrics_listen") {
+  temp_dir dir;
+  model::generate_options gen;
+  gen.preset = "tiny";
+  gen.seed = 8;
+  gen.out_dir = (dir.path / "model").string();
+  REQUIRE(model::generate_checkpoint(gen));
+  const uint16_t metrics_port = test::free_port();
+  std::string text = engine_config_text("roles = [\"engine\", \"storage\"]\nmetrics_listen = \"127.0.0.1:" +
+                                          std::to_string(metrics_port) + "\"\n",
+                                        1);
+  text += "\n[storage]\ndir = \"chunks\"\ncapacity_mib = 16\nfsync = \"never\"\n";
+  write_text(dir.path / "node.toml", text);
+  daemon_process d(dir.path / "node.toml", dir.path);
+  auto port = d.wait_listening(start_timeout);
+  REQUIRE_MESSAGE(port, "shoald did not start; stderr:\n" << read_text(d.err));
+  {
+    client_config cfg;
+    caf::actor_system client{cfg};
+    auto agent = caf::io::remote_actor<actors::node_agent_actor>(client, "127.0.0.1", *port);
+    REQUIRE(agent);
+    caf::scoped_actor self{client};
+    auto view = members(self, *agent);
+    REQUIRE(view);
+    REQUIRE(view->nodes.size() == 1);
+    auto engine = caf::actor_cast<actors::engine_actor>(view->nodes[0].ranks[0].engine);
+    REQUIRE(submit(self, engine, greedy_request(1, {1, 2, 3, 4, 5}, 6)));
+    std::map<int64_t, std::vector<int32_t>> got;
+    collect(self, got, 1);
+    REQUIRE(got[1].size() == 6);
+  }
+  auto r = actors::http_call("127.0.0.1", metrics_port, "GET", "/metrics", "");
+  REQUIRE_MESSAGE(r, r.error());
+  CHECK(r->status == 200);
+  const std::string& body = r->body;
+  auto value = [&](const std::string& series) {
+    std::smatch m;
+    REQUIRE_MESSAGE(std::regex_search(body, m, std::regex(series + " ([0-9.e+-]+)\\n")), series << "\n" << body);
+    return std::stod(m[1]);
+  };
+  CHECK(value("shoal_engine_steps_total\\{actor=\"rank0\"\\}") >= 6);
+  CHECK(value("shoal_engine_prefill_tokens_total\\{actor=\"rank0\"\\}") == 5);
+  CHECK(value("shoal_engine_prefix_queries_total\\{actor=\"rank0\"\\}") == 1);
+  CHECK(value("shoal_engine_kv_blocks_free\\{actor=\"rank0\"\\}") > 0);
+  CHECK(value("shoal_engine_requests_running\\{actor=\"rank0\"\\}") == 0);
+  CHECK(value("shoal_storage_capacity_bytes\\{actor=\"storage0\"\\}") == 16.0 * 1024 * 1024);
+  CHECK(body.find("# TYPE shoal_engine_steps_total counter") != std::string::npos);
+  auto nf = actors::http_call("127.0.0.1", metrics_port, "GET", "/v1/models", "");
+  REQUIRE(nf);
+  CHECK(nf->status == 404);
+  // promtool (Debian's prometheus package) checks the exposition format when it is installed.
+  if (std::system("command -v promtool > /dev/null 2>&1") == 0) {
+    write_text(dir.path / "metrics.txt", body);
+    const std::string cmd = "promtool check metrics < " + (dir.path / "metrics.txt").string() + " > " +
+                            (dir.path / "promtool.out").string() + " 2>&1";
+    CHECK_MESSAGE(std::system(cmd.c_str()) == 0, read_text(dir.path / "promtool.out"));
+  } else {
+    MESSAGE("promtool not installed: exposition format not checked by it");
+  }
+  REQUIRE(kill(d.pid, SIGTERM) == 0);
+  CHECK(d.wait_exit(std::chrono::milliseconds(drain_timeout_ms) + 10s));
 }

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <optional>
 #include <thread>
 #include <vector>
@@ -22,6 +23,7 @@
 
 #include "actors/engine_actor.hpp"
 #include "actors/gateway_actor.hpp"
+#include "actors/http_server.hpp"
 #include "actors/interfaces.hpp"
 #include "actors/kv_block_store.hpp"
 #include "actors/swa_tier.hpp"
@@ -31,6 +33,7 @@
 #include "actors/storage_node_actor.hpp"
 #include "model/config.hpp"
 #include "runtime/engine_setup.hpp"
+#include "runtime/metrics.hpp"
 #include "tools/shoald/engine_options.hpp"
 #include "transport/fabric_transport.hpp"
 
@@ -115,6 +118,51 @@ std::optional<T> ask(caf::actor_system& sys, const Handle& h, std::chrono::milli
   std::optional<T> out;
   self->request(h, timeout, xs...).receive([&](T& x) { out = std::move(x); }, [&](caf::error&) {});
   return out;
+}
+
+// node.metrics_listen: the Prometheus text of this node's engine ranks and storage nodes,
+// read from their stats at each scrape (an actor that does not answer within 2 s keeps its
+// last values).
+struct node_metrics_server {
+  runtime::metrics_registry registry;
+  runtime::node_metrics m = runtime::add_node_metrics(registry);
+  std::mutex mu;  // one scrape at a time
+  std::unique_ptr<actors::http_server> server;
+};
+
+void scrape(caf::actor_system& sys, const node_parts& parts, node_metrics_server& s) {
+  std::lock_guard lock(s.mu);
+  for (size_t r = 0; r < parts.engines.size(); ++r) {
+    auto st = ask<actors::engine_actor, actors::engine_stats_snapshot>(sys, parts.engines[r], 2s, stats_atom_v);
+    if (!st) continue;
+    const std::string a = "rank" + std::to_string(r);
+    const auto& m = s.m;
+    m.running.set(static_cast<double>(std::max<int64_t>(0, st->requests_running - st->waiting - st->waiting_for_remote)), a);
+    m.waiting.set(static_cast<double>(st->waiting), a);
+    m.waiting_for_remote.set(static_cast<double>(st->waiting_for_remote), a);
+    m.blocks_used.set(static_cast<double>(st->blocks_total - st->blocks_free), a);
+    m.blocks_free.set(static_cast<double>(st->blocks_free), a);
+    m.prefix_queries.advance_to(static_cast<double>(st->prefix_lookups), a);
+    m.hit_tokens.advance_to(static_cast<double>(st->prefix_hit_tokens), a);
+    m.storage_hit_tokens.advance_to(static_cast<double>(st->remote_hit_tokens), a);
+    m.steps.advance_to(static_cast<double>(st->steps), a);
+    m.step_seconds.advance_to(st->forward_s, a);
+    m.prefill_tokens.advance_to(static_cast<double>(st->prefill_tokens), a);
+    m.decode_tokens.advance_to(static_cast<double>(st->decode_tokens), a);
+  }
+  for (size_t i = 0; i < parts.storage.size(); ++i) {
+    auto st = ask<actors::storage_node_actor, actors::storage_stats_snapshot>(sys, parts.storage[i], 2s, stats_atom_v);
+    if (!st) continue;
+    const std::string a = "storage" + std::to_string(i);
+    const auto& m = s.m;
+    m.storage_usage.set(static_cast<double>(st->usage_bytes), a);
+    m.storage_capacity.set(static_cast<double>(st->capacity_bytes), a);
+    m.storage_chunks.set(static_cast<double>(st->chunks), a);
+    m.storage_puts.advance_to(static_cast<double>(st->puts), a);
+    m.storage_gets.advance_to(static_cast<double>(st->gets), a);
+    m.storage_gc_evicted.advance_to(static_cast<double>(st->evicted_chunks), a);
+    m.storage_ttl_expired.advance_to(static_cast<double>(st->expired_chunks), a);
+  }
 }
 
 actors::node_hooks make_hooks(caf::actor_system& sys, node_parts& parts, logger& log) {
@@ -412,6 +460,32 @@ int run_node(const runtime::node_config& cfg, logger& log) {
     fmt::print("shoald: http on {}:{}\n", g.host, gw->port);
     log.info("gateway: OpenAI API on http://{}:{} (model id '{}'{})", g.host, gw->port, g.model_id,
              g.auth_tokens.empty() ? "" : ", bearer auth");
+  }
+
+  node_metrics_server metrics;
+  if (cfg.metrics_listen) {
+    auto srv = actors::http_server::start(
+        cfg.metrics_listen->host, cfg.metrics_listen->port,
+        [&sys, &parts, &metrics](const actors::http_request& req, actors::http_writer& w) {
+          if (req.target != "/metrics" && req.target.rfind("/metrics?", 0) != 0) {
+            w.respond(404, "text/plain", "not found: " + req.target + " (this endpoint serves /metrics)\n");
+            return;
+          }
+          if (req.method != "GET") {
+            w.respond(405, "text/plain", "method " + req.method + " not allowed (GET /metrics)\n");
+            return;
+          }
+          scrape(sys, parts, metrics);
+          w.respond(200, "text/plain; version=0.0.4", metrics.registry.render());
+        },
+        {});
+    if (!srv) {
+      log.error("key 'node.metrics_listen' ({}): {}", runtime::to_string(*cfg.metrics_listen), srv.error());
+      std::_Exit(exit_failure);
+    }
+    metrics.server = std::move(*srv);
+    fmt::print("shoald: metrics on {}:{}\n", cfg.metrics_listen->host, metrics.server->port());
+    log.info("Prometheus metrics on http://{}:{}/metrics", cfg.metrics_listen->host, metrics.server->port());
   }
 
   auto agent = actors::spawn_node_agent(sys, me, make_hooks(sys, parts, log));
