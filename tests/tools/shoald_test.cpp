@@ -79,6 +79,16 @@ struct daemon_process : test::child_process {
   }
 };
 
+// The tiny preset's checkpoint in DIR/model.
+model::generate_options tiny_checkpoint(const fs::path& dir, uint64_t seed) {
+  model::generate_options gen;
+  gen.preset = "tiny";
+  gen.seed = seed;
+  gen.out_dir = (dir / "model").string();
+  REQUIRE(model::generate_checkpoint(gen));
+  return gen;
+}
+
 std::string engine_config_text(const std::string& extra_node, int ranks) {
   return "[node]\nname = \"test-node\"\nlisten = \"127.0.0.1:0\"\nmodel_dir = \"model\"\n" + extra_node +
          "drain_timeout_ms = " + std::to_string(drain_timeout_ms) + "\n\n[engine]\nranks = " +
@@ -135,11 +145,7 @@ void collect(caf::scoped_actor& self, std::map<int64_t, std::vector<int32_t>>& t
 
 TEST_CASE("shoald serves a remote engine with the local engine's greedy tokens and drains on SIGTERM") {
   temp_dir dir;
-  model::generate_options gen;
-  gen.preset = "tiny";
-  gen.seed = 7;
-  gen.out_dir = (dir.path / "model").string();
-  REQUIRE(model::generate_checkpoint(gen));
+  const auto gen = tiny_checkpoint(dir.path, 7);
   write_text(dir.path / "node.toml", engine_config_text("roles = [\"engine\"]\n", 2));
 
   auto model = runtime::load_model_dir(gen.out_dir, false);
@@ -242,11 +248,7 @@ TEST_CASE("shoald refuses an invalid config or an unsupported role with exit cod
 
 TEST_CASE("shoald serves Prometheus text of its engine ranks and storage nodes on node.metrics_listen") {
   temp_dir dir;
-  model::generate_options gen;
-  gen.preset = "tiny";
-  gen.seed = 8;
-  gen.out_dir = (dir.path / "model").string();
-  REQUIRE(model::generate_checkpoint(gen));
+  const auto gen = tiny_checkpoint(dir.path, 8);
   const uint16_t metrics_port = test::free_port();
   std::string text = engine_config_text("roles = [\"engine\", \"storage\"]\nmetrics_listen = \"127.0.0.1:" +
                                           std::to_string(metrics_port) + "\"\n",
