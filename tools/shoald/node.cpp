@@ -327,6 +327,14 @@ int run_node(const runtime::node_config& cfg, logger& log) {
       log.info("prefill chunks from cost model {} (step budget {} ms)", cfg.cost_model->string(), cfg.step_ms);
     }
     const bool swa_tier = weights->config.is_flash() && cfg.swa_slots > 0;
+    if (!weights->config.is_flash()) {  // keys that only shoal_flash models use: said, not silently dropped
+      const runtime::node_config defaults;
+      if (cfg.swa_slots != defaults.swa_slots || cfg.swa_timeout_ms != defaults.swa_timeout_ms)
+        log.warn("engine.swa_slots / engine.swa_timeout_ms unused: {} has no SWA window (shoal_flash only)",
+                 cfg.model_dir.string());
+      if (cfg.disagg_role == runtime::engine_role::both && cfg.transport != defaults.transport)
+        log.warn("engine.transport unused: a colocated deepseek_v3 engine moves no handoffs and has no SWA slots");
+    }
     std::shared_ptr<runtime::transport> bulk;
     if (cfg.disagg_role != runtime::engine_role::both || swa_tier) {
       // Handoff bytes and SWA slots: one libfabric endpoint for the node's ranks, bound to
