@@ -4,8 +4,6 @@
 // meanwhile are handled between steps.
 #include "actors/engine_actor.hpp"
 
-#include <algorithm>
-#include <cmath>
 #include <map>
 #include <optional>
 #include <unordered_map>
@@ -19,6 +17,7 @@
 #include <caf/typed_event_based_actor.hpp>
 
 #include "kernels/assert.hpp"
+#include "runtime/metrics.hpp"
 
 namespace shoal::actors {
 
@@ -101,13 +100,7 @@ struct engine_state {
 
   engine_stats_snapshot snapshot() const {
     runtime::engine_stats s = engine->stats();
-    std::vector<double> fetch_s = engine->swa_fetch_seconds();
-    std::sort(fetch_s.begin(), fetch_s.end());
-    auto ms_at = [&](double q) {  // nearest rank
-      if (fetch_s.empty()) return 0.0;
-      auto i = static_cast<size_t>(std::ceil(q * static_cast<double>(fetch_s.size()))) - 1;
-      return 1000.0 * fetch_s[std::min(i, fetch_s.size() - 1)];
-    };
+    const std::vector<double> fetch_s = engine->swa_fetch_seconds();
     return {s.steps,
             s.prefill_tokens,
             s.decode_tokens,
@@ -130,8 +123,8 @@ struct engine_state {
             s.cache.swa_lookups,
             s.cache.swa_fetches,
             s.cache.swa_fetch_failures + s.cache.swa_fetch_timeouts,
-            ms_at(0.5),
-            ms_at(0.99),
+            1000 * runtime::percentile(fetch_s, 0.5),
+            1000 * runtime::percentile(fetch_s, 0.99),
             s.kv_tokens,
             s.waiting,
             s.cache.lookups,

@@ -133,10 +133,14 @@ void report(store_pointer self, bool full) {
   auto& st = self->state;
   runtime::swa_changes ch = st.config.store->take_changes();  // drained also without a directory
   if (!st.directory) return;
+  if (!full && ch.empty()) return;
   swa_report r{st.config.node, caf::actor_cast<caf::actor>(self), full, {}, {}};
-  if (full) r.added = st.config.store->keys();
-  else if (ch.empty()) return;
-  else r.added = std::move(ch.added), r.evicted = std::move(ch.evicted);
+  if (full) {
+    r.added = st.config.store->keys();
+  } else {
+    r.added = std::move(ch.added);
+    r.evicted = std::move(ch.evicted);
+  }
   self->send(caf::actor_cast<swa_directory_actor>(st.directory), std::move(r));
 }
 

@@ -202,6 +202,12 @@ gateway_metrics add_gateway_metrics(metrics_registry& r) {
   };
 }
 
+double percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, static_cast<size_t>(p * static_cast<double>(v.size() - 1) + 0.5))];
+}
+
 node_metrics add_node_metrics(metrics_registry& r) {
   const std::string a = "actor";
   return {

@@ -75,6 +75,9 @@ class metrics_registry {
   std::vector<std::unique_ptr<metric_family>> families_;
 };
 
+// The p-quantile (p in [0, 1]) of `v` by nearest rank; 0 for no values.
+double percentile(std::vector<double> v, double p);
+
 // Latency buckets in seconds for TTFT and TPOT: 0.005 s to 60 s.
 std::vector<double> latency_buckets_seconds();
 

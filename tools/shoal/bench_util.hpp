@@ -8,14 +8,15 @@
 
 #include <nlohmann/json.hpp>
 
+#include "runtime/metrics.hpp"
+
 namespace shoal::tools {
 
 double now_s();
 // The Mooncake conversation trace in ../shared/traces (the benches' default load).
 std::string conversation_trace_path();
 double median(std::vector<double> v);
-// The p-quantile (p in [0, 1]) by nearest rank; 0 for no values.
-double percentile(std::vector<double> v, double p);
+using runtime::percentile;  // runtime/metrics.hpp
 // splitmix64's finaliser: seeded synthetic token ids for trace replays.
 uint64_t splitmix64(uint64_t x);
 // OpenBLAS sgemm GFLOP/s at (m, n, k) with OpenBLAS's own threading over `threads`: median of `reps`.
