@@ -29,6 +29,9 @@ namespace {
 
 std::string fi_error(const char* what, int rc) { return std::string(what) + ": " + fi_strerror(-rc); }
 
+// Longest a read() caller (an engine's step loop) waits for the provider to take a read.
+constexpr std::chrono::milliseconds post_wait{20};
+
 // Closes a libfabric object (null-safe).
 template <class T>
 void close_fid(T*& obj) {
@@ -463,14 +466,20 @@ std::shared_ptr<runtime::transfer> fabric_transport::post(const runtime::remote_
       p->op = op;
       ++op->pieces_out;
     }
+    // The caller is a step loop: it waits for queue room briefly (the progress thread frees
+    // it), never up to the read's deadline; a provider that takes nothing for that long
+    // (typically an owner that is gone) fails the read now and the caller falls back.
+    const auto give_up = std::min(op->deadline, std::chrono::steady_clock::now() + post_wait);
     ssize_t rc;
     while ((rc = fi_read(s_->ep, dst.data() + off, n, desc, *fa, addr + off, src.key, &p->ctx)) == -FI_EAGAIN) {
-      if (std::chrono::steady_clock::now() >= op->deadline) break;
-      std::this_thread::yield();  // the progress thread frees queue room
+      if (std::chrono::steady_clock::now() >= give_up) break;
+      std::this_thread::yield();
     }
     if (rc) {
       std::lock_guard lock(s_->mu);
-      s_->piece_done(p, rc == -FI_EAGAIN ? "read timed out: the provider did not take it before the deadline (owner gone or not progressing)" : fi_error("fi_read", static_cast<int>(rc)));
+      s_->piece_done(p, rc == -FI_EAGAIN ? "the provider took no read for " + std::to_string(post_wait.count()) +
+                                               " ms (its queue full: owner gone or not progressing)"
+                                         : fi_error("fi_read", static_cast<int>(rc)));
       break;
     }
     off += n;

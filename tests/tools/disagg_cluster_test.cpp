@@ -260,7 +260,7 @@ TEST_CASE("disaggregated cluster: kill -9 of a prefill node mid-prompt under 50 
   std::vector<std::string> expected;
   for (int i = 0; i < streams; ++i) {
     std::string p = "request number " + std::to_string(i) + " asks:";
-    while (p.size() < 240) p += " and then some more words about item " + std::to_string(i);
+    while (p.size() < 120) p += " and then some more words about item " + std::to_string(i);
     prompts.push_back(p);
     expected.push_back(c.colocated({runtime::encode_prompt(*c.model->tokenizer, p)}, n)[0].first);
   }
