@@ -207,7 +207,7 @@ TEST_CASE("disaggregated cluster: kill -9 of a decode node under 50 streams, eve
   disagg_cluster c("tiny", 23, true);
   c.start();
   const int streams = 50;
-  const int32_t n = 200;  // long enough that the kill lands mid-stream
+  const int32_t n = 400;  // long enough that the kill lands mid-stream, also on a loaded machine
   std::vector<std::string> prompts;
   std::vector<std::string> expected;
   for (int i = 0; i < streams; ++i) {
