@@ -41,7 +41,7 @@ struct request_entry {
 // Everything the connection threads and the gateway actor share.
 struct gateway_shared {
   caf::actor_system* sys = nullptr;
-  router_actor router;
+  balancers bal;
   std::shared_ptr<const model::tokenizer> tok;
   gateway_config config;
   std::optional<runtime::chat_template> chat;
@@ -216,7 +216,7 @@ int serve_generation(gateway_shared& g, const runtime::completion_request& r, st
   auto channel = std::make_shared<stream_channel>();
   relay_options ro;
   ro.request_timeout = g.config.request_timeout;
-  caf::actor relay = spawn_request_relay(*g.sys, g.router, make_generation(id, std::move(prompt), r), channel, ro);
+  caf::actor relay = spawn_request_relay(*g.sys, g.bal, make_generation(id, std::move(prompt), r), channel, ro);
   runtime::response_meta meta{runtime::make_response_id(r.chat, static_cast<uint64_t>(id)), unix_now(), r.model};
   text_stream text(*g.tok, r.stop);
   std::string whole;
@@ -416,7 +416,7 @@ gateway_actor::behavior_type gateway_behavior(gateway_actor::stateful_pointer<ga
       auto channel = std::make_shared<stream_channel>();
       relay_options ro;
       ro.request_timeout = g->config.request_timeout;
-      spawn_request_relay(*g->sys, g->router, make_generation(id, runtime::encode_prompt(*g->tok, prompt), r), channel,
+      spawn_request_relay(*g->sys, g->bal, make_generation(id, runtime::encode_prompt(*g->tok, prompt), r), channel,
                           ro);
       std::thread(pump_text, g, channel, request_id(id), std::move(sink)).detach();
       return request_id(id);
@@ -439,12 +439,12 @@ std::expected<std::vector<std::string>, std::string> read_auth_tokens(const std:
   return tokens;
 }
 
-std::expected<gateway_start, std::string> spawn_gateway(caf::actor_system& sys, router_actor router,
+std::expected<gateway_start, std::string> spawn_gateway(caf::actor_system& sys, balancers bal,
                                                        std::shared_ptr<const model::tokenizer> tok,
                                                        gateway_config config) {
   auto g = std::make_shared<gateway_shared>();
   g->sys = &sys;
-  g->router = std::move(router);
+  g->bal = std::move(bal);
   g->tok = std::move(tok);
   g->config = std::move(config);
   g->started_unix = unix_now();

@@ -39,7 +39,7 @@ struct gateway_start {
 };
 
 // Starts the HTTP server and the gateway actor; an error names what failed (bind, template).
-std::expected<gateway_start, std::string> spawn_gateway(caf::actor_system& sys, router_actor router,
+std::expected<gateway_start, std::string> spawn_gateway(caf::actor_system& sys, balancers bal,
                                                        std::shared_ptr<const model::tokenizer> tok,
                                                        gateway_config config);
 

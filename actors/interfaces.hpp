@@ -64,7 +64,7 @@ enum class errc : uint8_t {
   unreachable,          // the peer is down or its node disconnected
   unknown,              // any other caf::error
   draining,             // the engine or node is draining: no new requests (retry elsewhere)
-  no_engine,            // the router knows no engine that could take the request
+  no_engine,            // a balancer knows no engine that could take the request
   not_found,            // a named actor, node or chunk does not exist
   corrupt,              // a stored chunk failed its checksum (removed, never served)
   storage_full,         // a storage node cannot take the chunk (capacity or disk full)
@@ -357,6 +357,40 @@ typename Inspector::result_type inspect(Inspector& f, swa_store_stats& x) {
 // actor that exchanges expert activations with the other ranks of its group. Handles are
 // caf::actor on the wire (typed handles are cast back by the receiver) so that the structs
 // below do not depend on the interfaces declared after them.
+// One engine as a balancer sees it (shell `balancers`).
+struct balancer_engine_row {
+  std::string engine;             // "node/rank"
+  int32_t tier = -1;              // prefill: its tier (−1 serves every tier); decode: −1
+  int64_t in_flight = 0;          // requests placed there and not done
+  int64_t kv_tokens = 0;          // decode: KV tokens as last polled; prefill: prompt tokens in flight
+  double predicted_finish_s = 0;  // prefill: seconds from now until its predicted queue end
+  int64_t placed = 0;             // requests placed there since start
+  friend bool operator==(const balancer_engine_row&, const balancer_engine_row&) = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, balancer_engine_row& x) {
+  return f(caf::meta::type_name("balancer_engine_row"), x.engine, x.tier, x.in_flight, x.kv_tokens,
+           x.predicted_finish_s, x.placed);
+}
+
+struct balancer_report {
+  std::string kind;                    // "prefill" or "decode"
+  std::string policy;
+  std::vector<balancer_engine_row> engines;
+  std::vector<int64_t> tier_bounds;    // prefill
+  std::vector<int64_t> tier_placements;  // prefill: requests placed per tier
+  double balance_now = 1;              // decode: mean / max of (requests, KV) load now
+  double balance_window = 1;           // decode: mean of the polls over the last minute
+  friend bool operator==(const balancer_report&, const balancer_report&) = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, balancer_report& x) {
+  return f(caf::meta::type_name("balancer_report"), x.kind, x.policy, x.engines, x.tier_bounds, x.tier_placements,
+           x.balance_now, x.balance_window);
+}
+
 struct rank_info {
   int32_t index = 0;    // rank number on its node, 0-based
   caf::actor engine;    // an engine_actor
@@ -383,13 +417,14 @@ struct node_info {
   std::string engine_role = "both";     // engine role: "both", "prefill" or "decode" (every rank)
   caf::actor swa_store;                 // shoal_flash engine nodes: the machine's swa_store_actor
   caf::actor swa_directory;             // directory role: the swa_directory_actor
+  std::vector<caf::actor> balancers;    // gateway role: its prefill_balancer_actor, decode_balancer_actor
   friend bool operator==(const node_info&, const node_info&) = default;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, node_info& x) {
   return f(caf::meta::type_name("node_info"), x.name, x.host, x.port, x.roles, x.agent, x.ranks,
-           x.storage, x.draining, x.storage_ports, x.engine_role, x.swa_store, x.swa_directory);
+           x.storage, x.draining, x.storage_ports, x.engine_role, x.swa_store, x.swa_directory, x.balancers);
 }
 
 // The nodes one node agent knows to be up, sorted by name. version grows with every change
@@ -541,7 +576,7 @@ using node_agent_actor = caf::typed_actor<
   // Generates `max_tokens` for the prompt text through this node's gateway and streams
   // text_events to `sink`; replies the request id. Error not_found without the gateway role.
   caf::replies_to<submit_atom, std::string, int32_t, caf::actor>::with<request_id>,
-  // Local actors (router, rank actors) that want the membership after every change. No reply.
+  // Local actors (balancers, rank actors) that want the membership after every change. No reply.
   caf::reacts_to<subscribe_atom, caf::actor>>;
 
 // One storage node: a chunk store on a local directory with its GC and TTL sweeper
@@ -562,21 +597,34 @@ using storage_node_actor = caf::typed_actor<
   // Runs GC (if over the high watermark) and the TTL sweep now; replies chunks removed.
   caf::replies_to<gc_atom>::with<uint64_t>>;
 
-// Picks engines for the gateway's requests. Local to a gateway node; fed the membership by
-// the node agent. Balancers of later issues replace its policy (least in-flight requests).
-using router_actor = caf::typed_actor<
-  // An engine for one request, never one of `exclude` (engines that failed it already);
-  // error no_engine when none is left. The caller must send done for it later.
-  caf::replies_to<route_atom, std::vector<caf::actor>>::with<caf::actor>,
-  // A decode engine for a handoff needing `blocks` free blocks, of `context` tokens and up to
-  // `max_new` more, never one of `refused` (runtime::decode_balancer over the in-flight counts
-  // and the KV tokens and free blocks polled from each decode engine); error no_engine when
-  // none fits. Done is sent for it too.
-  caf::replies_to<route_atom, decode_atom, int64_t, int64_t, int64_t, std::vector<caf::actor>>::with<caf::actor>,
-  // A request routed to `engine` ended (finished, failed or re-routed). No reply.
-  caf::reacts_to<done_atom, caf::actor>,
-  // The node agent's view after a change. No reply.
+// The balancers of a gateway node (actors/balancer_actors.hpp), fed the membership by the
+// node agent. Both track each request they placed by id until done.
+using prefill_balancer_actor = caf::typed_actor<
+  // An entry engine (prefill or colocated) for request `id` with this prompt, never one of
+  // `exclude` (engines that failed it already; placing it again ends the old placement):
+  // runtime::prefill_balancer's policy. Error no_engine when none is left.
+  caf::replies_to<route_atom, request_id, std::vector<int32_t>, std::vector<caf::actor>>::with<caf::actor>,
+  // Request `id`'s prefill ended (handed off, finished, failed or re-routed). No reply.
+  caf::reacts_to<done_atom, request_id>,
+  caf::replies_to<stats_atom>::with<balancer_report>,
   caf::reacts_to<membership>>;
+
+using decode_balancer_actor = caf::typed_actor<
+  // A decode engine for request `id`'s handoff needing `blocks` free blocks, of `context`
+  // tokens and up to `max_new` more, never one of `refused`: the configured
+  // runtime::decode_placement over the in-flight counts and the KV tokens and free blocks
+  // polled from each decode engine. Error no_engine when none fits.
+  caf::replies_to<route_atom, decode_atom, request_id, int64_t, int64_t, int64_t, std::vector<caf::actor>>::with<caf::actor>,
+  // Request `id` left the decode engine it was placed at (finished, failed, refused). No reply.
+  caf::reacts_to<done_atom, request_id>,
+  caf::replies_to<stats_atom>::with<balancer_report>,
+  caf::reacts_to<membership>>;
+
+// The two balancers as the gateway's request relays hold them.
+struct balancers {
+  prefill_balancer_actor prefill;
+  decode_balancer_actor decode;
+};
 
 // The OpenAI-compatible HTTP front of a gateway node (actors/gateway_actor.hpp). Its HTTP
 // connections run on threads of their own; this interface is the node's view of it.
@@ -639,9 +687,13 @@ CAF_BEGIN_TYPE_ID_BLOCK(shoal, caf::first_custom_type_id)
   CAF_ADD_TYPE_ID(shoal, (shoal::actors::text_event))
   CAF_ADD_TYPE_ID(shoal, (shoal::actors::rank_actor))
   CAF_ADD_TYPE_ID(shoal, (shoal::actors::node_agent_actor))
-  CAF_ADD_TYPE_ID(shoal, (shoal::actors::router_actor))
+  CAF_ADD_TYPE_ID(shoal, (shoal::actors::prefill_balancer_actor))
+  CAF_ADD_TYPE_ID(shoal, (shoal::actors::decode_balancer_actor))
+  CAF_ADD_TYPE_ID(shoal, (shoal::actors::balancer_engine_row))
+  CAF_ADD_TYPE_ID(shoal, (shoal::actors::balancer_report))
   CAF_ADD_TYPE_ID(shoal, (shoal::actors::gateway_actor))
   CAF_ADD_TYPE_ID(shoal, (std::vector<std::string>))
+  CAF_ADD_TYPE_ID(shoal, (std::vector<int32_t>))
   CAF_ADD_TYPE_ID(shoal, (shoal::actors::chunk_put))
   CAF_ADD_TYPE_ID(shoal, (shoal::actors::chunk_query))
   CAF_ADD_TYPE_ID(shoal, (shoal::actors::storage_stats_snapshot))

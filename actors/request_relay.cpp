@@ -33,7 +33,7 @@ namespace {
 // Private self-messages: route_atom = try (again) now, kill_atom = the request's time is up.
 struct relay_state {
   static inline const char* name = "request_relay";
-  router_actor router;
+  balancers bal;
   generation_request req;
   std::shared_ptr<stream_channel> channel;
   relay_options options;
@@ -51,9 +51,16 @@ struct relay_state {
 
 using relay_pointer = caf::stateful_actor<relay_state>*;
 
+// The request left its engine: each balancer ends its placement of it (one that did not
+// place it ignores the id).
+void release(relay_pointer self) {
+  self->send(self->state.bal.prefill, done_atom_v, self->state.req.id);
+  self->send(self->state.bal.decode, done_atom_v, self->state.req.id);
+}
+
 void finish(relay_pointer self) {
   auto& st = self->state;
-  if (st.engine) self->send(st.router, done_atom_v, st.engine);
+  if (st.engine) release(self);
   st.engine = nullptr;
   self->quit();
 }
@@ -71,7 +78,7 @@ void retry(relay_pointer self, error_reply err, bool exclude_engine) {
   ++st.placement;
   if (st.engine) {
     self->demonitor(st.engine);
-    self->send(st.router, done_atom_v, st.engine);
+    release(self);
     if (exclude_engine) st.exclude.push_back(st.engine);
     st.engine = nullptr;
   }
@@ -99,7 +106,8 @@ void submit_to(relay_pointer self, caf::actor engine) {
 }
 
 void attempt(relay_pointer self) {
-  self->request(self->state.router, self->state.options.request_timeout, route_atom_v, self->state.exclude)
+  auto& st = self->state;
+  self->request(st.bal.prefill, st.options.request_timeout, route_atom_v, st.req.id, st.req.prompt, st.exclude)
     .then([self](caf::actor& engine) { submit_to(self, std::move(engine)); },
           [self](caf::error& e) { give_up(self, to_error_reply(e)); });
 }
@@ -126,12 +134,12 @@ void ask_decode(relay_pointer self, caf::actor d, uint64_t placement) {
         auto& st = self->state;
         if (placement != st.placement || !st.offer) {  // the request moved on meanwhile
           caf::anon_send(caf::actor_cast<engine_actor>(d), cancel_atom_v, st.req.id);
-          self->send(st.router, done_atom_v, d);
+          self->send(st.bal.decode, done_atom_v, st.req.id);
           return;
         }
         const caf::actor prefill = st.engine;
         self->demonitor(prefill);
-        self->send(st.router, done_atom_v, prefill);
+        self->send(st.bal.prefill, done_atom_v, st.req.id);  // its prefill is over
         self->send(caf::actor_cast<engine_actor>(prefill), handoff_atom_v, st.req.id, true);
         st.engine = d;
         self->monitor(d);
@@ -141,7 +149,7 @@ void ask_decode(relay_pointer self, caf::actor d, uint64_t placement) {
       },
       [self, d, placement](caf::error&) {
         auto& st = self->state;
-        self->send(st.router, done_atom_v, d);
+        self->send(st.bal.decode, done_atom_v, st.req.id);
         if (placement != st.placement || !st.offer) return;
         st.refused.push_back(d);
         if (static_cast<int>(st.refused.size()) >= st.options.handoff_attempts) return keep_on_prefill(self);
@@ -154,12 +162,12 @@ void place(relay_pointer self) {
   const uint64_t placement = st.placement;
   const auto context = static_cast<int64_t>(st.offer->tokens.size());
   const int64_t left = std::max<int64_t>(0, st.offer->sampling.max_tokens - (context - st.offer->prompt_len));
-  self->request(st.router, st.options.handoff_timeout, route_atom_v, decode_atom_v, st.offer->blocks_needed, context,
+  self->request(st.bal.decode, st.options.handoff_timeout, route_atom_v, decode_atom_v, st.req.id, st.offer->blocks_needed, context,
                 left, st.refused)
     .then(
       [self, placement](caf::actor& d) {
         if (placement != self->state.placement || !self->state.offer) {
-          self->send(self->state.router, done_atom_v, d);
+          self->send(self->state.bal.decode, done_atom_v, self->state.req.id);
           return;
         }
         ask_decode(self, std::move(d), placement);
@@ -197,11 +205,11 @@ void on_token(relay_pointer self, const token_event& ev) {
   }
 }
 
-caf::behavior relay_behavior(caf::stateful_actor<relay_state>* self, router_actor router,
+caf::behavior relay_behavior(caf::stateful_actor<relay_state>* self, balancers bal,
                              generation_request req, std::shared_ptr<stream_channel> channel,
                              relay_options options) {
   auto& st = self->state;
-  st.router = std::move(router);
+  st.bal = std::move(bal);
   st.req = std::move(req);
   st.channel = std::move(channel);
   st.options = options;
@@ -229,9 +237,9 @@ caf::behavior relay_behavior(caf::stateful_actor<relay_state>* self, router_acto
 
 }  // namespace
 
-caf::actor spawn_request_relay(caf::actor_system& sys, router_actor router, generation_request req,
+caf::actor spawn_request_relay(caf::actor_system& sys, balancers bal, generation_request req,
                                std::shared_ptr<stream_channel> channel, relay_options options) {
-  return sys.spawn(relay_behavior, std::move(router), std::move(req), std::move(channel), options);
+  return sys.spawn(relay_behavior, std::move(bal), std::move(req), std::move(channel), options);
 }
 
 }  // namespace shoal::actors

@@ -1,11 +1,11 @@
-// One request of the gateway in flight: a relay actor that asks the router for an engine,
+// One request of the gateway in flight: a relay actor that asks the prefill balancer for an engine,
 // submits, forwards the token events into a stream_channel the HTTP connection thread reads,
 // and re-routes the request when its engine fails (down, draining, a failed expert-parallel
 // step): the new engine recomputes from the prompt with the same seed, and the tokens the
 // client already has are skipped, so the client sees one uninterrupted stream.
 //
 // With disaggregation the relay also places the request: a prefill engine offers it after
-// the first token (handoff_offer), the relay asks the router for a decode engine and hands
+// the first token (handoff_offer), the relay asks the decode balancer for a decode engine and hands
 // it the offer; the one that takes it becomes the request's engine (monitored, re-routed
 // from on failure), and the prefill engine is told. When every decode engine refuses (no
 // room) or none is up, the prefill engine decodes the request itself.
@@ -57,7 +57,7 @@ struct relay_options {
 
 // Spawns the relay of `req` (its sampling must carry a seed: re-routing relies on it).
 // Cancel it by sending cancel_atom (it then cancels at the engine and quits).
-caf::actor spawn_request_relay(caf::actor_system& sys, router_actor router, generation_request req,
+caf::actor spawn_request_relay(caf::actor_system& sys, balancers bal, generation_request req,
                                std::shared_ptr<stream_channel> channel, relay_options options);
 
 }  // namespace shoal::actors

@@ -20,7 +20,7 @@ cache_manager::cache_manager(const model::model_config& model, const cache_confi
                                    model.window()})
                        : model::min_ring_tokens(model)),
       tail_(model.is_flash() ? (config.exact_swa ? model::exact_decoder_tail(model) : model.replay_tokens) : 0),
-      pool_(static_cast<int32_t>(config.num_blocks), model::block_floats(model)),
+      pool_(static_cast<int32_t>(config.num_blocks), config.payload ? model::block_floats(model) : 0),
       swa_(config.swa_slots, config.swa_snapshots, model.encoder_layers(), model.entry_dim(),
            model.window(), config.snapshot_storage, config.swa_machine_store) {}
 
@@ -399,6 +399,21 @@ std::vector<std::pair<request*, bool>> cache_manager::poll_imports() {
   }
   std::erase_if(imports_, [](const import_wait& w) { return !w.r && w.reads.empty(); });
   return out;
+}
+
+bool cache_manager::adopt(request& r, int64_t computed) {
+  const int64_t n = blocks_for(computed);
+  if (n + 1 > pool_.num_free() || (model_.is_flash() && !swa_.can_acquire())) return false;
+  if (model_.is_flash()) swa_.acquire();
+  fix_decoder_tail(r);
+  r.cache.init(model_, ring_tokens_);
+  attach(r, pool_.allocate(static_cast<int32_t>(n)));
+  r.cache.computed = computed;
+  r.keys = chain_keys(r.tokens, static_cast<int>(bs_));
+  r.blocks_cached = 0;
+  r.blocks_valid_until = 0;
+  ++stats_.imports;
+  return true;
 }
 
 void cache_manager::abandon_import(request& r) {

@@ -25,6 +25,9 @@ namespace shoal::runtime {
 struct cache_config {
   int64_t num_blocks = 1024;
   bool prefix_caching = true;
+  // false: blocks are counted, never written (no payload memory): the cluster simulator runs
+  // the engine's state machines at DeepSeek scale without a forward pass.
+  bool payload = true;
   bool exact_swa = false;             // swa_mode == exact
   int64_t swa_slots = 256;            // live SWA slots (running shoal_flash sequences)
   int64_t swa_snapshots = 1024;
@@ -100,6 +103,10 @@ class cache_manager {
   std::vector<std::pair<request*, bool>> poll_imports();
   // r stops waiting (aborted): the reads keep their own buffers until they end.
   void abandon_import(request& r);
+  // A handoff whose bytes the caller already placed (the simulator, payload off): reserves
+  // and attaches blocks for [0, computed) and sets r up as a completed import leaves it. False,
+  // nothing held, when fewer than blocks_for(computed) + 1 blocks (or no SWA slot) are free.
+  bool adopt(request& r, int64_t computed);
   size_t imports_out() const { return imports_.size(); }
   // Why a handoff cannot continue on this engine ("" when it can): shapes that differ from
   // this engine's model and cache layout, counts that do not add up.

@@ -230,6 +230,10 @@ node_metrics add_node_metrics(metrics_registry& r) {
       r.add_counter("shoal_storage_gets_total", "Chunk gets.", a),
       r.add_counter("shoal_storage_gc_evicted_chunks_total", "Chunks evicted by GC over the high watermark.", a),
       r.add_counter("shoal_storage_ttl_expired_chunks_total", "Chunks removed by the TTL sweep.", a),
+      r.add_counter("shoal_prefill_balancer_placements_total", "Requests the prefill balancer placed on an engine.", "engine"),
+      r.add_counter("shoal_prefill_balancer_tier_placements_total", "Requests the prefill balancer placed, by context tier.", "tier"),
+      r.add_counter("shoal_decode_balancer_placements_total", "Handoffs the decode balancer placed on a decode engine.", "engine"),
+      r.add_gauge("shoal_decode_balancer_balance_ratio", "Mean over max of the decode engines' (requests, KV) load.", "window"),
   };
 }
 

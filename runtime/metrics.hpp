@@ -105,6 +105,10 @@ struct node_metrics {
   counter prefill_tokens, decode_tokens;       // shoal_engine_{prefill,decode}_tokens_total
   gauge storage_usage, storage_capacity, storage_chunks;  // shoal_storage_{usage,capacity}_bytes, shoal_storage_chunks
   counter storage_puts, storage_gets, storage_gc_evicted, storage_ttl_expired;
+  // Gateway nodes: shoal_prefill_balancer_placements_total{engine}, …_tier_placements_total{tier},
+  // shoal_decode_balancer_placements_total{engine}, shoal_decode_balancer_balance_ratio{window}.
+  counter prefill_placements, prefill_tier_placements, decode_placements;
+  gauge decode_balance;
 };
 node_metrics add_node_metrics(metrics_registry& r);
 

@@ -5,6 +5,9 @@
 // schema, types and ranges, required keys, cross-key rules) and the first failure is reported.
 #include "runtime/node_config.hpp"
 
+#include "runtime/decode_placement.hpp"
+#include "runtime/prefill_balancer.hpp"
+
 #include <toml++/toml.h>
 
 #include <algorithm>
@@ -38,7 +41,8 @@ const std::vector<schema_section>& schema() {
       {"node", {"name", "listen", "roles", "model_dir", "drain_timeout_ms", "metrics_listen"}},
       {"engine", {"ranks", "cache_mib", "expert_parallel", "kv_storage", "role", "transport", "handoff_timeout_ms",
                   "cost_model", "step_ms", "swa_slots", "swa_timeout_ms"}},
-      {"gateway", {"listen", "auth_token_file"}},
+      {"gateway", {"listen", "auth_token_file", "prefill_policy", "decode_policy", "balancer_round_ms", "tier_bounds",
+                   "balancer_cost_model"}},
       {"cluster", {"seeds", "heartbeat_interval_ms", "connection_timeout_ms", "request_timeout_ms"}},
       {"storage", {"dir", "nodes", "capacity_mib", "high_watermark_pct", "low_watermark_pct", "fsync",
                    "ttl_agent_s", "ttl_chat_s", "bulk_port"}},
@@ -309,6 +313,40 @@ std::vector<std::pair<std::string, position>> read_string_array(error_sink& sink
   return items;
 }
 
+// [gateway] balancer keys: policy names, round, tier bounds (ascending positive integers).
+void read_balancers(error_sink& sink, const section& g, const fs::path& base, node_config& c) {
+  if (std::optional<std::string> v = read_string(sink, g, "prefill_policy")) {
+    if (runtime::prefill_policy_named(*v)) c.prefill_policy = *v;
+    else sink.fail(config_errc::bad_value, g.pos("prefill_policy"), g.path("prefill_policy"),
+                   "expected tiered, untiered, round_robin, least_requests, cache_aware or dynamo, got \"" + *v + "\"");
+  }
+  if (std::optional<std::string> v = read_string(sink, g, "decode_policy")) {
+    if (runtime::make_decode_placement(*v)) c.decode_policy = *v;
+    else sink.fail(config_errc::bad_value, g.pos("decode_policy"), g.path("decode_policy"),
+                   "expected decode_balancer, least_loaded, least_kv or round_robin, got \"" + *v + "\"");
+  }
+  if (auto ms = read_integer(sink, g, "balancer_round_ms", 1, 24 * 3'600'000)) c.balancer_round_ms = *ms;
+  c.balancer_cost_model = read_path(sink, g, "balancer_cost_model", base);
+  const toml::node* n = g.get("tier_bounds");
+  if (!n) return;
+  const toml::array* array = n->as_array();
+  if (!array) {
+    sink.fail(config_errc::wrong_type, at(n->source()), g.path("tier_bounds"), "expected an array of integers, got " + type_name(*n));
+    return;
+  }
+  std::vector<int64_t> bounds;
+  for (const toml::node& e : *array) {
+    const toml::value<int64_t>* v = e.as_integer();
+    if (!v || v->get() < 1 || (!bounds.empty() && v->get() <= bounds.back())) {
+      sink.fail(config_errc::bad_value, at(e.source()), g.path("tier_bounds"),
+                "expected ascending positive integers (prompt tokens)");
+      return;
+    }
+    bounds.push_back(v->get());
+  }
+  c.tier_bounds = std::move(bounds);
+}
+
 std::optional<role> role_named(std::string_view name) {
   for (role r : {role::gateway, role::engine, role::storage, role::directory})
     if (name == to_string(r)) return r;
@@ -414,6 +452,7 @@ void read_sections(error_sink& sink, const sections& f, const fs::path& base, no
   if (auto ms = read_integer(sink, f.engine, "swa_timeout_ms", 1, hour_ms)) c.swa_timeout_ms = *ms;
   c.http_listen = read_host_port(sink, f.gateway, "listen", true);
   c.auth_token_file = read_path(sink, f.gateway, "auth_token_file", base);
+  read_balancers(sink, f.gateway, base, c);
   for (const auto& [text, pos] : read_string_array(sink, f.cluster, "seeds")) {
     std::expected<host_port, std::string> a = parse_host_port(text, false);
     if (a) c.seeds.push_back(*a);

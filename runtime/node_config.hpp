@@ -58,6 +58,12 @@ struct node_config {
   // [gateway] (required with the gateway role, rejected without it)
   std::optional<host_port> http_listen;                 // set iff the node has the gateway role
   std::optional<std::filesystem::path> auth_token_file;  // bearer tokens; nullopt = no auth
+  // The gateway's balancers (runtime/prefill_balancer.hpp, runtime/decode_placement.hpp).
+  std::string prefill_policy = "tiered";         // tiered, untiered, round_robin, least_requests, cache_aware, dynamo
+  std::string decode_policy = "decode_balancer";  // decode_balancer, least_loaded, least_kv, round_robin
+  int64_t balancer_round_ms = 10'000;            // prefill tiers are reassigned this often
+  std::vector<int64_t> tier_bounds = {16 * 1024, 64 * 1024, 256 * 1024};  // prompt tokens, ascending
+  std::optional<std::filesystem::path> balancer_cost_model;  // fitted prefill cost model (default: 1 per token)
 
   // [storage] (only with the storage role; dir required there)
   std::optional<std::filesystem::path> storage_dir;  // chunk stores: DIR/<i> for node i

@@ -75,9 +75,10 @@ std::map<int64_t, int32_t> prefill_balancer::assign_tiers(std::span<const double
   return out;
 }
 
-void prefill_balancer::add_engine(int64_t engine, cost_model cost) {
+void prefill_balancer::add_engine(int64_t engine, cost_model cost, int64_t group) {
   engine_state s;
   s.cost = cost;
+  s.group = group;
   engines_[engine] = std::move(s);
 }
 
@@ -93,6 +94,14 @@ std::vector<request_id> prefill_balancer::remove_engine(int64_t engine) {
   }
   engines_.erase(engine);
   return out;
+}
+
+int64_t prefill_balancer::group_tokens(int64_t group, int64_t engine) const {
+  if (group < 0) return engines_.at(engine).in_flight_tokens;
+  int64_t sum = 0;
+  for (const auto& [id, e] : engines_)
+    if (e.group == group) sum += e.in_flight_tokens;
+  return sum;
 }
 
 int64_t prefill_balancer::cached_tokens(const prefill_request& r, int64_t engine) const {
@@ -135,47 +144,53 @@ void prefill_balancer::maybe_end_round(double now_s) {
   round_start_s_ = now_s;
 }
 
-std::optional<int64_t> prefill_balancer::choose(const prefill_request& r, double now_s) {
-  if (engines_.empty()) return std::nullopt;
+std::optional<int64_t> prefill_balancer::choose(const prefill_request& r, double now_s,
+                                                std::span<const int64_t> exclude) {
+  std::vector<std::pair<int64_t, const engine_state*>> cand;  // id order
+  for (const auto& [id, e] : engines_)
+    if (std::find(exclude.begin(), exclude.end(), id) == exclude.end()) cand.emplace_back(id, &e);
+  if (cand.empty()) return std::nullopt;
   const int64_t n = r.prompt_tokens;
   switch (config_.policy) {
     case prefill_policy::round_robin: {
-      auto it = engines_.begin();
-      std::advance(it, static_cast<std::ptrdiff_t>(next_rr_++ % engines_.size()));
+      // The next engine in id order after the last one chosen (cyclically).
+      auto it = std::upper_bound(cand.begin(), cand.end(), last_rr_, [](int64_t v, const auto& c) { return v < c.first; });
+      if (it == cand.end()) it = cand.begin();
+      last_rr_ = it->first;
       return it->first;
     }
     case prefill_policy::least_requests: {
-      auto best = std::min_element(engines_.begin(), engines_.end(), [](const auto& a, const auto& b) {
-        return a.second.in_flight < b.second.in_flight;  // first of equals: the lowest id
+      auto best = std::min_element(cand.begin(), cand.end(), [](const auto& a, const auto& b) {
+        return a.second->in_flight < b.second->in_flight;  // first of equals: the lowest id
       });
       return best->first;
     }
     case prefill_policy::cache_aware: {
       int64_t lo = INT64_MAX, hi = 0;
-      for (const auto& [id, e] : engines_) lo = std::min(lo, e.in_flight), hi = std::max(hi, e.in_flight);
+      for (const auto& [id, e] : cand) lo = std::min(lo, e->in_flight), hi = std::max(hi, e->in_flight);
       if (hi - lo > config_.balance_abs && static_cast<double>(hi) > config_.balance_rel * static_cast<double>(lo)) {
-        for (const auto& [id, e] : engines_)
-          if (e.in_flight == lo) return id;
+        for (const auto& [id, e] : cand)
+          if (e->in_flight == lo) return id;
       }
-      int64_t best = -1, best_hit = -1;
-      for (const auto& [id, e] : engines_) {
+      int64_t best = -1, best_hit = -1, best_load = 0;
+      for (const auto& [id, e] : cand) {
         const int64_t h = cached_tokens(r, id);
-        if (h > best_hit || (h == best_hit && e.in_flight < engines_.at(best).in_flight)) best = id, best_hit = h;
+        if (h > best_hit || (h == best_hit && e->in_flight < best_load)) best = id, best_hit = h, best_load = e->in_flight;
       }
       if (n > 0 && static_cast<double>(best_hit) / static_cast<double>(n) > config_.cache_threshold) return best;
-      auto smallest = std::min_element(engines_.begin(), engines_.end(), [](const auto& a, const auto& b) {
-        return a.second.lru.size() < b.second.lru.size();
+      auto smallest = std::min_element(cand.begin(), cand.end(), [](const auto& a, const auto& b) {
+        return a.second->lru.size() < b.second->lru.size();
       });
       return smallest->first;
     }
     case prefill_policy::dynamo: {
       int64_t best = -1;
       double best_cost = 0;
-      for (const auto& [id, e] : engines_) {
+      for (const auto& [id, e] : cand) {
         const double overlap = static_cast<double>(cached_tokens(r, id));
-        const double blocks = std::ceil(static_cast<double>(e.in_flight_tokens) / static_cast<double>(config_.block_size));
+        const double blocks = std::ceil(static_cast<double>(e->in_flight_tokens) / static_cast<double>(config_.block_size));
         const double cost = config_.prefill_load_scale *
-                              std::max(static_cast<double>(e.in_flight_tokens + n) - overlap, 0.0) + blocks;
+                              std::max(static_cast<double>(e->in_flight_tokens + n) - overlap, 0.0) + blocks;
         if (best < 0 || cost < best_cost) best = id, best_cost = cost;
       }
       return best;
@@ -184,15 +199,17 @@ std::optional<int64_t> prefill_balancer::choose(const prefill_request& r, double
     case prefill_policy::untiered: {
       const int32_t tier = config_.policy == prefill_policy::tiered ? tier_of(n) : -1;
       bool any = false;
-      for (const auto& [id, e] : engines_) any = any || tier < 0 || e.tier < 0 || e.tier == tier;
-      int64_t best = -1, best_hit = 0;
+      for (const auto& [id, e] : cand) any = any || tier < 0 || e->tier < 0 || e->tier == tier;
+      int64_t best = -1, best_hit = 0, best_group = 0;
       double best_finish = 0;
-      for (const auto& [id, e] : engines_) {
-        if (any && tier >= 0 && e.tier >= 0 && e.tier != tier) continue;
+      for (const auto& [id, e] : cand) {
+        if (any && tier >= 0 && e->tier >= 0 && e->tier != tier) continue;
         const int64_t h = cached_tokens(r, id);
-        const double finish = std::max(now_s, e.busy_until_s) + e.cost.predict(n - h, h);
-        if (best < 0 || finish < best_finish || (finish == best_finish && h > best_hit))  // then the longer hit
-          best = id, best_finish = finish, best_hit = h;
+        const double finish = std::max(now_s, e->busy_until_s) + e->cost.predict(n - h, h);
+        if (best >= 0 && (finish > best_finish || (finish == best_finish && h < best_hit))) continue;
+        const int64_t g = group_tokens(e->group, id);
+        if (best >= 0 && finish == best_finish && h == best_hit && g >= best_group) continue;  // then the quieter group
+        best = id, best_finish = finish, best_hit = h, best_group = g;
       }
       return best;
     }
@@ -200,9 +217,11 @@ std::optional<int64_t> prefill_balancer::choose(const prefill_request& r, double
   return std::nullopt;
 }
 
-std::optional<int64_t> prefill_balancer::place(const prefill_request& r, double now_s) {
+std::optional<int64_t> prefill_balancer::place(const prefill_request& r, double now_s,
+                                               std::span<const int64_t> exclude) {
   maybe_end_round(now_s);
-  auto chosen = choose(r, now_s);
+  done(r.id, now_s);  // placed again (its engine failed it): the old placement ends
+  auto chosen = choose(r, now_s, exclude);
   if (!chosen) return std::nullopt;
   engine_state& e = engines_.at(*chosen);
   const double t = predicted_s(r, *chosen);

@@ -16,7 +16,9 @@
 // and h_e the leading prompt tokens already cached at e (the prefix index: the block keys of
 // the prompts placed there, at most `index_blocks` per engine, least recently placed
 // forgotten first). Prefix locality is thus worth exactly the compute it saves; no separate
-// bonus weight. Ties: the longer cached prefix, then the lower engine id.
+// bonus weight. Ties: the longer cached prefix, then the fewest prompt tokens in flight in the
+// engine's expert-parallel group (its lockstep steps are as long as its busiest rank's), then
+// the lower engine id.
 //
 // Baselines behind the same class (`policy`), for comparisons in one run:
 // - round_robin: engines in id order, cyclically;
@@ -84,12 +86,16 @@ class prefill_balancer {
  public:
   explicit prefill_balancer(prefill_balancer_config config = {});
 
-  void add_engine(int64_t engine, cost_model cost);
+  // `group`: the expert-parallel group the engine steps in lockstep with (−1: its own). A
+  // group's step lasts as long as its busiest rank's, so among engines that finish equally
+  // early the one whose group has the fewest prompt tokens in flight is chosen.
+  void add_engine(int64_t engine, cost_model cost, int64_t group = -1);
   // The engine is gone (down) or draining: it gets nothing more; returns the requests placed
   // there and not reported done, in placement order, for the caller to place again.
   std::vector<request_id> remove_engine(int64_t engine);
-  // The engine for `r` at time `now_s` (nullopt: no engine); recorded as in flight there.
-  std::optional<int64_t> place(const prefill_request& r, double now_s);
+  // The engine for `r` at time `now_s`, never one of `exclude` (nullopt: no engine left);
+  // recorded as in flight there (a request placed again leaves its old engine first).
+  std::optional<int64_t> place(const prefill_request& r, double now_s, std::span<const int64_t> exclude = {});
   // r's prefill ended (handed off, finished or failed) at `now_s`.
   void done(request_id id, double now_s);
 
@@ -109,6 +115,7 @@ class prefill_balancer {
   struct engine_state {
     cost_model cost;
     int32_t tier = -1;
+    int64_t group = -1;
     double busy_until_s = 0;
     int64_t in_flight_tokens = 0;
     int64_t in_flight = 0;
@@ -122,14 +129,15 @@ class prefill_balancer {
   };
   void maybe_end_round(double now_s);
   void remember(engine_state& e, const std::vector<block_key>& keys);
-  std::optional<int64_t> choose(const prefill_request& r, double now_s);
+  std::optional<int64_t> choose(const prefill_request& r, double now_s, std::span<const int64_t> exclude);
 
   prefill_balancer_config config_;
+  int64_t group_tokens(int64_t group, int64_t engine) const;
   std::map<int64_t, engine_state> engines_;  // by id: iteration in id order
   std::unordered_map<int64_t, placed> in_flight_;  // request id → where
   std::vector<double> demand_;               // this round's predicted seconds per tier
   double round_start_s_ = -1;
-  size_t next_rr_ = 0;
+  int64_t last_rr_ = -1;  // round robin: the engine chosen last
   uint64_t order_ = 0;
 };
 

@@ -69,6 +69,11 @@ void scheduler::add_importing(request* r) {
   importing_.push_back(r);
 }
 
+void scheduler::add_running(request* r) {
+  r->status = request_status::running;
+  running_.push_back(r);
+}
+
 // Imported requests run from where the prefill engine stopped; failed ones recompute first.
 void scheduler::collect_imports() {
   for (auto [r, ok] : caches_.poll_imports()) {

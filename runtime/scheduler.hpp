@@ -50,6 +50,9 @@ class scheduler {
   // Handoff, decode side: r's cache is being read (cache_manager::start_import); it runs as
   // soon as the reads end intact, else it recomputes from its tokens.
   void add_importing(request* r);
+  // Handoff, decode side, when the cache is already in place (cache_manager::adopt): r runs
+  // from its next token at once.
+  void add_running(request* r);
   // Handoff, prefill side: r leaves the running set with its caches kept (handing_off) /
   // comes back to it when no decode engine took it.
   void detach(request* r);

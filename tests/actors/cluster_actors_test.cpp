@@ -1,5 +1,5 @@
-// Cluster actors: the plain state behind the node agent (membership_table), the router
-// (router_policy) and expert parallelism (ep_group_of, caf_ep_transport) tested
+// Cluster actors: the plain state behind the node agent (membership_table), the balancers
+// (prefill_routing, decode_routing) and expert parallelism (ep_group_of, caf_ep_transport) tested
 // directly, then node agents and expert-parallel engines in two actor systems of this process
 // connected over loopback, as two shoald processes would be. Every wait is bounded.
 #include <doctest/doctest.h>
@@ -29,7 +29,7 @@
 #include "actors/interfaces.hpp"
 #include "actors/node_agent_actor.hpp"
 #include "actors/rank_actor.hpp"
-#include "actors/router_actor.hpp"
+#include "actors/balancer_actors.hpp"
 #include "tests/support/tiny_models.hpp"
 
 using namespace shoal;
@@ -90,7 +90,7 @@ struct handles {
 node_info make_node(std::string name, strings roles, caf::actor agent, std::vector<rank_info> ranks = {},
                     bool draining = false) {
   return {std::move(name), "127.0.0.1", 0, std::move(roles), std::move(agent), std::move(ranks), {}, draining, {},
-          "both", {}, {}};
+          "both", {}, {}, {}};
 }
 
 strings names_of(const membership& m) {
@@ -161,9 +161,9 @@ TEST_CASE("membership_table: remove_agent ignores unknown agents and never self,
   CHECK(t.view().version == 6);
 }
 
-// -- router_policy --------------------------------------------------------------------------
+// -- balancers ---------------------------------------------------------------------------
 
-TEST_CASE("router_policy: non-draining engine nodes only, least in flight first, ties to the first") {
+TEST_CASE("prefill_routing: non-draining entry engines only, the policy's choice, placements end by id") {
   handles e(6);
   // Which of e[] an answer is (-1: none).
   auto which = [&](const std::optional<caf::actor>& x) {
@@ -179,41 +179,58 @@ TEST_CASE("router_policy: non-draining engine nodes only, least in flight first,
     make_node("c", {"engine"}, {}, {{0, e[3], {}}}, /*draining=*/true),
     make_node("d", {"gateway", "engine"}, {}, {{0, e[4], {}}}),
   };
-  actors::router_policy p;
-  CHECK(which(p.pick({})) == -1);  // nothing known yet
-  p.update(m);
+  runtime::prefill_balancer_config cfg;
+  cfg.policy = runtime::prefill_policy::least_requests;
+  actors::prefill_routing p(cfg, runtime::cost_model(0, 1, 0, 0));
+  const std::vector<int32_t> prompt(100, 7);
+  int64_t next = 1;
+  auto route = [&](std::vector<caf::actor> exclude = {}) { return which(p.route(request_id{next++}, prompt, exclude, 0)); };
+  CHECK(route() == -1);  // nothing known yet
+  p.update(m, 0);
   CHECK(p.engines() == 3);
 
   using actor_list = std::vector<caf::actor>;
-  CHECK(which(p.pick({})) == 1);  // in flight: e1 1, e2 0, e4 0
-  CHECK(which(p.pick({})) == 2);  // 1 1 0
-  CHECK(which(p.pick({})) == 4);  // 1 1 1
-  CHECK(which(p.pick({})) == 1);  // ties to the first: 2 1 1
-  p.done(e[1]);                   // 1 1 1
-  CHECK(which(p.pick({})) == 1);  // 2 1 1
-  CHECK(which(p.pick(actor_list{e[1]})) == 2);  // e1 excluded, e2 and e4 tie: 2 2 1
-  CHECK(which(p.pick({})) == 4);  // 2 2 2
-  for (int i = 0; i < 4; ++i) p.done(e[4]);  // never below zero: 2 2 0
-  p.done(e[5]);                              // unknown: ignored
-  CHECK(which(p.pick({})) == 4);  // 2 2 1
-  CHECK(which(p.pick({})) == 4);  // 2 2 2
-  CHECK(which(p.pick({})) == 1);  // 3 2 2
-  CHECK(which(p.pick(actor_list{e[1], e[2], e[4]})) == -1);  // everything excluded
-  CHECK(which(p.pick(actor_list{e[1], e[2]})) == 4);          // 3 2 3
+  CHECK(route() == 1);  // request 2; in flight: e1 1, e2 0, e4 0
+  CHECK(route() == 2);  // 3: 1 1 0
+  CHECK(route() == 4);  // 4: 1 1 1
+  CHECK(route() == 1);  // 5, ties to the first (membership order): 2 1 1
+  p.done(request_id{2}, 0);  // 1 1 1
+  CHECK(route() == 1);       // 6: 2 1 1
+  CHECK(route(actor_list{e[1]}) == 2);  // 7, e1 excluded, e2 and e4 tie: 2 2 1
+  CHECK(route() == 4);  // 8: 2 2 2
+  p.done(request_id{4}, 0);
+  p.done(request_id{8}, 0);
+  p.done(request_id{8}, 0);   // twice: ignored
+  p.done(request_id{99}, 0);  // unknown: ignored
+  CHECK(route() == 4);  // 9: 2 2 1
+  CHECK(route() == 4);  // 10: 2 2 2
+  CHECK(route() == 1);  // 11: 3 2 2
+  CHECK(route(actor_list{e[1], e[2], e[4]}) == -1);  // everything excluded
+  CHECK(route(actor_list{e[1], e[2]}) == 4);          // 13: 3 2 3
+  // Placing a request again ends its old placement: 13 moves from e4 to e2.
+  CHECK(which(p.route(request_id{13}, prompt, actor_list{e[4], e[1]}, 0)) == 2);  // 3 3 2
 
-  p.update(m);  // a new view of the same engines keeps their counts
-  CHECK(which(p.pick({})) == 2);  // 3 3 3
+  p.update(m, 0);  // a new view of the same engines keeps their counts
+  CHECK(route() == 4);  // 3 3 3
+  actors::balancer_report r = p.report(0);
+  CHECK(r.kind == "prefill");
+  CHECK(r.policy == "least_requests");
+  REQUIRE(r.engines.size() == 3);
+  CHECK(r.engines[0].engine == "b/0");
+  CHECK(r.engines[0].in_flight == 3);
+  CHECK(r.engines[2].engine == "d/0");
+  CHECK(r.tier_placements[0] == 13);  // every placement so far, all in the first tier
 
   m.nodes[3].draining = true;
-  p.update(m);
+  p.update(m, 0);
   CHECK(p.engines() == 2);
-  CHECK(which(p.pick(actor_list{e[1], e[2]})) == -1);
-  p.update(membership{});
+  CHECK(route(actor_list{e[1], e[2]}) == -1);
+  p.update(membership{}, 0);
   CHECK(p.engines() == 0);
-  CHECK(which(p.pick({})) == -1);
+  CHECK(route() == -1);
 }
 
-TEST_CASE("router_policy: requests enter at prefill engines, handoffs go to decode engines with room") {
+TEST_CASE("balancers: requests enter at prefill engines, handoffs go to decode engines with room") {
   handles e(5);
   auto which = [&](const std::optional<caf::actor>& x) {
     if (!x) return -1;
@@ -227,37 +244,49 @@ TEST_CASE("router_policy: requests enter at prefill engines, handoffs go to deco
   m.nodes[0].engine_role = "prefill";
   m.nodes[1].engine_role = "decode";
   m.nodes[2].engine_role = "decode";
-  actors::router_policy p;
-  p.update(m);
+  actors::prefill_routing p({}, runtime::cost_model(0, 1, 0, 0));
+  actors::decode_routing d("decode_balancer");
+  p.update(m, 0);
+  d.update(m);
   using actor_list = std::vector<caf::actor>;
-  CHECK(which(p.pick({})) == 0);  // only the prefill engine takes new requests …
-  CHECK(which(p.pick({})) == 0);
-  CHECK(which(p.pick(actor_list{e[0]})) == 1);  // … unless it failed them: decode engines run whole requests
+  const std::vector<int32_t> prompt(100, 7);
+  CHECK(which(p.route(request_id{1}, prompt, {}, 0)) == 0);  // only the prefill engine takes new requests …
+  CHECK(which(p.route(request_id{2}, prompt, {}, 0)) == 0);
+  CHECK(which(p.route(request_id{3}, prompt, actor_list{e[0]}, 0)) == 1);  // … unless it failed them: decode engines, in turn
+  CHECK(which(p.route(request_id{4}, prompt, actor_list{e[0]}, 0)) == 2);
   // Handoffs: the decode balancer among decode engines with room (unknown free blocks: room;
   // unknown KV: empty).
   auto ask = [](int64_t blocks, int64_t context = 64) { return runtime::decode_ask{context, 0, blocks}; };
-  CHECK(which(p.pick_decode(ask(4), {})) == 2);  // in flight: d1 1, d2 0
-  CHECK(which(p.pick_decode(ask(4), {})) == 1);  // 1 1: ties to the first
-  p.observe(e[1], 3);                             // d1 has 3 free blocks: too few for 4
-  CHECK(which(p.pick_decode(ask(4), {})) == 2);
-  CHECK(which(p.pick_decode(ask(3), actor_list{e[2]})) == 1);  // d2 refused it; d1 fits 3
-  CHECK(which(p.pick_decode(ask(4), actor_list{e[2]})) == -1);  // no decode engine has room
-  // KV counts too: in flight d1 3, d2 2; d1 holds 40000 cache tokens, d2 1000: a long
+  auto route = [&](int64_t id, runtime::decode_ask a, actor_list refused = {}) { return which(d.route(request_id{id}, a, refused)); };
+  CHECK(route(101, ask(4)) == 1);  // both empty: ties to the first
+  CHECK(route(102, ask(4)) == 2);  // d1 has one
+  d.observe(e[1], 3, 64);          // d1 has 3 free blocks: too few for 4
+  CHECK(route(103, ask(4)) == 2);
+  CHECK(route(104, ask(3), actor_list{e[2]}) == 1);  // d2 refused it; d1 fits 3
+  CHECK(route(105, ask(4), actor_list{e[2]}) == -1);  // no decode engine has room
+  // KV counts too: in flight d1 2, d2 2; d1 holds 40000 cache tokens, d2 1000: a long
   // handoff goes to d2.
-  p.observe(e[1], 1000, 40000);
-  p.observe(e[2], 1000, 1000);
-  CHECK(which(p.pick_decode(ask(4, 20000), {})) == 2);
-  p.done(e[2]);
-  p.done(e[2]);  // d2 now 1 in flight, d1 3
-  p.observe(e[2], 1000, 30000);
-  p.observe(e[1], 1000, 500);
-  CHECK(which(p.pick_decode(ask(4, 8000), {})) == 1);  // long: the small cache, although busier
+  d.observe(e[1], 1000, 40000);
+  d.observe(e[2], 1000, 1000);
+  CHECK(route(106, ask(4, 20000)) == 2);
+  d.done(request_id{102});
+  d.done(request_id{103});  // d2 now 1 in flight, d1 2
+  d.observe(e[2], 1000, 30000);
+  d.observe(e[1], 1000, 500);
+  CHECK(route(107, ask(4, 8000)) == 1);  // long: the small cache, although busier
+  actors::balancer_report r = d.report();
+  CHECK(r.kind == "decode");
+  REQUIRE(r.engines.size() == 2);
+  CHECK(r.engines[0].in_flight == 3);
+  CHECK(r.engines[1].in_flight == 1);
+  CHECK(r.balance_now > 0);
+  CHECK(r.balance_now < 1);
   m.nodes[2].draining = true;
-  p.update(m);
-  CHECK(which(p.pick_decode(ask(1), {})) == 1);
-  CHECK(p.decode_engines().size() == 1);
-  p.update(membership{m.version, {m.nodes[0]}});
-  CHECK(which(p.pick_decode(ask(1), {})) == -1);  // no decode pool: the prefill engine decodes
+  d.update(m);
+  CHECK(route(108, ask(1)) == 1);
+  CHECK(d.decode_engines().size() == 1);
+  d.update(membership{m.version, {m.nodes[0]}});
+  CHECK(route(109, ask(1)) == -1);  // no decode pool: the prefill engine decodes
 }
 
 // -- ep_group_of ----------------------------------------------------------------------------------

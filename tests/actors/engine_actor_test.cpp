@@ -348,8 +348,9 @@ constexpr bool is_the_type_id_block() {
 static_assert(is_the_type_id_block<request_id, error_reply, actors::sampling_options, generation_request, token_event,
                                    engine_stats_snapshot, token_sink_actor, actors::engine_actor, actors::rank_info,
                                    actors::node_info, actors::membership, actors::ep_frame, actors::text_event,
-                                   actors::rank_actor, actors::node_agent_actor, actors::router_actor,
-                                   actors::gateway_actor, std::vector<std::string>, actors::chunk_put,
+                                   actors::rank_actor, actors::node_agent_actor, actors::prefill_balancer_actor,
+                                   actors::decode_balancer_actor, actors::balancer_engine_row, actors::balancer_report,
+                                   actors::gateway_actor, std::vector<std::string>, std::vector<int32_t>, actors::chunk_put,
                                    actors::chunk_query, actors::storage_stats_snapshot, actors::storage_node_actor,
                                    std::vector<uint8_t>, runtime::block_key, std::vector<runtime::block_key>,
                                    actors::handoff_offer, runtime::remote_memory, actors::swa_report, actors::swa_hit,
@@ -388,9 +389,9 @@ TEST_CASE("every type of the type-ID block round-trips through a remote actor") 
   actors::rank_info rank1{1, remote, {}};  // a remote engine, no rank actor (no expert parallelism)
   actors::node_info engine_node{"node-b", "127.0.0.1", 4711, {"engine", "storage"},
                                 caf::actor_cast<caf::actor>(self), {rank0, rank1}, {locals[2], remote}, true, {4100, 0},
-                                "prefill", locals[1], {}};
+                                "prefill", locals[1], {}, {}};
   actors::node_info gateway_node{"node-a", "::1", 0, {"gateway", "directory"}, locals[2], {}, {}, false, {}, "both",
-                                 {}, locals[0]};
+                                 {}, locals[0], {locals[1], locals[2]}};
   std::vector<uint8_t> mib(1 << 20);
   for (size_t i = 0; i < mib.size(); ++i) mib[i] = static_cast<uint8_t>(i * 131 + (i >> 12));
 
@@ -417,7 +418,8 @@ TEST_CASE("every type of the type-ID block round-trips through a remote actor") 
   round_trip(self, remote, actors::text_event{request_id(8), "", true, "error: rank 1 lost"});
   round_trip(self, remote, caf::actor_cast<actors::rank_actor>(locals[1]));
   round_trip(self, remote, caf::actor_cast<actors::node_agent_actor>(self));
-  round_trip(self, remote, caf::actor_cast<actors::router_actor>(locals[2]));
+  round_trip(self, remote, caf::actor_cast<actors::prefill_balancer_actor>(locals[2]));
+  round_trip(self, remote, caf::actor_cast<actors::decode_balancer_actor>(locals[2]));
   round_trip(self, remote, caf::actor_cast<actors::gateway_actor>(locals[0]));
   round_trip(self, remote, caf::actor_cast<actors::rank_actor>(remote));  // a proxy stays that proxy
   round_trip(self, remote, std::vector<std::string>{"id=1 tokens=3", "", "id=2 tokens=0"});
@@ -466,7 +468,7 @@ TEST_CASE("every message of the typed interfaces that crosses processes round-tr
   caf::actor other = f.client.spawn(echo);
   auto sink = caf::actor_cast<token_sink_actor>(self);
   generation_request req{request_id(5), {256, 9, 8}, greedy(3)};
-  actors::node_info node{"node-c", "10.0.0.3", 7000, {"engine"}, me, {{0, other, me}}, {}, false, {}, "both", {}, {}};
+  actors::node_info node{"node-c", "10.0.0.3", 7000, {"engine"}, me, {{0, other, me}}, {}, false, {}, "both", {}, {}, {}};
   actors::ep_frame frame{11, 3, 2, 0, 1, std::vector<uint8_t>(4096, 0x5a)};
 
   // engine_actor (replies: request_id, bool, engine_stats_snapshot)
@@ -500,12 +502,13 @@ TEST_CASE("every message of the typed interfaces that crosses processes round-tr
   round_trip(self, remote, subscribe_atom_v, other);
   round_trip(self, remote, actors::membership{3, {node}});
   round_trip(self, remote, std::string{"node-c listen=10.0.0.3:7000 roles=engine"});
-  // router_actor (replies: caf::actor)
-  round_trip(self, remote, route_atom_v, std::vector<caf::actor>{other, remote});
-  round_trip(self, remote, route_atom_v, std::vector<caf::actor>{});
-  round_trip(self, remote, route_atom_v, decode_atom_v, int64_t{6}, int64_t{90}, int64_t{16},
+  // prefill_balancer_actor, decode_balancer_actor (replies: caf::actor, balancer_report)
+  round_trip(self, remote, route_atom_v, request_id(3), std::vector<int32_t>{1, 2, 3}, std::vector<caf::actor>{other, remote});
+  round_trip(self, remote, route_atom_v, request_id(3), std::vector<int32_t>{}, std::vector<caf::actor>{});
+  round_trip(self, remote, route_atom_v, decode_atom_v, request_id(3), int64_t{6}, int64_t{90}, int64_t{16},
              std::vector<caf::actor>{other});
-  round_trip(self, remote, done_atom_v, other);
+  round_trip(self, remote, done_atom_v, request_id(3));
+  round_trip(self, remote, actors::balancer_report{"prefill", "tiered", {{"n/0", 1, 2, 300, 0.5, 7}}, {16384}, {4, 1}, 0.9, 0.8});
   round_trip(self, remote, remote);
   // gateway_actor (replies: vector<string>, bool, string, int64_t, request_id)
   round_trip(self, remote, describe_atom_v);

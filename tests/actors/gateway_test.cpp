@@ -1,5 +1,5 @@
 // The gateway end to end: an in-process cluster (detached engines over a tiny checkpoint written
-// to a temp dir, a router fed a hand-made membership, the gateway on a loopback port) driven
+// to a temp dir, balancers fed a hand-made membership, the gateway on a loopback port) driven
 // over real HTTP with http_call. Bad input gets its exact OpenAI error and leaves the gateway
 // serving; good requests stream the same greedy tokens as a plain runtime::engine; a client
 // leaving cancels its generation; an engine killed mid-stream is replaced without a visible
@@ -34,7 +34,7 @@
 #include "actors/gateway_actor.hpp"
 #include "actors/http_client.hpp"
 #include "actors/interfaces.hpp"
-#include "actors/router_actor.hpp"
+#include "actors/balancer_actors.hpp"
 #include "model/generate.hpp"
 #include "runtime/chat_template.hpp"
 #include "runtime/engine_setup.hpp"
@@ -137,13 +137,13 @@ struct system_config : caf::actor_system_config {
   }
 };
 
-// Engines, a router and gateways in one actor system (the normal scheduler: the gateway's
+// Engines, the balancers and gateways in one actor system (the normal scheduler: the gateway's
 // connection threads and the detached engines run for real).
 struct cluster {
   system_config cfg;
   caf::actor_system sys{cfg};
   std::vector<actors::engine_actor> engines;
-  actors::router_actor router = actors::spawn_router(sys);
+  actors::balancers bal = actors::spawn_balancers(sys, {});
   std::vector<actors::gateway_start> gateways;
   uint64_t version = 0;
 
@@ -163,11 +163,12 @@ struct cluster {
       while (in_flight(g) != 0 && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(5ms);
       caf::anon_send_exit(g.actor, caf::exit_reason::user_shutdown);
     }
-    caf::anon_send_exit(router, caf::exit_reason::user_shutdown);
+    caf::anon_send_exit(bal.prefill, caf::exit_reason::user_shutdown);
+    caf::anon_send_exit(bal.decode, caf::exit_reason::user_shutdown);
     for (auto& e : engines) caf::anon_send_exit(e, caf::exit_reason::user_shutdown);
   }
 
-  // The router's membership: one engine node whose ranks are engines[idx...].
+  // The balancers' membership: one engine node whose ranks are engines[idx...].
   void route_to(const std::vector<size_t>& idx) {
     actors::node_info n;
     n.name = "engines";
@@ -177,7 +178,8 @@ struct cluster {
     actors::membership m;
     m.version = ++version;
     m.nodes.push_back(std::move(n));
-    caf::anon_send(router, std::move(m));
+    caf::anon_send(bal.prefill, m);
+    caf::anon_send(bal.decode, std::move(m));
   }
 
   static actors::gateway_config default_gateway() {
@@ -192,7 +194,7 @@ struct cluster {
   }
 
   uint16_t start_gateway(actors::gateway_config g = default_gateway()) {
-    auto started = actors::spawn_gateway(sys, router, tiny_checkpoint().model.tokenizer, std::move(g));
+    auto started = actors::spawn_gateway(sys, bal, tiny_checkpoint().model.tokenizer, std::move(g));
     REQUIRE_MESSAGE(started, (started ? "" : started.error()));
     gateways.push_back(*started);
     return started->port;

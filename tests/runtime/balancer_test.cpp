@@ -199,7 +199,7 @@ TEST_CASE("decode balancer: short requests to few-request engines with long cach
   CHECK(*p.choose(short_req, es, {}) == 1);
   CHECK(*p.choose(long_req, es, {}) == 0);
   // The score by hand for the short one: R̄ = 6.5, K̄ = 10550.
-  CHECK(decode_balancer::score(es[0], 100, 6.5, 10550) == doctest::Approx(21 / 42.25 + 210000 / (10550.0 * 10550)));
+  CHECK(decode_balancer::score(es[0], 100, 1 / 6.5, 1 / 10550.0) == doctest::Approx(21 / 42.25 + 210000 / (10550.0 * 10550)));
   // Ties: equal engines → the lower id; refused, draining or full engines are skipped.
   std::vector<decode_candidate> same = {{3, 1, 100, 10, false}, {4, 1, 100, 10, false}, {5, 0, 0, 0, false}};
   CHECK(*p.choose(short_req, same, {}) == 3);

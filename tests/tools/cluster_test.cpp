@@ -125,7 +125,7 @@ TEST_CASE("3-process cluster: completions and chat, streamed and not, equal the 
   const std::string first_prompt = "The quick brown fox";
   const int32_t n = 12;
 
-  // Every rank of the group stepped (lockstep), whichever engines the router chose.
+  // Every rank of the group stepped (lockstep), whichever engines the prefill balancer chose.
   std::string out;
   std::string at = "--connect=127.0.0.1:" + std::to_string(c.gateway_port);
   int rc = c.shoal({"shell", at, "-c",
@@ -135,7 +135,7 @@ TEST_CASE("3-process cluster: completions and chat, streamed and not, equal the 
   CHECK_MESSAGE(rc == 0, out);
   CHECK(out.find("engine-a         127.0.0.1:" + std::to_string(c.engine_a_port)) != std::string::npos);
   CHECK(out.find("engine-b/rank1  (engine + expert-parallel rank)") != std::string::npos);
-  CHECK(out.find("gateway/gateway  (gateway + router)") != std::string::npos);
+  CHECK(out.find("gateway/gateway  (gateway + balancers)") != std::string::npos);
   CHECK(out.find("rank1: running=0 steps=") != std::string::npos);
   CHECK(out.find("steps=0 ") == std::string::npos);
   CHECK(out.find("0 request(s) in flight") != std::string::npos);

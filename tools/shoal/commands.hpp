@@ -21,6 +21,7 @@ void add_transport_bench(CLI::App& bench);  // bench transport
 void add_disagg_bench(CLI::App& bench);     // bench disagg
 void add_swa_bench(CLI::App& bench);        // bench swa
 void add_cluster_commands(CLI::App& app);   // up, down
+void add_sim_command(CLI::App& app);        // sim
 int exit_code();
 void set_exit_code(int code);
 

@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
   shoal::tools::add_bench_commands(app);
   shoal::tools::add_shell_command(app);
   shoal::tools::add_cluster_commands(app);
+  shoal::tools::add_sim_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

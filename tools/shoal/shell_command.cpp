@@ -45,7 +45,7 @@ struct shell_config : caf::actor_system_config {
 };
 
 const std::vector<std::string> command_names = {"nodes", "actors", "stats", "requests", "submit", "drain",
-                                                "kill", "storage", "corrupt", "swa", "help", "quit"};
+                                                "kill", "storage", "corrupt", "swa", "balancers", "help", "quit"};
 
 const char* help_text =
   "nodes                     the cluster's nodes (name, address, roles, ranks, state)\n"
@@ -60,6 +60,9 @@ const char* help_text =
   "                          flips a byte of that chunk's file (tests; key words in hex)\n"
   "swa                       the SWA-cache tier: directory size, slots per store, engines'\n"
   "                          restores / replays / fetches, fetch latency p50/p99\n"
+  "balancers                 the gateways' prefill and decode balancers: policy, tiers and\n"
+  "                          their engines, per engine requests, KV tokens, predicted finish,\n"
+  "                          placements; the decode balance ratio now and over the last minute\n"
   "help                      this text\n"
   "quit                      leaves the shell\n";
 
@@ -93,6 +96,7 @@ class shell {
   bool cmd_kill(const std::string& target);
   bool cmd_storage();
   bool cmd_swa();
+  bool cmd_balancers();
   bool cmd_corrupt(const std::string& args);
   // The storage node actor named "<node>/storage<i>", or a printed error.
   std::optional<actors::storage_node_actor> storage_node(const std::string& name);
@@ -173,7 +177,7 @@ bool shell::cmd_actors(const std::string& which) {
     if (!which.empty() && n.name != which) continue;
     fmt::print("{}  (node agent)\n", n.name);
     for (const auto& role : n.roles)
-      if (role == "gateway") fmt::print("{}/gateway  (gateway + router)\n", n.name);
+      if (role == "gateway") fmt::print("{}/gateway  (gateway + balancers)\n", n.name);
     for (const auto& r : n.ranks)
       fmt::print("{}/rank{}  (engine{})\n", n.name, r.index, r.rank ? " + expert-parallel rank" : "");
     for (size_t i = 0; i < n.storage.size(); ++i) fmt::print("{}/storage{}  (storage node)\n", n.name, i);
@@ -288,6 +292,40 @@ bool shell::cmd_storage() {
   return true;
 }
 
+bool shell::cmd_balancers() {
+  auto m = members();
+  if (!m) return false;
+  bool any = false;
+  for (const auto& n : m->nodes)
+    for (const caf::actor& b : n.balancers) {
+      auto r = ask<actors::balancer_report>(caf::actor_cast<actors::prefill_balancer_actor>(b), stats_atom_v);
+      if (!r) return false;
+      any = true;
+      if (r->kind == "prefill") {
+        std::string tiers;
+        for (size_t t = 0; t < r->tier_placements.size(); ++t) {
+          const std::string lo = t == 0 ? "0" : std::to_string(r->tier_bounds[t - 1]);
+          const std::string hi = t < r->tier_bounds.size() ? std::to_string(r->tier_bounds[t]) : "inf";
+          tiers += fmt::format("{}[{}, {}): {} placed", t ? "; " : "", lo, hi, r->tier_placements[t]);
+        }
+        fmt::print("{}/prefill_balancer: policy={} tiers {}\n", n.name, r->policy, tiers);
+      } else {
+        fmt::print("{}/decode_balancer: policy={} balance_ratio now={:.3f} last_minute={:.3f}\n", n.name, r->policy,
+                   r->balance_now, r->balance_window);
+      }
+      for (const auto& e : r->engines) {
+        if (r->kind == "prefill")
+          fmt::print("  {}: tier={} requests={} prompt_tokens={} predicted_finish_s={:.3f} placed={}\n", e.engine,
+                     e.tier < 0 ? std::string("all") : std::to_string(e.tier), e.in_flight, e.kv_tokens,
+                     e.predicted_finish_s, e.placed);
+        else
+          fmt::print("  {}: requests={} kv_tokens={} placed={}\n", e.engine, e.in_flight, e.kv_tokens, e.placed);
+      }
+    }
+  if (!any) fmt::print("no balancers in the cluster (they run on gateway nodes)\n");
+  return true;
+}
+
 bool shell::cmd_swa() {
   auto m = members();
   if (!m) return false;
@@ -359,6 +397,7 @@ bool shell::run(const std::string& raw) {
   if (cmd == "kill") return cmd_kill(arg);
   if (cmd == "storage") return cmd_storage();
   if (cmd == "swa") return cmd_swa();
+  if (cmd == "balancers") return cmd_balancers();
   if (cmd == "corrupt") return cmd_corrupt(arg);
   if (cmd == "help") {
     fmt::print("{}", help_text);

@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include <fmt/ranges.h>
 #include <caf/actor_system.hpp>
 #include <caf/actor_system_config.hpp>
 #include <caf/exit_reason.hpp>
@@ -29,7 +30,7 @@
 #include "actors/swa_tier.hpp"
 #include "actors/node_agent_actor.hpp"
 #include "actors/rank_actor.hpp"
-#include "actors/router_actor.hpp"
+#include "actors/balancer_actors.hpp"
 #include "actors/storage_node_actor.hpp"
 #include "model/config.hpp"
 #include "runtime/engine_setup.hpp"
@@ -53,7 +54,7 @@ struct node_parts {
   std::shared_ptr<actors::kv_block_store> kv;       // engine.kv_storage: the ranks' remote tier
   caf::actor kv_watcher;                            // feeds it the storage nodes
   std::optional<actors::gateway_actor> gateway;
-  std::optional<actors::router_actor> router;
+  std::optional<actors::balancers> balancers;
   std::shared_ptr<actors::swa_fetcher> swa_fetcher;    // shoal_flash: other machines' SWA slots
   std::optional<actors::swa_store_actor> swa_store;    // this machine's
   std::optional<actors::swa_directory_actor> swa_directory;  // directory role
@@ -162,6 +163,19 @@ void scrape(caf::actor_system& sys, const node_parts& parts, node_metrics_server
     m.storage_gets.advance_to(static_cast<double>(st->gets), a);
     m.storage_gc_evicted.advance_to(static_cast<double>(st->evicted_chunks), a);
     m.storage_ttl_expired.advance_to(static_cast<double>(st->expired_chunks), a);
+  }
+  if (parts.balancers) {
+    const auto& m = s.m;
+    if (auto r = ask<actors::prefill_balancer_actor, actors::balancer_report>(sys, parts.balancers->prefill, 2s, stats_atom_v)) {
+      for (const auto& e : r->engines) m.prefill_placements.advance_to(static_cast<double>(e.placed), e.engine);
+      for (size_t t = 0; t < r->tier_placements.size(); ++t)
+        m.prefill_tier_placements.advance_to(static_cast<double>(r->tier_placements[t]), std::to_string(t));
+    }
+    if (auto r = ask<actors::decode_balancer_actor, actors::balancer_report>(sys, parts.balancers->decode, 2s, stats_atom_v)) {
+      for (const auto& e : r->engines) m.decode_placements.advance_to(static_cast<double>(e.placed), e.engine);
+      m.decode_balance.set(r->balance_now, "now");
+      m.decode_balance.set(r->balance_window, "minute");
+    }
   }
 }
 
@@ -305,7 +319,7 @@ int run_node(const runtime::node_config& cfg, logger& log) {
   system_config sys_cfg(cfg);
   caf::actor_system sys{sys_cfg};
   node_parts parts;
-  actors::node_info me{cfg.name, cfg.listen.host, cfg.listen.port, role_names(cfg), {}, {}, {}, false, {}, "both", {}, {}};
+  actors::node_info me{cfg.name, cfg.listen.host, cfg.listen.port, role_names(cfg), {}, {}, {}, false, {}, "both", {}, {}, {}};
 
   if (cfg.has_role(runtime::role::engine)) {
     runtime::engine_config ecfg = engine_config_for(weights->config, static_cast<double>(cfg.cache_mib));
@@ -443,7 +457,29 @@ int run_node(const runtime::node_config& cfg, logger& log) {
     log.info("SWA directory: rebuilt from the stores' reports as they arrive");
   }
   if (cfg.has_role(runtime::role::gateway)) {
-    parts.router = actors::spawn_router(sys);
+    actors::balancer_options bo;
+    auto pp = runtime::prefill_policy_named(cfg.prefill_policy);  // validated by the config parser
+    bo.prefill.policy = pp ? *pp : runtime::prefill_policy::tiered;
+    bo.prefill.tier_bounds = cfg.tier_bounds;
+    bo.prefill.round_s = static_cast<double>(cfg.balancer_round_ms) / 1000.0;
+    bo.prefill.block_size = mcfg->block_size;
+    bo.decode_policy = cfg.decode_policy;
+    if (cfg.balancer_cost_model) {
+      std::ifstream f(*cfg.balancer_cost_model);
+      std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+      auto cm = f ? runtime::cost_model::from_json(text, cfg.balancer_cost_model->string())
+                  : std::unexpected("cannot read " + cfg.balancer_cost_model->string());
+      if (!cm) {
+        log.error("key 'gateway.balancer_cost_model': {}", cm.error());
+        return exit_failure;
+      }
+      bo.cost = *cm;
+      bo.cost_fitted = true;
+    }
+    parts.balancers = actors::spawn_balancers(sys, bo);
+    me.balancers = {caf::actor_cast<caf::actor>(parts.balancers->prefill), caf::actor_cast<caf::actor>(parts.balancers->decode)};
+    log.info("balancers: prefill {} (tiers {}, round {} ms), decode {}", cfg.prefill_policy, fmt::join(cfg.tier_bounds, "/"),
+             cfg.balancer_round_ms, cfg.decode_policy);
     actors::gateway_config g;
     g.host = cfg.http_listen->host;
     g.port = cfg.http_listen->port;
@@ -459,7 +495,7 @@ int run_node(const runtime::node_config& cfg, logger& log) {
       }
       g.auth_tokens = std::move(*tokens);
     }
-    auto gw = actors::spawn_gateway(sys, *parts.router, tok, g);
+    auto gw = actors::spawn_gateway(sys, *parts.balancers, tok, g);
     if (!gw) {
       log.error("gateway: {}", gw.error());
       std::_Exit(exit_failure);
@@ -505,7 +541,10 @@ int run_node(const runtime::node_config& cfg, logger& log) {
   me.port = *port;
   me.agent = caf::actor_cast<caf::actor>(agent);
   caf::anon_send(agent, update_atom_v, me);
-  if (parts.router) caf::anon_send(agent, subscribe_atom_v, caf::actor_cast<caf::actor>(*parts.router));
+  if (parts.balancers) {
+    caf::anon_send(agent, subscribe_atom_v, caf::actor_cast<caf::actor>(parts.balancers->prefill));
+    caf::anon_send(agent, subscribe_atom_v, caf::actor_cast<caf::actor>(parts.balancers->decode));
+  }
   for (const auto& r : parts.ranks) caf::anon_send(agent, subscribe_atom_v, caf::actor_cast<caf::actor>(r));
   if (parts.kv_watcher) caf::anon_send(agent, subscribe_atom_v, parts.kv_watcher);
   if (parts.swa_store) caf::anon_send(agent, subscribe_atom_v, caf::actor_cast<caf::actor>(*parts.swa_store));

@@ -1,0 +1,90 @@
+// The gateway node's two balancers (MISSION.md "Prefill balancer", "Decode balancer"), each a
+// thin actor over plain state that doctest reaches without an actor system:
+// - prefill_routing: runtime::prefill_balancer over the entry engines (roles prefill and both)
+//   of the membership; the clock is wall time; decode engines take requests only when no
+//   entry engine is up (in turn).
+// - decode_routing: a runtime::decode_placement (node config gateway.decode_policy) over the
+//   decode engines, fed the KV tokens and free blocks each one reports when polled (200 ms);
+//   the balance ratio of their (requests, KV) load is sampled at every poll.
+// Engines that leave the membership (down, draining) are dropped; the relays of their requests
+// see them down and ask again with them excluded, so those requests are placed anew.
+#pragma once
+
+#include <deque>
+#include <map>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "actors/interfaces.hpp"
+#include "runtime/cost_model.hpp"
+#include "runtime/decode_placement.hpp"
+#include "runtime/prefill_balancer.hpp"
+
+namespace shoal::actors {
+
+// Engine names for reports: "node/rank".
+struct engine_ref {
+  caf::actor actor;
+  std::string name;
+  int64_t placed = 0;
+};
+
+class prefill_routing {
+ public:
+  prefill_routing(runtime::prefill_balancer_config config, runtime::cost_model cost);
+  void update(const membership& m, double now_s);
+  std::optional<caf::actor> route(request_id id, const std::vector<int32_t>& prompt,
+                                  const std::vector<caf::actor>& exclude, double now_s);
+  void done(request_id id, double now_s);
+  balancer_report report(double now_s) const;
+  size_t engines() const { return entry_.size() + fallback_.size(); }
+
+ private:
+  runtime::prefill_balancer balancer_;
+  runtime::cost_model cost_;
+  std::map<int64_t, engine_ref> entry_;        // balancer id → engine
+  std::map<caf::actor_addr, int64_t> ids_;     // stable ids across membership changes
+  std::vector<engine_ref> fallback_;           // decode engines
+  size_t next_fallback_ = 0;
+  int64_t next_id_ = 0;
+  std::vector<int64_t> tier_placements_;
+};
+
+class decode_routing {
+ public:
+  // A runtime::make_decode_placement name; `step`: the cost model whose decode items (n = 1
+  // on p cached tokens: b + d per request, c per KV token) weigh the decode balancer's two
+  // dimensions (all zero: normalised by their means).
+  explicit decode_routing(const std::string& policy, const runtime::cost_model& step = {});
+  void update(const membership& m);
+  std::optional<caf::actor> route(request_id id, const runtime::decode_ask& ask, const std::vector<caf::actor>& refused);
+  void done(request_id id);
+  // An engine's free blocks and KV tokens as it reported them (until then it is assumed to
+  // have room and an empty cache).
+  void observe(const caf::actor& engine, int64_t blocks_free, int64_t kv_tokens);
+  // Samples the balance ratio now (after a round of polls).
+  void sample();
+  balancer_report report() const;
+  const std::vector<engine_ref>& decode_engines() const { return engines_; }
+
+ private:
+  double balance_now() const;
+  std::unique_ptr<runtime::decode_placement> placement_;
+  std::string policy_;
+  std::vector<engine_ref> engines_;
+  std::map<caf::actor_addr, int64_t> in_flight_, blocks_free_, kv_tokens_;
+  std::map<int64_t, caf::actor_addr> placed_;  // request id → engine
+  std::deque<double> window_;                  // the last 300 samples (1 minute at 200 ms)
+};
+
+struct balancer_options {
+  runtime::prefill_balancer_config prefill;
+  runtime::cost_model cost{0, 1, 0, 0};  // the prefill balancer's engine cost model
+  bool cost_fitted = false;               // `cost` is a fitted model: it weighs the decode balancer too
+  std::string decode_policy = "decode_balancer";
+};
+
+balancers spawn_balancers(caf::actor_system& sys, const balancer_options& options);
+
+}  // namespace shoal::actors

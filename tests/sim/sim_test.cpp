@@ -1,0 +1,167 @@
+// The cluster simulator: deterministic by seed, requests flow prefill → handoff → decode through
+// the real policies and state machines, the storage tier makes prefix hits, the workloads load.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <set>
+
+#include "sim/cluster_sim.hpp"
+#include "sim/report.hpp"
+
+using namespace shoal::sim;
+
+namespace {
+
+const std::string conversation = std::string(SHOAL_SHARED_DIR) + "/traces/mooncake/conversation_trace.jsonl";
+const std::string servegen = std::string(SHOAL_SHARED_DIR) + "/traces/servegen-deepseek-r1";
+
+profile gpu_profile() {
+  auto p = load_profile(std::string(SHOAL_SOURCE_DIR) + "/config/sim/gpu-h800.json");
+  REQUIRE_MESSAGE(p, p.error());
+  return *p;
+}
+
+// 8 prefill ranks (EP 4) + 8 decode ranks (EP 8), the first 400 conversation requests at 20x.
+sim_config small_config(uint64_t seed) {
+  sim_config c;
+  c.prof = gpu_profile();
+  c.prefill_ranks = 8, c.prefill_ep = 4, c.decode_ranks = 8, c.decode_ep = 8;
+  c.seed = seed;
+  c.prefill_balancer.round_s = 2;
+  return c;
+}
+
+std::vector<sim_request> small_work() {
+  workload_options o;
+  o.speed = 20;
+  o.max_requests = 400;
+  auto w = mooncake_workload(conversation, o);
+  REQUIRE_MESSAGE(w, w.error());
+  return *w;
+}
+
+}  // namespace
+
+TEST_CASE("sim: the same seed gives the same run, another seed another") {
+  auto work = small_work();
+  auto a = run_cluster(small_config(7), work, *policy_named("shoal"));
+  auto b = run_cluster(small_config(7), work, *policy_named("shoal"));
+  auto c = run_cluster(small_config(8), work, *policy_named("shoal"));
+  REQUIRE(a);
+  REQUIRE(b);
+  REQUIRE(c);
+  CHECK(a->state_hash == b->state_hash);
+  CHECK(a->decode.busy_s == b->decode.busy_s);
+  CHECK(a->state_hash != c->state_hash);
+  // Every request finished with its trace output length.
+  for (size_t i = 0; i < work.size(); ++i) {
+    const request_record& r = a->requests[i];
+    REQUIRE(r.finish_s >= 0);
+    CHECK(r.first_token_s >= r.arrival_s);
+    CHECK(r.finish_s >= r.first_token_s);
+    CHECK(r.output == work[i].output_len);
+  }
+}
+
+TEST_CASE("sim: prefill hands off to decode ranks, the placement policy decides where") {
+  auto work = small_work();
+  auto rr = run_cluster(small_config(1), work, *policy_named("round_robin"));
+  REQUIRE(rr);
+  int64_t handed = 0;
+  for (const auto& r : rr->requests) handed += r.decode_rank >= 0;
+  CHECK(handed == static_cast<int64_t>(rr->handoffs));
+  CHECK(rr->handoffs + rr->kept == work.size() - std::count_if(work.begin(), work.end(), [](auto& w) { return w.output_len == 1; }));
+  // Round-robin with room everywhere: the counts per decode rank differ by at most one.
+  auto [lo, hi] = std::minmax_element(rr->decode_per_rank.begin(), rr->decode_per_rank.end());
+  CHECK(*hi - *lo <= 1);
+  // Round-robin prefill: request i on prefill rank i mod 8.
+  for (const auto& r : rr->requests) CHECK(r.prefill_rank == r.id % 8);
+  // The decode balancer places by load, not in turn.
+  auto db = run_cluster(small_config(1), work, *policy_named("shoal"));
+  REQUIRE(db);
+  bool differs = false;
+  for (size_t i = 0; i < work.size(); ++i) differs = differs || db->requests[i].decode_rank != rr->requests[i].decode_rank;
+  CHECK(differs);
+  serving_metrics m = summarize(*db, small_config(1));
+  CHECK(m.finished == static_cast<int64_t>(work.size()));
+  CHECK(m.decode_balance > 0);
+  CHECK(m.decode_balance <= 1);
+  CHECK(m.decode_pct_perfect <= 100);
+  CHECK(m.tpot_p50 > 0);
+}
+
+TEST_CASE("sim: the storage tier serves prefixes computed on other ranks") {
+  auto work = small_work();
+  sim_config with = small_config(3), without = small_config(3);
+  without.prof.storage.capacity_blocks = 0;
+  auto a = run_cluster(with, work, *policy_named("round_robin"));
+  auto b = run_cluster(without, work, *policy_named("round_robin"));
+  REQUIRE(a);
+  REQUIRE(b);
+  CHECK(a->storage_lookups > 0);
+  CHECK(a->storage_hit_blocks > 0);
+  CHECK(b->storage_lookups == 0);
+  // Every conversation request starts with the shared block 0, so storage hits more than the
+  // ranks' own caches do, and the prefill pool computes fewer tokens.
+  CHECK(a->hit_tokens > b->hit_tokens);
+  CHECK(a->prefill.tokens < b->prefill.tokens);
+}
+
+TEST_CASE("sim: tiers are counted by prompt length and the report renders") {
+  auto work = small_work();
+  auto r = run_cluster(small_config(1), work, *policy_named("shoal"));
+  REQUIRE(r);
+  int64_t below = 0;
+  for (const auto& w : work) below += w.input_len < 16384;
+  CHECK(r->prefill_per_tier[0] == below);
+  serving_metrics m = summarize(*r, small_config(1));
+  const std::string line = to_jsonl(m, "sim", R"({"seed":1})");
+  CHECK(line.find("\"decode_balance_ratio\"") != std::string::npos);
+  CHECK(line.find("\"seed\":1") != std::string::npos);
+  const std::string svg = comparison_svg("t", {m}, {{{0.0, 0.5}, {1.0, 0.9}}});
+  CHECK(svg.starts_with("<svg"));
+  CHECK(svg.find("polyline") != std::string::npos);
+  CHECK(format_table({m}).find("shoal") != std::string::npos);
+}
+
+TEST_CASE("sim: bad configurations and profiles are refused with a reason") {
+  auto work = small_work();
+  sim_config c = small_config(1);
+  c.prefill_ep = 3;
+  auto r = run_cluster(c, work, *policy_named("shoal"));
+  REQUIRE_FALSE(r);
+  CHECK(r.error().find("prefill EP") != std::string::npos);
+  CHECK_FALSE(policy_named("nope"));
+  CHECK(policy_named("tiered+least_kv"));
+  auto p = parse_profile(R"({"name":"x","model":"tiny","prefill":{"step":{"a":0,"b":1,"c":0,"d":0},"kv_blocks":10}})", "p.json");
+  REQUIRE_FALSE(p);
+  CHECK(p.error().find("p.json: decode") != std::string::npos);
+  auto q = parse_profile(R"({"name":"x","model":"tiny","prefill":{"step":{"a":0,"b":"1","c":0,"d":0},"kv_blocks":10}})", "q.json");
+  REQUIRE_FALSE(q);
+  CHECK(q.error().find("prefill.step.b") != std::string::npos);
+  sim_config tight = small_config(1);
+  tight.prof.decode.kv_blocks = 4;
+  auto t = run_cluster(tight, work, *policy_named("shoal"));
+  REQUIRE_FALSE(t);
+  CHECK(t.error().find("does not fit") != std::string::npos);
+}
+
+TEST_CASE("sim: ServeGen's client model gives a seeded, rate-true workload") {
+  workload_options o;
+  o.start_s = 36000, o.duration_s = 600;
+  auto a = servegen_workload(servegen, o, 5);
+  auto b = servegen_workload(servegen, o, 5);
+  auto c = servegen_workload(servegen, o, 6);
+  REQUIRE_MESSAGE(a, a.error());
+  REQUIRE(b);
+  REQUIRE(c);
+  REQUIRE(a->size() == b->size());
+  for (size_t i = 0; i < a->size(); ++i) CHECK((*a)[i].arrival_s == (*b)[i].arrival_s);
+  CHECK(a->size() != c->size());
+  CHECK(std::is_sorted(a->begin(), a->end(), [](auto& x, auto& y) { return x.arrival_s < y.arrival_s; }));
+  // The day's mean is 16 req/s (traces README); a 10-minute window lands within a factor 3.
+  CHECK(a->size() > 16 * 600 / 3);
+  CHECK(a->size() < 16 * 600 * 3);
+  for (const auto& r : *a) CHECK(r.input_len >= 1);
+  CHECK_FALSE(servegen_workload("/nonexistent", o, 1));
+}
