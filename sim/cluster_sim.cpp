@@ -178,13 +178,14 @@ struct pool_acc {
   int64_t steps = 0;
   double busy = 0, sum_ratio = 0, ideal = 0, actual = 0, tokens = 0;
   std::vector<double> ratios;
-  void add(double a, std::span<const double> loads, double dt) {
+  // `group`: the stepping group's ranks' loads; `pool`: every rank of the pool.
+  void add(double a, std::span<const double> group, std::span<const double> pool, double dt) {
     ++steps;
     busy += dt;
     double sum = 0, mx = 0;
-    for (double l : loads) sum += l, mx = std::max(mx, l);
-    const double mean = loads.empty() ? 0 : sum / static_cast<double>(loads.size());
-    const double ratio = mx > 0 ? mean / mx : 1.0;
+    for (double l : group) sum += l, mx = std::max(mx, l);
+    const double mean = group.empty() ? 0 : sum / static_cast<double>(group.size());
+    const double ratio = runtime::balance_ratio(pool);
     sum_ratio += ratio;
     ratios.push_back(ratio);
     ideal += a + mean;
@@ -356,7 +357,7 @@ class cluster {
         items_.emplace_back(it.n_tokens, it.base);
       }
       const double t = items_.empty() ? 0 : prof_.step_seconds(pp, items_);
-      r.load = items_.empty() ? 0 : t - pp.step.a();
+      r.load = items_.empty() ? 0 : std::max(0.0, t - pp.step.a());
       loads_.push_back(r.load);
       any = any || !items_.empty();
       longest = std::max(longest, t);
@@ -374,12 +375,15 @@ class cluster {
       dt *= std::max(1.0, static_cast<double>(busy) / static_cast<double>(prof_.host_cores));
     }
     if (clock_.now_s() >= c_.warmup_s && clock_.now_s() < last_arrival_) {
-      (gs.prefill ? prefill_acc_ : decode_acc_).add(pp.step.a(), loads_, dt);
+      // % of perfect: within the lockstep group; balance ratio: over the whole pool (every
+      // rank's load in its group's current step, 0 when idle), the same thing for one group.
+      pool_loads_.clear();
+      for (const rank_state& r : ranks_)
+        if (r.prefill == gs.prefill) pool_loads_.push_back(groups_[static_cast<size_t>(r.group)].stepping ? r.load : 0.0);
+      (gs.prefill ? prefill_acc_ : decode_acc_).add(pp.step.a(), loads_, pool_loads_, dt);
       if (!gs.prefill && c_.timeline_s > 0) {
-        double sum = 0, mx = 0;
-        for (double l : loads_) sum += l, mx = std::max(mx, l);
         auto& b = timeline_[static_cast<int64_t>(clock_.now_s() / c_.timeline_s)];
-        b.first += mx > 0 ? sum / static_cast<double>(loads_.size()) / mx : 1.0;
+        b.first += runtime::balance_ratio(pool_loads_);
         b.second += 1;
       }
     }
@@ -509,7 +513,7 @@ class cluster {
   uint64_t seq_ = 0;
   pool_acc prefill_acc_, decode_acc_;
   std::map<int64_t, std::pair<double, double>> timeline_;
-  std::vector<double> loads_;
+  std::vector<double> loads_, pool_loads_;
   std::vector<std::pair<int64_t, int64_t>> items_;
   std::normal_distribution<double> normal_;
   uint64_t handoffs_ = 0, kept_ = 0;

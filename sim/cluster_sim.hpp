@@ -16,12 +16,14 @@
 // its prefill rank, as the real engine keeps it). Blocks the prefill ranks register are
 // written to the storage tier (readable write_delay_s later; LRU over capacity_blocks).
 //
-// Balance (decode, and prefill per group): a rank's load in a step is its predicted compute
-// beyond the step's fixed part (Σ b·n + c·n·p + d·n² of its items); the balance ratio of the
-// step is mean / max over the group's ranks (TensorRT-LLM's definition; 1.0 when no rank has
-// load). Perfectly balanced: the same steps with every rank at the mean load would take
-// a + mean instead of a + max; "% of perfectly balanced" is Σ(a + mean) / Σ(a + max) over the
-// group's steps, the throughput ratio of the run to that placement of the same work.
+// Balance (decode and prefill pools): a rank's load in a step is its predicted compute beyond
+// the step's fixed part (Σ b·n + c·n·p + d·n² of its items); at each step of a group the
+// balance ratio is mean / max over the pool's ranks (each at its group's current step, 0 when
+// idle; TensorRT-LLM's definition; 1.0 when no rank has load). Perfectly balanced: a lockstep
+// group's step with every rank at the group's mean load would take a + mean instead of
+// a + max; "% of perfectly balanced" is Σ(a + mean) / Σ(a + max) over the pool's steps, the
+// throughput ratio of the run to that placement of the same work (100 by definition for EP 1,
+// where no rank waits for another).
 #pragma once
 
 #include <cstdint>

@@ -15,11 +15,13 @@ using nlohmann::json;
 
 double profile::step_seconds(const pool_profile& pool, std::span<const std::pair<int64_t, int64_t>> items) const {
   const auto& m = pool.step;
-  double t = m.a();
+  double t = m.a(), total = 0;
   for (auto [n, p] : items) {
     const double dn = static_cast<double>(n), dp = static_cast<double>(p);
-    t += m.b() * dn + m.c() * dn * dp + m.d() * dn * dn;
+    t += m.b() * dn + m.c() * dn * dp + (pool.batch_quadratic ? 0.0 : m.d() * dn * dn);
+    total += dn;
   }
+  if (pool.batch_quadratic) t += m.d() * total * total;
   return std::max(t, 0.0);
 }
 
@@ -131,6 +133,7 @@ std::expected<profile, std::string> parse_profile(std::string_view text, const s
   }
   read_pool(rd, j, "prefill", p.prefill);
   read_pool(rd, j, "decode", p.decode);
+  p.decode.batch_quadratic = true;
   p.kv_bytes_per_token = rd.number(j, "", "kv_bytes_per_token", 1, 1e9);
   p.handoff_gbps = rd.number(j, "", "handoff_gbps", 1e-3, 1e6);
   p.handoff_latency_s = rd.number(j, "", "handoff_latency_s", 0, 10, false, 0);
@@ -150,6 +153,27 @@ std::expected<profile, std::string> parse_profile(std::string_view text, const s
   }
   if (!rd.ok()) return std::unexpected(rd.error);
   return p;
+}
+
+std::expected<void, std::string> apply_fitted(profile& p, const std::string& prefill_file, const std::string& decode_file) {
+  auto load = [](const std::string& path) -> std::expected<runtime::cost_model, std::string> {
+    std::ifstream f(path, std::ios::binary);
+    if (!f) return std::unexpected(path + ": cannot read");
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return runtime::cost_model::from_json(ss.str(), path);
+  };
+  for (auto [pool, file] : {std::pair{&p.prefill, &prefill_file}, std::pair{&p.decode, decode_file.empty() ? &prefill_file : &decode_file}}) {
+    if (!pool->fitted || file->empty()) continue;
+    auto m = load(*file);
+    if (!m) return std::unexpected(m.error());
+    pool->step = *m;
+    pool->fitted = false;
+  }
+  if (p.prefill.fitted || p.decode.fitted)
+    return std::unexpected("profile '" + p.name + "' takes its step models from fitted cost models (--cost-model FILE, "
+                           "--decode-cost-model FILE)");
+  return {};
 }
 
 std::expected<profile, std::string> load_profile(const std::string& path) {

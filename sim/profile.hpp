@@ -25,6 +25,9 @@ struct pool_profile {
   int64_t token_budget = 32768;   // scheduler, per step
   int64_t max_running = 256;
   double step_time_budget_s = 0;  // 0: token budget only (cost-model chunking off)
+  // The d term over the whole step, d·(Σn)², instead of per item (Σ d·n²): the decode pool's
+  // form, whose fit (shoal bench fit-cost --decode) has n = the step's batch.
+  bool batch_quadratic = false;
 };
 
 struct storage_model {
@@ -56,6 +59,11 @@ struct profile {
 // Errors start with "<file>: " and name the field.
 std::expected<profile, std::string> parse_profile(std::string_view json_text, const std::string& file);
 std::expected<profile, std::string> load_profile(const std::string& path);
+
+// Fills the pools whose step is "fitted": from `decode_file` (shoal bench fit-cost --decode)
+// for the decode pool when given, else from `prefill_file` (shoal bench fit-cost); errors name
+// the file, or the pool still without a model.
+std::expected<void, std::string> apply_fitted(profile& p, const std::string& prefill_file, const std::string& decode_file);
 
 // The published DeepSeek-V3 / R1 shape (HF config.json of deepseek-ai/DeepSeek-V3), enough for
 // the cache layout: MLA latent 512 + rope 64, 61 layers, 64-token blocks.

@@ -52,7 +52,9 @@ struct disagg_cluster {
   // `preset` generated with `seed`; `exact`: the checkpoint's swa_mode set to "exact";
   // `chunked`: the prefill engines get a cost model (1 ms per token) and a 20 ms step budget,
   // so prompts are computed in chunks of about 19 tokens before the handoff.
-  disagg_cluster(const std::string& preset, uint64_t seed, bool exact, bool chunked = false) {
+  // `gateway_keys`: lines added to the gateway's [gateway] section (balancer policies).
+  disagg_cluster(const std::string& preset, uint64_t seed, bool exact, bool chunked = false,
+                 const std::string& gateway_keys = "") {
     model_dir = dir.path / "model";
     config_dir = dir.path / "config";
     state_dir = dir.path / "state";
@@ -87,6 +89,7 @@ struct disagg_cluster {
                                   "role = \"prefill\"\ncost_model = \"" + (dir.path / "cost.json").string() +
                                     "\"\nstep_ms = 20");
       }
+      if (!gateway_keys.empty()) text = std::regex_replace(text, std::regex("\n\\[gateway\\]\n"), "\n[gateway]\n" + gateway_keys);
       write_text(config_dir / (node_files[i] + ".toml"), text);
     }
   }
@@ -130,6 +133,21 @@ struct disagg_cluster {
       out.emplace_back(test::as_json_text(model->tokenizer->decode(done[0].output)), done[0].cached_tokens);
     }
     return out;
+  }
+
+  // `shoal shell -c balancers`.
+  std::string balancers() {
+    std::string out;
+    int rc = shoal({"shell", "--connect=127.0.0.1:" + std::to_string(ports["gateway"]), "-c", "balancers"}, out);
+    REQUIRE_MESSAGE(rc == 0, out);
+    return out;
+  }
+
+  // "placed=N" of engine `name` ("prefill-a/0") in the balancers' report; −1 when not listed.
+  static int64_t placed(const std::string& report, const std::string& name) {
+    std::smatch m;
+    if (!std::regex_search(report, m, std::regex("  " + name + ": [^\n]*placed=(\\d+)"))) return -1;
+    return std::stoll(m[1]);
   }
 
   // A number from `shoal shell -c "stats NODE/rank0"`: the value after "KEY=".
@@ -247,6 +265,48 @@ TEST_CASE("disaggregated cluster: kill -9 of a decode node under 50 streams, eve
   std::string out;
   CHECK(c.shoal({"shell", "--connect=127.0.0.1:" + std::to_string(c.ports["gateway"]), "-c", "nodes"}, out) == 0);
   CHECK(out.find("decode-b") == std::string::npos);
+  // The decode balancer dropped decode-b; decode-a took its re-placed requests and the new one.
+  const std::string report = c.balancers();
+  MESSAGE(report);
+  CHECK(disagg_cluster::placed(report, "decode-b/0") == -1);
+  CHECK(disagg_cluster::placed(report, "decode-a/0") > streams / 2);
+}
+
+TEST_CASE("disaggregated cluster: requests land where the balancers' policies say (shell balancers)") {
+  SUBCASE("round-robin prefill and decode: in turn") {
+    disagg_cluster c("tiny", 29, false, false, "prefill_policy = \"round_robin\"\ndecode_policy = \"round_robin\"\n");
+    c.start();
+    for (int i = 0; i < 8; ++i) {
+      auto r = c.post("/v1/completions", completion_body("round robin request " + std::to_string(i), 4, false));
+      REQUIRE(r);
+      REQUIRE_MESSAGE(r->status == 200, r->body);
+    }
+    const std::string report = c.balancers();
+    MESSAGE(report);
+    CHECK(report.find("prefill_balancer: policy=round_robin") != std::string::npos);
+    CHECK(report.find("decode_balancer: policy=round_robin") != std::string::npos);
+    for (const char* e : {"prefill-a/0", "prefill-b/0", "decode-a/0", "decode-b/0"}) CHECK(disagg_cluster::placed(report, e) == 4);
+  }
+  SUBCASE("tiered prefill: a repeated prompt stays on the engine that holds its prefix and hits its cache") {
+    disagg_cluster c("tiny", 29, false);
+    c.start();
+    std::string prompt = "a shared system prompt that spans several cache blocks of the tiny preset,";
+    for (int i = 0; i < 4; ++i) prompt += " and then some more words to make it longer";
+    auto first = c.post("/v1/completions", completion_body(prompt, 4, false));
+    REQUIRE(first);
+    REQUIRE_MESSAGE(first->status == 200, first->body);
+    auto again = c.post("/v1/completions", completion_body(prompt, 4, false));
+    REQUIRE(again);
+    REQUIRE_MESSAGE(again->status == 200, again->body);
+    const std::string report = c.balancers();
+    MESSAGE(report);
+    CHECK(report.find("prefill_balancer: policy=tiered") != std::string::npos);
+    const int64_t a = disagg_cluster::placed(report, "prefill-a/0"), b = disagg_cluster::placed(report, "prefill-b/0");
+    CHECK(a + b == 2);
+    CHECK(std::max(a, b) == 2);  // both on one engine (that locality beats a lower id: runtime balancer_test)
+    CHECK(json::parse(again->body)["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>() > 0);
+    CHECK(report.find("decode_balancer: policy=decode_balancer") != std::string::npos);
+  }
 }
 
 TEST_CASE("disaggregated cluster: kill -9 of a prefill node mid-prompt under 50 streams, every stream completes exactly") {

@@ -1,5 +1,6 @@
 // `shoal bench fit-cost`: measures prefill chunk times t(n, p) through the forward pass and
-// fits the scheduler's cost model t = a + b·n + c·n·p + d·n², saved per preset + machine.
+// fits the scheduler's cost model t = a + b·n + c·n·p + d·n², saved per preset + machine;
+// with --decode, decode steps of B sequences p tokens deep (the simulator's decode profile).
 // `shoal bench replay`: logit divergence (max abs, KL) of bounded replay vs exact
 // reconstruction over random prompts.
 #include <CLI/CLI.hpp>
@@ -61,23 +62,69 @@ double time_chunk(const model::model_weights& w, int64_t n, int64_t p, int reps)
   return median(t);
 }
 
-int run_fit_cost(const std::string& preset, const std::string& dir, int reps) {
+// Seconds of one decode step of `batch` sequences, each `p` tokens deep (median of reps): the
+// sequences are prefilled once, then each rep decodes one token at position p of every one.
+double time_decode(const model::model_weights& w, int64_t batch, int64_t p, int reps) {
+  const auto& c = w.config;
+  const int64_t blocks = (p + 1) / c.block_size + 1;
+  std::vector<std::vector<float>> storage(static_cast<size_t>(batch));
+  std::vector<model::sequence_cache> caches(static_cast<size_t>(batch));
+  std::vector<std::vector<int32_t>> tokens;
+  for (int64_t b = 0; b < batch; ++b) {
+    tokens.push_back(random_prompt(static_cast<size_t>(p + 1), static_cast<uint32_t>(11 + b),
+                                   static_cast<int32_t>(std::min<int64_t>(c.vocab_size, 5000))));
+    storage[b].resize(static_cast<size_t>(blocks) * model::block_floats(c));
+    auto& cache = caches[b];
+    cache.init(c, std::max<int64_t>(model::min_ring_tokens(c), c.window()));
+    for (int64_t k = 0; k < blocks; ++k) cache.blocks.push_back(storage[b].data() + k * model::block_floats(c));
+    for (int64_t pos = 0; pos < p; pos += 2048) {
+      model::forward_item it{&cache, std::span<const int32_t>(tokens[b]).subspan(pos, std::min<int64_t>(2048, p - pos)),
+                             0, 0, false, false};
+      model::forward(w, std::span<model::forward_item>(&it, 1), {});
+    }
+  }
+  std::vector<double> t;
+  for (int r = 0; r < reps; ++r) {
+    std::vector<model::forward_item> items;
+    for (int64_t b = 0; b < batch; ++b) {
+      caches[b].computed = p;  // decode the same position again
+      items.push_back({&caches[b], std::span<const int32_t>(tokens[b]).subspan(p, 1), 0, 0, true, false});
+    }
+    double t0 = now_s();
+    model::forward(w, items, {});
+    t.push_back(now_s() - t0);
+  }
+  return median(t);
+}
+
+int run_fit_cost(const std::string& preset, const std::string& dir, int reps, bool decode) {
   auto w = preset_weights(preset);
   std::vector<runtime::cost_sample> samples;
-  std::vector<int64_t> ns = {16, 64, 256, 1024}, ps = {0, 512, 2048};
-  if (preset != "small") ns = {4, 16, 64, 256}, ps = {0, 64, 256};
-  for (int64_t p : ps)
-    for (int64_t n : ns) {
-      double t = time_chunk(*w, n, p, reps);
-      samples.push_back({n, p, t});
-      fmt::print("n={:5d} p={:5d}: {:.4f} s\n", n, p, t);
-    }
+  if (decode) {  // samples (n = batch, p = context): t = a + b·B + c·B·p + d·B², ΣKV = B·p
+    std::vector<int64_t> bs = {1, 4, 16}, ps = {64, 512, 1024};
+    if (preset != "small") ps = {16, 64, 256};
+    for (int64_t p : ps)
+      for (int64_t b : bs) {
+        double t = time_decode(*w, b, p, reps);
+        samples.push_back({b, p, t});
+        fmt::print("decode batch={:3d} context={:5d}: {:.4f} s\n", b, p, t);
+      }
+  } else {
+    std::vector<int64_t> ns = {16, 64, 256, 1024}, ps = {0, 512, 2048};
+    if (preset != "small") ns = {4, 16, 64, 256}, ps = {0, 64, 256};
+    for (int64_t p : ps)
+      for (int64_t n : ns) {
+        double t = time_chunk(*w, n, p, reps);
+        samples.push_back({n, p, t});
+        fmt::print("n={:5d} p={:5d}: {:.4f} s\n", n, p, t);
+      }
+  }
   auto m = runtime::cost_model::fit(samples);
   if (!m) {
     fmt::print(stderr, "shoal bench fit-cost: {}\n", m.error());
     return 1;
   }
-  m->set_preset(preset);
+  m->set_preset(decode ? preset + "-decode" : preset);
   m->set_machine(runtime::machine_id());
   auto path = runtime::save_cost_model(dir, *m);
   if (!path) {
@@ -156,12 +203,16 @@ void add_model_benches(CLI::App& bench) {
   auto preset = std::make_shared<std::string>("small");
   auto dir = std::make_shared<std::string>("bench/cost-models");
   auto reps = std::make_shared<int>(3);
+  auto decode = std::make_shared<bool>(false);
   fit->add_option("--preset", *preset, "tiny | small | v3-tiny");
+  fit->add_flag("--decode", *decode,
+                "fit decode steps instead (n = batch, p = context: cost-<preset>-decode-<machine>.json), the "
+                "simulator's decode profile");
   fit->add_option("--dir", *dir, "where cost-<preset>-<machine>.json is written");
   fit->add_option("--reps", *reps, "repetitions per point (median)");
   fit->callback([=] {
     try {
-      set_exit_code(run_fit_cost(*preset, *dir, *reps));
+      set_exit_code(run_fit_cost(*preset, *dir, *reps, *decode));
     } catch (const std::exception& e) {
       fmt::print(stderr, "shoal bench fit-cost: {}\n", e.what());
       set_exit_code(1);

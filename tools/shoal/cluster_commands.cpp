@@ -175,6 +175,8 @@ void stop_all(const std::vector<std::pair<pid_t, std::string>>& nodes, std::chro
   }
 }
 
+}  // namespace
+
 int cluster_up(const fs::path& config, const fs::path& state_dir, int timeout_s) {
   fs::path state = state_dir / "cluster.pids";
   for (const auto& [pid, name] : read_state(state))
@@ -222,8 +224,6 @@ int cluster_down(const fs::path& state_dir, int timeout_s) {
   fs::remove(state, ec);
   return 0;
 }
-
-}  // namespace
 
 void add_cluster_commands(CLI::App& app) {
   static std::string config = "config/local-3node", state_dir = ".shoal";

@@ -2,6 +2,8 @@
 // the app with a callback; the callback records the process exit code.
 #pragma once
 
+#include <filesystem>
+
 namespace CLI {
 class App;
 }
@@ -22,6 +24,10 @@ void add_disagg_bench(CLI::App& bench);     // bench disagg
 void add_swa_bench(CLI::App& bench);        // bench swa
 void add_cluster_commands(CLI::App& app);   // up, down
 void add_sim_command(CLI::App& app);        // sim
+void add_cluster_bench(CLI::App& bench);    // bench cluster
+// `shoal up` / `shoal down` (cluster_commands.cpp): exit codes.
+int cluster_up(const std::filesystem::path& config, const std::filesystem::path& state_dir, int timeout_s);
+int cluster_down(const std::filesystem::path& state_dir, int timeout_s);
 int exit_code();
 void set_exit_code(int code);
 

@@ -4,12 +4,10 @@
 // run's own speed goes to stderr and the JSONL records.
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
-#include "runtime/cost_model.hpp"
 #include "sim/cluster_sim.hpp"
 #include "sim/report.hpp"
 #include "tools/shoal/bench_util.hpp"
@@ -20,7 +18,7 @@ namespace shoal::tools {
 namespace {
 
 struct sim_args {
-  std::string trace, servegen, profile = "config/sim/gpu-h800.json", cost_model, jsonl, svg;
+  std::string trace, servegen, profile = "config/sim/gpu-h800.json", cost_model, decode_cost_model, jsonl, svg;
   std::vector<std::string> policies;
   uint64_t seed = 1;
   int64_t requests = 0, prefill_ranks = 64, prefill_ep = 8, decode_ranks = 64, decode_ep = 64, max_input = 0;
@@ -34,17 +32,9 @@ int run_sim(const sim_args& a) {
     fmt::print(stderr, "shoal sim: {}\n", prof.error());
     return 2;
   }
-  if (!a.cost_model.empty()) {
-    std::ifstream f(a.cost_model);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    auto cm = runtime::cost_model::from_json(ss.str(), a.cost_model);
-    if (!f || !cm) {
-      fmt::print(stderr, "shoal sim: {}\n", f ? cm.error() : a.cost_model + ": cannot read");
-      return 2;
-    }
-    for (sim::pool_profile* p : {&prof->prefill, &prof->decode})
-      if (p->fitted) p->step = *cm, p->fitted = false;
+  if (auto ok = sim::apply_fitted(*prof, a.cost_model, a.decode_cost_model); !ok) {
+    fmt::print(stderr, "shoal sim: {}\n", ok.error());
+    return 2;
   }
   sim::workload_options wo;
   wo.speed = a.speed, wo.length_scale = a.length_scale, wo.max_requests = a.requests;
@@ -134,6 +124,7 @@ void add_sim_command(CLI::App& app) {
   s->add_option("--requests", a->requests, "first N requests only (0 = all)");
   s->add_option("--profile", a->profile, "step-time profile (config/sim/*.json)")->capture_default_str();
   s->add_option("--cost-model", a->cost_model, "fitted cost model (shoal bench fit-cost) for a profile whose step is \"fitted\"");
+  s->add_option("--decode-cost-model", a->decode_cost_model, "fitted decode steps (shoal bench fit-cost --decode) for its decode pool");
   s->add_option("--policies", a->policies, "shoal, untiered, round_robin, least_requests, cache_aware, dynamo or PREFILL+DECODE (default: all six)")->delimiter(',');
   s->add_option("--prefill-ranks", a->prefill_ranks)->capture_default_str();
   s->add_option("--prefill-ep", a->prefill_ep)->capture_default_str();

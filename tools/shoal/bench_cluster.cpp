@@ -1,0 +1,260 @@
+// `shoal bench cluster`: replays a Mooncake trace against a real loopback cluster of engines
+// (`shoal up` of a node-config directory, default config/local-disagg: a gateway, 2 prefill
+// and 2 decode engines) once per balancer policy pair, and reports the serving metrics of
+// sim/report.hpp for each: the balancers against round-robin in the same run. The requests
+// are the simulator's (sim/workload: timestamps / --speed, lengths × --length-scale, prompt
+// token ids from the trace's prefix-block hashes, max_tokens = the trace's output length,
+// ignore_eos), sent on schedule as streaming completions, one client thread each. With
+// --profile the simulator replays the same requests on the same shape (prefill and decode
+// ranks of the config, EP 1) with that profile, and prints its figures beside the cluster's.
+// --cost-model also becomes the cluster's gateway.balancer_cost_model, so the real balancers
+// predict with the same model as the simulated ones.
+#include <CLI/CLI.hpp>
+#include <fmt/core.h>
+
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "actors/http_client.hpp"
+#include "runtime/node_config.hpp"
+#include "sim/cluster_sim.hpp"
+#include "sim/report.hpp"
+#include "tools/shoal/bench_util.hpp"
+#include "tools/shoal/commands.hpp"
+
+namespace shoal::tools {
+
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+struct cluster_args {
+  std::string trace = conversation_trace_path();
+  std::string config = "config/local-disagg";
+  double speed = 0.25, length_scale = 1.0 / 32;
+  int64_t requests = 60;
+  std::vector<std::string> policies = {"tiered+decode_balancer", "round_robin+round_robin"};
+  std::string profile, cost_model, decode_cost_model;
+  int64_t max_input = 1024;  // inside the range bench fit-cost measures
+  uint64_t seed = 1;
+  std::string out = "bench/results/cluster.jsonl";
+};
+
+std::string read_text(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+// A copy of the node configs beside the original (relative paths keep resolving) whose
+// gateway section names the policies.
+std::expected<fs::path, std::string> policy_config(const fs::path& dir, const sim::policy_pair& p,
+                                                   const std::string& cost_model) {
+  fs::path out = dir.parent_path() / (".bench-cluster-" + dir.filename().string());
+  std::error_code ec;
+  fs::remove_all(out, ec);
+  fs::create_directories(out, ec);
+  if (ec) return std::unexpected("cannot create " + out.string() + ": " + ec.message());
+  bool gateway = false;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (e.path().extension() != ".toml") continue;
+    std::string text = read_text(e.path());
+    if (auto at = text.find("\n[gateway]\n"); at != std::string::npos) {
+      std::string keys = fmt::format("prefill_policy = \"{}\"\ndecode_policy = \"{}\"\n", runtime::to_string(p.prefill), p.decode);
+      if (!cost_model.empty()) keys += fmt::format("balancer_cost_model = \"{}\"\n", fs::absolute(cost_model).string());
+      text.insert(at + 11, keys);
+      gateway = true;
+    }
+    std::ofstream(out / e.path().filename()) << text;
+  }
+  if (!gateway) return std::unexpected(dir.string() + ": no node config with a [gateway] section");
+  return out;
+}
+
+struct shape {
+  std::string http_host;
+  uint16_t http_port = 0;
+  int64_t prefill = 0, decode = 0;
+  std::string model_id;
+};
+
+std::expected<shape, std::string> cluster_shape(const fs::path& dir) {
+  shape s;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (e.path().extension() != ".toml") continue;
+    auto c = runtime::load_node_config(e.path());
+    if (!c) return std::unexpected(runtime::to_string(c.error()));
+    if (c->http_listen) {
+      s.http_host = c->http_listen->host, s.http_port = c->http_listen->port;
+      s.model_id = c->model_dir.filename().string();
+    }
+    if (c->has_role(runtime::role::engine))
+      (c->disagg_role == runtime::engine_role::decode ? s.decode : s.prefill) += c->ranks;
+  }
+  if (s.http_port == 0) return std::unexpected(dir.string() + ": no gateway with a fixed gateway.listen port");
+  return s;
+}
+
+std::vector<sim::request_record> replay(const shape& sh, const std::vector<sim::sim_request>& work, int64_t vocab,
+                                        int& failed, std::string& first_error) {
+  std::vector<sim::request_record> recs(work.size());
+  std::mutex mu;
+  std::vector<std::thread> clients;
+  const double t0 = now_s() + 0.5;
+  for (size_t i = 0; i < work.size(); ++i)
+    clients.emplace_back([&, i] {
+      const sim::sim_request& w = work[i];
+      sim::request_record& r = recs[i];
+      r.id = w.id, r.arrival_s = w.arrival_s, r.input = w.input_len;
+      const double wait = t0 + w.arrival_s - now_s();
+      if (wait > 0) std::this_thread::sleep_for(std::chrono::duration<double>(wait));
+      json body = {{"model", sh.model_id}, {"prompt", sim::prompt_tokens(w, vocab)}, {"max_tokens", w.output_len},
+                   {"temperature", 0}, {"ignore_eos", true}, {"stream", true},
+                   {"stream_options", {{"include_usage", true}}}};
+      double first = -1, last = 0;
+      actors::http_call_options o;
+      o.timeout = std::chrono::seconds(600);
+      o.on_body = [&](std::string_view chunk) {
+        if (first < 0 && chunk.find("\"text\"") != std::string_view::npos) first = now_s();
+        last = now_s();
+      };
+      auto resp = actors::http_call(sh.http_host, sh.http_port, "POST", "/v1/completions", body.dump(), o);
+      std::lock_guard lock(mu);
+      if (!resp || resp->status != 200 || first < 0) {
+        if (failed++ == 0)
+          first_error = !resp ? resp.error() : fmt::format("HTTP {}: {}", resp->status, resp->body.substr(0, 300));
+        return;
+      }
+      for (const auto& d : actors::sse_data(resp->body)) {
+        if (d == "[DONE]") continue;
+        json j = json::parse(d, nullptr, false);
+        if (!j.is_object() || !j.contains("usage") || !j["usage"].is_object()) continue;
+        r.output = j["usage"].value("completion_tokens", 0);
+        if (j["usage"].contains("prompt_tokens_details") && j["usage"]["prompt_tokens_details"].is_object())
+          r.cached_tokens = j["usage"]["prompt_tokens_details"].value("cached_tokens", 0);
+      }
+      r.first_token_s = first - t0, r.finish_s = last - t0;
+    });
+  for (auto& c : clients) c.join();
+  return recs;
+}
+
+int run_cluster_bench(const cluster_args& a) {
+  sim::workload_options wo;
+  wo.speed = a.speed, wo.length_scale = a.length_scale, wo.max_requests = a.requests, wo.max_input = a.max_input;
+  auto work = sim::mooncake_workload(a.trace, wo);
+  if (!work) {
+    fmt::print(stderr, "shoal bench cluster: {}\n", work.error());
+    return 2;
+  }
+  auto sh = cluster_shape(a.config);
+  if (!sh) {
+    fmt::print(stderr, "shoal bench cluster: {}\n", sh.error());
+    return 2;
+  }
+  std::vector<sim::policy_pair> pols;
+  for (const auto& n : a.policies) {
+    auto p = sim::policy_named(n);
+    if (!p) {
+      fmt::print(stderr, "shoal bench cluster: {}\n", p.error());
+      return 2;
+    }
+    pols.push_back(*p);
+  }
+  std::optional<sim::profile> prof;
+  if (!a.profile.empty()) {
+    auto p = sim::load_profile(a.profile);
+    if (!p) {
+      fmt::print(stderr, "shoal bench cluster: {}\n", p.error());
+      return 2;
+    }
+    if (auto ok = sim::apply_fitted(*p, a.cost_model, a.decode_cost_model); !ok) {
+      fmt::print(stderr, "shoal bench cluster: {}\n", ok.error());
+      return 2;
+    }
+    prof = *p;
+  }
+  // Prompt ids below every DeepSeek-V3 tokenizer's size (128,815; the embedding is padded to
+  // 129,280, and the gateway refuses ids past the tokenizer's).
+  const int64_t vocab = 128000;
+  fmt::print("trace {} ({} requests, speed {}, length scale {}), cluster {}: {} prefill + {} decode ranks\n",
+             fs::path(a.trace).filename().string(), work->size(), a.speed, a.length_scale, a.config, sh->prefill, sh->decode);
+  std::vector<sim::serving_metrics> real, simulated;
+  const double ttft_slo = prof ? prof->ttft_slo_s : 0, tpot_slo = prof ? prof->tpot_slo_s : 0;
+  for (const auto& p : pols) {
+    auto dir = policy_config(a.config, p, a.cost_model);
+    if (!dir) {
+      fmt::print(stderr, "shoal bench cluster: {}\n", dir.error());
+      return 2;
+    }
+    const fs::path state = *dir / "state";
+    if (cluster_up(*dir, state, 300) != 0) return 1;
+    int failed = 0;
+    std::string first_error;
+    auto recs = replay(*sh, *work, vocab, failed, first_error);
+    cluster_down(state, 60);
+    sim::serving_metrics m = sim::serving_from_records(p.name, recs, sh->prefill, ttft_slo, tpot_slo);
+    fmt::print("policy {}: {} finished, {} failed{}\n", p.name, m.finished, failed,
+               failed ? " (first: " + first_error + ")" : std::string());
+    json rec = json::parse(sim::to_jsonl(m, "cluster", ""));
+    rec["failed"] = failed, rec["trace"] = a.trace, rec["speed"] = a.speed, rec["length_scale"] = a.length_scale;
+    rec["machine"] = machine_facts();
+    append_jsonl(a.out, rec);
+    real.push_back(m);
+    std::error_code ec;
+    fs::remove_all(*dir, ec);
+    if (prof) {
+      sim::sim_config c;
+      c.prof = *prof;
+      c.prefill_ranks = sh->prefill, c.prefill_ep = 1, c.decode_ranks = sh->decode, c.decode_ep = 1, c.seed = a.seed;
+      auto r = sim::run_cluster(c, *work, p);
+      if (!r) {
+        fmt::print(stderr, "shoal bench cluster: {}\n", r.error());
+        return 2;
+      }
+      simulated.push_back(sim::summarize(*r, c));
+      json s = json::parse(sim::to_jsonl(simulated.back(), "sim", ""));
+      s["trace"] = a.trace, s["speed"] = a.speed, s["length_scale"] = a.length_scale, s["profile"] = prof->name;
+      s["machine"] = machine_facts();
+      append_jsonl(a.out, s);
+    }
+  }
+  fmt::print("real cluster:\n{}", sim::format_table(real));
+  if (prof) {
+    fmt::print("simulator ({}):\n{}", prof->name, sim::format_table(simulated));
+    for (size_t i = 0; i < real.size(); ++i)
+      fmt::print("{}: simulated / real TTFT p50 {:.2f}, TPOT p50 {:.2f}\n", real[i].policy,
+                 real[i].ttft_p50 > 0 ? simulated[i].ttft_p50 / real[i].ttft_p50 : 0.0,
+                 real[i].tpot_p50 > 0 ? simulated[i].tpot_p50 / real[i].tpot_p50 : 0.0);
+  }
+  return 0;
+}
+
+}  // namespace
+
+void add_cluster_bench(CLI::App& bench) {
+  auto a = std::make_shared<cluster_args>();
+  auto* c = bench.add_subcommand("cluster", "a trace against a real loopback cluster, per balancer policy");
+  c->add_option("--trace", a->trace, "Mooncake JSONL trace")->capture_default_str();
+  c->add_option("--config", a->config, "node-config directory of the cluster")->capture_default_str();
+  c->add_option("--speed", a->speed, "arrival rate × this")->capture_default_str();
+  c->add_option("--length-scale", a->length_scale, "input and output lengths × this")->capture_default_str();
+  c->add_option("--requests", a->requests, "first N requests of the trace")->capture_default_str();
+  c->add_option("--max-input", a->max_input, "cut longer prompts to this many tokens")->capture_default_str();
+  c->add_option("--policies", a->policies, "PREFILL+DECODE pairs or shoal sim's names")->delimiter(',')->capture_default_str();
+  c->add_option("--profile", a->profile, "also simulate the same requests with this profile (config/sim/*.json)");
+  c->add_option("--cost-model", a->cost_model, "fitted cost model for a profile whose step is \"fitted\" (also the gateway's balancer_cost_model)");
+  c->add_option("--decode-cost-model", a->decode_cost_model, "fitted decode steps (shoal bench fit-cost --decode) for the simulated decode pool");
+  c->add_option("--seed", a->seed, "simulator seed")->capture_default_str();
+  c->add_option("--out", a->out, "JSONL records")->capture_default_str();
+  c->callback([a] { set_exit_code(run_cluster_bench(*a)); });
+}
+
+}  // namespace shoal::tools
