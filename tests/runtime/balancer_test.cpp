@@ -237,3 +237,55 @@ TEST_CASE("decode placements: round-robin, least requests, balance ratio, names"
   CHECK(make_decode_placement("least_requests")->name() == "least_loaded");
   CHECK(make_decode_placement("x") == nullptr);
 }
+
+TEST_CASE("prefill balancer: excluded engines are skipped, a request placed again leaves its old engine") {
+  prefill_balancer b({prefill_policy::untiered});
+  for (int64_t e = 0; e < 3; ++e) b.add_engine(e, per_token);
+  CHECK(b.place(req(1, 100), 0) == 0);
+  const std::vector<int64_t> not0 = {0};
+  CHECK(b.place(req(2, 100), 0, not0) == 1);  // engine 0 excluded (it failed the request)
+  // Request 1 again, its engine excluded: it moves to engine 2 and leaves engine 0 empty.
+  CHECK(b.place(req(1, 100), 0, not0) == 2);
+  auto v = b.engines();
+  CHECK(v[0].in_flight == 0);
+  CHECK(v[1].in_flight == 1);
+  CHECK(v[2].in_flight == 1);
+  const std::vector<int64_t> all = {0, 1, 2};
+  CHECK_FALSE(b.place(req(3, 100), 0, all));
+  prefill_balancer rr({prefill_policy::round_robin});
+  for (int64_t e = 0; e < 3; ++e) rr.add_engine(e, per_token);
+  CHECK(rr.place(req(1, 10), 0) == 0);
+  const std::vector<int64_t> not1 = {1};
+  CHECK(rr.place(req(2, 10), 0, not1) == 2);  // the next in turn, skipping the excluded one
+  CHECK(rr.place(req(3, 10), 0) == 0);
+}
+
+TEST_CASE("prefill balancer: equal finishes go to the engine whose EP group is quieter") {
+  // Engines 0, 1 in group 0; 2, 3 in group 1. Engine 0 is busy far ahead; engines 1..3 idle.
+  prefill_balancer b({prefill_policy::untiered});
+  for (int64_t e = 0; e < 4; ++e) b.add_engine(e, per_token, e / 2);
+  CHECK(b.place(req(1, 5000), 0) == 0);
+  // Engines 1, 2 and 3 would all finish at 0.1 s; engine 1 steps in lockstep with busy engine
+  // 0, so the request goes to engine 2 (then ids decide between 2 and 3).
+  CHECK(b.place(req(2, 100), 0) == 2);
+  // Engines 1 and 3 tie at 0.1 s (engine 2 is at 0.2 s); group 1 holds 100 tokens, group 0
+  // 5000: engine 3.
+  CHECK(b.place(req(3, 100), 0) == 3);
+  CHECK(b.place(req(4, 100), 0) == 1);  // the only one left finishing at 0.1 s
+}
+
+TEST_CASE("decode placements: least KV; the decode balancer weighed by a decode step cost model") {
+  std::vector<decode_candidate> es = {{0, 1, 9000, 100, false}, {1, 8, 1000, 100, false}};
+  decode_ask ask{200, 0, 2};
+  CHECK(least_kv_placement().choose(ask, es, {}) == 1);  // fewest KV tokens, though busiest
+  // Weights: 20 ms per request, 1 µs per KV token (a CPU-like step: requests dominate).
+  // Score(0) = 0.02²·3 + 1e-6²·(2·9000·200 + 200²) = 1.2e-3 + 3.64e-6; score(1) = 0.02²·17 + … ≫.
+  decode_balancer heavy_requests(0.02, 1e-6);
+  CHECK(heavy_requests.choose(ask, es, {}) == 0);
+  // 1 µs per request, 1 ms per KV token (KV dominates): the small cache wins.
+  decode_balancer heavy_kv(1e-6, 1e-3);
+  CHECK(heavy_kv.choose(ask, es, {}) == 1);
+  CHECK(decode_balancer::score(es[0], 200, 0.02, 1e-6) == doctest::Approx(0.0004 * 3 + 1e-12 * (2.0 * 9000 * 200 + 40000)));
+  CHECK(make_decode_placement("least_kv")->name() == "least_kv");
+  CHECK(make_decode_placement("decode_balancer", 0.02, 1e-6)->choose(ask, es, {}) == 0);
+}

@@ -100,6 +100,10 @@ TEST_CASE("node_config: config/local-disagg/ is a gateway, 2 prefill and 2 decod
   CHECK(gw.listen == host_port{"127.0.0.1", 7200});
   CHECK(gw.http_listen == host_port{"127.0.0.1", 8000});
   CHECK(gw.disagg_role == engine_role::both);
+  CHECK(gw.prefill_policy == "tiered");
+  CHECK(gw.decode_policy == "decode_balancer");
+  CHECK(gw.tier_bounds == std::vector<int64_t>{16384, 65536, 262144});
+  CHECK(gw.balancer_round_ms == 10'000);
   const std::vector<std::pair<std::string, engine_role>> nodes = {{"prefill-a", engine_role::prefill},
                                                                   {"prefill-b", engine_role::prefill},
                                                                   {"decode-a", engine_role::decode},
@@ -232,6 +236,26 @@ TEST_CASE("node_config: every bad input names its line and key") {
        config_errc::missing_key, 6, "gateway.listen", "gateway role"},
       {"[gateway] on a node without the role", base + "[gateway]\nlisten = \"127.0.0.1:8000\"\n",
        config_errc::bad_value, 6, "gateway", "has no 'gateway'"},
+      {"unknown prefill policy",
+       "[node]\nname = \"g\"\nlisten = \"127.0.0.1:7100\"\nroles = [\"gateway\"]\nmodel_dir = \"m\"\n"
+       "[gateway]\nlisten = \"127.0.0.1:8000\"\nprefill_policy = \"fastest\"\n",
+       config_errc::bad_value, 8, "gateway.prefill_policy", "expected tiered, untiered"},
+      {"unknown decode policy",
+       "[node]\nname = \"g\"\nlisten = \"127.0.0.1:7100\"\nroles = [\"gateway\"]\nmodel_dir = \"m\"\n"
+       "[gateway]\nlisten = \"127.0.0.1:8000\"\ndecode_policy = \"random\"\n",
+       config_errc::bad_value, 8, "gateway.decode_policy", "expected decode_balancer"},
+      {"tier bounds not ascending",
+       "[node]\nname = \"g\"\nlisten = \"127.0.0.1:7100\"\nroles = [\"gateway\"]\nmodel_dir = \"m\"\n"
+       "[gateway]\nlisten = \"127.0.0.1:8000\"\ntier_bounds = [100, 50]\n",
+       config_errc::bad_value, 8, "gateway.tier_bounds", "ascending positive integers"},
+      {"tier bounds not an array",
+       "[node]\nname = \"g\"\nlisten = \"127.0.0.1:7100\"\nroles = [\"gateway\"]\nmodel_dir = \"m\"\n"
+       "[gateway]\nlisten = \"127.0.0.1:8000\"\ntier_bounds = 100\n",
+       config_errc::wrong_type, 8, "gateway.tier_bounds", "expected an array of integers"},
+      {"balancer round of 0 ms",
+       "[node]\nname = \"g\"\nlisten = \"127.0.0.1:7100\"\nroles = [\"gateway\"]\nmodel_dir = \"m\"\n"
+       "[gateway]\nlisten = \"127.0.0.1:8000\"\nbalancer_round_ms = 0\n",
+       config_errc::bad_value, 8, "gateway.balancer_round_ms", "must be ≥ 1"},
       {"gateway.listen = node.listen",
        "[node]\nname = \"g\"\nlisten = \"127.0.0.1:7100\"\nroles = [\"gateway\"]\nmodel_dir = \"m\"\n"
        "[gateway]\nlisten = \"127.0.0.1:7100\"\n",

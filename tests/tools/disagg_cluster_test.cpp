@@ -89,7 +89,10 @@ struct disagg_cluster {
                                   "role = \"prefill\"\ncost_model = \"" + (dir.path / "cost.json").string() +
                                     "\"\nstep_ms = 20");
       }
-      if (!gateway_keys.empty()) text = std::regex_replace(text, std::regex("\n\\[gateway\\]\n"), "\n[gateway]\n" + gateway_keys);
+      if (!gateway_keys.empty()) {  // the sample's policy lines give way to the test's
+        text = std::regex_replace(text, std::regex("\n(prefill_policy|decode_policy) = [^\n]*"), "");
+        text = std::regex_replace(text, std::regex("\n\\[gateway\\]\n"), "\n[gateway]\n" + gateway_keys);
+      }
       write_text(config_dir / (node_files[i] + ".toml"), text);
     }
   }

@@ -67,6 +67,9 @@ std::expected<fs::path, std::string> policy_config(const fs::path& dir, const si
     if (e.path().extension() != ".toml") continue;
     std::string text = read_text(e.path());
     if (auto at = text.find("\n[gateway]\n"); at != std::string::npos) {
+      for (const char* key : {"\nprefill_policy = ", "\ndecode_policy = ", "\nbalancer_cost_model = "})
+        for (size_t k; (k = text.find(key)) != std::string::npos;) text.erase(k, text.find('\n', k + 1) - k);
+      at = text.find("\n[gateway]\n");
       std::string keys = fmt::format("prefill_policy = \"{}\"\ndecode_policy = \"{}\"\n", runtime::to_string(p.prefill), p.decode);
       if (!cost_model.empty()) keys += fmt::format("balancer_cost_model = \"{}\"\n", fs::absolute(cost_model).string());
       text.insert(at + 11, keys);
