@@ -284,6 +284,7 @@ struct storage_stats_snapshot {
   int32_t high_watermark_pct = 0, low_watermark_pct = 0;
   uint64_t puts = 0, put_failures = 0, gets = 0, get_hits = 0;
   uint64_t gc_runs = 0, evicted_chunks = 0, sweeps = 0, expired_chunks = 0, corrupt_removed = 0;
+  double put_seconds = 0, get_seconds = 0;  // summed over successful puts / get hits (latency = / count)
   friend bool operator==(const storage_stats_snapshot&, const storage_stats_snapshot&) = default;
 };
 
@@ -291,7 +292,7 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, storage_stats_snapshot& x) {
   return f(caf::meta::type_name("storage_stats_snapshot"), x.chunks, x.usage_bytes, x.capacity_bytes,
            x.high_watermark_pct, x.low_watermark_pct, x.puts, x.put_failures, x.gets, x.get_hits, x.gc_runs,
-           x.evicted_chunks, x.sweeps, x.expired_chunks, x.corrupt_removed);
+           x.evicted_chunks, x.sweeps, x.expired_chunks, x.corrupt_removed, x.put_seconds, x.get_seconds);
 }
 
 // -- the SWA-cache tier -------------------------------------------------------------------------

@@ -92,7 +92,7 @@ storage_stats_snapshot snapshot(const storage_state& st) {
   return {s.chunks, s.usage_bytes, s.capacity_bytes,
           static_cast<int32_t>(o.gc_high_watermark * 100 + 0.5), static_cast<int32_t>(o.gc_low_watermark * 100 + 0.5),
           s.puts, s.put_failures, s.gets, s.get_hits, s.gc_runs, s.evicted_chunks, s.sweeps, s.expired_chunks,
-          s.corrupt_removed};
+          s.corrupt_removed, s.put_seconds, s.get_seconds};
 }
 
 // Flips one payload byte of the chunk's file (the path the store uses for the key).

@@ -105,6 +105,7 @@ struct node_metrics {
   counter prefill_tokens, decode_tokens;       // shoal_engine_{prefill,decode}_tokens_total
   gauge storage_usage, storage_capacity, storage_chunks;  // shoal_storage_{usage,capacity}_bytes, shoal_storage_chunks
   counter storage_puts, storage_gets, storage_gc_evicted, storage_ttl_expired;
+  counter storage_put_seconds, storage_get_seconds, storage_get_hits;  // latency: rate(seconds) / rate(count)
   // Gateway nodes: shoal_prefill_balancer_placements_total{engine}, …_tier_placements_total{tier},
   // shoal_decode_balancer_placements_total{engine}, shoal_decode_balancer_balance_ratio{window}.
   counter prefill_placements, prefill_tier_placements, decode_placements;

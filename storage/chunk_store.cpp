@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cerrno>
 #include <cstring>
 #include <limits>
@@ -289,6 +290,7 @@ store_result<void> chunk_store::write_temp(const std::string& tmp, std::span<con
 
 store_result<void> chunk_store::put(const chunk_key& key, std::span<const std::byte> bytes,
                                     traffic_class cls) {
+  const auto started = std::chrono::steady_clock::now();
   if (bytes.empty()) return std::unexpected(store_error{store_errc::empty_chunk, to_string(key)});
   if (bytes.size() > opts_.max_chunk_bytes)
     return std::unexpected(store_error{
@@ -343,10 +345,14 @@ store_result<void> chunk_store::put(const chunk_key& key, std::span<const std::b
     if (const int e = fsync_path(dir, true); e != 0)  // visible but maybe not durable: say so
       return std::unexpected(sys_error("fsync", dir, e));
   }
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  std::lock_guard lk2(mu_);
+  stats_.put_seconds += took;
   return {};
 }
 
 store_result<std::vector<std::byte>> chunk_store::get(const chunk_key& key) {
+  const auto started = std::chrono::steady_clock::now();
   uint64_t generation = 0;
   {
     std::lock_guard lk(mu_);
@@ -379,6 +385,7 @@ store_result<std::vector<std::byte>> chunk_store::get(const chunk_key& key) {
     lru_.insert(lru_of(key, it->second));
   }
   ++stats_.get_hits;
+  stats_.get_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   return payload;
 }
 

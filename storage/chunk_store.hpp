@@ -68,6 +68,8 @@ struct store_stats {
   uint64_t sweeps = 0, expired_chunks = 0, expired_bytes = 0;
   uint64_t corrupt_removed = 0;  // files that failed verification (at open or on get)
   uint64_t temp_removed = 0;     // leftover temp files removed at open
+  double put_seconds = 0;        // summed over the successful puts (fsync included): latency = / puts
+  double get_seconds = 0;        // summed over the gets that found their chunk: latency = / get_hits
 };
 
 class chunk_store;

@@ -427,7 +427,7 @@ TEST_CASE("every type of the type-ID block round-trips through a remote actor") 
   round_trip(self, remote, actors::chunk_put{{0xfedcba9876543210ull, 0x0123456789abcdefull}, 11, runtime::traffic_class::chat, mib});
   round_trip(self, remote, actors::chunk_put{});
   round_trip(self, remote, actors::chunk_query{{{1, 2}, {3, 4}}, {0, 11}});
-  round_trip(self, remote, actors::storage_stats_snapshot{1, 2, 3, 90, 70, 4, 5, 6, 7, 8, 9, 10, 11, 12});
+  round_trip(self, remote, actors::storage_stats_snapshot{1, 2, 3, 90, 70, 4, 5, 6, 7, 8, 9, 10, 11, 12, 0.25, 0.5});
   round_trip(self, remote, caf::actor_cast<actors::storage_node_actor>(locals[1]));
   round_trip(self, remote, mib);
   round_trip(self, remote, std::vector<uint8_t>{});

@@ -163,6 +163,9 @@ void scrape(caf::actor_system& sys, const node_parts& parts, node_metrics_server
     m.storage_gets.advance_to(static_cast<double>(st->gets), a);
     m.storage_gc_evicted.advance_to(static_cast<double>(st->evicted_chunks), a);
     m.storage_ttl_expired.advance_to(static_cast<double>(st->expired_chunks), a);
+    m.storage_put_seconds.advance_to(st->put_seconds, a);
+    m.storage_get_seconds.advance_to(st->get_seconds, a);
+    m.storage_get_hits.advance_to(static_cast<double>(st->get_hits), a);
   }
   if (parts.balancers) {
     const auto& m = s.m;
