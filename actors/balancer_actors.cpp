@@ -28,7 +28,7 @@ bool contains(const std::vector<caf::actor>& v, const caf::actor& a) { return st
 prefill_routing::prefill_routing(runtime::prefill_balancer_config config, runtime::cost_model cost)
     : balancer_(std::move(config)), cost_(cost), tier_placements_(static_cast<size_t>(balancer_.tiers()), 0) {}
 
-void prefill_routing::update(const membership& m, double now_s) {
+void prefill_routing::update(const membership& m) {
   std::map<int64_t, engine_ref> entry;
   fallback_.clear();
   for (const node_info& n : m.nodes) {
@@ -50,7 +50,6 @@ void prefill_routing::update(const membership& m, double now_s) {
   for (const auto& [id, ref] : entry_)
     if (!entry.contains(id)) balancer_.remove_engine(id);  // its relays place their requests again
   entry_ = std::move(entry);
-  (void)now_s;
 }
 
 std::optional<caf::actor> prefill_routing::route(request_id id, const std::vector<int32_t>& prompt,
@@ -215,7 +214,7 @@ prefill_balancer_actor::behavior_type prefill_behavior(prefill_balancer_actor::s
     },
     [self](done_atom, request_id id) { self->state.routing->done(id, wall_s()); },
     [self](stats_atom) { return self->state.routing->report(wall_s()); },
-    [self](const membership& m) { self->state.routing->update(m, wall_s()); },
+    [self](const membership& m) { self->state.routing->update(m); },
   };
 }
 

@@ -33,7 +33,7 @@ struct engine_ref {
 class prefill_routing {
  public:
   prefill_routing(runtime::prefill_balancer_config config, runtime::cost_model cost);
-  void update(const membership& m, double now_s);
+  void update(const membership& m);
   std::optional<caf::actor> route(request_id id, const std::vector<int32_t>& prompt,
                                   const std::vector<caf::actor>& exclude, double now_s);
   void done(request_id id, double now_s);

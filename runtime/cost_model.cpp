@@ -5,6 +5,8 @@
 // Files are JSON, one per (preset, machine), replaced atomically so a reader never sees half.
 #include "runtime/cost_model.hpp"
 
+#include "kernels/cpu/thread_pool.hpp"
+
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -374,8 +376,7 @@ std::string machine_id() {
     if (colon != std::string::npos) cpu = sanitize_name(line.substr(colon + 1));
     break;
   }
-  const unsigned threads = std::thread::hardware_concurrency();
-  return threads > 0 ? cpu + "-" + std::to_string(threads) + "c" : cpu;
+  return cpu + "-" + std::to_string(kernels::num_threads()) + "c";
 }
 
 std::string cost_model_path(const std::string& dir, const std::string& preset,

@@ -95,9 +95,10 @@ class cost_model {
 // becomes one '_', leading/trailing '_' are dropped, and an empty result becomes "unknown".
 std::string sanitize_name(std::string_view name);
 
-// "<cpu model name from /proc/cpuinfo, sanitized>-<hardware threads>c", e.g.
-// "Intel_R_Xeon_R_Platinum_8480-16c"; the name part is "unknown" when /proc/cpuinfo has no
-// "model name" line, and the "-<n>c" suffix is omitted when the thread count is unknown.
+// "<cpu model name from /proc/cpuinfo, sanitized>-<compute threads>c", e.g.
+// "Intel_R_Xeon_R_Platinum_8480-16c" (the kernels' thread count, kernels::num_threads: a fit
+// with 1 thread is another machine than one with 2); the name part is "unknown" when
+// /proc/cpuinfo has no "model name" line.
 std::string machine_id();
 
 // `<dir>/cost-<sanitize(preset)>-<sanitize(machine)>.json`

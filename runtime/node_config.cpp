@@ -15,6 +15,7 @@
 #include <charconv>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <limits>
 #include <tuple>
@@ -38,8 +39,8 @@ struct schema_section {
 // Every key the format knows; anything else is an error so that typos never pass silently.
 const std::vector<schema_section>& schema() {
   static const std::vector<schema_section> sections = {
-      {"node", {"name", "listen", "roles", "model_dir", "drain_timeout_ms", "metrics_listen"}},
-      {"engine", {"ranks", "cache_mib", "expert_parallel", "kv_storage", "role", "transport", "handoff_timeout_ms",
+      {"node", {"name", "listen", "roles", "model_dir", "drain_timeout_ms", "metrics_listen", "cpus"}},
+      {"engine", {"ranks", "threads", "cache_mib", "expert_parallel", "kv_storage", "role", "transport", "handoff_timeout_ms",
                   "cost_model", "step_ms", "swa_slots", "swa_timeout_ms"}},
       {"gateway", {"listen", "auth_token_file", "prefill_policy", "decode_policy", "balancer_round_ms", "tier_bounds",
                    "balancer_cost_model"}},
@@ -200,6 +201,30 @@ std::optional<int64_t> read_integer(error_sink& sink, const section& s, std::str
   return x;
 }
 
+// The integers in [lo, hi] of the array at `key`, each checked by `ok` against those before
+// it: nullopt when absent or wrong (an error naming the element is recorded, with `rule`).
+std::optional<std::vector<int64_t>> read_integer_array(
+    error_sink& sink, const section& s, std::string_view key, int64_t lo, int64_t hi, const std::string& rule,
+    const std::function<bool(const std::vector<int64_t>&, int64_t)>& ok) {
+  const toml::node* n = s.get(key);
+  if (!n) return std::nullopt;
+  const toml::array* array = n->as_array();
+  if (!array) {
+    sink.fail(config_errc::wrong_type, at(n->source()), s.path(key), "expected an array of integers, got " + type_name(*n));
+    return std::nullopt;
+  }
+  std::vector<int64_t> out;
+  for (const toml::node& e : *array) {
+    const toml::value<int64_t>* v = e.as_integer();
+    if (!v || v->get() < lo || v->get() > hi || !ok(out, v->get())) {
+      sink.fail(config_errc::bad_value, at(e.source()), s.path(key), "expected " + rule);
+      return std::nullopt;
+    }
+    out.push_back(v->get());
+  }
+  return out;
+}
+
 std::optional<bool> read_bool(error_sink& sink, const section& s, std::string_view key) {
   const toml::node* n = s.get(key);
   if (!n) return std::nullopt;
@@ -327,24 +352,10 @@ void read_balancers(error_sink& sink, const section& g, const fs::path& base, no
   }
   if (auto ms = read_integer(sink, g, "balancer_round_ms", 1, 24 * 3'600'000)) c.balancer_round_ms = *ms;
   c.balancer_cost_model = read_path(sink, g, "balancer_cost_model", base);
-  const toml::node* n = g.get("tier_bounds");
-  if (!n) return;
-  const toml::array* array = n->as_array();
-  if (!array) {
-    sink.fail(config_errc::wrong_type, at(n->source()), g.path("tier_bounds"), "expected an array of integers, got " + type_name(*n));
-    return;
-  }
-  std::vector<int64_t> bounds;
-  for (const toml::node& e : *array) {
-    const toml::value<int64_t>* v = e.as_integer();
-    if (!v || v->get() < 1 || (!bounds.empty() && v->get() <= bounds.back())) {
-      sink.fail(config_errc::bad_value, at(e.source()), g.path("tier_bounds"),
-                "expected ascending positive integers (prompt tokens)");
-      return;
-    }
-    bounds.push_back(v->get());
-  }
-  c.tier_bounds = std::move(bounds);
+  auto ascending = [](const std::vector<int64_t>& before, int64_t x) { return before.empty() || x > before.back(); };
+  if (auto b = read_integer_array(sink, g, "tier_bounds", 1, int64_t{1} << 40, "ascending positive integers (prompt tokens)",
+                                  ascending))
+    c.tier_bounds = std::move(*b);
 }
 
 std::optional<role> role_named(std::string_view name) {
@@ -408,6 +419,11 @@ void read_node(error_sink& sink, const section& s, const fs::path& base, node_co
   c.roles = read_roles(sink, s);
   if (std::optional<fs::path> p = read_path(sink, s, "model_dir", base)) c.model_dir = *p;
   if (std::optional<int64_t> ms = read_integer(sink, s, "drain_timeout_ms", 0, day_ms)) c.drain_timeout_ms = *ms;
+  auto unique = [](const std::vector<int64_t>& before, int64_t x) { return std::ranges::find(before, x) == before.end(); };
+  if (auto cpus = read_integer_array(sink, s, "cpus", 0, 1023, "distinct CPU numbers 0..1023 (as lscpu lists them)", unique)) {
+    if (cpus->empty()) sink.fail(config_errc::bad_value, s.pos("cpus"), s.path("cpus"), "expected at least one CPU");
+    c.cpus.assign(cpus->begin(), cpus->end());
+  }
 }
 
 void read_storage(error_sink& sink, const section& s, const fs::path& base, node_config& c) {
@@ -429,6 +445,7 @@ void read_storage(error_sink& sink, const section& s, const fs::path& base, node
 void read_sections(error_sink& sink, const sections& f, const fs::path& base, node_config& c) {
   read_node(sink, f.node, base, c);
   if (std::optional<int64_t> n = read_integer(sink, f.engine, "ranks", 1, 1024)) c.ranks = static_cast<int32_t>(*n);
+  if (std::optional<int64_t> n = read_integer(sink, f.engine, "threads", 0, 1024)) c.threads = static_cast<int32_t>(*n);
   if (std::optional<int64_t> n = read_integer(sink, f.engine, "cache_mib", 16, 1 << 20)) c.cache_mib = *n;
   if (std::optional<bool> b = read_bool(sink, f.engine, "expert_parallel")) c.expert_parallel = *b;
   if (std::optional<bool> b = read_bool(sink, f.engine, "kv_storage")) c.kv_storage = *b;

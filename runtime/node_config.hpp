@@ -41,9 +41,11 @@ struct node_config {
   std::filesystem::path model_dir;    // set iff the node has the gateway or engine role
   int64_t drain_timeout_ms = 30'000;  // SIGTERM: longest wait for running requests
   std::optional<host_port> metrics_listen;  // Prometheus text of this node's engines and storage nodes
+  std::vector<int> cpus;              // non-empty: the process runs on these CPUs only (sched_setaffinity)
 
   // [engine] (only with the engine role)
   int32_t ranks = 1;  // data-parallel ranks hosted by this node, ≥ 1
+  int32_t threads = 0;  // compute threads of the process's kernels; 0 = one per CPU it may run on
   int64_t cache_mib = 512;        // KV block memory per rank
   bool expert_parallel = false;   // ranks of all such engine nodes form one EP group
   bool kv_storage = false;        // the storage cluster is the ranks' second cache tier

@@ -369,10 +369,11 @@ class cluster {
     double dt = longest;
     if (prof_.step_noise > 0) dt *= std::max(0.5, 1.0 + prof_.step_noise * normal_(gs.rng));
     gs.stepping = true;
-    if (prof_.host_cores > 0) {
-      int64_t busy = 0;
-      for (const auto& o : groups_) busy += o.stepping ? static_cast<int64_t>(o.ranks.size()) : 0;
-      dt *= std::max(1.0, static_cast<double>(busy) / static_cast<double>(prof_.host_cores));
+    if (const int64_t cores = pp.cores > 0 ? pp.cores : prof_.host_cores; cores > 0) {
+      int64_t busy = 0;  // ranks computing now on the same cores: the pool's, or every pool's
+      for (const auto& o : groups_)
+        if (o.stepping && (pp.cores == 0 || o.prefill == gs.prefill)) busy += static_cast<int64_t>(o.ranks.size());
+      dt *= std::max(1.0, static_cast<double>(busy) / static_cast<double>(cores));
     }
     if (clock_.now_s() >= c_.warmup_s && clock_.now_s() < last_arrival_) {
       // % of perfect: within the lockstep group; balance ratio: over the whole pool (every

@@ -2,6 +2,7 @@
 #include "sim/profile.hpp"
 
 #include <cmath>
+#include <type_traits>
 #include <fstream>
 #include <sstream>
 
@@ -46,37 +47,33 @@ struct reader {
   void fail(const std::string& field, const std::string& why) {
     if (error.empty()) error = file + ": " + field + ": " + why;
   }
-  double number(const json& j, const std::string& path, const char* key, double lo, double hi, bool required = true,
-                double dflt = 0) {
+  // The number (T = double) or integer (T = int64_t) at `key` in [lo, hi]; `dflt` when absent
+  // and optional, or wrong (the first failure is recorded).
+  template <class T>
+  T value(const json& j, const std::string& path, const char* key, T lo, T hi, bool required, T dflt) {
     const std::string field = path.empty() ? key : path + "." + key;
     if (!j.contains(key)) {
       if (required) fail(field, "missing");
       return dflt;
     }
     const json& v = j.at(key);
-    if (!v.is_number()) {
-      fail(field, "not a number");
+    constexpr bool integral = std::is_integral_v<T>;
+    if (integral ? !v.is_number_integer() : !v.is_number()) {
+      fail(field, integral ? "not an integer" : "not a number");
       return dflt;
     }
-    double d = v.get<double>();
-    if (!std::isfinite(d) || d < lo || d > hi) fail(field, "out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+    const T d = v.get<T>();
+    if (!std::isfinite(static_cast<double>(d)) || d < lo || d > hi)
+      fail(field, "out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
     return d;
+  }
+  double number(const json& j, const std::string& path, const char* key, double lo, double hi, bool required = true,
+                double dflt = 0) {
+    return value<double>(j, path, key, lo, hi, required, dflt);
   }
   int64_t integer(const json& j, const std::string& path, const char* key, int64_t lo, int64_t hi, bool required = true,
                   int64_t dflt = 0) {
-    const std::string field = path.empty() ? key : path + "." + key;
-    if (!j.contains(key)) {
-      if (required) fail(field, "missing");
-      return dflt;
-    }
-    const json& v = j.at(key);
-    if (!v.is_number_integer()) {
-      fail(field, "not an integer");
-      return dflt;
-    }
-    int64_t d = v.get<int64_t>();
-    if (d < lo || d > hi) fail(field, "out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
-    return d;
+    return value<int64_t>(j, path, key, lo, hi, required, dflt);
   }
   const json* object(const json& j, const std::string& path, const char* key) {
     const std::string field = path.empty() ? key : path + "." + key;
@@ -103,6 +100,7 @@ void read_pool(reader& rd, const json& j, const std::string& path, pool_profile&
   p.token_budget = rd.integer(*o, path, "token_budget", 1, int64_t{1} << 24, false, p.token_budget);
   p.max_running = rd.integer(*o, path, "max_running", 1, 1 << 20, false, p.max_running);
   p.step_time_budget_s = rd.number(*o, path, "step_time_budget_s", 0, 1e3, false, 0);
+  p.cores = rd.integer(*o, path, "cores", 0, 4096, false, 0);
 }
 
 }  // namespace
@@ -147,6 +145,8 @@ std::expected<profile, std::string> parse_profile(std::string_view text, const s
   }
   p.step_noise = rd.number(j, "", "step_noise", 0, 0.5, false, 0);
   p.host_cores = rd.integer(j, "", "host_cores", 0, 4096, false, 0);
+  if (p.host_cores > 0 && (p.prefill.cores > 0 || p.decode.cores > 0))
+    rd.fail("host_cores", "give either host_cores (all ranks share them) or prefill.cores and decode.cores, not both");
   if (const json* s = rd.object(j, "", "slo")) {
     p.ttft_slo_s = rd.number(*s, "slo", "ttft_s", 1e-6, 1e5);
     p.tpot_slo_s = rd.number(*s, "slo", "tpot_s", 1e-6, 1e3);

@@ -28,6 +28,9 @@ struct pool_profile {
   // The d term over the whole step, d·(Σn)², instead of per item (Σ d·n²): the decode pool's
   // form, whose fit (shoal bench fit-cost --decode) has n = the step's batch.
   bool batch_quadratic = false;
+  // > 0: this pool's ranks share this many cores of their own (engines pinned by node.cpus):
+  // while k of its ranks compute at once, each step takes max(1, k / cores) times as long.
+  int64_t cores = 0;
 };
 
 struct storage_model {
@@ -50,7 +53,7 @@ struct profile {
   double handoff_latency_s = 0;
   storage_model storage;
   double step_noise = 0;          // relative sigma of each step's time (seeded)
-  int64_t host_cores = 0;         // > 0: ranks share this many cores (a loopback cluster on one host)
+  int64_t host_cores = 0;         // > 0: all ranks share this many cores (a loopback cluster on one host)
   double ttft_slo_s = 0, tpot_slo_s = 0;
 
   double step_seconds(const pool_profile& pool, std::span<const std::pair<int64_t, int64_t>> items) const;

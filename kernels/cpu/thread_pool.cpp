@@ -4,7 +4,11 @@
 #include "kernels/cpu/thread_pool.hpp"
 
 #include <algorithm>
+#include <sched.h>
+
+#include <cerrno>
 #include <condition_variable>
+#include <cstring>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -104,7 +108,7 @@ class pool {
   bool stopping_ = false;
 };
 
-int default_threads() { return std::max(1u, std::thread::hardware_concurrency()); }
+int default_threads() { return available_cpus(); }
 
 int initial_threads() {
   openblas_set_num_threads(1);  // the pool owns the threads; BLAS runs inside its parts
@@ -117,6 +121,29 @@ pool& instance() {
 }
 
 }  // namespace
+
+int available_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+std::string pin_to_cpus(const std::vector<int>& cpus) {
+  if (cpus.empty()) return "no CPUs given";
+  cpu_set_t allowed, set;
+  CPU_ZERO(&allowed);
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof allowed, &allowed) != 0) return std::string("sched_getaffinity: ") + std::strerror(errno);
+  for (int c : cpus) {
+    if (c < 0 || c >= CPU_SETSIZE || !CPU_ISSET(c, &allowed))
+      return "CPU " + std::to_string(c) + " is not one this process may run on (it may use " +
+             std::to_string(CPU_COUNT(&allowed)) + ": see lscpu and the process's cpuset)";
+    CPU_SET(c, &set);
+  }
+  if (sched_setaffinity(0, sizeof set, &set) != 0) return std::string("sched_setaffinity: ") + std::strerror(errno);
+  return {};
+}
 
 void set_num_threads(int n) {
   SHOAL_ASSERT(n >= 1);

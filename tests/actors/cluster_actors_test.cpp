@@ -186,7 +186,7 @@ TEST_CASE("prefill_routing: non-draining entry engines only, the policy's choice
   int64_t next = 1;
   auto route = [&](std::vector<caf::actor> exclude = {}) { return which(p.route(request_id{next++}, prompt, exclude, 0)); };
   CHECK(route() == -1);  // nothing known yet
-  p.update(m, 0);
+  p.update(m);
   CHECK(p.engines() == 3);
 
   using actor_list = std::vector<caf::actor>;
@@ -210,7 +210,7 @@ TEST_CASE("prefill_routing: non-draining entry engines only, the policy's choice
   // Placing a request again ends its old placement: 13 moves from e4 to e2.
   CHECK(which(p.route(request_id{13}, prompt, actor_list{e[4], e[1]}, 0)) == 2);  // 3 3 2
 
-  p.update(m, 0);  // a new view of the same engines keeps their counts
+  p.update(m);  // a new view of the same engines keeps their counts
   CHECK(route() == 4);  // 3 3 3
   actors::balancer_report r = p.report(0);
   CHECK(r.kind == "prefill");
@@ -222,10 +222,10 @@ TEST_CASE("prefill_routing: non-draining entry engines only, the policy's choice
   CHECK(r.tier_placements[0] == 13);  // every placement so far, all in the first tier
 
   m.nodes[3].draining = true;
-  p.update(m, 0);
+  p.update(m);
   CHECK(p.engines() == 2);
   CHECK(route(actor_list{e[1], e[2]}) == -1);
-  p.update(membership{}, 0);
+  p.update(membership{});
   CHECK(p.engines() == 0);
   CHECK(route() == -1);
 }
@@ -246,7 +246,7 @@ TEST_CASE("balancers: requests enter at prefill engines, handoffs go to decode e
   m.nodes[2].engine_role = "decode";
   actors::prefill_routing p({}, runtime::cost_model(0, 1, 0, 0));
   actors::decode_routing d("decode_balancer");
-  p.update(m, 0);
+  p.update(m);
   d.update(m);
   using actor_list = std::vector<caf::actor>;
   const std::vector<int32_t> prompt(100, 7);

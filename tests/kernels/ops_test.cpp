@@ -2,9 +2,12 @@
 // batch-invariance property of the fixed-order GEMM (a row's bits do not depend on m).
 #include <doctest/doctest.h>
 
+#include <sched.h>
+
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "kernels/cpu/ops.hpp"
@@ -163,4 +166,28 @@ TEST_CASE("parallel_for covers every index exactly once") {
     for (int64_t i = b; i < e; ++i) hits[i]++;
   });
   for (int h : hits) REQUIRE(h == 1);
+}
+
+TEST_CASE("pin_to_cpus restricts the calling thread to the CPUs given, and refuses CPUs it may not use") {
+  const int before = available_cpus();
+  REQUIRE(before >= 1);
+  std::string ok = "not run", bad_range, bad_empty;
+  int inside = 0;
+  std::thread t([&] {  // the test process keeps its own mask
+    bad_range = pin_to_cpus({100000});
+    bad_empty = pin_to_cpus({});
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(0, sizeof set, &set) != 0) return;
+    int first = 0;
+    while (!CPU_ISSET(first, &set)) ++first;
+    ok = pin_to_cpus({first});
+    inside = available_cpus();
+  });
+  t.join();
+  CHECK(ok.empty());
+  CHECK(inside == 1);
+  CHECK(bad_range.find("CPU 100000") != std::string::npos);
+  CHECK(bad_empty == "no CPUs given");
+  CHECK(available_cpus() == before);
 }

@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace fs = std::filesystem;
@@ -123,10 +124,27 @@ TEST_CASE("node_config: config/local-disagg/ is a gateway, 2 prefill and 2 decod
   }
 }
 
+TEST_CASE("node_config: config/bench-2p2d/ pins the prefill pool to CPU 0 and the decode pool to CPU 1") {
+  const node_config gw = load_sample("config/bench-2p2d/gateway.toml");
+  CHECK(gw.cpus.empty());
+  CHECK(gw.http_listen == host_port{"127.0.0.1", 8100});
+  for (const auto& [name, cpu, r] : {std::tuple{"prefill-a", 0, engine_role::prefill}, std::tuple{"prefill-b", 0, engine_role::prefill},
+                                     std::tuple{"decode-a", 1, engine_role::decode}, std::tuple{"decode-b", 1, engine_role::decode}}) {
+    const node_config e = load_sample(std::string("config/bench-2p2d/") + name + ".toml");
+    CAPTURE(name);
+    CHECK(e.cpus == std::vector<int>{cpu});
+    CHECK(e.threads == 1);
+    CHECK(e.disagg_role == r);
+    CHECK(e.seeds == std::vector<host_port>{gw.listen});
+  }
+}
+
 TEST_CASE("node_config: optional keys take their defaults") {
   const auto c = parse_node_config(base, "");
   REQUIRE_MESSAGE(c.has_value(), (c ? std::string() : to_string(c.error())));
   CHECK(c->ranks == 1);
+  CHECK(c->threads == 0);
+  CHECK(c->cpus.empty());
   CHECK(c->disagg_role == engine_role::both);
   CHECK(c->transport == "tcp;ofi_rxm");
   CHECK(c->drain_timeout_ms == 30'000);
@@ -297,6 +315,14 @@ TEST_CASE("node_config: every bad input names its line and key") {
        "engine.transport", "libfabric provider"},
       {"step budget without a cost model", base + "[engine]\nstep_ms = 20\n", config_errc::bad_value, 7,
        "engine.step_ms", "needs engine.cost_model"},
+      {"a CPU listed twice", base + "cpus = [0, 1, 0]\n", config_errc::bad_value, 6, "node.cpus",
+       "distinct CPU numbers"},
+      {"a negative CPU", base + "cpus = [-1]\n", config_errc::bad_value, 6, "node.cpus", "distinct CPU numbers"},
+      {"no CPUs", base + "cpus = []\n", config_errc::bad_value, 6, "node.cpus", "at least one CPU"},
+      {"cpus not an array", base + "cpus = 1\n", config_errc::wrong_type, 6, "node.cpus",
+       "expected an array of integers, got an integer"},
+      {"negative threads", base + "[engine]\nthreads = -1\n", config_errc::bad_value, 7, "engine.threads",
+       "must be ≥ 0, got -1"},
       {"handoff timeout of 0", base + "[engine]\nrole = \"decode\"\nhandoff_timeout_ms = 0\n",
        config_errc::bad_value, 8, "engine.handoff_timeout_ms", "got 0"},
   };

@@ -146,6 +146,37 @@ TEST_CASE("sim: bad configurations and profiles are refused with a reason") {
   CHECK(t.error().find("does not fit") != std::string::npos);
 }
 
+TEST_CASE("sim: cores shared by a pool's ranks slow the steps computed at once, not the other pool's") {
+  auto work = small_work();
+  sim_config c = small_config(3);
+  c.prefill_ep = 1, c.decode_ep = 1;  // ranks that step on their own
+  c.prof.step_noise = 0;
+  auto base = run_cluster(c, work, *policy_named("shoal"));
+  sim_config shared = c;
+  shared.prof.prefill.cores = 1;  // 8 prefill ranks on one core; decode ranks as before
+  auto slow = run_cluster(shared, work, *policy_named("shoal"));
+  REQUIRE(base);
+  REQUIRE(slow);
+  auto ttft = [](const sim_result& r) {
+    double s = 0;
+    for (const auto& q : r.requests) s += q.first_token_s - q.arrival_s;
+    return s;
+  };
+  CHECK(ttft(*slow) > 1.5 * ttft(*base));
+  CHECK(slow->prefill.busy_s > base->prefill.busy_s);
+  auto both = parse_profile(R"({"name":"x","model":"tiny","host_cores":2,
+      "prefill":{"step":{"a":0,"b":1,"c":0,"d":0},"kv_blocks":10,"cores":1},
+      "decode":{"step":{"a":0,"b":1,"c":0,"d":0},"kv_blocks":10},"kv_bytes_per_token":1,"handoff_gbps":1,
+      "storage":{"capacity_blocks":0,"read_latency_s":0,"read_gbps":1}})", "b.json");
+  REQUIRE_FALSE(both);
+  CHECK_MESSAGE(both.error().find("host_cores") != std::string::npos, both.error());
+  auto pinned = load_profile(std::string(SHOAL_SOURCE_DIR) + "/config/sim/cpu-pinned.json");
+  REQUIRE_MESSAGE(pinned, pinned.error());
+  CHECK(pinned->prefill.cores == 1);
+  CHECK(pinned->decode.cores == 1);
+  CHECK(pinned->host_cores == 0);
+}
+
 TEST_CASE("sim: ServeGen's client model gives a seeded, rate-true workload") {
   workload_options o;
   o.start_s = 36000, o.duration_s = 600;

@@ -135,7 +135,9 @@ TEST_CASE("3-process cluster: completions and chat, streamed and not, equal the 
   CHECK_MESSAGE(rc == 0, out);
   CHECK(out.find("engine-a         127.0.0.1:" + std::to_string(c.engine_a_port)) != std::string::npos);
   CHECK(out.find("engine-b/rank1  (engine + expert-parallel rank)") != std::string::npos);
-  CHECK(out.find("gateway/gateway  (gateway + balancers)") != std::string::npos);
+  CHECK(out.find("gateway/gateway  (gateway: HTTP API, request relays)") != std::string::npos);
+  CHECK(out.find("gateway/prefill_balancer  (balancer)") != std::string::npos);
+  CHECK(out.find("gateway/decode_balancer  (balancer)") != std::string::npos);
   CHECK(out.find("rank1: running=0 steps=") != std::string::npos);
   CHECK(out.find("steps=0 ") == std::string::npos);
   CHECK(out.find("0 request(s) in flight") != std::string::npos);

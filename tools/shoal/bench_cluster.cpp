@@ -46,13 +46,6 @@ struct cluster_args {
   std::string out = "bench/results/cluster.jsonl";
 };
 
-std::string read_text(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
-
 // A copy of the node configs beside the original (relative paths keep resolving) whose
 // gateway section names the policies.
 std::expected<fs::path, std::string> policy_config(const fs::path& dir, const sim::policy_pair& p,

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <random>
 
+#include "kernels/cpu/thread_pool.hpp"
 #include "model/forward.hpp"
 #include "model/generate.hpp"
 #include "runtime/cost_model.hpp"
@@ -38,7 +39,7 @@ std::vector<int32_t> random_prompt(size_t n, uint32_t seed, int32_t vocab) {
 }
 
 // Seconds to compute a chunk of n tokens after p computed ones (median of reps).
-double time_chunk(const model::model_weights& w, int64_t n, int64_t p, int reps) {
+double time_chunk(const model::model_weights& w, int64_t n, int64_t p, int reps, const model::forward_options& o) {
   const auto& c = w.config;
   auto tokens = random_prompt(static_cast<size_t>(n + p), 7, static_cast<int32_t>(std::min<int64_t>(c.vocab_size, 5000)));
   int64_t blocks = (n + p) / c.block_size + 1;
@@ -52,11 +53,11 @@ double time_chunk(const model::model_weights& w, int64_t n, int64_t p, int reps)
     for (int64_t pos = 0; pos < p; pos += 2048) {
       model::forward_item it{&cache, std::span<const int32_t>(tokens).subspan(pos, std::min<int64_t>(2048, p - pos)),
                              dec_from, 0, false, false};
-      model::forward(w, std::span<model::forward_item>(&it, 1), {});
+      model::forward(w, std::span<model::forward_item>(&it, 1), o);
     }
     model::forward_item it{&cache, std::span<const int32_t>(tokens).subspan(p, n), dec_from, 0, true, false};
     double t0 = now_s();
-    model::forward(w, std::span<model::forward_item>(&it, 1), {});
+    model::forward(w, std::span<model::forward_item>(&it, 1), o);
     t.push_back(now_s() - t0);
   }
   return median(t);
@@ -64,7 +65,7 @@ double time_chunk(const model::model_weights& w, int64_t n, int64_t p, int reps)
 
 // Seconds of one decode step of `batch` sequences, each `p` tokens deep (median of reps): the
 // sequences are prefilled once, then each rep decodes one token at position p of every one.
-double time_decode(const model::model_weights& w, int64_t batch, int64_t p, int reps) {
+double time_decode(const model::model_weights& w, int64_t batch, int64_t p, int reps, const model::forward_options& o) {
   const auto& c = w.config;
   const int64_t blocks = (p + 1) / c.block_size + 1;
   std::vector<std::vector<float>> storage(static_cast<size_t>(batch));
@@ -80,7 +81,7 @@ double time_decode(const model::model_weights& w, int64_t batch, int64_t p, int 
     for (int64_t pos = 0; pos < p; pos += 2048) {
       model::forward_item it{&cache, std::span<const int32_t>(tokens[b]).subspan(pos, std::min<int64_t>(2048, p - pos)),
                              0, 0, false, false};
-      model::forward(w, std::span<model::forward_item>(&it, 1), {});
+      model::forward(w, std::span<model::forward_item>(&it, 1), o);
     }
   }
   std::vector<double> t;
@@ -91,13 +92,18 @@ double time_decode(const model::model_weights& w, int64_t batch, int64_t p, int 
       items.push_back({&caches[b], std::span<const int32_t>(tokens[b]).subspan(p, 1), 0, 0, true, false});
     }
     double t0 = now_s();
-    model::forward(w, items, {});
+    model::forward(w, items, o);
     t.push_back(now_s() - t0);
   }
   return median(t);
 }
 
-int run_fit_cost(const std::string& preset, const std::string& dir, int reps, bool decode) {
+int run_fit_cost(const std::string& preset, const std::string& dir, int reps, bool decode, int threads, bool blas) {
+  if (threads > 0) kernels::set_num_threads(threads);  // the fit's machine id says how many
+  // shoald always runs the batch-invariant kernels (tools/shoald/engine_options.hpp): fit
+  // those unless asked for the BLAS ones of the offline engine, a different cost model.
+  model::forward_options fo;
+  fo.batch_invariant = !blas;
   auto w = preset_weights(preset);
   std::vector<runtime::cost_sample> samples;
   if (decode) {  // samples (n = batch, p = context): t = a + b·B + c·B·p + d·B², ΣKV = B·p
@@ -105,7 +111,7 @@ int run_fit_cost(const std::string& preset, const std::string& dir, int reps, bo
     if (preset != "small") ps = {16, 64, 256};
     for (int64_t p : ps)
       for (int64_t b : bs) {
-        double t = time_decode(*w, b, p, reps);
+        double t = time_decode(*w, b, p, reps, fo);
         samples.push_back({b, p, t});
         fmt::print("decode batch={:3d} context={:5d}: {:.4f} s\n", b, p, t);
       }
@@ -114,7 +120,7 @@ int run_fit_cost(const std::string& preset, const std::string& dir, int reps, bo
     if (preset != "small") ns = {4, 16, 64, 256}, ps = {0, 64, 256};
     for (int64_t p : ps)
       for (int64_t n : ns) {
-        double t = time_chunk(*w, n, p, reps);
+        double t = time_chunk(*w, n, p, reps, fo);
         samples.push_back({n, p, t});
         fmt::print("n={:5d} p={:5d}: {:.4f} s\n", n, p, t);
       }
@@ -124,7 +130,7 @@ int run_fit_cost(const std::string& preset, const std::string& dir, int reps, bo
     fmt::print(stderr, "shoal bench fit-cost: {}\n", m.error());
     return 1;
   }
-  m->set_preset(decode ? preset + "-decode" : preset);
+  m->set_preset((decode ? preset + "-decode" : preset) + (blas ? "-blas" : ""));
   m->set_machine(runtime::machine_id());
   auto path = runtime::save_cost_model(dir, *m);
   if (!path) {
@@ -204,15 +210,22 @@ void add_model_benches(CLI::App& bench) {
   auto dir = std::make_shared<std::string>("bench/cost-models");
   auto reps = std::make_shared<int>(3);
   auto decode = std::make_shared<bool>(false);
+  auto threads = std::make_shared<int>(0);
+  auto blas = std::make_shared<bool>(false);
   fit->add_option("--preset", *preset, "tiny | small | v3-tiny");
   fit->add_flag("--decode", *decode,
                 "fit decode steps instead (n = batch, p = context: cost-<preset>-decode-<machine>.json), the "
                 "simulator's decode profile");
   fit->add_option("--dir", *dir, "where cost-<preset>-<machine>.json is written");
   fit->add_option("--reps", *reps, "repetitions per point (median)");
+  fit->add_option("--threads", *threads, "compute threads, as engine.threads (default: one per CPU)")
+      ->check(CLI::Range(1, 1024));
+  fit->add_flag("--blas", *blas,
+                "time the OpenBLAS kernels of the offline engine (batch_invariant off: cost-<preset>-blas-...) "
+                "instead of the batch-invariant ones every shoald engine runs");
   fit->callback([=] {
     try {
-      set_exit_code(run_fit_cost(*preset, *dir, *reps, *decode));
+      set_exit_code(run_fit_cost(*preset, *dir, *reps, *decode, *threads, *blas));
     } catch (const std::exception& e) {
       fmt::print(stderr, "shoal bench fit-cost: {}\n", e.what());
       set_exit_code(1);

@@ -46,13 +46,6 @@ struct node_entry {
   fs::path log;
 };
 
-std::string read_text(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
-
 fs::path self_dir() {
   std::error_code ec;
   fs::path exe = fs::read_symlink("/proc/self/exe", ec);
@@ -176,6 +169,13 @@ void stop_all(const std::vector<std::pair<pid_t, std::string>>& nodes, std::chro
 }
 
 }  // namespace
+
+std::string read_text(const std::filesystem::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
 
 int cluster_up(const fs::path& config, const fs::path& state_dir, int timeout_s) {
   fs::path state = state_dir / "cluster.pids";

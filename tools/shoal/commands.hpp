@@ -3,6 +3,7 @@
 #pragma once
 
 #include <filesystem>
+#include <string>
 
 namespace CLI {
 class App;
@@ -28,6 +29,8 @@ void add_cluster_bench(CLI::App& bench);    // bench cluster
 // `shoal up` / `shoal down` (cluster_commands.cpp): exit codes.
 int cluster_up(const std::filesystem::path& config, const std::filesystem::path& state_dir, int timeout_s);
 int cluster_down(const std::filesystem::path& state_dir, int timeout_s);
+// The whole file as bytes; empty when it cannot be read.
+std::string read_text(const std::filesystem::path& p);
 int exit_code();
 void set_exit_code(int code);
 

@@ -177,7 +177,11 @@ bool shell::cmd_actors(const std::string& which) {
     if (!which.empty() && n.name != which) continue;
     fmt::print("{}  (node agent)\n", n.name);
     for (const auto& role : n.roles)
-      if (role == "gateway") fmt::print("{}/gateway  (gateway + balancers)\n", n.name);
+      if (role == "gateway") fmt::print("{}/gateway  (gateway: HTTP API, request relays)\n", n.name);
+    // node_info.balancers: the prefill balancer, then the decode balancer (shell `balancers`).
+    static constexpr const char* balancer_names[] = {"prefill_balancer", "decode_balancer"};
+    for (size_t i = 0; i < n.balancers.size() && i < 2; ++i)
+      if (n.balancers[i]) fmt::print("{}/{}  (balancer)\n", n.name, balancer_names[i]);
     for (const auto& r : n.ranks)
       fmt::print("{}/rank{}  (engine{})\n", n.name, r.index, r.rank ? " + expert-parallel rank" : "");
     for (size_t i = 0; i < n.storage.size(); ++i) fmt::print("{}/storage{}  (storage node)\n", n.name, i);

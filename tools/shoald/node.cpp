@@ -23,6 +23,7 @@
 #include <caf/send.hpp>
 
 #include "actors/engine_actor.hpp"
+#include "kernels/cpu/thread_pool.hpp"
 #include "actors/gateway_actor.hpp"
 #include "actors/http_server.hpp"
 #include "actors/interfaces.hpp"
@@ -293,6 +294,17 @@ sigset_t stop_signals() {
 }
 
 int run_node(const runtime::node_config& cfg, logger& log) {
+  // CPUs and compute threads first: every thread started from here on inherits the mask.
+  if (!cfg.cpus.empty()) {
+    if (std::string e = kernels::pin_to_cpus(cfg.cpus); !e.empty()) {
+      log.error("key 'node.cpus': {}", e);
+      return exit_failure;
+    }
+  }
+  if (cfg.threads > 0) kernels::set_num_threads(cfg.threads);
+  if (cfg.has_role(runtime::role::engine))
+    log.info("compute threads: {} on {} CPU{}", kernels::num_threads(), kernels::available_cpus(),
+             kernels::available_cpus() == 1 ? "" : "s");
   // Everything the node needs from its model directory, before any actor exists.
   std::shared_ptr<const model::model_weights> weights;
   std::shared_ptr<const model::tokenizer> tok;
