@@ -2,9 +2,9 @@
 #include "sim/profile.hpp"
 
 #include <cmath>
-#include <type_traits>
 #include <fstream>
 #include <sstream>
+#include <type_traits>
 
 #include <nlohmann/json.hpp>
 

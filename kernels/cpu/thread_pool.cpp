@@ -3,9 +3,9 @@
 // workers.
 #include "kernels/cpu/thread_pool.hpp"
 
-#include <algorithm>
 #include <sched.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <condition_variable>
 #include <cstring>
