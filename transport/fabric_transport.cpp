@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <deque>
 #include <list>
 #include <map>
 #include <mutex>
@@ -29,9 +30,6 @@ namespace {
 
 std::string fi_error(const char* what, int rc) { return std::string(what) + ": " + fi_strerror(-rc); }
 
-// Longest a read() caller (an engine's step loop) waits for the provider to take a read.
-constexpr std::chrono::milliseconds post_wait{20};
-
 // Closes a libfabric object (null-safe).
 template <class T>
 void close_fid(T*& obj) {
@@ -54,9 +52,20 @@ struct read_op {
   bool cancelled = false;
 };
 
+// One fi_read. A piece the provider has no room for yet (rxm still connecting to a new peer,
+// a full queue) waits in the transport's queue; the progress thread posts it when the provider
+// takes it, or ends it at its read's deadline.
 struct piece {
   fi_context2 ctx;  // first: the completion's op_context points here
   read_op* op;
+  std::byte* buf = nullptr;
+  size_t len = 0;
+  void* desc = nullptr;
+  fi_addr_t peer = FI_ADDR_UNSPEC;
+  uint64_t remote_addr = 0, key = 0;
+  bool posted = false;
+
+  ssize_t post(fid_ep* ep) { return fi_read(ep, buf, len, desc, peer, remote_addr, key, &ctx); }
 };
 
 struct fabric_transport::state {
@@ -75,6 +84,7 @@ struct fabric_transport::state {
   std::map<std::vector<uint8_t>, fi_addr_t> peers;
   std::list<read_op> ops;
   std::list<piece> pieces;
+  std::deque<piece*> unposted;  // pieces the provider did not take yet, in posting order
   uint64_t next_key = 1;
   bool stopping = false;
   std::thread progress;
@@ -194,8 +204,27 @@ struct fabric_transport::state {
         op.cancelled = true;
         op.error = op.error.empty() ? "read timed out (owner gone or not progressing)" : op.error;
         for (auto& p : pieces)
-          if (p.op == &op) fi_cancel(&ep->fid, &p.ctx);  // comes back as a canceled completion, if at all
+          if (p.op == &op && p.posted) fi_cancel(&ep->fid, &p.ctx);  // comes back as a canceled completion, if at all
       }
+  }
+
+  // Posts the queued pieces in order until the provider takes no more; pieces of a read
+  // past its deadline (or failed already) end without being posted.
+  void post_queued() {
+    std::lock_guard lock(mu);
+    while (!unposted.empty()) {
+      piece* p = unposted.front();
+      if (p->op->cancelled || !p->op->error.empty()) {
+        unposted.pop_front();
+        piece_done(p, p->op->error);
+        continue;
+      }
+      const ssize_t rc = p->post(ep);
+      if (rc == -FI_EAGAIN) return;
+      unposted.pop_front();
+      if (rc) piece_done(p, fi_error("fi_read", static_cast<int>(rc)));
+      else p->posted = true;
+    }
   }
 
   void run() {
@@ -206,6 +235,7 @@ struct fabric_transport::state {
       }
       drain_cq();
       check_deadlines();
+      post_queued();
       bool idle;
       {
         std::lock_guard lock(mu);
@@ -364,6 +394,7 @@ fabric_transport::~fabric_transport() {
     op.result->complete("transport closed");
   }
   s_->ops.clear();
+  s_->unposted.clear();
   s_->pieces.clear();
 }
 
@@ -457,6 +488,14 @@ std::shared_ptr<runtime::transfer> fabric_transport::post(const runtime::remote_
     op->deadline = std::chrono::steady_clock::now() + timeout;
   }
   void* desc = local ? fi_mr_desc(local) : nullptr;
+  // The caller is a step loop: it never waits for the provider. A piece the provider does not
+  // take at once (rxm connecting to a new peer, a full queue) and every piece after it go to
+  // the queue the progress thread posts from, up to the read's deadline.
+  bool queueing;
+  {
+    std::lock_guard lock(s_->mu);
+    queueing = !s_->unposted.empty();  // keep the order of reads already waiting
+  }
   for (size_t off = 0; off < dst.size();) {
     const size_t n = std::min(s_->max_msg, dst.size() - off);
     piece* p;
@@ -464,25 +503,29 @@ std::shared_ptr<runtime::transfer> fabric_transport::post(const runtime::remote_
       std::lock_guard lock(s_->mu);
       p = &s_->pieces.emplace_back();
       p->op = op;
+      p->buf = dst.data() + off;
+      p->len = n;
+      p->desc = desc;
+      p->peer = *fa;
+      p->remote_addr = addr + off;
+      p->key = src.key;
       ++op->pieces_out;
-    }
-    // The caller is a step loop: it waits for queue room briefly (the progress thread frees
-    // it), never up to the read's deadline; a provider that takes nothing for that long
-    // (typically an owner that is gone) fails the read now and the caller falls back.
-    const auto give_up = std::min(op->deadline, std::chrono::steady_clock::now() + post_wait);
-    ssize_t rc;
-    while ((rc = fi_read(s_->ep, dst.data() + off, n, desc, *fa, addr + off, src.key, &p->ctx)) == -FI_EAGAIN) {
-      if (std::chrono::steady_clock::now() >= give_up) break;
-      std::this_thread::yield();
-    }
-    if (rc) {
-      std::lock_guard lock(s_->mu);
-      s_->piece_done(p, rc == -FI_EAGAIN ? "the provider took no read for " + std::to_string(post_wait.count()) +
-                                               " ms (its queue full: owner gone or not progressing)"
-                                         : fi_error("fi_read", static_cast<int>(rc)));
-      break;
+      if (queueing) s_->unposted.push_back(p);
+      else p->posted = true;  // before the call: once posted, its completion may free it at once
     }
     off += n;
+    if (queueing) continue;
+    const ssize_t rc = p->post(s_->ep);
+    if (rc == 0) continue;  // p may be gone already
+    std::lock_guard lock(s_->mu);
+    p->posted = false;
+    if (rc == -FI_EAGAIN) {
+      queueing = true;
+      s_->unposted.push_back(p);
+    } else {
+      s_->piece_done(p, fi_error("fi_read", static_cast<int>(rc)));
+      break;
+    }
   }
   std::lock_guard lock(s_->mu);
   op->posting = false;

@@ -2,7 +2,10 @@
 // read by peers with one-sided RMA (fi_read), so the owner's CPU copies nothing. One endpoint
 // per transport, one completion queue polled by the transport's progress thread (providers
 // like tcp;ofi_rxm progress manually: the owner's side must poll too for reads of its memory
-// to complete). Bring-up errors name the provider and the step that failed.
+// to complete). A read never waits on its caller's thread: a piece the provider does not take
+// at once (rxm still connecting to a new peer, a full queue) is queued and posted by the
+// progress thread, or ended at its read's deadline. Bring-up errors name the provider and the
+// step that failed.
 #pragma once
 
 #include <chrono>
