@@ -8,11 +8,14 @@
 #include <cstring>
 #include <random>
 #include <thread>
+#include <utility>
 #include <vector>
 
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "storage/crc32c.hpp"
 #include "transport/fabric_transport.hpp"
 
 using namespace shoal;
@@ -122,14 +125,17 @@ TEST_CASE("fabric transport: bad provider, foreign address, wrong size and a gon
   }
 }
 
-TEST_CASE("fabric transport: a read from another process's registered memory is bit-exact") {
-  for (const auto& cfg : providers) {
-    CAPTURE(cfg.provider);
-    int to_parent[2], to_child[2];
+// Another process that registers `n` random bytes (seed 11) and sends their descriptor; it
+// exits when told to (finish()), after closing its endpoint.
+struct forked_owner {
+  int to_parent[2] = {-1, -1}, to_child[2] = {-1, -1};
+  pid_t pid = -1;
+  runtime::remote_memory desc;
+
+  forked_owner(const fabric_config& cfg, size_t n) {
     REQUIRE(::pipe(to_parent) == 0);
     REQUIRE(::pipe(to_child) == 0);
-    const size_t n = (2 << 20) + 77;
-    pid_t pid = ::fork();
+    pid = ::fork();
     REQUIRE(pid >= 0);
     if (pid == 0) {  // the owner: registers, sends its descriptor, waits for the word to go
       auto t = fabric_transport::create(cfg);
@@ -149,27 +155,46 @@ TEST_CASE("fabric transport: a read from another process's registered memory is 
     }
     uint64_t head[5];
     REQUIRE(::read(to_parent[0], head, sizeof head) == sizeof head);
-    runtime::remote_memory d;
-    d.owner.resize(head[0]);
-    REQUIRE(::read(to_parent[0], d.owner.data(), d.owner.size()) == static_cast<ssize_t>(d.owner.size()));
-    d.addr = head[1];
-    d.key = head[2];
-    d.length = head[3];
-    d.crc32c = static_cast<uint32_t>(head[4]);
-    auto reader = make(cfg);
-    std::vector<std::byte> dst(n);
-    auto t = reader->read(d, dst, std::chrono::seconds(5));
-    bool settled = settle(*t);
+    desc.owner.resize(head[0]);
+    REQUIRE(::read(to_parent[0], desc.owner.data(), desc.owner.size()) == static_cast<ssize_t>(desc.owner.size()));
+    desc.addr = head[1];
+    desc.key = head[2];
+    desc.length = head[3];
+    desc.crc32c = static_cast<uint32_t>(head[4]);
+  }
+
+  // Tells the owner to go; true when it exited cleanly.
+  bool finish() {
     char go = 1;
     CHECK(::write(to_child[1], &go, 1) == 1);
     int status = 0;
-    ::waitpid(pid, &status, 0);
-    CHECK(WIFEXITED(status));
-    CHECK(WEXITSTATUS(status) == 0);
+    ::waitpid(std::exchange(pid, -1), &status, 0);
+    return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  }
+
+  ~forked_owner() {
+    if (pid > 0) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+    }
+    for (int fd : {to_parent[0], to_parent[1], to_child[0], to_child[1]})
+      if (fd >= 0) ::close(fd);
+  }
+};
+
+TEST_CASE("fabric transport: a read from another process's registered memory is bit-exact") {
+  for (const auto& cfg : providers) {
+    CAPTURE(cfg.provider);
+    const size_t n = (2 << 20) + 77;
+    forked_owner owner(cfg, n);
+    auto reader = make(cfg);
+    std::vector<std::byte> dst(n);
+    auto t = reader->read(owner.desc, dst, std::chrono::seconds(5));
+    bool settled = settle(*t);
+    CHECK(owner.finish());
     REQUIRE(settled);
     CHECK_MESSAGE(t->ok(), t->error());
     CHECK(dst == random_bytes(n, 11));
-    for (int fd : {to_parent[0], to_parent[1], to_child[0], to_child[1]}) ::close(fd);
   }
 }
 
@@ -218,5 +243,45 @@ TEST_CASE("fabric transport: read_all coalesces ranges adjacent on both sides, e
     REQUIRE(settle(*ts[0]));
     CHECK(!ts[0]->ok());
     CHECK(ts[0]->error().find("checksum mismatch") != std::string::npos);
+  }
+}
+
+TEST_CASE("fabric transport: thousands of reads of an owner that is stopped for a while all complete bit-exact") {
+  // More reads than a provider queue holds, to an owner process this endpoint has not read
+  // before (rxm connects on the first read) and that makes no progress for 300 ms (SIGSTOP):
+  // the reads the provider cannot take meanwhile wait in the transport's queue, they do not
+  // fail, and read_all returns without waiting for the provider.
+  for (const auto& cfg : providers) {
+    CAPTURE(cfg.provider);
+    constexpr size_t block = 1024, n = 4096;
+    forked_owner owner(cfg, block * n);
+    const auto bytes = random_bytes(block * n, 11);
+    REQUIRE(::kill(owner.pid, SIGSTOP) == 0);
+    auto reader = make(cfg);
+    std::vector<std::byte> dst(block * n);
+    std::vector<runtime::remote_memory> srcs;
+    std::vector<std::span<std::byte>> dsts;
+    for (size_t i = 0; i < n; ++i) {  // block i lands at n-1-i: no two reads coalesce
+      runtime::remote_memory m = owner.desc;
+      m.addr += i * block;
+      m.length = block;
+      m.crc32c = storage::crc32c(bytes.data() + i * block, block);
+      srcs.push_back(m);
+      dsts.emplace_back(dst.data() + (n - 1 - i) * block, block);
+    }
+    auto ts = reader->read_all(srcs, dsts, std::chrono::seconds(20));
+    REQUIRE(ts.size() == n);
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    REQUIRE(::kill(owner.pid, SIGCONT) == 0);
+    size_t failed = 0;
+    std::string first_error;
+    for (auto& t : ts) {
+      REQUIRE(settle(*t, std::chrono::seconds(30)));
+      if (!t->ok() && failed++ == 0) first_error = t->error();
+    }
+    CHECK_MESSAGE(failed == 0, first_error);
+    for (size_t i = 0; i < n; ++i)
+      if (std::memcmp(dst.data() + (n - 1 - i) * block, bytes.data() + i * block, block) != 0) FAIL("block " << i << " differs");
+    CHECK(owner.finish());
   }
 }
