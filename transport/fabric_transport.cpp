@@ -79,6 +79,7 @@ struct fabric_transport::state {
   std::vector<uint8_t> addr;
   uint64_t mr_mode = 0;
   size_t max_msg = 0;
+  bool cq_waits = false;  // the cq has a wait object: the progress thread sleeps in fi_cq_sread
 
   std::mutex mu;  // guards everything below
   std::map<std::vector<uint8_t>, fi_addr_t> peers;
@@ -227,7 +228,20 @@ struct fabric_transport::state {
     }
   }
 
+  // Under mu: how long the progress thread may sleep before it must look again: until the
+  // nearest read deadline, at most 100 ms (a completion or fi_cq_signal wakes it earlier).
+  std::chrono::milliseconds sleep_budget() const {
+    auto wait = std::chrono::milliseconds(100);
+    const auto now = std::chrono::steady_clock::now();
+    for (const auto& op : ops)
+      if (!op.cancelled)
+        wait = std::min(wait, std::max(std::chrono::milliseconds(0),
+                                       std::chrono::ceil<std::chrono::milliseconds>(op.deadline - now)));
+    return wait;
+  }
+
   void run() {
+    fi_cq_entry entries[16];
     for (;;) {
       {
         std::lock_guard lock(mu);
@@ -236,15 +250,33 @@ struct fabric_transport::state {
       drain_cq();
       check_deadlines();
       post_queued();
-      bool idle;
+      bool retry_posts;
+      std::chrono::milliseconds wait;
       {
         std::lock_guard lock(mu);
-        idle = ops.empty();
+        retry_posts = !unposted.empty();
+        wait = sleep_budget();
       }
-      // Busy while reads are out (their latency is the point); a short sleep otherwise, while
-      // still progressing reads of this endpoint's own memory by peers.
-      if (idle) std::this_thread::sleep_for(std::chrono::microseconds(200));
+      // A piece the provider refused (rxm still connecting) is retried every 100 µs: no
+      // completion would wake the thread for it.
+      if (retry_posts || !cq_waits) {
+        std::this_thread::sleep_for(std::chrono::microseconds(retry_posts ? 100 : 200));
+        continue;
+      }
+      // Sleeps in the provider's wait object until a completion, a peer's request for this
+      // endpoint's memory (manual data progress: the owner's side runs here too), a signal
+      // from post() or the destructor, or the nearest deadline. A busy loop here took a
+      // core from the engines of a 2-core machine whenever a read was out.
+      const ssize_t n = fi_cq_sread(cq, entries, 16, nullptr, static_cast<int>(wait.count()));
+      if (n > 0) {
+        std::lock_guard lock(mu);
+        for (ssize_t i = 0; i < n; ++i) piece_done(static_cast<piece*>(entries[i].op_context), "");
+      }  // errors (-FI_EAVAIL) and timeouts: the next drain_cq sees them
     }
+  }
+
+  void wake() {
+    if (cq_waits) fi_cq_signal(cq);
   }
 };
 
@@ -306,8 +338,12 @@ std::expected<std::shared_ptr<fabric_transport::state>, std::string> bring_up(co
   fi_cq_attr cq{};
   cq.format = FI_CQ_FORMAT_CONTEXT;
   cq.size = 1024;
-  cq.wait_obj = FI_WAIT_NONE;
-  if ((rc = fi_cq_open(s->domain, &cq, &s->cq, nullptr))) return std::unexpected(where + ": " + fi_error("fi_cq_open", rc));
+  cq.wait_obj = FI_WAIT_UNSPEC;  // so the progress thread can sleep; polling if the provider has none
+  s->cq_waits = fi_cq_open(s->domain, &cq, &s->cq, nullptr) == 0;
+  if (!s->cq_waits) {
+    cq.wait_obj = FI_WAIT_NONE;
+    if ((rc = fi_cq_open(s->domain, &cq, &s->cq, nullptr))) return std::unexpected(where + ": " + fi_error("fi_cq_open", rc));
+  }
   if ((rc = fi_endpoint(s->domain, s->info, &s->ep, nullptr))) return std::unexpected(where + ": " + fi_error("fi_endpoint", rc));
   if ((rc = fi_ep_bind(s->ep, &s->av->fid, 0))) return std::unexpected(where + ": " + fi_error("fi_ep_bind(av)", rc));
   if ((rc = fi_ep_bind(s->ep, &s->cq->fid, FI_TRANSMIT | FI_RECV)))
@@ -386,6 +422,7 @@ fabric_transport::~fabric_transport() {
     std::lock_guard lock(s_->mu);
     s_->stopping = true;
   }
+  s_->wake();
   s_->progress.join();
   close_fid(s_->ep);  // what is still in flight ends here
   std::lock_guard lock(s_->mu);
@@ -529,6 +566,7 @@ std::shared_ptr<runtime::transfer> fabric_transport::post(const runtime::remote_
   }
   std::lock_guard lock(s_->mu);
   op->posting = false;
+  if (queueing) s_->wake();  // the progress thread posts the rest
   s_->finish_if_done(op);
   return result;
 }
