@@ -176,6 +176,7 @@ void read_vision(config_parser& p, const json& j, vision_config& v) {
   p.read(*vj, "vision.", "layers", v.layers, true);
   p.read(*vj, "vision.", "hidden", v.hidden, true);
   p.read(*vj, "vision.", "heads", v.heads, true);
+  p.read(*vj, "vision.", "image_token_id", v.image_token_id, true);
   if (p.failed()) return;
   p.positive(v.image_size, "vision.image_size");
   p.positive(v.patch_size, "vision.patch_size");
@@ -187,6 +188,7 @@ void read_vision(config_parser& p, const json& j, vision_config& v) {
             std::to_string(v.image_size));
   p.require(v.hidden % v.heads == 0, "vision.hidden", "must be a multiple of vision.heads",
             std::to_string(v.hidden));
+  p.require(v.image_token_id >= 0, "vision.image_token_id", "must be a token id", std::to_string(v.image_token_id));
 }
 
 void read_flash(config_parser& p, const json& j, model_config& c) {
@@ -313,6 +315,9 @@ result<model_config> parse_config(std::string_view json_text, const std::string&
   if (!p.failed()) validate_common(p, c);
   if (!p.failed()) validate_moe(p, c);
   if (!p.failed() && c.is_flash()) validate_flash(p, c);
+  if (!p.failed() && c.vision.present)
+    p.require(c.vision.image_token_id < c.vocab_size, "vision.image_token_id", "must be below vocab_size",
+              std::to_string(c.vision.image_token_id));
   if (p.failed()) return std::unexpected(p.err());
   return c;
 }
@@ -381,7 +386,8 @@ std::string to_json(const model_config& c) {
   }
   if (c.vision.present) {
     j["vision"] = {{"image_size", c.vision.image_size}, {"patch_size", c.vision.patch_size},
-                   {"layers", c.vision.layers}, {"hidden", c.vision.hidden}, {"heads", c.vision.heads}};
+                   {"layers", c.vision.layers}, {"hidden", c.vision.hidden}, {"heads", c.vision.heads},
+                   {"image_token_id", c.vision.image_token_id}};
   }
   return j.dump(2) + "\n";
 }

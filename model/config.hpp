@@ -22,13 +22,17 @@ struct rope_scaling_config {
   double mscale_all_dim = 1.0;
 };
 
+// The vision encoder (model/vision.hpp). An image of w × h pixels (each a multiple of
+// patch_size, at most image_size) takes (w / patch) · (h / patch) placeholder tokens.
 struct vision_config {
   bool present = false;
-  int64_t image_size = 0;
+  int64_t image_size = 0;      // largest side, pixels
   int64_t patch_size = 0;
   int64_t layers = 0;
   int64_t hidden = 0;
   int64_t heads = 0;
+  int64_t image_token_id = -1;  // the placeholder token the image's rows replace
+  int64_t grid() const { return image_size / patch_size; }  // patches per side at most
 };
 
 struct model_config {

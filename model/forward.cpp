@@ -181,11 +181,16 @@ forward_output forward(const model_weights& w, std::span<forward_item> items,
   std::vector<float> x(static_cast<size_t>(rows * d));
   {
     int64_t row = 0;
-    for (auto& it : items)
+    for (auto& it : items) {
+      const int64_t first = row, p0 = it.cache->computed, p1 = p0 + static_cast<int64_t>(it.tokens.size());
       for (int32_t t : it.tokens) {
         SHOAL_ASSERT(t >= 0 && t < c.vocab_size);
         std::memcpy(x.data() + row++ * d, w.embed.data() + int64_t(t) * d, sizeof(float) * d);
       }
+      for (const input_rows& in : it.inputs)
+        for (int64_t pos = std::max(in.pos, p0); pos < std::min(in.pos + in.count, p1); ++pos)
+          std::memcpy(x.data() + (first + pos - p0) * d, in.values + (pos - in.pos) * d, sizeof(float) * d);
+    }
   }
   for (int64_t l = 0; l < c.encoder_layers(); ++l)
     run_layer(w, w.layers[l], items, spans, {l, l, true, positions.data(), 0, moe_slot_of_layer(c, l)}, x.data(), rows, o);
@@ -267,7 +272,7 @@ mtp_output mtp_last(const model_weights& w, std::span<const int32_t> tokens,
   sequence_cache view = cache;
   const stream_layout sl = streams_of(c);
   view.ring_floor[sl.mtp(0)] = p0;
-  forward_item item{&view, tokens.subspan(p0, rows), 0, INT64_MAX, false, false};
+  forward_item item{&view, tokens.subspan(p0, rows), 0, INT64_MAX, false, false, {}};
   std::vector<row_span> spans = {{0, p0, p0 + rows}};
   detail::layer_io io{sl.mtp(0), c.is_flash() ? sl.dec_kv() : 0, false, pos.data(),
               c.is_flash() ? 0 : n + 1, moe_slot_of_layer(c, c.num_hidden_layers)};
@@ -290,7 +295,7 @@ mtp_output mtp_last(const model_weights& w, std::span<const int32_t> tokens,
 }
 
 full_result forward_full(const model_weights& w, std::span<const int32_t> tokens,
-                         const forward_options& o) {
+                         const forward_options& o, std::span<const input_rows> inputs) {
   const model_config& c = w.config;
   int64_t n = static_cast<int64_t>(tokens.size());
   int64_t n_blocks = (n + c.block_size - 1) / c.block_size;
@@ -301,7 +306,7 @@ full_result forward_full(const model_weights& w, std::span<const int32_t> tokens
   bool mtp = !w.mtp.empty() && n >= 2;
   int64_t dec_from = std::max<int64_t>(0, n - exact_decoder_tail(c));
   if (mtp) dec_from = std::min(dec_from, n - 2);
-  forward_item item{&cache, tokens, dec_from, 0, true, mtp};
+  forward_item item{&cache, tokens, dec_from, 0, true, mtp, inputs};
   forward_output fo = forward(w, std::span<forward_item>(&item, 1), o);
   full_result res;
   res.logits = std::move(fo.logits);

@@ -47,6 +47,15 @@ struct sequence_cache {
   const float* ring_entry(int64_t stream, int64_t pos) const;
 };
 
+// Input rows that replace token embeddings: an image's encoder rows (model/vision.hpp) at its
+// placeholder tokens. Positions pos … pos + count − 1 take rows of `values` ((count, d)
+// floats); the tokens there still feed the MTP modules' embeddings.
+struct input_rows {
+  int64_t pos = 0;
+  int64_t count = 0;
+  const float* values = nullptr;
+};
+
 struct forward_item {
   sequence_cache* cache = nullptr;
   std::span<const int32_t> tokens;   // at positions cache->computed …
@@ -54,6 +63,7 @@ struct forward_item {
   int64_t blocks_valid_until = 0;    // runs ending before this are already in the blocks (replay)
   bool logits = false;               // last position's logits wanted
   bool hidden = false;               // decoder-stack output rows wanted (pre-norm), for MTP
+  std::span<const input_rows> inputs;  // may cover positions outside this run (ignored there)
 };
 
 // Routed experts of a MoE layer computed elsewhere (expert parallelism, runtime/expert_parallel).
@@ -139,6 +149,6 @@ struct full_result {
   mtp_output mtp;
 };
 full_result forward_full(const model_weights& w, std::span<const int32_t> tokens,
-                         const forward_options& options = {});
+                         const forward_options& options = {}, std::span<const input_rows> inputs = {});
 
 }  // namespace shoal::model

@@ -122,6 +122,24 @@ result<model_config> preset_config(const std::string& preset) {
   return fail(errc::bad_value, "unknown preset '" + preset + "' (tiny, small, v3-tiny)");
 }
 
+result<vision_config> vision_preset(const std::string& preset) {
+  vision_config v;
+  v.present = true;
+  if (preset == "tiny" || preset == "v3-tiny") {
+    v.image_size = 56, v.patch_size = 14, v.layers = 2, v.hidden = 32, v.heads = 2;
+    return v;
+  }
+  if (preset == "small") {
+    v.image_size = 224, v.patch_size = 14, v.layers = 4, v.hidden = 384, v.heads = 6;
+    return v;
+  }
+  return fail(errc::bad_value, "unknown preset '" + preset + "' (tiny, small, v3-tiny)");
+}
+
+std::string image_token_text(const std::string& preset) {
+  return preset == "small" ? "<｜place▁holder▁no▁0｜>" : "<image>";
+}
+
 namespace {
 
 // Special tokens of the tiny presets, named as in the DeepSeek-V3 tokenizer.
@@ -141,8 +159,9 @@ result<void> write_text(const fs::path& path, const std::string& text) {
   return {};
 }
 
-// tokenizer.json + tokenizer_config.json into out; returns the tokenizer's vocab size, bos, eos.
-result<std::tuple<int64_t, int64_t, int64_t>> write_tokenizer(const generate_options& o,
+// tokenizer.json + tokenizer_config.json into out; returns the tokenizer's vocab size, bos, eos
+// and image token (−1 without vision).
+result<std::tuple<int64_t, int64_t, int64_t, int64_t>> write_tokenizer(const generate_options& o,
                                                                const fs::path& out) {
   std::string text;
   nlohmann::json tcfg;
@@ -154,7 +173,9 @@ result<std::tuple<int64_t, int64_t, int64_t>> write_tokenizer(const generate_opt
     std::ifstream fc(fs::path(o.tokenizer_dir) / "tokenizer_config.json", std::ios::binary);
     if (fc) tcfg = nlohmann::json::parse(fc, nullptr, false);
   } else {
-    text = byte_level_tokenizer_json(tiny_specials);
+    auto specials = tiny_specials;
+    if (o.vision) specials.push_back(image_token_text(o.preset));
+    text = byte_level_tokenizer_json(specials);
   }
   if (tcfg.is_discarded() || tcfg.is_null())
     tcfg = {{"add_bos_token", true}, {"bos_token", tiny_specials[0]}, {"eos_token", tiny_specials[1]},
@@ -163,14 +184,17 @@ result<std::tuple<int64_t, int64_t, int64_t>> write_tokenizer(const generate_opt
   if (auto r = write_text(out / "tokenizer_config.json", tcfg.dump(2)); !r) return std::unexpected(r.error());
   auto tok = tokenizer::load((out / "tokenizer.json").string());
   if (!tok) return std::unexpected(tok.error());
-  return std::tuple<int64_t, int64_t, int64_t>{tok->vocab_size(), tok->bos_id(), tok->eos_id()};
+  const int64_t image = o.vision ? tok->token_id(image_token_text(o.preset)) : -1;
+  if (o.vision && image < 0) return fail(errc::bad_value, "the tokenizer has no " + image_token_text(o.preset) + " token");
+  return std::tuple<int64_t, int64_t, int64_t, int64_t>{tok->vocab_size(), tok->bos_id(), tok->eos_id(), image};
 }
 
 dtype dtype_for(const std::string& preset, const tensor_slot& t) {
   if (t.shape.size() < 2) return dtype::f32;
   if (preset != "v3-tiny") return dtype::bf16;
-  // As published: FP8 linears inside the layers; embeddings, heads and the router stay bf16.
-  bool keep = t.name.find("embed_tokens") != std::string::npos || t.name == "lm_head.weight" ||
+  // As published: FP8 linears inside the layers; embeddings, heads, the router and the vision
+  // encoder stay bf16.
+  bool keep = t.name.rfind("vision.", 0) == 0 || t.name.find("embed_tokens") != std::string::npos || t.name == "lm_head.weight" ||
               t.name.find("shared_head.head") != std::string::npos ||
               t.name.find("mlp.gate.weight") != std::string::npos || t.init == init_kind::embed;
   return keep ? dtype::bf16 : dtype::f8_e4m3;
@@ -187,7 +211,13 @@ result<void> generate_checkpoint(const generate_options& o) {
   if (ec) return fail(errc::io, "cannot create " + out.string() + ": " + ec.message());
   auto tok = write_tokenizer(o, out);
   if (!tok) return std::unexpected(tok.error());
-  auto [tok_vocab, bos, eos] = *tok;
+  auto [tok_vocab, bos, eos, image_token] = *tok;
+  if (o.vision) {
+    auto v = vision_preset(o.preset);
+    if (!v) return std::unexpected(v.error());
+    cfg->vision = *v;
+    cfg->vision.image_token_id = image_token;
+  }
   // The embedding is at least as large as the tokenizer (DeepSeek-V3 pads 128,815 to 129,280).
   cfg->vocab_size = o.preset == "small" ? std::max<int64_t>(tok_vocab, 129280) : tok_vocab;
   cfg->bos_token_id = bos, cfg->eos_token_id = eos;

@@ -18,11 +18,20 @@ std::vector<std::string> preset_names();
 // The preset's config; `vocab_size` is set from its tokenizer when the checkpoint is written.
 result<model_config> preset_config(const std::string& preset);
 
+// The vision encoder of a preset (`shoal mkmodel --vision`): tiny and v3-tiny 56-pixel
+// images in 14-pixel patches (at most 16 tokens), 2 blocks of width 32; small 224 pixels
+// (at most 256 tokens), 4 blocks of width 384. image_token_id is set from the tokenizer.
+result<vision_config> vision_preset(const std::string& preset);
+// The placeholder token of images: "<image>" (a special of the tiny tokenizers) or, in the
+// DeepSeek-V3 tokenizer, its first reserved placeholder.
+std::string image_token_text(const std::string& preset);
+
 struct generate_options {
   std::string preset = "tiny";
   uint64_t seed = 0;
   std::string out_dir;
   std::string tokenizer_dir;  // holds the DeepSeek-V3 tokenizer.json (small preset)
+  bool vision = false;        // with the vision encoder (vision_preset) and its image token
   bool verbose = false;
 };
 

@@ -77,6 +77,37 @@ void visit_layer(const model_config& c, layer_weights& l, int64_t index, int kin
     swiglu(fn, f.shared, p + "mlp.shared_experts.", c.moe_intermediate_size * c.n_shared_experts, d);
 }
 
+void visit_vision(const model_config& c, vision_weights& v, const visit_fn& fn) {
+  const int64_t dv = c.vision.hidden, d = c.hidden_size, p = c.vision.patch_size, g = c.vision.grid();
+  lin(fn, v.patch_embed, "vision.patch_embed.weight", dv, p * p * 3);
+  vec(fn, v.patch_b, "vision.patch_embed.bias", dv, init_kind::bias);
+  v.pos_embed.assign(static_cast<size_t>(g * g * dv), 0.0f);
+  fn({"vision.pos_embed", {g * g, dv}, init_kind::bias, v.pos_embed.data()});
+  v.layers.resize(static_cast<size_t>(c.vision.layers));
+  for (int64_t i = 0; i < c.vision.layers; ++i) {
+    vision_block_weights& b = v.layers[i];
+    const std::string n = "vision.layers." + std::to_string(i) + ".";
+    vec(fn, b.norm1_w, n + "norm1.weight", dv, init_kind::norm);
+    vec(fn, b.norm1_b, n + "norm1.bias", dv, init_kind::bias);
+    lin(fn, b.qkv, n + "attn.qkv.weight", 3 * dv, dv);
+    vec(fn, b.qkv_b, n + "attn.qkv.bias", 3 * dv, init_kind::bias);
+    lin(fn, b.proj, n + "attn.proj.weight", dv, dv);
+    vec(fn, b.proj_b, n + "attn.proj.bias", dv, init_kind::bias);
+    vec(fn, b.norm2_w, n + "norm2.weight", dv, init_kind::norm);
+    vec(fn, b.norm2_b, n + "norm2.bias", dv, init_kind::bias);
+    lin(fn, b.fc1, n + "mlp.fc1.weight", 4 * dv, dv);
+    vec(fn, b.fc1_b, n + "mlp.fc1.bias", 4 * dv, init_kind::bias);
+    lin(fn, b.fc2, n + "mlp.fc2.weight", dv, 4 * dv);
+    vec(fn, b.fc2_b, n + "mlp.fc2.bias", dv, init_kind::bias);
+  }
+  vec(fn, v.post_norm_w, "vision.post_norm.weight", dv, init_kind::norm);
+  vec(fn, v.post_norm_b, "vision.post_norm.bias", dv, init_kind::bias);
+  lin(fn, v.proj1, "vision.projector.fc1.weight", d, dv);
+  vec(fn, v.proj1_b, "vision.projector.fc1.bias", d, init_kind::bias);
+  lin(fn, v.proj2, "vision.projector.fc2.weight", d, d);
+  vec(fn, v.proj2_b, "vision.projector.fc2.bias", d, init_kind::bias);
+}
+
 }  // namespace
 
 void visit_tensors(model_weights& w, const visit_fn& fn) {
@@ -116,6 +147,7 @@ void visit_tensors(model_weights& w, const visit_fn& fn) {
     lin(fn, w.conf_fc1, "model.conf_head.fc1.weight", c.conf_head_hidden, d);
     lin(fn, w.conf_fc2, "model.conf_head.fc2.weight", 1, c.conf_head_hidden);
   }
+  if (c.vision.present) visit_vision(c, w.vision, fn);
 }
 
 namespace {

@@ -71,6 +71,33 @@ struct mtp_weights {
   std::vector<float> embed;         // (V, d)
 };
 
+// The vision encoder (model/vision.hpp; names in model/README.md). LayerNorms have weight
+// and bias; Dv = vision.hidden, G = vision.grid().
+struct vision_block_weights {
+  std::vector<float> norm1_w, norm1_b;  // (Dv)
+  linear qkv;                           // (3·Dv, Dv): q rows, then k, then v
+  std::vector<float> qkv_b;             // (3·Dv)
+  linear proj;                          // (Dv, Dv)
+  std::vector<float> proj_b;
+  std::vector<float> norm2_w, norm2_b;
+  linear fc1;                           // (4·Dv, Dv)
+  std::vector<float> fc1_b;
+  linear fc2;                           // (Dv, 4·Dv)
+  std::vector<float> fc2_b;
+};
+
+struct vision_weights {
+  linear patch_embed;                   // (Dv, patch·patch·3): a patch's pixels in (row, column, channel) order
+  std::vector<float> patch_b;           // (Dv)
+  std::vector<float> pos_embed;         // (G·G, Dv): patch (r, c) of any image adds row r·G + c
+  std::vector<vision_block_weights> layers;
+  std::vector<float> post_norm_w, post_norm_b;  // (Dv)
+  linear proj1;                         // (d, Dv)
+  std::vector<float> proj1_b;           // (d)
+  linear proj2;                         // (d, d)
+  std::vector<float> proj2_b;           // (d)
+};
+
 struct model_weights {
   model_config config;
   std::vector<float> embed;  // (V, d)
@@ -80,6 +107,7 @@ struct model_weights {
   decoder_kv_weights decoder_kv;
   std::vector<mtp_weights> mtp;
   linear conf_fc1, conf_fc2;  // (hc, d), (1, hc); empty when conf_head_hidden == 0
+  vision_weights vision;      // empty without config.vision
   // Derived at load: RoPE table and attention scale.
   std::vector<float> inv_freq;  // (rope/2)
   float attn_factor = 1.0f;

@@ -55,7 +55,7 @@ json tiny_flash_json() {
     "n_encoder_layers": 2, "n_decoder_layers": 2, "sliding_window": 16, "compress_ratio": 4,
     "block_size": 16, "swa_mode": "compact", "retained_tokens": 20, "replay_tokens": 16,
     "conf_head_hidden": 32, "attn_sink": true,
-    "vision": {"image_size": 56, "patch_size": 14, "layers": 2, "hidden": 32, "heads": 2}
+    "vision": {"image_size": 56, "patch_size": 14, "layers": 2, "hidden": 32, "heads": 2, "image_token_id": 5}
   })");
 }
 

@@ -25,7 +25,7 @@ std::vector<float> run_chunked(const model::model_weights& w, const std::vector<
   for (size_t i = 0; pos < n; ++i) {
     int64_t len = i < chunks.size() ? std::min(chunks[i], n - pos) : n - pos;
     model::forward_item item{&dc.cache, std::span<const int32_t>(tokens).subspan(pos, len), dec_from, 0,
-                             pos + len == n, false};
+                             pos + len == n, false, {}};
     auto out = model::forward(w, std::span<model::forward_item>(&item, 1), {invariant, false});
     pos += len;
     if (pos == n) logits = out.logits;
@@ -70,10 +70,10 @@ TEST_CASE("incremental decode with caches equals full recompute (bit-exact in ba
       int64_t prompt = 30;
       dense_cache dc(c, 70 / c.block_size + 1, model::min_ring_tokens(c) + 1);
       int64_t dec_from = std::max<int64_t>(0, prompt - model::exact_decoder_tail(c));
-      model::forward_item item{&dc.cache, std::span<const int32_t>(tokens).subspan(0, prompt), dec_from, 0, true, false};
+      model::forward_item item{&dc.cache, std::span<const int32_t>(tokens).subspan(0, prompt), dec_from, 0, true, false, {}};
       model::forward(*w, std::span<model::forward_item>(&item, 1), {invariant, false});
       for (int64_t t = prompt; t < 70; ++t) {
-        model::forward_item step{&dc.cache, std::span<const int32_t>(tokens).subspan(t, 1), dec_from, 0, true, false};
+        model::forward_item step{&dc.cache, std::span<const int32_t>(tokens).subspan(t, 1), dec_from, 0, true, false, {}};
         auto out = model::forward(*w, std::span<model::forward_item>(&step, 1), {invariant, false});
         auto full = model::forward_full(*w, std::span<const int32_t>(tokens).subspan(0, t + 1), {invariant, false});
         CAPTURE(preset);

@@ -9,6 +9,9 @@ the whole sequence at once. Run with Debian's /usr/bin/python3 (needs numpy).
 CLI:
   ref_forward.py --model DIR --tokens 1,2,3 [--out-logits F.bin] [--out-mtp G.bin] [--out-conf C.bin]
   ref_forward.py compare --model DIR --tokens 1,2,3 --engine-logits F.bin [--engine-mtp G.bin] [--tol 1e-3]
+      [--image RGB_FILE:W:H:POS ... --engine-vision V.bin]
+An image (raw RGB bytes, H rows of W pixels) goes through the vision encoder (MODEL.md §2,
+model/README.md "Vision"); its rows replace the input embeddings at positions POS.. of the prompt.
 """
 import argparse
 import json
@@ -224,6 +227,18 @@ def linear(x, w):
     return x @ w.T
 
 
+def layer_norm(x, w, b, eps=1e-6):
+    """(x - mean) / sqrt(var + eps) * w + b over the last axis (population variance)."""
+    mu = x.mean(axis=-1, keepdims=True)
+    var = ((x - mu) ** 2).mean(axis=-1, keepdims=True)
+    return (x - mu) / np.sqrt(var + eps) * w + b
+
+
+def gelu(x):
+    """tanh form: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
+    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+
+
 # ----------------------------------------------------------------------------------------------
 # Attention visibility (README "shoal_flash" Compression / Visibility; MODEL.md §2 Sliding window)
 # ----------------------------------------------------------------------------------------------
@@ -407,13 +422,45 @@ class RefModel:
             return e
         return compress_runs(e, linear(hn, self.w.get(p + "kv_compress.weight"))[:, 0], m)
 
+    # --- vision encoder (model/README.md "Vision") ---------------------------------------------
+    def vision(self, rgb, width, height):
+        """Encoder rows (patches, d) of one image: rgb uint8 (height, width, 3)."""
+        v = self.cfg.fields["vision"]
+        p, dv, heads, g = v["patch_size"], v["hidden"], v["heads"], v["image_size"] // v["patch_size"]
+        gh, gw = height // p, width // p
+        x = rgb.astype(np.float64) / 127.5 - 1.0
+        patches = x.reshape(gh, p, gw, p, 3).transpose(0, 2, 1, 3, 4).reshape(gh * gw, p * p * 3)
+        W = self.w.get
+        h = linear(patches, W("vision.patch_embed.weight")) + W("vision.patch_embed.bias")
+        grid = np.arange(gh)[:, None] * g + np.arange(gw)[None, :]
+        h = h + W("vision.pos_embed")[grid.reshape(-1)]
+        for i in range(v["layers"]):
+            b = f"vision.layers.{i}."
+            t = layer_norm(h, W(b + "norm1.weight"), W(b + "norm1.bias"))
+            qkv = linear(t, W(b + "attn.qkv.weight")) + W(b + "attn.qkv.bias")
+            n, hd = h.shape[0], dv // heads
+            q, k, val = (qkv[:, j * dv:(j + 1) * dv].reshape(n, heads, hd) for j in range(3))
+            s = np.einsum("ihd,jhd->hij", q, k) / math.sqrt(hd)
+            s = np.exp(s - s.max(axis=2, keepdims=True))
+            s = s / s.sum(axis=2, keepdims=True)
+            o = np.einsum("hij,jhd->ihd", s, val).reshape(n, dv)
+            h = h + linear(o, W(b + "attn.proj.weight")) + W(b + "attn.proj.bias")
+            t = layer_norm(h, W(b + "norm2.weight"), W(b + "norm2.bias"))
+            u = gelu(linear(t, W(b + "mlp.fc1.weight")) + W(b + "mlp.fc1.bias"))
+            h = h + linear(u, W(b + "mlp.fc2.weight")) + W(b + "mlp.fc2.bias")
+        h = layer_norm(h, W("vision.post_norm.weight"), W("vision.post_norm.bias"))
+        y = gelu(linear(h, W("vision.projector.fc1.weight")) + W("vision.projector.fc1.bias"))
+        return linear(y, W("vision.projector.fc2.weight")) + W("vision.projector.fc2.bias")
+
     # --- whole model --------------------------------------------------------------------------
-    def trunk(self, tokens):
-        """Embedding + all layers -> (h (n, d) last hidden state before model.norm, shared decoder
-        cache or None)."""
+    def trunk(self, tokens, images=()):
+        """Embedding (image rows at their positions) + all layers -> (h (n, d) last hidden state
+        before model.norm, shared decoder cache or None).  images: (rows (k, d), first position)."""
         c = self.cfg
         pos = np.arange(len(tokens))
-        h = self.w.get("model.embed_tokens.weight")[np.asarray(tokens)]
+        h = self.w.get("model.embed_tokens.weight")[np.asarray(tokens)].copy()
+        for rows, at in images:
+            h[at:at + rows.shape[0]] = rows
         n_enc = c.n_encoder_layers if c.flash else c.num_hidden_layers
         for layer in range(n_enc):
             h = self.layer(layer, h, pos)
@@ -457,14 +504,14 @@ class RefModel:
                    self.w.get("model.conf_head.fc2.weight"))
         return sigmoid(z[:, 0])
 
-    def forward(self, tokens):
+    def forward(self, tokens, images=()):
         """Full-sequence forward.  Returns dict with
         logits_all (n, V); logits (V) at the last position;
         mtp_all (n-1, V) / mtp (V) = MTP module 0 draft logits (at i = n-2), None without MTP / n < 2;
         mtp_modules: list over k of draft logits (n-k-1, V);
         conf_all / conf: confidence head over module 0 outputs, None when absent."""
         c = self.cfg
-        h, shared = self.trunk(tokens)
+        h, shared = self.trunk(tokens, images)
         res = dict(logits_all=self.head(h), mtp_all=None, mtp=None, conf_all=None, conf=None,
                    mtp_modules=[])
         res["logits"] = res["logits_all"][-1]
@@ -507,11 +554,28 @@ def compare_arrays(label, engine, ref, tol):
     return ok
 
 
+def parse_image(spec):
+    """RGB_FILE:W:H:POS -> (rgb (H, W, 3) uint8, W, H, POS)."""
+    path, w, h, at = spec.rsplit(":", 3)
+    w, h, at = int(w), int(h), int(at)
+    rgb = np.fromfile(path, dtype=np.uint8)
+    if rgb.size != w * h * 3:
+        raise SystemExit(f"{path}: {rgb.size} bytes, not {w}x{h}x3")
+    return rgb.reshape(h, w, 3), w, h, at
+
+
 def cmd_compare(args):
     model = RefModel(args.model)
     tokens = parse_tokens(args.tokens)
-    res = model.forward(tokens)
-    ok = compare_arrays("logits", np.fromfile(args.engine_logits, dtype="<f4"), res["logits"], args.tol)
+    images, ok = [], True
+    for spec in args.image or []:
+        rgb, w, h, at = parse_image(spec)
+        images.append((model.vision(rgb, w, h), at))
+    if args.engine_vision:
+        ref = np.concatenate([r for r, _ in images]).reshape(-1) if images else np.zeros(0)
+        ok &= compare_arrays("vision", np.fromfile(args.engine_vision, dtype="<f4"), ref, args.tol)
+    res = model.forward(tokens, images)
+    ok &= compare_arrays("logits", np.fromfile(args.engine_logits, dtype="<f4"), res["logits"], args.tol)
     if args.engine_mtp:
         if res["mtp"] is None:
             print("mtp: FAIL engine gave MTP logits but the reference has none "
@@ -551,6 +615,8 @@ def main(argv):
         ap.add_argument("--tokens", required=True)
         ap.add_argument("--engine-logits", required=True)
         ap.add_argument("--engine-mtp")
+        ap.add_argument("--image", action="append", help="RGB_FILE:W:H:POS (repeatable)")
+        ap.add_argument("--engine-vision", help="the engine's encoder rows of every --image, in order")
         ap.add_argument("--tol", type=float, default=1e-3, help="bound on max|a-b| / max|b|")
         return cmd_compare(ap.parse_args(argv[1:]))
     ap = argparse.ArgumentParser(prog="ref_forward.py")

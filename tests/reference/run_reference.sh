@@ -2,7 +2,8 @@
 # CTest driver `reference_forward`: the C++ engine's last-position logits (and MTP draft logits)
 # against the independent NumPy reference ref_forward.py, for the `tiny` (shoal_flash) and
 # `v3-tiny` (deepseek_v3) presets over prompts of 1, 5, 17, 40 and 70 tokens (crossing the
-# sliding window 16, several compress runs of 4 and blocks of 16).
+# sliding window 16, several compress runs of 4 and blocks of 16), and with the vision encoder
+# over images of several sizes inside prompts (encoder rows and logits).
 #
 #   run_reference.sh BINDIR REFDIR
 # Env: PYTHON (default /usr/bin/python3, needs numpy), REF_TOL (default 1e-3, bound on
@@ -90,6 +91,56 @@ for preset in tiny v3-tiny; do
   for n in $LENGTHS; do
     run_case "$preset" "$model" "$n"
   done
+done
+
+# Vision (MODEL.md §2, model/README.md "Vision"): the vision variants of tiny and v3-tiny; images
+# of several sizes (1 to 16 patches, square and not) at positions inside the prompt (crossing
+# blocks of 16), one prompt with two images; the encoder rows and the logits both compared.
+# $1 preset, $2 model, $3 label, then W:H pairs: each image follows 5 text tokens.
+run_vision_case() {
+  local preset=$1 model=$2 label=$3 tok
+  shift 3
+  tok=$("$PY" -c "import json,sys; print(json.load(open(sys.argv[1]+'/config.json'))['vision']['image_token_id'])" "$model")
+  local out="$WORK/$preset.vision.$label" specs=() tokens="" pos=0 i=0 wh w h n
+  for wh in "$@"; do
+    w=${wh%:*} h=${wh#*:} n=$(( (w / 14) * (h / 14) ))
+    tokens+="$(make_prompt 5),"
+    pos=$((pos + 5))
+    "$PY" -c "import numpy as np,sys; np.random.default_rng(int(sys.argv[2])).integers(0,256,int(sys.argv[3]),dtype=np.uint8).tofile(sys.argv[1])" \
+        "$out.$i.rgb" $((i * 31 + w + h)) $((w * h * 3))
+    specs+=(--image "$out.$i.rgb:$w:$h:$pos")
+    tokens+=$("$PY" -c "print(','.join(['$tok'] * $n))"),
+    pos=$((pos + n)) i=$((i + 1))
+  done
+  tokens+=$(make_prompt 7)
+  if ! "$SHOAL" logits --model "$model" --tokens "$tokens" "${specs[@]}" --out "$out.bin" --vision-out "$out.vision.bin" \
+      > "$out.engine.log" 2>&1; then
+    echo "[$preset vision $label] FAIL engine: $(tail -n 3 "$out.engine.log" | tr '\n' ' ')"
+    failed=$((failed + 1)); return
+  fi
+  "$PY" "$REFDIR/ref_forward.py" compare --model "$model" --tokens "$tokens" "${specs[@]}" \
+      --engine-logits "$out.bin" --engine-vision "$out.vision.bin" --tol "$TOL" > "$out.cmp.log" 2>&1
+  local rc=$? line
+  while IFS= read -r line; do
+    echo "[$preset vision $label] $line"
+    case $line in
+      *" PASS") passed=$((passed + 1)) ;;
+      *FAIL*) failed=$((failed + 1)) ;;
+    esac
+  done < "$out.cmp.log"
+  if [[ $rc -ne 0 ]] && ! grep -q FAIL "$out.cmp.log"; then
+    echo "[$preset vision $label] FAIL reference exited $rc"; failed=$((failed + 1))
+  fi
+}
+
+for preset in tiny v3-tiny; do
+  model="$WORK/$preset-vision"
+  if ! "$SHOAL" mkmodel --preset "$preset" --vision --seed "$SEED" --out "$model" > "$WORK/mk.$preset.v.log" 2>&1; then
+    echo "[$preset vision] FAIL mkmodel: $(tail -n 3 "$WORK/mk.$preset.v.log" | tr '\n' ' ')"
+    failed=$((failed + 1)); continue
+  fi
+  for wh in 14:14 56:56 28:56 42:14; do run_vision_case "$preset" "$model" "$wh" "$wh"; done
+  run_vision_case "$preset" "$model" two-images 56:28 14:42
 done
 
 echo "$passed passed, $failed failed"

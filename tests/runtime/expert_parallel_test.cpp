@@ -72,7 +72,7 @@ rank_result run_batch(const model::model_weights& w, const rank_batch& b, runtim
       int64_t from = caches[i]->cache.computed;
       bool logits = s == 1 || b.logits[i];
       items.push_back({&caches[i]->cache, std::span<const int32_t>(seqs[i]).subspan(from), b.dec_from[i], 0,
-                       logits, false});
+                       logits, false, {}});
     }
     step([&] { res.logits.push_back(model::forward(w, items, o).logits); });
   }

@@ -137,7 +137,7 @@ TEST_CASE("SWA pool: slot size as the mission states, MXFP8 and fp32 snapshots, 
   const auto& c = w->config;
   test::dense_cache dc(c, 4, c.window() + c.block_size);
   auto tokens = test::random_tokens(32, 6);
-  model::forward_item it{&dc.cache, tokens, 0, 0, true, false};
+  model::forward_item it{&dc.cache, tokens, 0, 0, true, false, {}};
   model::forward(*w, std::span<model::forward_item>(&it, 1), {});
   for (auto storage : {swa_storage::fp32, swa_storage::mxfp8}) {
     swa_pool pool(4, 2, c.encoder_layers(), c.entry_dim(), c.window(), storage);

@@ -14,6 +14,19 @@
 
 namespace shoal::test {
 
+// The tiny preset's vision encoder; its image token is 299 (the last of the test vocabulary).
+inline void with_vision(model::model_config& c) {
+  c.vision = *model::vision_preset("tiny");
+  c.vision.image_token_id = 299;
+}
+
+inline std::vector<uint8_t> random_rgb(int64_t width, int64_t height, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<uint8_t> rgb(static_cast<size_t>(width * height * 3));
+  for (auto& x : rgb) x = static_cast<uint8_t>(rng());
+  return rgb;
+}
+
 inline std::shared_ptr<model::model_weights> tiny_model(const std::string& preset, uint64_t seed = 1,
                                                         void (*tweak)(model::model_config&) = nullptr) {
   auto w = std::make_shared<model::model_weights>();

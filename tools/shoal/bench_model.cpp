@@ -52,10 +52,10 @@ double time_chunk(const model::model_weights& w, int64_t n, int64_t p, int reps,
     int64_t dec_from = std::max<int64_t>(0, n + p - c.replay_tokens);
     for (int64_t pos = 0; pos < p; pos += 2048) {
       model::forward_item it{&cache, std::span<const int32_t>(tokens).subspan(pos, std::min<int64_t>(2048, p - pos)),
-                             dec_from, 0, false, false};
+                             dec_from, 0, false, false, {}};
       model::forward(w, std::span<model::forward_item>(&it, 1), o);
     }
-    model::forward_item it{&cache, std::span<const int32_t>(tokens).subspan(p, n), dec_from, 0, true, false};
+    model::forward_item it{&cache, std::span<const int32_t>(tokens).subspan(p, n), dec_from, 0, true, false, {}};
     double t0 = now_s();
     model::forward(w, std::span<model::forward_item>(&it, 1), o);
     t.push_back(now_s() - t0);
@@ -80,7 +80,7 @@ double time_decode(const model::model_weights& w, int64_t batch, int64_t p, int 
     for (int64_t k = 0; k < blocks; ++k) cache.blocks.push_back(storage[b].data() + k * model::block_floats(c));
     for (int64_t pos = 0; pos < p; pos += 2048) {
       model::forward_item it{&cache, std::span<const int32_t>(tokens[b]).subspan(pos, std::min<int64_t>(2048, p - pos)),
-                             0, 0, false, false};
+                             0, 0, false, false, {}};
       model::forward(w, std::span<model::forward_item>(&it, 1), o);
     }
   }
@@ -89,7 +89,7 @@ double time_decode(const model::model_weights& w, int64_t batch, int64_t p, int 
     std::vector<model::forward_item> items;
     for (int64_t b = 0; b < batch; ++b) {
       caches[b].computed = p;  // decode the same position again
-      items.push_back({&caches[b], std::span<const int32_t>(tokens[b]).subspan(p, 1), 0, 0, true, false});
+      items.push_back({&caches[b], std::span<const int32_t>(tokens[b]).subspan(p, 1), 0, 0, true, false, {}});
     }
     double t0 = now_s();
     model::forward(w, items, o);
