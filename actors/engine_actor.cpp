@@ -128,7 +128,10 @@ struct engine_state {
             s.kv_tokens,
             s.waiting,
             s.cache.lookups,
-            s.forward_s};
+            s.forward_s,
+            s.images_encoded,
+            s.image_patches_encoded,
+            s.image_cache.hits};
   }
 };
 
@@ -163,7 +166,8 @@ void deliver(self_pointer self, const runtime::token_event& ev) {
 caf::result<request_id> submit(self_pointer self, generation_request& req, token_sink_actor sink) {
   auto& st = self->state;
   if (auto refused = st.check_submit(req, sink)) return make_error(std::move(*refused));
-  auto engine_id = st.engine->add_request(std::move(req.prompt), to_sampling_params(req.sampling), req.cls);
+  auto engine_id =
+      st.engine->add_request(std::move(req.prompt), to_sampling_params(req.sampling), req.cls, from_payloads(req.images));
   if (!engine_id) return make_error(errc::invalid_request, std::move(engine_id.error()));
   if (st.add_route(*engine_id, req.id, sink)) self->monitor(sink);
   schedule_step(self);

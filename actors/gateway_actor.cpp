@@ -62,6 +62,13 @@ struct gateway_shared {
     l.max_tokens_limit = config.max_tokens_limit;
     l.context_length = config.context_length;
     l.max_body_bytes = config.max_body_bytes;
+    if (config.vision.present && tok) {
+      l.image_token = tok->decode_token(static_cast<int32_t>(config.vision.image_token_id));
+      l.image_side = config.vision.image_size;
+      l.image_patch = config.vision.patch_size;
+    }
+    l.max_images = config.max_images;
+    l.image = config.image_limits;
     return l;
   }
 };
@@ -159,14 +166,17 @@ class text_stream {
   std::optional<size_t> stop_at_;
 };
 
-// The prompt's token ids (chat: the rendered template), or a 400.
+// The prompt's token ids (chat: the rendered template, each image's placeholder expanded to
+// its patches and r.images placed), or a 400.
 std::expected<std::vector<int32_t>, runtime::api_error> prompt_ids(const gateway_shared& g,
-                                                                   const runtime::completion_request& r) {
+                                                                   runtime::completion_request& r) {
   if (r.chat) {
     if (!g.chat) return std::unexpected(runtime::invalid_request_error("this model has no chat template", "messages"));
     auto text = g.chat->render(r.messages, true, g.bos_token, g.eos_token);
     if (!text) return std::unexpected(runtime::invalid_request_error(text.error(), "messages"));
-    return g.tok->encode(*text);
+    auto ids = g.tok->encode(*text);
+    if (r.images.empty()) return ids;
+    return runtime::expand_image_tokens(ids, static_cast<int32_t>(g.config.vision.image_token_id), r.images);
   }
   if (const auto* text = std::get_if<std::string>(&r.prompt)) return runtime::encode_prompt(*g.tok, *text);
   const auto& ids = std::get<std::vector<int32_t>>(r.prompt);
@@ -192,6 +202,7 @@ generation_request make_generation(int64_t id, std::vector<int32_t> prompt, cons
   req.sampling.seed = r.seed.value_or(static_cast<uint64_t>(id));
   req.sampling.stop_strings = r.stop;  // the engine stops at the first match
   req.cls = r.cls;
+  req.images = to_payloads(r.images);
   return req;
 }
 

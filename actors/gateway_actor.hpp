@@ -14,7 +14,9 @@
 #include <vector>
 
 #include "actors/interfaces.hpp"
+#include "model/config.hpp"
 #include "model/tokenizer.hpp"
+#include "runtime/image.hpp"
 
 namespace shoal::actors {
 
@@ -28,6 +30,10 @@ struct gateway_config {
   size_t max_body_bytes = 1 << 20;          // larger bodies: 413
   std::chrono::milliseconds request_timeout{60'000};
   std::filesystem::path tokenizer_config;   // tokenizer_config.json (chat template, bos/eos)
+  // Images in chat requests (the model's vision encoder; not present: image parts are refused).
+  model::vision_config vision;
+  int32_t max_images = 8;                   // per request
+  runtime::image_limits image_limits;
 };
 
 // Reads an auth token file: one token per line, blank lines and '#' comments skipped.

@@ -8,6 +8,8 @@
 #include <caf/make_message.hpp>
 #include <caf/sec.hpp>
 
+#include "runtime/image.hpp"
+
 namespace shoal::actors {
 
 namespace {
@@ -89,10 +91,30 @@ runtime::sampling_params to_sampling_params(const sampling_options& o) {
   return p;
 }
 
+std::vector<image_payload> to_payloads(const std::vector<runtime::prompt_image>& images) {
+  std::vector<image_payload> out;
+  for (const auto& im : images) {
+    image_payload p{im.pos, im.count, im.hash[0], im.hash[1], 0, 0, {}};
+    if (im.pixels) p.width = im.pixels->width, p.height = im.pixels->height, p.rgb = im.pixels->rgb;
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+std::vector<runtime::prompt_image> from_payloads(const std::vector<image_payload>& images) {
+  std::vector<runtime::prompt_image> out;
+  for (const auto& p : images) {
+    auto px = std::make_shared<runtime::rgb_image>();
+    px->width = p.width, px->height = p.height, px->rgb = p.rgb;
+    out.push_back({p.pos, p.count, {p.hash_lo, p.hash_hi}, std::move(px)});
+  }
+  return out;
+}
+
 handoff_offer to_handoff_offer(const runtime::handoff_state& s, request_id id, caf::actor prefill,
                                int64_t blocks_needed) {
   return {id,          std::move(prefill), blocks_needed, s.source,        s.tokens,     s.prompt_len,
-          to_sampling_options(s.params),   s.seq_seed,    s.cls,           s.text,       s.computed,
+          to_payloads(s.images),           to_sampling_options(s.params),   s.seq_seed,    s.cls,           s.text,       s.computed,
           s.dec_from,  s.ring_tokens,      s.ring_floor,  s.cached_tokens, s.swa_approx, s.snapshot_at,
           s.blocks,    s.rings};
 }
@@ -102,6 +124,7 @@ runtime::handoff_state to_handoff_state(const handoff_offer& o) {
   s.source = o.source;
   s.tokens = o.tokens;
   s.prompt_len = o.prompt_len;
+  s.images = from_payloads(o.images);
   s.params = to_sampling_params(o.sampling);
   s.seq_seed = o.seq_seed;
   s.cls = o.cls;

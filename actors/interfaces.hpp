@@ -118,6 +118,25 @@ typename Inspector::result_type inspect(Inspector& f, sampling_options& x) {
 sampling_options to_sampling_options(const runtime::sampling_params& p);
 runtime::sampling_params to_sampling_params(const sampling_options& o);
 
+// One image of a prompt on the wire: its placeholder tokens, content hash and pixels (fit to
+// the encoder's patches). It comes from another process: the engine that takes it checks it
+// against the prompt and the encoder and recomputes the hash (runtime::check_prompt_images).
+struct image_payload {
+  int64_t pos = 0, count = 0;
+  uint64_t hash_lo = 0, hash_hi = 0;
+  int64_t width = 0, height = 0;
+  std::vector<uint8_t> rgb;
+  friend bool operator==(const image_payload&, const image_payload&) = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, image_payload& x) {
+  return f(caf::meta::type_name("image_payload"), x.pos, x.count, x.hash_lo, x.hash_hi, x.width, x.height, x.rgb);
+}
+
+std::vector<image_payload> to_payloads(const std::vector<runtime::prompt_image>& images);
+std::vector<runtime::prompt_image> from_payloads(const std::vector<image_payload>& images);
+
 // One generation request. `id` is chosen by the caller (the gateway makes it unique in the
 // cluster); token events and cancel refer to it.
 struct generation_request {
@@ -125,12 +144,13 @@ struct generation_request {
   std::vector<int32_t> prompt;  // (n_prompt,) token ids, BOS included when the model wants one
   sampling_options sampling;
   runtime::traffic_class cls = runtime::traffic_class::chat;  // storage TTL of the blocks it writes back
+  std::vector<image_payload> images = {};  // of the prompt, in order
   friend bool operator==(const generation_request&, const generation_request&) = default;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, generation_request& x) {
-  return f(caf::meta::type_name("generation_request"), x.id, x.prompt, x.sampling, x.cls);
+  return f(caf::meta::type_name("generation_request"), x.id, x.prompt, x.sampling, x.cls, x.images);
 }
 
 // One generated token of a request, streamed to the request's sink in generation order. The
@@ -179,6 +199,9 @@ struct engine_stats_snapshot {
   int64_t waiting = 0;                 // queued, not yet admitted
   uint64_t prefix_lookups = 0;         // admissions that looked up the prefix cache
   double forward_s = 0;                // seconds in forward passes
+  uint64_t images_encoded = 0;         // images run through the vision encoder here
+  uint64_t image_patches_encoded = 0;  // their patches
+  uint64_t image_cache_hits = 0;       // images whose rows came from the embedding cache
   friend bool operator==(const engine_stats_snapshot&, const engine_stats_snapshot&) = default;
 };
 
@@ -189,7 +212,7 @@ typename Inspector::result_type inspect(Inspector& f, engine_stats_snapshot& x) 
            x.remote_hit_tokens, x.remote_timeouts, x.role, x.handoffs_offered, x.handoffs_placed, x.handoffs_kept,
            x.handoffs_taken, x.handoff_failures, x.swa_restores, x.swa_replays, x.swa_lookups, x.swa_fetches,
            x.swa_fetch_failures, x.swa_fetch_p50_ms, x.swa_fetch_p99_ms, x.kv_tokens, x.waiting,
-           x.prefix_lookups, x.forward_s);
+           x.prefix_lookups, x.forward_s, x.images_encoded, x.image_patches_encoded, x.image_cache_hits);
 }
 
 
@@ -223,6 +246,7 @@ struct handoff_offer {
   request_id source;           // the request's id on the prefill engine
   std::vector<int32_t> tokens; // prompt ++ output so far
   int64_t prompt_len = 0;
+  std::vector<image_payload> images;  // of the prompt (a failed read recomputes with them)
   sampling_options sampling;
   uint64_t seq_seed = 0;
   runtime::traffic_class cls = runtime::traffic_class::chat;
@@ -239,7 +263,7 @@ struct handoff_offer {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, handoff_offer& x) {
   return f(caf::meta::type_name("handoff_offer"), x.id, x.prefill, x.blocks_needed, x.source, x.tokens, x.prompt_len,
-           x.sampling, x.seq_seed, x.cls, x.text, x.computed, x.dec_from, x.ring_tokens, x.ring_floor, x.cached_tokens,
+           x.images, x.sampling, x.seq_seed, x.cls, x.text, x.computed, x.dec_from, x.ring_tokens, x.ring_floor, x.cached_tokens,
            x.swa_approx, x.snapshot_at, x.blocks, x.rings);
 }
 
@@ -710,6 +734,7 @@ CAF_BEGIN_TYPE_ID_BLOCK(shoal, caf::first_custom_type_id)
   CAF_ADD_TYPE_ID(shoal, (shoal::actors::swa_store_stats))
   CAF_ADD_TYPE_ID(shoal, (shoal::actors::swa_store_actor))
   CAF_ADD_TYPE_ID(shoal, (shoal::actors::swa_directory_actor))
+  CAF_ADD_TYPE_ID(shoal, (shoal::actors::image_payload))
 CAF_END_TYPE_ID_BLOCK(shoal)
 
 namespace shoal::actors {

@@ -82,6 +82,29 @@ std::vector<block_key> chain_keys(std::span<const int32_t> tokens, int block_siz
   return keys;
 }
 
+std::vector<block_key> chain_keys(std::span<const int32_t> tokens, int block_size,
+                                  std::span<const prompt_image> images) {
+  if (images.empty()) return chain_keys(tokens, block_size);
+  SHOAL_ASSERT(block_size > 0);
+  const int64_t bs = block_size, full = static_cast<int64_t>(tokens.size()) / bs;
+  std::vector<block_key> keys;
+  keys.reserve(static_cast<size_t>(full));
+  block_key prev{};
+  std::vector<uint8_t> extra;
+  for (int64_t i = 0; i < full; ++i) {
+    extra.clear();
+    for (const auto& im : images)
+      if (im.pos < (i + 1) * bs && im.pos + im.count > i * bs) {
+        extra.resize(extra.size() + 16);
+        put_le64(extra.data() + extra.size() - 16, im.hash[0]);
+        put_le64(extra.data() + extra.size() - 8, im.hash[1]);
+      }
+    prev = chain_key(prev, tokens.subspan(static_cast<size_t>(i * bs), static_cast<size_t>(bs)), extra);
+    keys.push_back(prev);
+  }
+  return keys;
+}
+
 block_pool::block_pool(int32_t num_blocks, size_t block_floats)
     : blocks_(static_cast<size_t>(std::max(num_blocks, 0))),
       storage_(static_cast<size_t>(std::max(num_blocks, 0)) * block_floats),

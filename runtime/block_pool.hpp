@@ -13,6 +13,7 @@
 
 #include "runtime/block_key.hpp"
 #include "runtime/ids.hpp"
+#include "runtime/prompt_image.hpp"
 
 namespace shoal::runtime {
 
@@ -23,6 +24,11 @@ block_key chain_key(const block_key& prev, std::span<const int32_t> tokens,
 // Keys of every full block of `tokens` (tokens.size() / block_size keys).
 std::vector<block_key> chain_keys(std::span<const int32_t> tokens, int block_size,
                                   std::span<const uint8_t> extra = {});
+// Keys of a prompt with images: a block's extra bytes are the content hashes (lo, hi, LE) of
+// the images whose placeholder tokens it holds, in prompt order, so two different images
+// behind the same placeholder tokens never share a block (nor, through the chain, any later one).
+std::vector<block_key> chain_keys(std::span<const int32_t> tokens, int block_size,
+                                  std::span<const prompt_image> images);
 
 class block_pool {
  public:

@@ -59,7 +59,7 @@ int64_t cache_manager::local_hit(const std::vector<block_key>& keys) const {
 void cache_manager::admit(request& r) {
   SHOAL_ASSERT(r.blocks.empty() && can_admit(r));
   r.cache.init(model_, ring_tokens_);
-  r.keys = chain_keys(r.tokens, static_cast<int>(bs_));
+  r.keys = chain_keys(r.tokens, static_cast<int>(bs_), r.images);
   r.blocks_cached = 0;
   r.swa_approx = false;
   r.snapshot_at = -1;
@@ -160,7 +160,7 @@ bool cache_manager::start_slot_read(request& r) {
   if (!model_.is_flash() || !config_.swa_remote || !config_.prefix_caching || r.swa_checked) return false;
   r.swa_checked = true;
   fix_decoder_tail(r);
-  std::vector<block_key> keys = chain_keys(r.tokens, static_cast<int>(bs_));
+  std::vector<block_key> keys = chain_keys(r.tokens, static_cast<int>(bs_), r.images);
   const int64_t hit = usable_hit(r, local_hit(keys));
   if (hit == 0) return false;
   int64_t from = hit - 1;  // compact mode restores at the end of the hit only
@@ -226,7 +226,7 @@ bool cache_manager::start_block_read(request& r) {
   if (!config_.remote || !config_.prefix_caching || r.remote_checked) return false;
   r.remote_checked = true;  // asked once per request, whatever the answer
   fix_decoder_tail(r);
-  std::vector<block_key> keys = chain_keys(r.tokens, static_cast<int>(bs_));
+  std::vector<block_key> keys = chain_keys(r.tokens, static_cast<int>(bs_), r.images);
   const int64_t hit = local_hit(keys);
   const int64_t cap = usable_hit(r, static_cast<int64_t>(keys.size()));
   if (hit >= cap) return false;
@@ -382,7 +382,7 @@ std::vector<std::pair<request*, bool>> cache_manager::poll_imports() {
       r.cache.ring_floor = w.state.ring_floor;
       attach(r, w.reserved);
       r.cache.computed = w.state.computed;
-      r.keys = chain_keys(r.tokens, static_cast<int>(bs_));
+      r.keys = chain_keys(r.tokens, static_cast<int>(bs_), r.images);
       r.blocks_cached = 0;  // the next commit registers its full blocks here too
       r.blocks_valid_until = 0;
       r.swa_approx = w.state.swa_approx;
@@ -409,7 +409,7 @@ bool cache_manager::adopt(request& r, int64_t computed) {
   r.cache.init(model_, ring_tokens_);
   attach(r, pool_.allocate(static_cast<int32_t>(n)));
   r.cache.computed = computed;
-  r.keys = chain_keys(r.tokens, static_cast<int>(bs_));
+  r.keys = chain_keys(r.tokens, static_cast<int>(bs_), r.images);
   r.blocks_cached = 0;
   r.blocks_valid_until = 0;
   ++stats_.imports;

@@ -3,6 +3,9 @@
 // finish). In async mode the next plan is made while the forward pass runs.
 #include "runtime/engine.hpp"
 
+#include "model/vision.hpp"
+#include "runtime/image.hpp"
+
 #include <chrono>
 #include <thread>
 
@@ -22,7 +25,7 @@ double now_s() {
 engine::engine(std::shared_ptr<const model::model_weights> weights, const engine_config& config,
                std::shared_ptr<const model::tokenizer> tok)
     : weights_(std::move(weights)), config_(config), tok_(std::move(tok)),
-      caches_(weights_->config, config.cache), sched_(config.sched, caches_) {
+      caches_(weights_->config, config.cache), sched_(config.sched, caches_), images_(config.image_cache_bytes) {
   // Step buffers are large and short-lived: keep freed memory in the process instead of
   // returning it to the kernel, so each step does not page-fault its buffers in again.
   mallopt(M_MMAP_THRESHOLD, 32 << 20);  // the largest value glibc accepts
@@ -54,7 +57,8 @@ engine::~engine() {
 }
 
 std::expected<request_id, std::string> engine::add_request(std::vector<int32_t> prompt,
-                                                           const sampling_params& params, traffic_class cls) {
+                                                           const sampling_params& params, traffic_class cls,
+                                                           std::vector<prompt_image> images) {
   if (!traffic_class_from_byte(static_cast<uint8_t>(cls)))
     return std::unexpected("traffic class " + std::to_string(static_cast<int>(cls)) + " is not 0 (agent) or 1 (chat)");
   if (!params.stop_strings.empty() && !tok_)
@@ -66,6 +70,7 @@ std::expected<request_id, std::string> engine::add_request(std::vector<int32_t> 
       return std::unexpected("prompt token " + std::to_string(i) + " (id " + std::to_string(prompt[i]) +
                              ") is outside the vocabulary [0, " + std::to_string(c.vocab_size) + ")");
   if (auto bad = validate(params, c.vocab_size)) return std::unexpected(*bad);
+  if (auto why = check_prompt_images(c.vision, prompt, images); !why.empty()) return std::unexpected(why);
   int64_t total = static_cast<int64_t>(prompt.size()) + params.max_tokens;
   if (c.max_position_embeddings > 0 && total > c.max_position_embeddings)
     return std::unexpected("prompt (" + std::to_string(prompt.size()) + ") + max_tokens (" +
@@ -78,6 +83,7 @@ std::expected<request_id, std::string> engine::add_request(std::vector<int32_t> 
   r->id = request_id(next_id_++);
   r->prompt_len = static_cast<int64_t>(prompt.size());
   r->tokens = std::move(prompt);
+  r->images = std::move(images);
   r->params = params;
   r->cls = cls;
   r->seq_seed = sequence_seed(params, static_cast<uint64_t>(r->id.value));
@@ -115,6 +121,7 @@ void engine::offer_handoff(request& r) {
   s.source = r.id;
   s.tokens = r.tokens;
   s.prompt_len = r.prompt_len;
+  s.images = r.images;
   s.params = r.params;
   s.seq_seed = r.seq_seed;
   s.cls = r.cls;
@@ -178,6 +185,11 @@ std::expected<request_id, std::string> engine::add_handoff(const handoff_state& 
                              ") is outside the vocabulary");
   if (auto bad = validate(s.params, c.vocab_size)) return std::unexpected("handoff: " + *bad);
   if (!traffic_class_from_byte(static_cast<uint8_t>(s.cls))) return std::unexpected("handoff: unknown traffic class");
+  if (s.prompt_len < 0 || s.prompt_len > static_cast<int64_t>(s.tokens.size()))
+    return std::unexpected("handoff: prompt_len " + std::to_string(s.prompt_len) + " outside the tokens");
+  if (auto why = check_prompt_images(c.vision, std::span(s.tokens).first(static_cast<size_t>(s.prompt_len)), s.images);
+      !why.empty())
+    return std::unexpected("handoff: " + why);
   if (!s.params.stop_strings.empty() && !tok_) return std::unexpected("stop strings need a tokenizer, and this engine has none");
   const int64_t total = s.prompt_len + s.params.max_tokens;
   if (caches_.blocks_for(total) > caches_.pool().num_blocks())
@@ -191,6 +203,7 @@ std::expected<request_id, std::string> engine::add_handoff(const handoff_state& 
   r->seq_seed = s.seq_seed;
   r->cls = s.cls;
   r->dec_from = s.dec_from;
+  r->images = s.images;
   r->remote_checked = true;  // its prefix came with it
   r->swa_checked = true;
   if (!caches_.start_import(*r, s, *config_.bulk, config_.handoff_read_timeout))
@@ -203,19 +216,37 @@ std::expected<request_id, std::string> engine::add_handoff(const handoff_state& 
   return raw->id;
 }
 
+embedding_cache::rows engine::image_rows(const prompt_image& im) {
+  if (auto hit = images_.get(im.hash)) return hit;
+  auto rows = std::make_shared<const std::vector<float>>(
+      model::encode_image(*weights_, im.pixels->rgb, im.pixels->width, im.pixels->height, config_.batch_invariant));
+  images_.put(im.hash, rows);
+  ++stats_.images_encoded;
+  stats_.image_patches_encoded += static_cast<uint64_t>(im.count);
+  return rows;
+}
+
 void engine::dispatch(step_plan plan) {
   in_flight_step f;
   f.plan = std::move(plan);
-  for (auto& it : f.plan.items) {
+  f.inputs.resize(f.plan.items.size());
+  for (size_t k = 0; k < f.plan.items.size(); ++k) {
+    auto& it = f.plan.items[k];
     request* r = it.req;
     caches_.attach(*r, it.new_blocks);
     it.base = r->computed();
+    for (const prompt_image& im : r->images)  // images this run reaches: their encoder rows
+      if (im.pos < it.base + it.n_tokens && im.pos + im.count > it.base) {
+        f.rows.push_back(image_rows(im));
+        f.inputs[k].push_back({im.pos, im.count, f.rows.back()->data()});
+      }
     model::forward_item fi;
     fi.cache = &r->cache;
     fi.tokens = std::span<const int32_t>(r->tokens).subspan(it.base, it.n_tokens);
     fi.dec_from = r->dec_from;
     fi.blocks_valid_until = r->blocks_valid_until;
     fi.logits = it.base + it.n_tokens == r->num_tokens();
+    fi.inputs = f.inputs[k];
     f.items.push_back(fi);
     (it.n_tokens > 1 ? stats_.prefill_tokens : stats_.decode_tokens) += static_cast<uint64_t>(it.n_tokens);
   }
@@ -428,6 +459,7 @@ engine_stats engine::stats() const {
   for (const request* r : sched_.running_requests()) s.kv_tokens += r->computed();
   s.waiting = static_cast<int64_t>(sched_.waiting());
   s.waiting_for_remote = static_cast<int64_t>(sched_.waiting_for_remote());
+  s.image_cache = images_.stats();
   return s;
 }
 

@@ -17,6 +17,7 @@
 #include "model/tokenizer.hpp"
 #include "model/weights.hpp"
 #include "runtime/cache_manager.hpp"
+#include "runtime/embedding_cache.hpp"
 #include "runtime/expert_parallel.hpp"
 #include "runtime/handoff.hpp"
 #include "runtime/transport.hpp"
@@ -37,6 +38,7 @@ struct engine_config {
   bool naive_prefill = false;   // naive (expanded) MLA for multi-token chunks
   bool async_scheduling = true;
   bool capture_logits = false;  // copy each sampled position's logits into its event (tests)
+  int64_t image_cache_bytes = 64 << 20;  // image-embedding cache (encoder rows by image hash)
   // Expert parallelism: this engine is rank `ep->layout.rank` of an EP group. Forces
   // async_scheduling off: the forward pass blocks on the group's exchanges, and a failed
   // exchange must fail the step that ran it, so a step is planned, computed and completed
@@ -72,6 +74,9 @@ struct engine_stats {
   // it: finished here as handed_off), kept (nobody took it: decoded here). Decode side: the
   // cache stats' imports / import_failures.
   uint64_t handoffs_offered = 0, handoffs_lent = 0, handoffs_kept = 0;
+  // Vision: images run through the encoder here, their patches, and the embedding cache.
+  uint64_t images_encoded = 0, image_patches_encoded = 0;
+  embedding_cache_stats image_cache;
 };
 
 struct completion {
@@ -96,9 +101,12 @@ class engine {
   // cls: the storage TTL class of the blocks it writes back. Stop strings need the engine's
   // tokenizer (refused without one): the engine detokenises as it samples and finishes a
   // request at the first match.
+  // images: the prompt's (check_prompt_images); their encoder rows replace the placeholder
+  // tokens' embeddings, computed when a step first reaches them (or from the embedding cache).
   std::expected<request_id, std::string> add_request(std::vector<int32_t> prompt,
                                                      const sampling_params& params,
-                                                     traffic_class cls = traffic_class::chat);
+                                                     traffic_class cls = traffic_class::chat,
+                                                     std::vector<prompt_image> images = {});
   bool abort(request_id id);
 
   // Handoff, prefill side: requests that sampled their first token since the last call, their
@@ -160,8 +168,11 @@ class engine {
   struct in_flight_step {
     step_plan plan;
     std::vector<model::forward_item> items;
+    std::vector<std::vector<model::input_rows>> inputs;  // per item: image rows of its run
+    std::vector<embedding_cache::rows> rows;             // keeps those rows alive
     model::forward_output output;
   };
+  embedding_cache::rows image_rows(const prompt_image& im);
   void dispatch(step_plan plan);
   std::vector<token_event> step_ep();
   std::vector<token_event> fail_step(const std::string& why);
@@ -188,6 +199,7 @@ class engine {
   engine_stats stats_;
   std::unique_ptr<ep_moe_exchange> ep_;
   std::string last_error_;
+  embedding_cache images_;
 
   // compute thread (async scheduling)
   std::thread worker_;

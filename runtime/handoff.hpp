@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "runtime/ids.hpp"
+#include "runtime/prompt_image.hpp"
 #include "runtime/sampler.hpp"
 #include "runtime/traffic_class.hpp"
 #include "runtime/transport.hpp"
@@ -28,6 +29,7 @@ struct handoff_state {
   request_id source;               // the request's id on the prefill engine
   std::vector<int32_t> tokens;     // prompt ++ output so far (≥ 1 generated token)
   int64_t prompt_len = 0;
+  std::vector<prompt_image> images;  // of the prompt: a failed read recomputes with them
   sampling_params params;
   uint64_t seq_seed = 0;
   traffic_class cls = traffic_class::chat;

@@ -223,6 +223,8 @@ node_metrics add_node_metrics(metrics_registry& r) {
       r.add_counter("shoal_engine_step_seconds_total", "Seconds the engine spent in forward passes.", a),
       r.add_counter("shoal_engine_prefill_tokens_total", "Prompt tokens computed.", a),
       r.add_counter("shoal_engine_decode_tokens_total", "Tokens decoded.", a),
+      r.add_counter("shoal_engine_images_encoded_total", "Images run through the vision encoder.", a),
+      r.add_counter("shoal_engine_image_cache_hits_total", "Images whose encoder rows came from the embedding cache.", a),
       r.add_gauge("shoal_storage_usage_bytes", "Bytes of chunks a storage node holds.", a),
       r.add_gauge("shoal_storage_capacity_bytes", "A storage node's capacity.", a),
       r.add_gauge("shoal_storage_chunks", "Chunks a storage node holds.", a),

@@ -103,6 +103,7 @@ struct node_metrics {
   counter hit_tokens, storage_hit_tokens;      // shoal_engine_prefix_hit_tokens_total, …_storage_hit_tokens_total
   counter steps, step_seconds;                 // shoal_engine_steps_total, shoal_engine_step_seconds_total
   counter prefill_tokens, decode_tokens;       // shoal_engine_{prefill,decode}_tokens_total
+  counter images_encoded, image_cache_hits;    // shoal_engine_images_encoded_total, …_image_cache_hits_total
   gauge storage_usage, storage_capacity, storage_chunks;  // shoal_storage_{usage,capacity}_bytes, shoal_storage_chunks
   counter storage_puts, storage_gets, storage_gc_evicted, storage_ttl_expired;
   counter storage_put_seconds, storage_get_seconds, storage_get_hits;  // latency: rate(seconds) / rate(count)

@@ -73,31 +73,80 @@ check parse_prompt(const json& j, completion_request& r) {
   return std::nullopt;
 }
 
-// Message content: a string, null (assistant only), or [{"type":"text","text":...}] parts.
-check parse_content(const json& m, const std::string& param, chat_message& out) {
+// One image_url part: a data URL decoded, checked and fit to the encoder's patches.
+check parse_image_part(const json& part, const std::string& param, const api_limits& limits, completion_request& r) {
+  const std::string label = "image " + std::to_string(r.images.size() + 1);
+  if (limits.image_token.empty())
+    return bad("'" + param + "': this model has no vision encoder; image_url parts are not accepted", param);
+  if (static_cast<int64_t>(r.images.size()) >= limits.max_images)
+    return bad("too many images: at most " + std::to_string(limits.max_images) + " per request", param);
+  const json* iu = field(part, "image_url");
+  const json* url = iu && iu->is_object() ? field(*iu, "url") : (iu && iu->is_string() ? iu : nullptr);
+  if (!url || !url->is_string())
+    return bad("'" + param + "': an image_url part needs {\"image_url\": {\"url\": \"data:image/...;base64,...\"}}",
+               param + ".image_url.url");
+  if (const json* detail = iu->is_object() ? field(*iu, "detail") : nullptr;
+      detail && !(detail->is_string() && (*detail == "auto" || *detail == "low" || *detail == "high")))
+    return bad("'" + param + ".image_url.detail' must be 'auto', 'low' or 'high'", param + ".image_url.detail");
+  auto bytes = decode_data_url(url->get_ref<const std::string&>(), limits.image);
+  if (!bytes) return bad(label + ": " + bytes.error().message, param + ".image_url.url");
+  auto img = decode_image(*bytes, limits.image);
+  if (!img) return bad(label + ": " + img.error().message, param + ".image_url.url");
+  auto [w, h] = fit_to_patches(img->width, img->height, limits.image_side, limits.image_patch);
+  auto fit = std::make_shared<rgb_image>(w == img->width && h == img->height ? std::move(*img) : resize_area(*img, w, h));
+  prompt_image pi;
+  pi.count = (w / limits.image_patch) * (h / limits.image_patch);
+  pi.hash = image_content_hash(*fit);
+  pi.pixels = std::move(fit);
+  r.images.push_back(std::move(pi));
+  return std::nullopt;
+}
+
+// Message content: a string, null (assistant only), or parts: {"type": "text", "text": ...}
+// and (chat with a vision model) {"type": "image_url", "image_url": {"url": data URL}}, each
+// image rendered as one placeholder token text (expanded after tokenisation).
+check parse_content(const json& m, const std::string& param, const api_limits& limits, completion_request& r,
+                    chat_message& out) {
   const json* c = field(m, "content");
   if (!c) {
     if (out.role == "assistant") return std::nullopt;
     return bad("'" + param + "' is required for role '" + out.role + "'", param);
   }
+  auto check_text = [&](const std::string& text, const std::string& where) -> check {
+    if (!limits.image_token.empty() && text.find(limits.image_token) != std::string::npos)
+      return bad("'" + where + "' contains the image placeholder '" + limits.image_token +
+                   "'; send images as image_url parts",
+                 where);
+    return std::nullopt;
+  };
   if (c->is_string()) {
     out.content = c->get<std::string>();
-    return std::nullopt;
+    return check_text(*out.content, param);
   }
-  if (!c->is_array()) return bad("'" + param + "' must be a string, an array of text parts or null", param);
+  if (!c->is_array()) return bad("'" + param + "' must be a string, an array of content parts or null", param);
   std::string text;
-  for (const json& part : *c) {
+  for (size_t i = 0; i < c->size(); ++i) {
+    const json& part = (*c)[i];
+    const std::string pp = param + "[" + std::to_string(i) + "]";
     const json* type = part.is_object() ? field(part, "type") : nullptr;
+    if (type && *type == "image_url") {
+      if (auto e = parse_image_part(part, pp, limits, r)) return e;
+      text += limits.image_token;
+      continue;
+    }
     const json* t = part.is_object() ? field(part, "text") : nullptr;
     if (!type || *type != "text" || !t || !t->is_string())
-      return bad("'" + param + "': only parts {\"type\": \"text\", \"text\": string} are supported", param);
+      return bad("'" + pp + "': only parts {\"type\": \"text\", \"text\": string} and {\"type\": \"image_url\", " +
+                   "\"image_url\": {\"url\": data URL}} are supported",
+                 pp);
+    if (auto e = check_text(t->get_ref<const std::string&>(), pp + ".text")) return e;
     text += t->get<std::string>();
   }
   out.content = std::move(text);
   return std::nullopt;
 }
 
-check parse_messages(const json& j, completion_request& r) {
+check parse_messages(const json& j, const api_limits& limits, completion_request& r) {
   const json* ms = field(j, "messages");
   if (!ms) return bad("you must provide 'messages'", "messages");
   if (!ms->is_array()) return bad("'messages' must be an array", "messages");
@@ -114,7 +163,7 @@ check parse_messages(const json& j, completion_request& r) {
     if (const json* tc = field(m, "tool_calls"); tc && !(tc->is_array() && tc->empty()))
       return bad("'" + param + ".tool_calls': tool calls are not supported", param + ".tool_calls");
     chat_message msg{role->get<std::string>(), std::nullopt};
-    if (auto e = parse_content(m, param + ".content", msg)) return e;
+    if (auto e = parse_content(m, param + ".content", limits, r, msg)) return e;
     r.messages.push_back(std::move(msg));
   }
   return std::nullopt;
@@ -276,11 +325,34 @@ std::expected<completion_request, api_error> parse_completion_request(std::strin
   if (!j.is_object()) return std::unexpected(bad("request body must be a JSON object", ""));
   completion_request r;
   r.chat = chat;
-  for (check e : {parse_model(j, limits, r), chat ? parse_messages(j, r) : parse_prompt(j, r),
+  for (check e : {parse_model(j, limits, r), chat ? parse_messages(j, limits, r) : parse_prompt(j, r),
                   parse_max_tokens(j, limits, r), parse_sampling(j, r), parse_stop(j, r), parse_stream(j, r),
                   parse_unsupported(j), parse_extensions(j, r)})
     if (e) return std::unexpected(std::move(*e));
   return r;
+}
+
+std::expected<std::vector<int32_t>, api_error> expand_image_tokens(const std::vector<int32_t>& ids,
+                                                                   int32_t image_token_id,
+                                                                   std::vector<prompt_image>& images) {
+  const auto found = static_cast<size_t>(std::count(ids.begin(), ids.end(), image_token_id));
+  if (found != images.size())
+    return std::unexpected(invalid_request_error("the rendered prompt holds " + std::to_string(found) +
+                                                   " image placeholders for " + std::to_string(images.size()) +
+                                                   " images (the chat template or a system prompt adds or drops some)",
+                                                 "messages"));
+  std::vector<int32_t> out;
+  size_t k = 0;
+  for (int32_t t : ids) {
+    if (t != image_token_id) {
+      out.push_back(t);
+      continue;
+    }
+    images[k].pos = static_cast<int64_t>(out.size());
+    out.insert(out.end(), static_cast<size_t>(images[k].count), image_token_id);
+    ++k;
+  }
+  return out;
 }
 
 std::optional<api_error> check_context(int64_t prompt_tokens, int32_t max_tokens, int64_t context_length) {

@@ -5,9 +5,12 @@
 #pragma once
 
 #include "runtime/chat_template.hpp"
+#include "runtime/image.hpp"
+#include "runtime/prompt_image.hpp"
 #include "runtime/traffic_class.hpp"
 
 #include <cstddef>
+#include <memory>
 #include <cstdint>
 #include <expected>
 #include <optional>
@@ -45,6 +48,12 @@ struct api_limits {
   int32_t max_tokens_limit = 4096;     // largest max_tokens accepted
   int64_t context_length = 4096;       // prompt + completion tokens
   size_t max_body_bytes = size_t{1} << 20;
+  // Chat image_url parts: refused when image_token is empty (the model has no vision encoder).
+  std::string image_token;      // the placeholder text one image renders as in the template
+  int64_t image_side = 0;       // the encoder's largest side and patch (images are fit to them)
+  int64_t image_patch = 0;
+  int32_t max_images = 8;       // per request
+  image_limits image;
 };
 
 inline constexpr int32_t default_completion_max_tokens = 16;  // OpenAI's default for /v1/completions
@@ -67,6 +76,9 @@ struct completion_request {
   std::optional<uint64_t> seed;
   bool ignore_eos = false;
   traffic_class cls = traffic_class::chat;  // shoal extension field "traffic_class": "chat" or "agent"
+  // chat: the image_url parts in message order, decoded and fit to the encoder's patches;
+  // pos and count are set by expand_image_tokens.
+  std::vector<prompt_image> images;
 };
 
 // 413 when a body of `body_bytes` exceeds limits.max_body_bytes; the server calls it with the
@@ -77,6 +89,14 @@ std::optional<api_error> check_body_size(size_t body_bytes, const api_limits& li
 // ignored, as OpenAI does; every rejected field yields its own 400 with `param` set.
 std::expected<completion_request, api_error> parse_completion_request(std::string_view body, bool chat,
                                                                       const api_limits& limits);
+
+// After tokenisation of a chat request with images: each image's one placeholder token
+// (`image_token_id`) becomes the image's patch count of them, and r.images get their
+// positions. 400 when the placeholders do not match the images one to one (a text part
+// holding the placeholder text is refused before this, by the parser).
+std::expected<std::vector<int32_t>, api_error> expand_image_tokens(const std::vector<int32_t>& ids,
+                                                                   int32_t image_token_id,
+                                                                   std::vector<prompt_image>& images);
 
 // After tokenisation: prompt_tokens + max_tokens must fit context_length (400,
 // code context_length_exceeded, message with the numbers).

@@ -313,6 +313,7 @@ actors::handoff_offer offer_example(caf::actor prefill) {
   o.source = request_id(4);
   o.tokens = {256, 5, 6, 7, 99};
   o.prompt_len = 4;
+  o.images = {{1, 2, 3, 4, 14, 14, std::vector<uint8_t>(14 * 14 * 3, 9)}};
   o.sampling.temperature = 0.5f;
   o.sampling.has_seed = true;
   o.sampling.seed = 99;
@@ -355,7 +356,7 @@ static_assert(is_the_type_id_block<request_id, error_reply, actors::sampling_opt
                                    std::vector<uint8_t>, runtime::block_key, std::vector<runtime::block_key>,
                                    actors::handoff_offer, runtime::remote_memory, actors::swa_report, actors::swa_hit,
                                    actors::swa_directory_stats, actors::swa_store_stats, actors::swa_store_actor,
-                                   actors::swa_directory_actor>(),
+                                   actors::swa_directory_actor, actors::image_payload>(),
               "the round trip below covers exactly these types");
 
 }  // namespace
@@ -404,7 +405,7 @@ TEST_CASE("every type of the type-ID block round-trips through a remote actor") 
   round_trip(self, remote, token_event{request_id(3), 77, true, runtime::finish_reason::stop});
   round_trip(self, remote, token_event{request_id(4), 12, true, runtime::finish_reason::length, 48});
   round_trip(self, remote, engine_stats_snapshot{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, "decode", 12, 13, 14, 15, 16,
-                                                 17, 18, 19, 20, 21, 0.25, 12.5});
+                                                 17, 18, 19, 20, 21, 0.25, 12.5, 22, 23, 24, 1.5, 25, 26, 27});
   round_trip(self, remote, sink);  // a local handle comes back as itself
   round_trip(self, remote, caf::actor_cast<actors::engine_actor>(locals[0]));
   round_trip(self, remote, rank0);
@@ -442,6 +443,13 @@ TEST_CASE("every type of the type-ID block round-trips through a remote actor") 
   round_trip(self, remote, actors::swa_store_stats{5, 256, 1415040, 9, 4, 3});
   round_trip(self, remote, caf::actor_cast<actors::swa_store_actor>(locals[2]));
   round_trip(self, remote, caf::actor_cast<actors::swa_directory_actor>(remote));
+  actors::image_payload image{5, 4, 0x0123456789abcdefull, 0xfedcba9876543210ull, 28, 28, {}};
+  image.rgb.assign(mib.begin(), mib.begin() + 28 * 28 * 3);
+  round_trip(self, remote, image);
+  round_trip(self, remote, actors::image_payload{});
+  auto with_images = req;
+  with_images.images = {image, image};
+  round_trip(self, remote, with_images);
 
   // A caf::error carrying an error_reply (how actors answer a refused request; the remote
   // engine case checks that path end to end). A message holding only an error would go to

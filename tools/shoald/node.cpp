@@ -151,6 +151,8 @@ void scrape(caf::actor_system& sys, const node_parts& parts, node_metrics_server
     m.step_seconds.advance_to(st->forward_s, a);
     m.prefill_tokens.advance_to(static_cast<double>(st->prefill_tokens), a);
     m.decode_tokens.advance_to(static_cast<double>(st->decode_tokens), a);
+    m.images_encoded.advance_to(static_cast<double>(st->images_encoded), a);
+    m.image_cache_hits.advance_to(static_cast<double>(st->image_cache_hits), a);
   }
   for (size_t i = 0; i < parts.storage.size(); ++i) {
     auto st = ask<actors::storage_node_actor, actors::storage_stats_snapshot>(sys, parts.storage[i], 2s, stats_atom_v);
@@ -502,6 +504,7 @@ int run_node(const runtime::node_config& cfg, logger& log) {
     g.context_length = mcfg->max_position_embeddings;
     g.request_timeout = std::chrono::milliseconds(cfg.request_timeout_ms);
     g.tokenizer_config = cfg.model_dir / "tokenizer_config.json";
+    g.vision = mcfg->vision;
     if (cfg.auth_token_file) {
       auto tokens = actors::read_auth_tokens(*cfg.auth_token_file);
       if (!tokens) {

@@ -1,0 +1,35 @@
+// An image of a prompt as the engine tracks it: where its placeholder tokens are, its
+// content hash (the extra key of the blocks it is in: ARCHITECTURE.md "Keys") and its pixels,
+// already fit to the encoder's patches (runtime/image.hpp).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace shoal::model {
+struct vision_config;
+}
+
+namespace shoal::runtime {
+
+struct rgb_image;
+
+struct prompt_image {
+  int64_t pos = 0;     // first placeholder token
+  int64_t count = 0;   // placeholder tokens (= patches)
+  std::array<uint64_t, 2> hash{};         // image_content_hash of `pixels` (lo, hi)
+  std::shared_ptr<const rgb_image> pixels;
+};
+
+// Empty when `images` fit `prompt` and the encoder: in order, not overlapping, inside the
+// prompt, each over `count` copies of the image token with count = its patches, pixels
+// present, fit to the encoder and hashing to `hash`; else what is wrong (the images come from
+// another process: the hash is recomputed).
+std::string check_prompt_images(const model::vision_config& v, std::span<const int32_t> prompt,
+                                std::span<const prompt_image> images);
+
+}  // namespace shoal::runtime
