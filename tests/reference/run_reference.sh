@@ -52,6 +52,22 @@ mtp_layers() {
   "$PY" -c "import json,sys; print(json.load(open(sys.argv[1]+'/config.json')).get('num_nextn_predict_layers',0))" "$1"
 }
 
+# Prints the compare log $2 under label $1 and counts its PASS / FAIL lines; $3 is the
+# reference's exit status (a crash before judging is a failure).
+count_lines() {
+  local label=$1 log=$2 rc=$3 line
+  while IFS= read -r line; do
+    echo "$label $line"
+    case $line in
+      *" PASS") passed=$((passed + 1)) ;;
+      *FAIL*) failed=$((failed + 1)) ;;
+    esac
+  done < "$log"
+  if [[ $rc -ne 0 ]] && ! grep -q FAIL "$log"; then
+    echo "$label FAIL reference exited $rc"; failed=$((failed + 1))
+  fi
+}
+
 # One prompt on one model: engine run + compare; counts every PASS/FAIL line the compare prints.
 run_case() {
   local preset=$1 model=$2 n=$3 tokens out mtp_args=() cmp_args=()
@@ -68,17 +84,8 @@ run_case() {
   fi
   "$PY" "$REFDIR/ref_forward.py" compare --model "$model" --tokens "$tokens" \
       --engine-logits "$out.bin" "${cmp_args[@]}" --tol "$TOL" > "$out.cmp.log" 2>&1
-  local rc=$? line
-  while IFS= read -r line; do
-    echo "[$preset n=$n] $line"
-    case $line in
-      *" PASS") passed=$((passed + 1)) ;;
-      *FAIL*) failed=$((failed + 1)) ;;
-    esac
-  done < "$out.cmp.log"
-  if [[ $rc -ne 0 ]] && ! grep -q FAIL "$out.cmp.log"; then  # crashed before judging
-    echo "[$preset n=$n] FAIL reference exited $rc"; failed=$((failed + 1))
-  fi
+  local rc=$?
+  count_lines "[$preset n=$n]" "$out.cmp.log" $rc
   [[ $rc -ne 0 ]] && echo "[$preset n=$n] tokens=$tokens"
 }
 
@@ -120,17 +127,7 @@ run_vision_case() {
   fi
   "$PY" "$REFDIR/ref_forward.py" compare --model "$model" --tokens "$tokens" "${specs[@]}" \
       --engine-logits "$out.bin" --engine-vision "$out.vision.bin" --tol "$TOL" > "$out.cmp.log" 2>&1
-  local rc=$? line
-  while IFS= read -r line; do
-    echo "[$preset vision $label] $line"
-    case $line in
-      *" PASS") passed=$((passed + 1)) ;;
-      *FAIL*) failed=$((failed + 1)) ;;
-    esac
-  done < "$out.cmp.log"
-  if [[ $rc -ne 0 ]] && ! grep -q FAIL "$out.cmp.log"; then
-    echo "[$preset vision $label] FAIL reference exited $rc"; failed=$((failed + 1))
-  fi
+  count_lines "[$preset vision $label]" "$out.cmp.log" $?
 }
 
 for preset in tiny v3-tiny; do
