@@ -26,6 +26,8 @@ class embedding_cache {
 
   // The rows of `k` (now the most recently used), or null (a miss, counted).
   rows get(const key& k);
+  // Whether `k` is held (not counted, not made more recent).
+  bool contains(const key& k) const { return index_.contains(k); }
   // Stores rows for `k` and evicts the least recently used entries beyond the capacity; an
   // entry larger than the whole capacity is not kept. Rows already held by callers stay valid.
   void put(const key& k, rows r);

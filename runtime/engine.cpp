@@ -6,6 +6,7 @@
 #include "model/vision.hpp"
 #include "runtime/image.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <thread>
 
@@ -46,6 +47,7 @@ engine::engine(std::shared_ptr<const model::model_weights> weights, const engine
 }
 
 engine::~engine() {
+  for (auto& [hash, rr] : rows_reads_) rr->t->wait();  // their buffers are the reads' destinations
   if (worker_.joinable()) {
     {
       std::lock_guard lock(mu_);
@@ -79,6 +81,31 @@ std::expected<request_id, std::string> engine::add_request(std::vector<int32_t> 
   if (caches_.blocks_for(total) > caches_.pool().num_blocks())
     return std::unexpected("request needs " + std::to_string(caches_.blocks_for(total)) +
                            " cache blocks; the engine has " + std::to_string(caches_.pool().num_blocks()));
+  // Rows a vision-encoder worker holds: read here unless already cached (checked first, so a
+  // refused request starts no read).
+  std::vector<const prompt_image*> to_read;
+  if (config_.bulk)
+    for (size_t i = 0; i < images.size(); ++i) {
+      const prompt_image& im = images[i];
+      if (im.rows.owner.empty() || images_.contains(im.hash)) continue;
+      const uint64_t want = static_cast<uint64_t>(im.count) * static_cast<uint64_t>(c.hidden_size) * sizeof(float);
+      if (im.rows.length != want)
+        return std::unexpected("image " + std::to_string(i + 1) + ": its encoder rows are " +
+                               std::to_string(im.rows.length) + " bytes; " + std::to_string(im.count) + " rows of " +
+                               std::to_string(c.hidden_size) + " floats are " + std::to_string(want));
+      to_read.push_back(&im);
+    }
+  awaiting_rows wait{nullptr, {}};
+  for (const prompt_image* im : to_read) {
+    auto& rr = rows_reads_[im->hash];
+    if (!rr) {  // one read per image, shared by the requests that carry it
+      rr = std::make_shared<rows_read>();
+      rr->rows.resize(static_cast<size_t>(im->rows.length / sizeof(float)));
+      rr->t = config_.bulk->read(im->rows, std::as_writable_bytes(std::span<float>(rr->rows)),
+                                 config_.handoff_read_timeout);
+    }
+    wait.reads.push_back(rr);
+  }
   auto r = std::make_unique<request>();
   r->id = request_id(next_id_++);
   r->prompt_len = static_cast<int64_t>(prompt.size());
@@ -89,14 +116,46 @@ std::expected<request_id, std::string> engine::add_request(std::vector<int32_t> 
   r->seq_seed = sequence_seed(params, static_cast<uint64_t>(r->id.value));
   request* raw = r.get();
   requests_[r->id.value] = std::move(r);
-  sched_.add(raw);
+  if (wait.reads.empty()) {
+    sched_.add(raw);
+  } else {
+    wait.r = raw;
+    awaiting_rows_.push_back(std::move(wait));
+  }
   return raw->id;
+}
+
+void engine::poll_rows() {
+  for (auto it = rows_reads_.begin(); it != rows_reads_.end();) {
+    rows_read& rr = *it->second;
+    if (rr.t->done() && !rr.settled) {
+      rr.settled = true;
+      if (rr.t->ok()) {
+        images_.put(it->first, std::make_shared<const std::vector<float>>(std::move(rr.rows)));
+        ++stats_.image_rows_read;
+      } else {
+        ++stats_.image_row_read_failures;  // image_rows() encodes it when a step reaches it
+      }
+    }
+    it = rr.settled ? rows_reads_.erase(it) : std::next(it);
+  }
+  std::erase_if(awaiting_rows_, [&](const awaiting_rows& a) {
+    if (!std::ranges::all_of(a.reads, [](const auto& rr) { return rr->settled; })) return false;
+    sched_.add(a.r);
+    return true;
+  });
 }
 
 bool engine::abort(request_id id) {
   auto it = requests_.find(id.value);
   if (it == requests_.end() || it->second->status == request_status::finished) return false;
   request* r = it->second.get();
+  if (auto a = std::ranges::find(awaiting_rows_, r, &awaiting_rows::r); a != awaiting_rows_.end()) {
+    awaiting_rows_.erase(a);  // its reads go on (other requests, the cache): only it leaves
+    r->finish = finish_reason::aborted;
+    r->status = request_status::finished;
+    return true;
+  }
   if (flight_)  // a request in the running step finishes after it
     for (auto& item : flight_->plan.items)
       if (item.req == r) {
@@ -112,7 +171,7 @@ bool engine::abort(request_id id) {
 bool engine::has_work() const {
   // Reads no request waits on any more still hold blocks: polled until the tier lets go.
   return sched_.running() + sched_.waiting() + sched_.remote_reads_out() + sched_.importing() > 0 ||
-         flight_.has_value();
+         flight_.has_value() || !awaiting_rows_.empty() || !rows_reads_.empty();
 }
 
 // Pins r (it leaves the running set with its caches) and describes its blocks and rings.
@@ -338,6 +397,7 @@ std::vector<token_event> engine::complete() {
 
 std::vector<token_event> engine::step() {
   stalled_ = false;
+  if (!rows_reads_.empty() || !awaiting_rows_.empty()) poll_rows();
   if (ep_) return step_ep();
   double t0 = now_s();
   if (!flight_) {
@@ -458,7 +518,7 @@ engine_stats engine::stats() const {
   s.running = static_cast<int64_t>(sched_.running());
   for (const request* r : sched_.running_requests()) s.kv_tokens += r->computed();
   s.waiting = static_cast<int64_t>(sched_.waiting());
-  s.waiting_for_remote = static_cast<int64_t>(sched_.waiting_for_remote());
+  s.waiting_for_remote = static_cast<int64_t>(sched_.waiting_for_remote() + awaiting_rows_.size());
   s.image_cache = images_.stats();
   return s;
 }

@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <expected>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -76,6 +77,9 @@ struct engine_stats {
   uint64_t handoffs_offered = 0, handoffs_lent = 0, handoffs_kept = 0;
   // Vision: images run through the encoder here, their patches, and the embedding cache.
   uint64_t images_encoded = 0, image_patches_encoded = 0;
+  // Encoder rows read from a vision-encoder worker (prompt_image::rows) / reads that failed
+  // (the engine encoded those images itself).
+  uint64_t image_rows_read = 0, image_row_read_failures = 0;
   embedding_cache_stats image_cache;
 };
 
@@ -103,6 +107,10 @@ class engine {
   // request at the first match.
   // images: the prompt's (check_prompt_images); their encoder rows replace the placeholder
   // tokens' embeddings, computed when a step first reaches them (or from the embedding cache).
+  // Images whose rows a vision-encoder worker holds (prompt_image::rows, their length checked
+  // here) are read with engine_config::bulk first: the request waits for those reads outside
+  // the scheduler (counted in waiting_for_remote), and an image whose read fails is encoded
+  // here. Without a transport the rows are not read and the engine encodes.
   std::expected<request_id, std::string> add_request(std::vector<int32_t> prompt,
                                                      const sampling_params& params,
                                                      traffic_class cls = traffic_class::chat,
@@ -173,6 +181,19 @@ class engine {
     model::forward_output output;
   };
   embedding_cache::rows image_rows(const prompt_image& im);
+  // Encoder rows being read from a vision-encoder worker, by image hash; `settled` once the
+  // rows went to the embedding cache (or the failure was counted).
+  struct rows_read {
+    std::shared_ptr<transfer> t;
+    std::vector<float> rows;
+    bool settled = false;
+  };
+  struct awaiting_rows {
+    request* r;
+    std::vector<std::shared_ptr<rows_read>> reads;
+  };
+  // Settles the reads that are over and queues the requests none of whose reads is still out.
+  void poll_rows();
   void dispatch(step_plan plan);
   std::vector<token_event> step_ep();
   std::vector<token_event> fail_step(const std::string& why);
@@ -200,6 +221,8 @@ class engine {
   std::unique_ptr<ep_moe_exchange> ep_;
   std::string last_error_;
   embedding_cache images_;
+  std::map<embedding_cache::key, std::shared_ptr<rows_read>> rows_reads_;
+  std::vector<awaiting_rows> awaiting_rows_;
 
   // compute thread (async scheduling)
   std::thread worker_;

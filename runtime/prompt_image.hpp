@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "runtime/transport.hpp"
+
 namespace shoal::model {
 struct vision_config;
 }
@@ -23,6 +25,10 @@ struct prompt_image {
   int64_t count = 0;   // placeholder tokens (= patches)
   std::array<uint64_t, 2> hash{};         // image_content_hash of `pixels` (lo, hi)
   std::shared_ptr<const rgb_image> pixels;
+  // Where a vision-encoder worker left this image's encoder rows ((count, hidden_size) floats,
+  // registered with its transport); an empty owner when none did. An engine with a transport
+  // reads them instead of running the encoder (a failed read: it encodes the pixels itself).
+  remote_memory rows;
 };
 
 // Empty when `images` fit `prompt` and the encoder: in order, not overlapping, inside the
