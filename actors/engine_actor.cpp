@@ -131,7 +131,9 @@ struct engine_state {
             s.forward_s,
             s.images_encoded,
             s.image_patches_encoded,
-            s.image_cache.hits};
+            s.image_cache.hits,
+            s.image_rows_read,
+            s.image_row_read_failures};
   }
 };
 

@@ -94,7 +94,7 @@ runtime::sampling_params to_sampling_params(const sampling_options& o) {
 std::vector<image_payload> to_payloads(const std::vector<runtime::prompt_image>& images) {
   std::vector<image_payload> out;
   for (const auto& im : images) {
-    image_payload p{im.pos, im.count, im.hash[0], im.hash[1], 0, 0, {}};
+    image_payload p{im.pos, im.count, im.hash[0], im.hash[1], 0, 0, {}, im.rows};
     if (im.pixels) p.width = im.pixels->width, p.height = im.pixels->height, p.rgb = im.pixels->rgb;
     out.push_back(std::move(p));
   }
@@ -106,7 +106,7 @@ std::vector<runtime::prompt_image> from_payloads(const std::vector<image_payload
   for (const auto& p : images) {
     auto px = std::make_shared<runtime::rgb_image>();
     px->width = p.width, px->height = p.height, px->rgb = p.rgb;
-    out.push_back({p.pos, p.count, {p.hash_lo, p.hash_hi}, std::move(px)});
+    out.push_back({p.pos, p.count, {p.hash_lo, p.hash_hi}, std::move(px), p.rows});
   }
   return out;
 }

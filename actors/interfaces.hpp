@@ -119,19 +119,23 @@ sampling_options to_sampling_options(const runtime::sampling_params& p);
 runtime::sampling_params to_sampling_params(const sampling_options& o);
 
 // One image of a prompt on the wire: its placeholder tokens, content hash and pixels (fit to
-// the encoder's patches). It comes from another process: the engine that takes it checks it
-// against the prompt and the encoder and recomputes the hash (runtime::check_prompt_images).
+// the encoder's patches), and where a vision-encoder worker holds its encoder rows (an empty
+// owner when none does: the engine encodes). It comes from another process: the engine that
+// takes it checks it against the prompt and the encoder, recomputes the hash
+// (runtime::check_prompt_images) and checks the rows' length and checksum when it reads them.
 struct image_payload {
   int64_t pos = 0, count = 0;
   uint64_t hash_lo = 0, hash_hi = 0;
   int64_t width = 0, height = 0;
   std::vector<uint8_t> rgb;
+  runtime::remote_memory rows = {};
   friend bool operator==(const image_payload&, const image_payload&) = default;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, image_payload& x) {
-  return f(caf::meta::type_name("image_payload"), x.pos, x.count, x.hash_lo, x.hash_hi, x.width, x.height, x.rgb);
+  return f(caf::meta::type_name("image_payload"), x.pos, x.count, x.hash_lo, x.hash_hi, x.width, x.height, x.rgb,
+           x.rows);
 }
 
 std::vector<image_payload> to_payloads(const std::vector<runtime::prompt_image>& images);
@@ -202,6 +206,8 @@ struct engine_stats_snapshot {
   uint64_t images_encoded = 0;         // images run through the vision encoder here
   uint64_t image_patches_encoded = 0;  // their patches
   uint64_t image_cache_hits = 0;       // images whose rows came from the embedding cache
+  uint64_t image_rows_read = 0;        // images whose rows were read from a vision-encoder worker
+  uint64_t image_row_read_failures = 0;  // of those reads, failed (encoded here instead)
   friend bool operator==(const engine_stats_snapshot&, const engine_stats_snapshot&) = default;
 };
 
@@ -212,7 +218,8 @@ typename Inspector::result_type inspect(Inspector& f, engine_stats_snapshot& x) 
            x.remote_hit_tokens, x.remote_timeouts, x.role, x.handoffs_offered, x.handoffs_placed, x.handoffs_kept,
            x.handoffs_taken, x.handoff_failures, x.swa_restores, x.swa_replays, x.swa_lookups, x.swa_fetches,
            x.swa_fetch_failures, x.swa_fetch_p50_ms, x.swa_fetch_p99_ms, x.kv_tokens, x.waiting,
-           x.prefix_lookups, x.forward_s, x.images_encoded, x.image_patches_encoded, x.image_cache_hits);
+           x.prefix_lookups, x.forward_s, x.images_encoded, x.image_patches_encoded, x.image_cache_hits,
+           x.image_rows_read, x.image_row_read_failures);
 }
 
 
@@ -270,6 +277,54 @@ typename Inspector::result_type inspect(Inspector& f, handoff_offer& x) {
 handoff_offer to_handoff_offer(const runtime::handoff_state& s, request_id id, caf::actor prefill,
                                int64_t blocks_needed);
 runtime::handoff_state to_handoff_state(const handoff_offer& o);
+
+// -- the vision-encoder pool -------------------------------------------------------------------
+
+// A vision-encoder worker's counters (shell `ve`).
+struct ve_worker_stats {
+  std::string node;
+  uint64_t jobs = 0;               // encode requests answered
+  uint64_t images_encoded = 0;     // images run through the encoder
+  uint64_t patches_encoded = 0;
+  uint64_t cache_hits = 0;         // images whose rows were already held (encoder skipped)
+  int64_t cache_entries = 0, cache_bytes = 0, cache_capacity = 0;  // registered rows held
+  double encode_s = 0;             // seconds in the encoder
+  friend bool operator==(const ve_worker_stats&, const ve_worker_stats&) = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, ve_worker_stats& x) {
+  return f(caf::meta::type_name("ve_worker_stats"), x.node, x.jobs, x.images_encoded, x.patches_encoded,
+           x.cache_hits, x.cache_entries, x.cache_bytes, x.cache_capacity, x.encode_s);
+}
+
+// One worker as the VE balancer sees it (runtime::ve_worker_load with its node's name).
+struct ve_worker_row {
+  std::string node;
+  bool draining = false;
+  int64_t jobs = 0, patches = 0;   // outstanding: the queue depth in patches
+  int64_t placed = 0, completed = 0, given_back = 0;
+  friend bool operator==(const ve_worker_row&, const ve_worker_row&) = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, ve_worker_row& x) {
+  return f(caf::meta::type_name("ve_worker_row"), x.node, x.draining, x.jobs, x.patches, x.placed, x.completed,
+           x.given_back);
+}
+
+struct ve_report {
+  std::vector<ve_worker_row> workers;
+  uint64_t jobs = 0;          // encode requests taken
+  uint64_t replaced = 0;      // placements made again (worker died, drained or failed the job)
+  uint64_t failed = 0;        // answered with an error (no worker left, bad image)
+  friend bool operator==(const ve_report&, const ve_report&) = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, ve_report& x) {
+  return f(caf::meta::type_name("ve_report"), x.workers, x.jobs, x.replaced, x.failed);
+}
 
 // -- KV-cache storage ------------------------------------------------------------------------
 
@@ -442,14 +497,16 @@ struct node_info {
   std::string engine_role = "both";     // engine role: "both", "prefill" or "decode" (every rank)
   caf::actor swa_store;                 // shoal_flash engine nodes: the machine's swa_store_actor
   caf::actor swa_directory;             // directory role: the swa_directory_actor
-  std::vector<caf::actor> balancers;    // gateway role: its prefill_balancer_actor, decode_balancer_actor
+  std::vector<caf::actor> balancers;    // gateway role: its prefill_balancer_actor, decode_balancer_actor, ve_balancer_actor
+  caf::actor ve_worker;                 // ve role: the node's ve_worker_actor
   friend bool operator==(const node_info&, const node_info&) = default;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, node_info& x) {
   return f(caf::meta::type_name("node_info"), x.name, x.host, x.port, x.roles, x.agent, x.ranks,
-           x.storage, x.draining, x.storage_ports, x.engine_role, x.swa_store, x.swa_directory, x.balancers);
+           x.storage, x.draining, x.storage_ports, x.engine_role, x.swa_store, x.swa_directory, x.balancers,
+           x.ve_worker);
 }
 
 // The nodes one node agent knows to be up, sorted by name. version grows with every change
@@ -519,6 +576,7 @@ CAF_ADD_ATOM(shoal, shoal, lease_atom, "lease")
 CAF_ADD_ATOM(shoal, shoal, tick_atom, "tick")
 CAF_ADD_ATOM(shoal, shoal, swa_atom, "swa")
 CAF_ADD_ATOM(shoal, shoal, lookup_atom, "lookup")
+CAF_ADD_ATOM(shoal, shoal, encode_atom, "encode")
 
 // -- typed interfaces -----------------------------------------------------------------------
 
@@ -645,10 +703,30 @@ using decode_balancer_actor = caf::typed_actor<
   caf::replies_to<stats_atom>::with<balancer_report>,
   caf::reacts_to<membership>>;
 
-// The two balancers as the gateway's request relays hold them.
+// A vision-encoder worker (ve role, actors/ve_actors.hpp): runs the encoder over images and
+// keeps their rows registered with its transport for the prefill engines to read.
+using ve_worker_actor = caf::typed_actor<
+  // The rows of each image ((count, hidden_size) floats, in order), registered and described
+  // (its crc32c included); an image it holds already skips the encoder. Error
+  // invalid_request naming a bad image (pixels that do not fit the encoder or its hash).
+  caf::replies_to<encode_atom, std::vector<image_payload>>::with<std::vector<runtime::remote_memory>>,
+  caf::replies_to<stats_atom>::with<ve_worker_stats>>;
+
+// The VE balancer of a gateway node (runtime::ve_balancer over the membership's VE workers).
+using ve_balancer_actor = caf::typed_actor<
+  // Encodes request `id`'s images on the worker with the least patches queued and replies its
+  // rows' ranges; a job whose worker dies, drains or fails is placed again. Error no_engine
+  // when no worker is up (the engines encode instead), invalid_request for a bad image.
+  caf::replies_to<encode_atom, request_id, std::vector<image_payload>>::with<std::vector<runtime::remote_memory>>,
+  caf::replies_to<stats_atom>::with<ve_report>,
+  caf::reacts_to<membership>>;
+
+// The balancers as the gateway's request relays hold them (ve: invalid when the node runs
+// none; images are then encoded by the prefill engines).
 struct balancers {
   prefill_balancer_actor prefill;
   decode_balancer_actor decode;
+  ve_balancer_actor ve = {};
 };
 
 // The OpenAI-compatible HTTP front of a gateway node (actors/gateway_actor.hpp). Its HTTP
@@ -735,6 +813,13 @@ CAF_BEGIN_TYPE_ID_BLOCK(shoal, caf::first_custom_type_id)
   CAF_ADD_TYPE_ID(shoal, (shoal::actors::swa_store_actor))
   CAF_ADD_TYPE_ID(shoal, (shoal::actors::swa_directory_actor))
   CAF_ADD_TYPE_ID(shoal, (shoal::actors::image_payload))
+  CAF_ADD_TYPE_ID(shoal, (std::vector<shoal::actors::image_payload>))
+  CAF_ADD_TYPE_ID(shoal, (std::vector<shoal::runtime::remote_memory>))
+  CAF_ADD_TYPE_ID(shoal, (shoal::actors::ve_worker_stats))
+  CAF_ADD_TYPE_ID(shoal, (shoal::actors::ve_worker_row))
+  CAF_ADD_TYPE_ID(shoal, (shoal::actors::ve_report))
+  CAF_ADD_TYPE_ID(shoal, (shoal::actors::ve_worker_actor))
+  CAF_ADD_TYPE_ID(shoal, (shoal::actors::ve_balancer_actor))
 CAF_END_TYPE_ID_BLOCK(shoal)
 
 namespace shoal::actors {

@@ -112,6 +112,26 @@ void attempt(relay_pointer self) {
           [self](caf::error& e) { give_up(self, to_error_reply(e)); });
 }
 
+// Images first, when the gateway has a VE balancer: the pool encodes them and the prefill
+// engine reads their rows. Without a worker (or when the pool fails) the request goes on
+// without rows and its prefill engine encodes; a bad image fails the request.
+void encode_images(relay_pointer self) {
+  auto& st = self->state;
+  self->request(st.bal.ve, st.options.request_timeout, encode_atom_v, st.req.id, st.req.images)
+    .then(
+      [self](std::vector<runtime::remote_memory>& rows) {
+        auto& st = self->state;
+        if (rows.size() == st.req.images.size())
+          for (size_t i = 0; i < rows.size(); ++i) st.req.images[i].rows = std::move(rows[i]);
+        attempt(self);
+      },
+      [self](caf::error& e) {
+        error_reply r = to_error_reply(e);
+        if (r.code == errc::invalid_request) return give_up(self, std::move(r));
+        attempt(self);
+      });
+}
+
 // -- handoff placement -------------------------------------------------------------------
 
 // Nobody takes the offer: the prefill engine decodes the request itself.
@@ -218,7 +238,8 @@ caf::behavior relay_behavior(caf::stateful_actor<relay_state>* self, balancers b
       retry(self, {errc::unreachable, "its engine went down"}, true);
   });
   self->delayed_send(self, options.request_timeout, kill_atom_v);
-  attempt(self);
+  if (!st.req.images.empty() && st.bal.ve) encode_images(self);
+  else attempt(self);
   return {
     [self](const token_event& ev) { on_token(self, ev); },
     [self](handoff_atom, handoff_offer& offer) { on_offer(self, offer); },

@@ -4,6 +4,9 @@
 // step): the new engine recomputes from the prompt with the same seed, and the tokens the
 // client already has are skipped, so the client sees one uninterrupted stream.
 //
+// A request with images goes to the VE balancer first (when the gateway has one): the
+// rows' ranges it answers ride in the request's images, and the prefill engine reads them.
+//
 // With disaggregation the relay also places the request: a prefill engine offers it after
 // the first token (handoff_offer), the relay asks the decode balancer for a decode engine and hands
 // it the offer; the one that takes it becomes the request's engine (monitored, re-routed

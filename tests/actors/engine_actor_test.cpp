@@ -313,7 +313,7 @@ actors::handoff_offer offer_example(caf::actor prefill) {
   o.source = request_id(4);
   o.tokens = {256, 5, 6, 7, 99};
   o.prompt_len = 4;
-  o.images = {{1, 2, 3, 4, 14, 14, std::vector<uint8_t>(14 * 14 * 3, 9)}};
+  o.images = {{1, 2, 3, 4, 14, 14, std::vector<uint8_t>(14 * 14 * 3, 9), {}}};
   o.sampling.temperature = 0.5f;
   o.sampling.has_seed = true;
   o.sampling.seed = 99;
@@ -356,7 +356,10 @@ static_assert(is_the_type_id_block<request_id, error_reply, actors::sampling_opt
                                    std::vector<uint8_t>, runtime::block_key, std::vector<runtime::block_key>,
                                    actors::handoff_offer, runtime::remote_memory, actors::swa_report, actors::swa_hit,
                                    actors::swa_directory_stats, actors::swa_store_stats, actors::swa_store_actor,
-                                   actors::swa_directory_actor, actors::image_payload>(),
+                                   actors::swa_directory_actor, actors::image_payload,
+                                   std::vector<actors::image_payload>, std::vector<runtime::remote_memory>,
+                                   actors::ve_worker_stats, actors::ve_worker_row, actors::ve_report,
+                                   actors::ve_worker_actor, actors::ve_balancer_actor>(),
               "the round trip below covers exactly these types");
 
 }  // namespace
@@ -390,9 +393,9 @@ TEST_CASE("every type of the type-ID block round-trips through a remote actor") 
   actors::rank_info rank1{1, remote, {}};  // a remote engine, no rank actor (no expert parallelism)
   actors::node_info engine_node{"node-b", "127.0.0.1", 4711, {"engine", "storage"},
                                 caf::actor_cast<caf::actor>(self), {rank0, rank1}, {locals[2], remote}, true, {4100, 0},
-                                "prefill", locals[1], {}, {}};
+                                "prefill", locals[1], {}, {}, locals[0]};
   actors::node_info gateway_node{"node-a", "::1", 0, {"gateway", "directory"}, locals[2], {}, {}, false, {}, "both",
-                                 {}, locals[0], {locals[1], locals[2]}};
+                                 {}, locals[0], {locals[1], locals[2], remote}, {}};
   std::vector<uint8_t> mib(1 << 20);
   for (size_t i = 0; i < mib.size(); ++i) mib[i] = static_cast<uint8_t>(i * 131 + (i >> 12));
 
@@ -405,7 +408,7 @@ TEST_CASE("every type of the type-ID block round-trips through a remote actor") 
   round_trip(self, remote, token_event{request_id(3), 77, true, runtime::finish_reason::stop});
   round_trip(self, remote, token_event{request_id(4), 12, true, runtime::finish_reason::length, 48});
   round_trip(self, remote, engine_stats_snapshot{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, "decode", 12, 13, 14, 15, 16,
-                                                 17, 18, 19, 20, 21, 0.25, 12.5, 22, 23, 24, 1.5, 25, 26, 27});
+                                                 17, 18, 19, 20, 21, 0.25, 12.5, 22, 23, 24, 1.5, 25, 26, 27, 28, 29});
   round_trip(self, remote, sink);  // a local handle comes back as itself
   round_trip(self, remote, caf::actor_cast<actors::engine_actor>(locals[0]));
   round_trip(self, remote, rank0);
@@ -443,13 +446,21 @@ TEST_CASE("every type of the type-ID block round-trips through a remote actor") 
   round_trip(self, remote, actors::swa_store_stats{5, 256, 1415040, 9, 4, 3});
   round_trip(self, remote, caf::actor_cast<actors::swa_store_actor>(locals[2]));
   round_trip(self, remote, caf::actor_cast<actors::swa_directory_actor>(remote));
-  actors::image_payload image{5, 4, 0x0123456789abcdefull, 0xfedcba9876543210ull, 28, 28, {}};
+  actors::image_payload image{5, 4, 0x0123456789abcdefull, 0xfedcba9876543210ull, 28, 28, {},
+                              runtime::remote_memory{{9, 8, 7}, 1ull << 41, 0x1234, 4 * 256 * 4, 0xfeedf00d}};
   image.rgb.assign(mib.begin(), mib.begin() + 28 * 28 * 3);
   round_trip(self, remote, image);
   round_trip(self, remote, actors::image_payload{});
   auto with_images = req;
   with_images.images = {image, image};
   round_trip(self, remote, with_images);
+  round_trip(self, remote, std::vector<actors::image_payload>{image, actors::image_payload{}});
+  round_trip(self, remote, std::vector<runtime::remote_memory>{image.rows, {}});
+  round_trip(self, remote, actors::ve_worker_stats{"ve-a", 1, 2, 3, 4, 5, 6, 7, 0.5});
+  round_trip(self, remote, actors::ve_worker_row{"ve-b", true, 1, 256, 3, 4, 5});
+  round_trip(self, remote, actors::ve_report{{{"ve-a", false, 0, 0, 9, 9, 0}, {"ve-b", true, 1, 256, 3, 4, 5}}, 12, 2, 1});
+  round_trip(self, remote, caf::actor_cast<actors::ve_worker_actor>(locals[1]));
+  round_trip(self, remote, caf::actor_cast<actors::ve_balancer_actor>(remote));
 
   // A caf::error carrying an error_reply (how actors answer a refused request; the remote
   // engine case checks that path end to end). A message holding only an error would go to
@@ -476,7 +487,7 @@ TEST_CASE("every message of the typed interfaces that crosses processes round-tr
   caf::actor other = f.client.spawn(echo);
   auto sink = caf::actor_cast<token_sink_actor>(self);
   generation_request req{request_id(5), {256, 9, 8}, greedy(3)};
-  actors::node_info node{"node-c", "10.0.0.3", 7000, {"engine"}, me, {{0, other, me}}, {}, false, {}, "both", {}, {}, {}};
+  actors::node_info node{"node-c", "10.0.0.3", 7000, {"engine"}, me, {{0, other, me}}, {}, false, {}, "both", {}, {}, {}, {}};
   actors::ep_frame frame{11, 3, 2, 0, 1, std::vector<uint8_t>(4096, 0x5a)};
 
   // engine_actor (replies: request_id, bool, engine_stats_snapshot)
@@ -517,6 +528,10 @@ TEST_CASE("every message of the typed interfaces that crosses processes round-tr
              std::vector<caf::actor>{other});
   round_trip(self, remote, done_atom_v, request_id(3));
   round_trip(self, remote, actors::balancer_report{"prefill", "tiered", {{"n/0", 1, 2, 300, 0.5, 7}}, {16384}, {4, 1}, 0.9, 0.8});
+  // ve_worker_actor, ve_balancer_actor (replies: vector<remote_memory>, ve_worker_stats, ve_report)
+  actors::image_payload im{0, 4, 1, 2, 28, 28, std::vector<uint8_t>(28 * 28 * 3, 7), {}};
+  round_trip(self, remote, encode_atom_v, std::vector<actors::image_payload>{im});
+  round_trip(self, remote, encode_atom_v, request_id(4), std::vector<actors::image_payload>{im, im});
   round_trip(self, remote, remote);
   // gateway_actor (replies: vector<string>, bool, string, int64_t, request_id)
   round_trip(self, remote, describe_atom_v);
