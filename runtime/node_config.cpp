@@ -47,6 +47,7 @@ const std::vector<schema_section>& schema() {
       {"cluster", {"seeds", "heartbeat_interval_ms", "connection_timeout_ms", "request_timeout_ms"}},
       {"storage", {"dir", "nodes", "capacity_mib", "high_watermark_pct", "low_watermark_pct", "fsync",
                    "ttl_agent_s", "ttl_chat_s", "bulk_port"}},
+      {"ve", {"transport", "cache_mib"}},
       {"log", {"level", "file"}},
   };
   return sections;
@@ -359,7 +360,7 @@ void read_balancers(error_sink& sink, const section& g, const fs::path& base, no
 }
 
 std::optional<role> role_named(std::string_view name) {
-  for (role r : {role::gateway, role::engine, role::storage, role::directory})
+  for (role r : {role::gateway, role::engine, role::storage, role::directory, role::ve})
     if (name == to_string(r)) return r;
   return std::nullopt;
 }
@@ -373,7 +374,7 @@ std::vector<role> read_roles(error_sink& sink, const section& s) {
     const std::optional<role> r = role_named(name);
     if (!r) {
       sink.fail(config_errc::bad_value, pos, s.path("roles"),
-                "unknown role '" + name + "' (expected gateway, engine, storage or directory)");
+                "unknown role '" + name + "' (expected gateway, engine, storage, directory or ve)");
     } else if (std::ranges::find(roles, *r) != roles.end()) {
       sink.fail(config_errc::bad_value, pos, s.path("roles"), "role '" + name + "' listed twice");
     } else {
@@ -399,10 +400,11 @@ bool valid_node_name(std::string_view name) {
 }
 
 struct sections {
-  section node{"node"}, engine{"engine"}, gateway{"gateway"}, cluster{"cluster"}, storage{"storage"}, log{"log"};
+  section node{"node"}, engine{"engine"}, gateway{"gateway"}, cluster{"cluster"}, storage{"storage"}, ve{"ve"},
+      log{"log"};
 
   explicit sections(const toml::table& root) {
-    for (section* s : {&node, &engine, &gateway, &cluster, &storage, &log}) s->table = root[s->name].as_table();
+    for (section* s : {&node, &engine, &gateway, &cluster, &storage, &ve, &log}) s->table = root[s->name].as_table();
   }
 };
 
@@ -463,6 +465,12 @@ void read_sections(error_sink& sink, const sections& f, const fs::path& base, no
                    "expected a libfabric provider such as \"shm\" or \"tcp;ofi_rxm\", got \"\"");
   }
   if (auto ms = read_integer(sink, f.engine, "handoff_timeout_ms", 1, hour_ms)) c.handoff_timeout_ms = *ms;
+  if (std::optional<std::string> v = read_string(sink, f.ve, "transport")) {
+    if (!v->empty()) c.ve_transport = *v;
+    else sink.fail(config_errc::bad_value, f.ve.pos("transport"), f.ve.path("transport"),
+                   "expected a libfabric provider such as \"tcp;ofi_rxm\", got \"\"");
+  }
+  if (auto n = read_integer(sink, f.ve, "cache_mib", 1, 1 << 20)) c.ve_cache_mib = *n;
   c.cost_model = read_path(sink, f.engine, "cost_model", base);
   if (auto ms = read_integer(sink, f.engine, "step_ms", 1, 60'000)) c.step_ms = *ms;
   if (auto n = read_integer(sink, f.engine, "swa_slots", 0, 1 << 20)) c.swa_slots = *n;
@@ -496,7 +504,9 @@ void check_consistency(error_sink& sink, const sections& f, const node_config& c
   const bool gateway = c.has_role(role::gateway);
   const bool engine = c.has_role(role::engine);
   const bool storage = c.has_role(role::storage);
-  for (auto [s, needed] : {std::pair{&f.engine, engine}, std::pair{&f.gateway, gateway}, std::pair{&f.storage, storage}}) {
+  const bool ve = c.has_role(role::ve);
+  for (auto [s, needed] : {std::pair{&f.engine, engine}, std::pair{&f.gateway, gateway}, std::pair{&f.storage, storage},
+                           std::pair{&f.ve, ve}}) {
     if (s->table && !needed)
       sink.fail(config_errc::bad_value, s->pos(), std::string(s->name),
                 "section [" + std::string(s->name) + "] given but node.roles has no '" +
@@ -516,12 +526,12 @@ void check_consistency(error_sink& sink, const sections& f, const node_config& c
   if (storage && c.storage_low_watermark_pct >= c.storage_high_watermark_pct)
     sink.fail(config_errc::bad_value, f.storage.pos("low_watermark_pct"), "storage.low_watermark_pct",
               "must be below storage.high_watermark_pct (" + std::to_string(c.storage_high_watermark_pct) + ")");
-  if ((gateway || engine) && c.model_dir.empty())
+  if ((gateway || engine || ve) && c.model_dir.empty())
     sink.fail(config_errc::missing_key, f.node.pos(), "node.model_dir",
-              "required with the gateway or engine role");
-  if (!gateway && !engine && f.node.get("model_dir"))
+              "required with the gateway, engine or ve role");
+  if (!gateway && !engine && !ve && f.node.get("model_dir"))
     sink.fail(config_errc::bad_value, f.node.pos("model_dir"), "node.model_dir",
-              "only the gateway and engine roles use a model");
+              "only the gateway, engine and ve roles use a model");
   if (c.connection_timeout_ms <= c.heartbeat_interval_ms) {
     const bool blame_timeout = f.cluster.get("connection_timeout_ms") != nullptr;
     const std::string other = blame_timeout ? "heartbeat_interval_ms" : "connection_timeout_ms";
@@ -590,6 +600,7 @@ const char* to_string(role r) {
     case role::engine: return "engine";
     case role::storage: return "storage";
     case role::directory: return "directory";
+    case role::ve: return "ve";
   }
   return "?";
 }

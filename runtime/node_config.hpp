@@ -17,7 +17,8 @@
 namespace shoal::runtime {
 
 // What a node runs. A node has at least one role and each at most once.
-enum class role : uint8_t { gateway, engine, storage, directory };  // directory: the SWA-cache directory
+// directory: the SWA-cache directory; ve: a vision-encoder worker
+enum class role : uint8_t { gateway, engine, storage, directory, ve };
 const char* to_string(role r);
 
 enum class log_level : uint8_t { trace, debug, info, warn, error };
@@ -38,7 +39,7 @@ struct node_config {
   std::string name;                   // unique in the cluster; [A-Za-z0-9._-], ≤ 64 chars
   host_port listen;                   // CAF middleman endpoint of this node
   std::vector<role> roles;            // non-empty, no duplicates, file order
-  std::filesystem::path model_dir;    // set iff the node has the gateway or engine role
+  std::filesystem::path model_dir;    // set iff the node has the gateway, engine or ve role
   int64_t drain_timeout_ms = 30'000;  // SIGTERM: longest wait for running requests
   std::optional<host_port> metrics_listen;  // Prometheus text of this node's engines and storage nodes
   std::vector<int> cpus;              // non-empty: the process runs on these CPUs only (sched_setaffinity)
@@ -56,6 +57,10 @@ struct node_config {
   int64_t step_ms = 50;                         // step time budget with cost_model
   int64_t swa_slots = 256;                      // shoal_flash: the machine's SWA slot store (0 = none)
   int64_t swa_timeout_ms = 2'000;               // a request waits this long for another machine's slot
+
+  // [ve] (only with the ve role): the vision-encoder worker
+  std::string ve_transport = "tcp;ofi_rxm";  // libfabric provider the prefill engines read the rows over
+  int64_t ve_cache_mib = 256;                // registered encoder rows kept (embedding cache)
 
   // [gateway] (required with the gateway role, rejected without it)
   std::optional<host_port> http_listen;                 // set iff the node has the gateway role

@@ -139,6 +139,31 @@ TEST_CASE("node_config: config/bench-2p2d/ pins the prefill pool to CPU 0 and th
   }
 }
 
+TEST_CASE("node_config: config/local-vision/ is a gateway, 2 VE workers, a prefill and a decode engine") {
+  const node_config gw = load_sample("config/local-vision/gateway.toml");
+  CHECK(gw.roles == std::vector<role>{role::gateway});
+  CHECK(gw.http_listen == host_port{"127.0.0.1", 8020});
+  CHECK(gw.model_dir.filename() == "small-vision");
+  uint16_t port = 7401;
+  for (const char* name : {"ve-a", "ve-b"}) {
+    const node_config v = load_sample(std::string("config/local-vision/") + name + ".toml");
+    CAPTURE(name);
+    CHECK(v.roles == std::vector<role>{role::ve});
+    CHECK(v.listen == host_port{"127.0.0.1", port++});
+    CHECK(v.ve_transport == "tcp;ofi_rxm");
+    CHECK(v.ve_cache_mib == 256);
+    CHECK(v.model_dir == gw.model_dir);
+    CHECK(v.seeds == std::vector<host_port>{gw.listen});
+  }
+  for (const auto& [name, r] : {std::pair{"prefill", engine_role::prefill}, std::pair{"decode", engine_role::decode}}) {
+    const node_config e = load_sample(std::string("config/local-vision/") + name + ".toml");
+    CAPTURE(name);
+    CHECK(e.listen == host_port{"127.0.0.1", port++});
+    CHECK(e.disagg_role == r);
+    CHECK(e.seeds == std::vector<host_port>{gw.listen});
+  }
+}
+
 TEST_CASE("node_config: optional keys take their defaults") {
   const auto c = parse_node_config(base, "");
   REQUIRE_MESSAGE(c.has_value(), (c ? std::string() : to_string(c.error())));
@@ -252,6 +277,14 @@ TEST_CASE("node_config: every bad input names its line and key") {
        "[node]\nname = \"g\"\nlisten = \"127.0.0.1:7100\"\nroles = [\"gateway\"]\nmodel_dir = \"m\"\n"
        "[gateway]\nauth_token_file = \"t\"\n",
        config_errc::missing_key, 6, "gateway.listen", "gateway role"},
+      {"[ve] on a node without the role", base + "[ve]\ncache_mib = 64\n", config_errc::bad_value, 6, "ve",
+       "has no 've'"},
+      {"ve role without a model", "[node]\nname = \"v\"\nlisten = \"127.0.0.1:7100\"\nroles = [\"ve\"]\n",
+       config_errc::missing_key, 1, "node.model_dir", "gateway, engine or ve role"},
+      {"ve.cache_mib = 0", "[node]\nname = \"v\"\nlisten = \"127.0.0.1:7100\"\nroles = [\"ve\"]\nmodel_dir = \"m\"\n"
+       "[ve]\ncache_mib = 0\n", config_errc::bad_value, 7, "ve.cache_mib", "must be ≥ 1, got 0"},
+      {"ve.transport empty", "[node]\nname = \"v\"\nlisten = \"127.0.0.1:7100\"\nroles = [\"ve\"]\nmodel_dir = \"m\"\n"
+       "[ve]\ntransport = \"\"\n", config_errc::bad_value, 7, "ve.transport", "libfabric provider"},
       {"[gateway] on a node without the role", base + "[gateway]\nlisten = \"127.0.0.1:8000\"\n",
        config_errc::bad_value, 6, "gateway", "has no 'gateway'"},
       {"unknown prefill policy",

@@ -45,7 +45,7 @@ struct shell_config : caf::actor_system_config {
 };
 
 const std::vector<std::string> command_names = {"nodes", "actors", "stats", "requests", "submit", "drain",
-                                                "kill", "storage", "corrupt", "swa", "balancers", "help", "quit"};
+                                                "kill", "storage", "corrupt", "swa", "balancers", "ve", "help", "quit"};
 
 const char* help_text =
   "nodes                     the cluster's nodes (name, address, roles, ranks, state)\n"
@@ -63,6 +63,8 @@ const char* help_text =
   "balancers                 the gateways' prefill and decode balancers: policy, tiers and\n"
   "                          their engines, per engine requests, KV tokens, predicted finish,\n"
   "                          placements; the decode balance ratio now and over the last minute\n"
+  "ve                        the vision-encoder pool: per worker queue depth in patches, jobs\n"
+  "                          placed / completed / given back; images encoded, cache hits\n"
   "help                      this text\n"
   "quit                      leaves the shell\n";
 
@@ -97,6 +99,7 @@ class shell {
   bool cmd_storage();
   bool cmd_swa();
   bool cmd_balancers();
+  bool cmd_ve();
   bool cmd_corrupt(const std::string& args);
   // The storage node actor named "<node>/storage<i>", or a printed error.
   std::optional<actors::storage_node_actor> storage_node(const std::string& name);
@@ -178,10 +181,11 @@ bool shell::cmd_actors(const std::string& which) {
     fmt::print("{}  (node agent)\n", n.name);
     for (const auto& role : n.roles)
       if (role == "gateway") fmt::print("{}/gateway  (gateway: HTTP API, request relays)\n", n.name);
-    // node_info.balancers: the prefill balancer, then the decode balancer (shell `balancers`).
-    static constexpr const char* balancer_names[] = {"prefill_balancer", "decode_balancer"};
-    for (size_t i = 0; i < n.balancers.size() && i < 2; ++i)
+    // node_info.balancers: the prefill, decode and VE balancers (shell `balancers`, `ve`).
+    static constexpr const char* balancer_names[] = {"prefill_balancer", "decode_balancer", "ve_balancer"};
+    for (size_t i = 0; i < n.balancers.size() && i < 3; ++i)
       if (n.balancers[i]) fmt::print("{}/{}  (balancer)\n", n.name, balancer_names[i]);
+    if (n.ve_worker) fmt::print("{}/ve_worker  (vision encoder)\n", n.name);
     for (const auto& r : n.ranks)
       fmt::print("{}/rank{}  (engine{})\n", n.name, r.index, r.rank ? " + expert-parallel rank" : "");
     for (size_t i = 0; i < n.storage.size(); ++i) fmt::print("{}/storage{}  (storage node)\n", n.name, i);
@@ -301,7 +305,8 @@ bool shell::cmd_balancers() {
   if (!m) return false;
   bool any = false;
   for (const auto& n : m->nodes)
-    for (const caf::actor& b : n.balancers) {
+    for (size_t i = 0; i < n.balancers.size() && i < 2; ++i) {  // [2]: the VE balancer (`ve`)
+      const caf::actor& b = n.balancers[i];
       auto r = ask<actors::balancer_report>(caf::actor_cast<actors::prefill_balancer_actor>(b), stats_atom_v);
       if (!r) return false;
       any = true;
@@ -327,6 +332,39 @@ bool shell::cmd_balancers() {
       }
     }
   if (!any) fmt::print("no balancers in the cluster (they run on gateway nodes)\n");
+  return true;
+}
+
+bool shell::cmd_ve() {
+  auto m = members();
+  if (!m) return false;
+  bool any = false;
+  for (const auto& n : m->nodes) {
+    if (n.balancers.size() < 3 || !n.balancers[2]) continue;
+    auto r = ask<actors::ve_report>(caf::actor_cast<actors::ve_balancer_actor>(n.balancers[2]), stats_atom_v);
+    if (!r) return false;
+    any = true;
+    fmt::print("{}/ve_balancer: jobs={} placed_again={} failed={} workers={}\n", n.name, r->jobs, r->replaced, r->failed,
+               r->workers.size());
+    for (const auto& w : r->workers)
+      fmt::print("  {}: queued_patches={} jobs={} placed={} completed={} given_back={}{}\n", w.node, w.patches, w.jobs,
+                 w.placed, w.completed, w.given_back, w.draining ? " draining" : "");
+  }
+  for (const auto& n : m->nodes) {
+    if (!n.ve_worker) continue;
+    any = true;
+    // A worker busy encoding (or hung) answers late: said on its line, the others still shown.
+    self_->request(caf::actor_cast<actors::ve_worker_actor>(n.ve_worker), ask_timeout, stats_atom_v)
+      .receive(
+        [&](const actors::ve_worker_stats& s) {
+          fmt::print("{}/ve_worker: jobs={} images_encoded={} patches={} cache_hits={} cache={} entries {}/{} MiB "
+                     "encode_s={:.3f}\n",
+                     n.name, s.jobs, s.images_encoded, s.patches_encoded, s.cache_hits, s.cache_entries,
+                     s.cache_bytes >> 20, s.cache_capacity >> 20, s.encode_s);
+        },
+        [&](caf::error& e) { fmt::print("{}/ve_worker: no answer ({})\n", n.name, actors::to_error_reply(e).message); });
+  }
+  if (!any) fmt::print("no vision-encoder pool in the cluster (ve nodes and a gateway of a vision model)\n");
   return true;
 }
 
@@ -402,6 +440,7 @@ bool shell::run(const std::string& raw) {
   if (cmd == "storage") return cmd_storage();
   if (cmd == "swa") return cmd_swa();
   if (cmd == "balancers") return cmd_balancers();
+  if (cmd == "ve") return cmd_ve();
   if (cmd == "corrupt") return cmd_corrupt(arg);
   if (cmd == "help") {
     fmt::print("{}", help_text);

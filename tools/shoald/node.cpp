@@ -38,6 +38,8 @@
 #include "runtime/metrics.hpp"
 #include "tools/shoald/engine_options.hpp"
 #include "transport/fabric_transport.hpp"
+#include "actors/ve_actors.hpp"
+#include "runtime/ve_worker.hpp"
 
 namespace shoal::tools::shoald {
 
@@ -59,6 +61,7 @@ struct node_parts {
   std::shared_ptr<actors::swa_fetcher> swa_fetcher;    // shoal_flash: other machines' SWA slots
   std::optional<actors::swa_store_actor> swa_store;    // this machine's
   std::optional<actors::swa_directory_actor> swa_directory;  // directory role
+  std::optional<actors::ve_worker_actor> ve_worker;          // ve role
 };
 
 struct system_config : caf::actor_system_config {
@@ -109,6 +112,11 @@ std::string describe_engine(caf::actor_system& sys, const actors::engine_actor& 
                              "handoff_failures={}",
                              s.role, s.handoffs_offered, s.handoffs_placed, s.handoffs_kept, s.handoffs_taken,
                              s.handoff_failures);
+        if (s.images_encoded + s.image_cache_hits + s.image_rows_read > 0)
+          out += fmt::format(" images_encoded={} image_patches_encoded={} image_cache_hits={} image_rows_read={} "
+                             "image_row_read_failures={}",
+                             s.images_encoded, s.image_patches_encoded, s.image_cache_hits, s.image_rows_read,
+                             s.image_row_read_failures);
       },
       [&](caf::error& err) { out = "rank" + std::to_string(rank) + ": " + sys.render(err); });
   return out;
@@ -311,7 +319,7 @@ int run_node(const runtime::node_config& cfg, logger& log) {
   std::shared_ptr<const model::model_weights> weights;
   std::shared_ptr<const model::tokenizer> tok;
   std::optional<model::model_config> mcfg;
-  if (cfg.has_role(runtime::role::engine)) {
+  if (cfg.has_role(runtime::role::engine) || cfg.has_role(runtime::role::ve)) {
     log.info("loading model {}", cfg.model_dir.string());
     auto m = runtime::load_model_dir(cfg.model_dir.string(), false);
     if (!m) {
@@ -321,6 +329,11 @@ int run_node(const runtime::node_config& cfg, logger& log) {
     weights = m->weights;
     tok = m->tokenizer;
     mcfg = weights->config;
+    if (cfg.has_role(runtime::role::ve) && !mcfg->vision.present) {
+      log.error("node.roles has 've' but the model in {} has no vision encoder (config.json \"vision\")",
+                cfg.model_dir.string());
+      return exit_failure;
+    }
   } else if (cfg.has_role(runtime::role::gateway)) {
     auto c = model::load_config(cfg.model_dir.string());
     auto t = c ? model::tokenizer::load((cfg.model_dir / "tokenizer.json").string())
@@ -336,7 +349,7 @@ int run_node(const runtime::node_config& cfg, logger& log) {
   system_config sys_cfg(cfg);
   caf::actor_system sys{sys_cfg};
   node_parts parts;
-  actors::node_info me{cfg.name, cfg.listen.host, cfg.listen.port, role_names(cfg), {}, {}, {}, false, {}, "both", {}, {}, {}};
+  actors::node_info me{cfg.name, cfg.listen.host, cfg.listen.port, role_names(cfg), {}, {}, {}, false, {}, "both", {}, {}, {}, {}};
 
   if (cfg.has_role(runtime::role::engine)) {
     runtime::engine_config ecfg = engine_config_for(weights->config, static_cast<double>(cfg.cache_mib));
@@ -358,18 +371,20 @@ int run_node(const runtime::node_config& cfg, logger& log) {
       log.info("prefill chunks from cost model {} (step budget {} ms)", cfg.cost_model->string(), cfg.step_ms);
     }
     const bool swa_tier = weights->config.is_flash() && cfg.swa_slots > 0;
+    const bool vision = weights->config.vision.present;  // reads rows the VE workers encoded
     if (!weights->config.is_flash()) {  // keys that only shoal_flash models use: said, not silently dropped
       const runtime::node_config defaults;
       if (cfg.swa_slots != defaults.swa_slots || cfg.swa_timeout_ms != defaults.swa_timeout_ms)
         log.warn("engine.swa_slots / engine.swa_timeout_ms unused: {} has no SWA window (shoal_flash only)",
                  cfg.model_dir.string());
-      if (cfg.disagg_role == runtime::engine_role::both && cfg.transport != defaults.transport)
-        log.warn("engine.transport unused: a colocated deepseek_v3 engine moves no handoffs and has no SWA slots");
+      if (cfg.disagg_role == runtime::engine_role::both && !vision && cfg.transport != defaults.transport)
+        log.warn("engine.transport unused: a colocated deepseek_v3 engine without vision moves no handoffs, "
+                 "reads no encoder rows and has no SWA slots");
     }
     std::shared_ptr<runtime::transport> bulk;
-    if (cfg.disagg_role != runtime::engine_role::both || swa_tier) {
-      // Handoff bytes and SWA slots: one libfabric endpoint for the node's ranks, bound to
-      // the listen host (shm needs no address).
+    if (cfg.disagg_role != runtime::engine_role::both || swa_tier || vision) {
+      // Handoff bytes, SWA slots and the encoder rows of vision-encoder workers: one libfabric
+      // endpoint for the node's ranks, bound to the listen host (shm needs no address).
       auto t = transport::fabric_transport::create({cfg.transport, cfg.transport == "shm" ? "" : cfg.listen.host});
       if (!t) {
         log.error("key 'engine.transport' (\"{}\"): {}", cfg.transport, t.error());
@@ -401,6 +416,10 @@ int run_node(const runtime::node_config& cfg, logger& log) {
       ecfg.bulk = bulk;
       ecfg.handoff_read_timeout = std::chrono::milliseconds(cfg.handoff_timeout_ms);
       log.info("{} engine: handoffs over {}", me.engine_role, ecfg.bulk->name());
+    } else if (vision) {
+      ecfg.bulk = bulk;
+      ecfg.handoff_read_timeout = std::chrono::milliseconds(cfg.handoff_timeout_ms);
+      log.info("engine: encoder rows of vision-encoder workers over {}", ecfg.bulk->name());
     }
     if (cfg.kv_storage) {
       actors::kv_client_config kc;
@@ -468,6 +487,20 @@ int run_node(const runtime::node_config& cfg, logger& log) {
     log.info("{} storage node(s) under {}, {} MiB each, fsync {}", cfg.storage_nodes, cfg.storage_dir->string(),
              cfg.storage_capacity_mib, cfg.storage_fsync ? "always" : "never");
   }
+  if (cfg.has_role(runtime::role::ve)) {
+    // The vision encoder's rows are read by the prefill engines from this node's endpoint.
+    auto t = transport::fabric_transport::create({cfg.ve_transport, cfg.ve_transport == "shm" ? "" : cfg.listen.host});
+    if (!t) {
+      log.error("key 've.transport' (\"{}\"): {}", cfg.ve_transport, t.error());
+      return exit_failure;
+    }
+    std::shared_ptr<runtime::transport> bulk(std::move(*t));
+    auto worker = std::make_unique<runtime::ve_worker>(weights, bulk, cfg.ve_cache_mib << 20,
+                                                       engine_config_for(weights->config).batch_invariant);
+    parts.ve_worker = actors::spawn_ve_worker(sys, cfg.name, std::move(worker));
+    me.ve_worker = caf::actor_cast<caf::actor>(*parts.ve_worker);
+    log.info("vision-encoder worker: rows over {}, cache {} MiB", bulk->name(), cfg.ve_cache_mib);
+  }
   if (cfg.has_role(runtime::role::directory)) {
     parts.swa_directory = actors::spawn_swa_directory(sys);
     me.swa_directory = caf::actor_cast<caf::actor>(*parts.swa_directory);
@@ -495,6 +528,10 @@ int run_node(const runtime::node_config& cfg, logger& log) {
     }
     parts.balancers = actors::spawn_balancers(sys, bo);
     me.balancers = {caf::actor_cast<caf::actor>(parts.balancers->prefill), caf::actor_cast<caf::actor>(parts.balancers->decode)};
+    if (mcfg->vision.present) {  // images go to the VE workers that join (the engines encode while none is up)
+      parts.balancers->ve = actors::spawn_ve_balancer(sys, {std::chrono::milliseconds(cfg.request_timeout_ms), 4});
+      me.balancers.push_back(caf::actor_cast<caf::actor>(parts.balancers->ve));
+    }
     log.info("balancers: prefill {} (tiers {}, round {} ms), decode {}", cfg.prefill_policy, fmt::join(cfg.tier_bounds, "/"),
              cfg.balancer_round_ms, cfg.decode_policy);
     actors::gateway_config g;
@@ -562,6 +599,7 @@ int run_node(const runtime::node_config& cfg, logger& log) {
   if (parts.balancers) {
     caf::anon_send(agent, subscribe_atom_v, caf::actor_cast<caf::actor>(parts.balancers->prefill));
     caf::anon_send(agent, subscribe_atom_v, caf::actor_cast<caf::actor>(parts.balancers->decode));
+    if (parts.balancers->ve) caf::anon_send(agent, subscribe_atom_v, caf::actor_cast<caf::actor>(parts.balancers->ve));
   }
   for (const auto& r : parts.ranks) caf::anon_send(agent, subscribe_atom_v, caf::actor_cast<caf::actor>(r));
   if (parts.kv_watcher) caf::anon_send(agent, subscribe_atom_v, parts.kv_watcher);
