@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <csignal>
+#include <cstdlib>
 #include <thread>
 #include <map>
 #include <string>
@@ -21,12 +22,14 @@
 
 namespace shoal::test {
 
-// A `preset` checkpoint generated with `seed` into `dir` and loaded back: what the nodes serve
+// A `preset` checkpoint (with the vision encoder if `vision`) generated with `seed` into `dir` and loaded back: what the nodes serve
 // and what the offline reference runs.
-inline runtime::loaded_model generated_model(const fs::path& dir, const std::string& preset, uint64_t seed) {
+inline runtime::loaded_model generated_model(const fs::path& dir, const std::string& preset, uint64_t seed,
+                                             bool vision = false) {
   model::generate_options gen;
   gen.preset = preset;
   gen.seed = seed;
+  gen.vision = vision;
   gen.out_dir = dir.string();
   REQUIRE(model::generate_checkpoint(gen));
   auto m = runtime::load_model_dir(dir.string(), false);
@@ -73,6 +76,46 @@ inline void cluster_down(const fs::path& dir, const fs::path& state_dir) {
   if (!p.wait_exit(std::chrono::seconds(60)))
     for (auto& [name, pid] : cluster_pids(state_dir)) kill(pid, SIGKILL);
 }
+
+// A cluster `shoal up` runs from the node configs a test writes to config_dir (model_dir for
+// its checkpoint; pid record and node logs in state_dir), all under one temporary directory.
+// The destructor stops it (`shoal down`) and, with SHOAL_TEST_KEEP_LOGS=DIR set, copies the
+// nodes' logs to DIR for a failed run.
+struct cli_cluster {
+  temp_dir dir;
+  fs::path model_dir = dir.path / "model", config_dir = dir.path / "config", state_dir = dir.path / "state";
+  uint16_t shell_port = 0;  // node.listen the shell connects to (the seed)
+  bool up = false;
+
+  cli_cluster() { fs::create_directories(config_dir); }
+  cli_cluster(const cli_cluster&) = delete;
+  cli_cluster& operator=(const cli_cluster&) = delete;
+  ~cli_cluster() {
+    if (up) cluster_down(dir.path, state_dir);
+    if (const char* keep = std::getenv("SHOAL_TEST_KEEP_LOGS")) {
+      std::error_code ec;
+      fs::copy(state_dir, keep, fs::copy_options::recursive | fs::copy_options::overwrite_existing, ec);
+    }
+  }
+
+  int shoal(std::vector<std::string> args, std::string& out) { return run_shoal(dir.path, std::move(args), out); }
+
+  void start() {
+    std::string out;
+    int rc = shoal({"up", "--config", config_dir.string(), "--state-dir", state_dir.string(), "--timeout", "120"}, out);
+    REQUIRE_MESSAGE(rc == 0, out);
+    up = true;
+  }
+
+  // `shoal shell -c command` against shell_port; a failure is checked, not thrown, so a test
+  // may call it while client threads run.
+  std::string shell(const std::string& command) {
+    std::string out;
+    const int rc = shoal({"shell", "--connect=127.0.0.1:" + std::to_string(shell_port), "-c", command}, out);
+    CHECK_MESSAGE(rc == 0, out);
+    return out;
+  }
+};
 
 // A test cluster node's config: `roles` (a TOML array), the model directory (none when
 // empty), one role section, joining through 127.0.0.1:seed_port (0: it is the seed); short

@@ -41,13 +41,10 @@ namespace {
 
 const std::vector<std::string> node_files = {"gateway", "prefill-a", "prefill-b", "decode-a", "decode-b"};
 
-struct disagg_cluster {
-  temp_dir dir;
-  fs::path model_dir, config_dir, state_dir;
+struct disagg_cluster : test::cli_cluster {
   std::map<std::string, uint16_t> ports;  // node name → node.listen port
   uint16_t http_port = 0;
   std::optional<runtime::loaded_model> model;
-  bool up = false;
 
   // `preset` generated with `seed`; `exact`: the checkpoint's swa_mode set to "exact";
   // `chunked`: the prefill engines get a cost model (1 ms per token) and a 20 ms step budget,
@@ -55,10 +52,6 @@ struct disagg_cluster {
   // `gateway_keys`: lines added to the gateway's [gateway] section (balancer policies).
   disagg_cluster(const std::string& preset, uint64_t seed, bool exact, bool chunked = false,
                  const std::string& gateway_keys = "") {
-    model_dir = dir.path / "model";
-    config_dir = dir.path / "config";
-    state_dir = dir.path / "state";
-    fs::create_directories(config_dir);
     model = test::generated_model(model_dir, preset, seed);
     if (exact) {
       json c = json::parse(read_text(model_dir / "config.json"));
@@ -94,23 +87,6 @@ struct disagg_cluster {
         text = std::regex_replace(text, std::regex("\n\\[gateway\\]\n"), "\n[gateway]\n" + gateway_keys);
       }
       write_text(config_dir / (node_files[i] + ".toml"), text);
-    }
-  }
-
-  int shoal(std::vector<std::string> args, std::string& out) { return test::run_shoal(dir.path, std::move(args), out); }
-
-  void start() {
-    std::string out;
-    int rc = shoal({"up", "--config", config_dir.string(), "--state-dir", state_dir.string(), "--timeout", "120"}, out);
-    REQUIRE_MESSAGE(rc == 0, out);
-    up = true;
-  }
-
-  ~disagg_cluster() {
-    if (up) test::cluster_down(dir.path, state_dir);
-    if (const char* keep = std::getenv("SHOAL_TEST_KEEP_LOGS")) {  // the nodes' logs, for a failed run
-      std::error_code ec;
-      fs::copy(state_dir, keep, fs::copy_options::recursive | fs::copy_options::overwrite_existing, ec);
     }
   }
 

@@ -35,19 +35,12 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct swa_cluster {
-  test::temp_dir dir;
-  fs::path model_dir, config_dir, state_dir;
+struct swa_cluster : test::cli_cluster {
   uint16_t seed_port = 0, http_port = 0;
   std::map<std::string, fs::path> configs;
   std::optional<runtime::loaded_model> model;
-  bool up = false;
 
   swa_cluster() {
-    model_dir = dir.path / "model";
-    config_dir = dir.path / "config";
-    state_dir = dir.path / "state";
-    fs::create_directories(config_dir);
     test::generated_model(model_dir, "tiny", 9);
     json c = json::parse(read_text(model_dir / "config.json"));
     c["swa_mode"] = "exact";
@@ -57,6 +50,7 @@ struct swa_cluster {
     model = std::move(*m);
     seed_port = test::free_port();
     http_port = test::free_port();
+    shell_port = seed_port;
     add("gateway", "[\"gateway\"]", "[gateway]\nlisten = \"127.0.0.1:" + std::to_string(http_port) + "\"\n", false, true);
     add("directory", "[\"directory\"]", "", true, false);
     add("storage", "[\"storage\"]",
@@ -76,13 +70,6 @@ struct swa_cluster {
     configs[name] = p;
   }
 
-  int shoal(std::vector<std::string> args, std::string& out) { return test::run_shoal(dir.path, std::move(args), out); }
-  std::string shell(const std::string& command) {
-    std::string out;
-    int rc = shoal({"shell", "--connect=127.0.0.1:" + std::to_string(seed_port), "-c", command}, out);
-    REQUIRE_MESSAGE(rc == 0, out);
-    return out;
-  }
   // A counter of `shoal shell -c swa` for one engine node ("rank0: ... KEY=N").
   int64_t swa_stat(const std::string& node, const std::string& key) {
     std::string out = shell("swa");
@@ -90,14 +77,6 @@ struct swa_cluster {
     REQUIRE_MESSAGE(std::regex_search(out, m, std::regex(node + "/swa_store:[^\\n]*\\n  rank0:[^\\n]* " + key + "=(\\d+)")),
                     out);
     return std::stoll(m[1]);
-  }
-
-  ~swa_cluster() {
-    if (up) test::cluster_down(dir.path, state_dir);
-    if (const char* keep = std::getenv("SHOAL_TEST_KEEP_LOGS")) {
-      std::error_code ec;
-      fs::copy(state_dir, keep, fs::copy_options::recursive | fs::copy_options::overwrite_existing, ec);
-    }
   }
 
   // Greedy completion of token ids; the text and the cached tokens.

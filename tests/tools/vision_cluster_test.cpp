@@ -58,30 +58,16 @@ json image_chat(const test::bytes& png, int32_t max_tokens) {
           {"ignore_eos", true}};
 }
 
-struct vision_cluster {
-  temp_dir dir;
-  fs::path model_dir, config_dir, state_dir;
+struct vision_cluster : test::cli_cluster {
   std::map<std::string, uint16_t> ports;
   uint16_t http_port = 0;
   std::optional<runtime::loaded_model> model;
-  bool up = false;
 
   explicit vision_cluster(uint64_t seed) {
-    model_dir = dir.path / "model";
-    config_dir = dir.path / "config";
-    state_dir = dir.path / "state";
-    fs::create_directories(config_dir);
-    model::generate_options gen;
-    gen.preset = "v3-tiny";
-    gen.seed = seed;
-    gen.vision = true;
-    gen.out_dir = model_dir.string();
-    REQUIRE(model::generate_checkpoint(gen));
-    auto m = runtime::load_model_dir(model_dir.string(), false);
-    REQUIRE(m);
-    model = std::move(*m);
+    model = test::generated_model(model_dir, "v3-tiny", seed, true);
     http_port = test::free_port();
     for (const auto& n : node_files) ports[n] = test::free_port();
+    shell_port = ports["gateway"];
     const fs::path samples = fs::path(SHOAL_SOURCE_DIR) / "config" / "local-vision";
     for (size_t i = 0; i < node_files.size(); ++i) {
       std::string text = read_text(samples / (node_files[i] + ".toml"));
@@ -94,23 +80,6 @@ struct vision_cluster {
       text = std::regex_replace(text, std::regex("cache_mib = 256"), "cache_mib = 64");
       text = std::regex_replace(text, std::regex("connection_timeout_ms = 3000"), "connection_timeout_ms = 2000");
       write_text(config_dir / (node_files[i] + ".toml"), text);
-    }
-  }
-
-  int shoal(std::vector<std::string> args, std::string& out) { return test::run_shoal(dir.path, std::move(args), out); }
-
-  void start() {
-    std::string out;
-    int rc = shoal({"up", "--config", config_dir.string(), "--state-dir", state_dir.string(), "--timeout", "120"}, out);
-    REQUIRE_MESSAGE(rc == 0, out);
-    up = true;
-  }
-
-  ~vision_cluster() {
-    if (up) test::cluster_down(dir.path, state_dir);
-    if (const char* keep = std::getenv("SHOAL_TEST_KEEP_LOGS")) {
-      std::error_code ec;
-      fs::copy(state_dir, keep, fs::copy_options::recursive | fs::copy_options::overwrite_existing, ec);
     }
   }
 
@@ -147,12 +116,6 @@ struct vision_cluster {
     return test::as_json_text(model->tokenizer->decode(done[0].output));
   }
 
-  std::string shell(const std::string& command) {
-    std::string out;
-    int rc = shoal({"shell", "--connect=127.0.0.1:" + std::to_string(ports["gateway"]), "-c", command}, out);
-    REQUIRE_MESSAGE(rc == 0, out);
-    return out;
-  }
 
   // "KEY=N" after `prefix` in `text` (0 when the line or the key is absent).
   static int64_t number(const std::string& text, const std::string& prefix, const std::string& key) {
@@ -210,7 +173,7 @@ TEST_CASE("vision cluster: an image chat through a VE worker equals the colocate
   std::this_thread::sleep_for(500ms);  // the requests are in: some wait on the stopped worker
   const std::string during = c.shell("ve");
   MESSAGE(during);
-  REQUIRE(kill(pids["ve-a"], SIGKILL) == 0);
+  CHECK(kill(pids["ve-a"], SIGKILL) == 0);  // CHECK, not REQUIRE: the clients still run
   for (auto& t : clients) t.join();
   for (int i = 0; i < requests; ++i) {
     CAPTURE(i);
