@@ -514,6 +514,33 @@ std::pair<int64_t, int64_t> fit_to_patches(int64_t w, int64_t h, int64_t max_sid
   return {fit(w), fit(h)};
 }
 
+std::vector<uint8_t> encode_png(const rgb_image& img) {
+  if (img.width <= 0 || img.height <= 0 || img.rgb.size() != static_cast<size_t>(img.width * img.height * 3)) return {};
+  png_image p;
+  std::memset(&p, 0, sizeof p);
+  p.version = PNG_IMAGE_VERSION;
+  p.width = static_cast<png_uint_32>(img.width);
+  p.height = static_cast<png_uint_32>(img.height);
+  p.format = PNG_FORMAT_RGB;
+  png_image_guard guard{&p};
+  png_alloc_size_t size = 0;
+  const auto stride = static_cast<png_int_32>(img.width * 3);
+  if (!png_image_write_to_memory(&p, nullptr, &size, 0, img.rgb.data(), stride, nullptr)) return {};
+  std::vector<uint8_t> out(size);
+  if (!png_image_write_to_memory(&p, out.data(), &size, 0, img.rgb.data(), stride, nullptr)) return {};
+  out.resize(size);
+  return out;
+}
+
+std::string png_data_url(const rgb_image& img) {
+  const std::vector<uint8_t> png = encode_png(img);
+  if (png.empty()) return {};
+  std::string b64(4 * ((png.size() + 2) / 3) + 1, '\0');  // EVP_EncodeBlock writes a NUL too
+  const int n = EVP_EncodeBlock(reinterpret_cast<unsigned char*>(b64.data()), png.data(), static_cast<int>(png.size()));
+  b64.resize(static_cast<size_t>(n));
+  return "data:image/png;base64," + b64;
+}
+
 std::array<uint64_t, 2> image_content_hash(const rgb_image& img) {
   std::array<uint8_t, 16> dims;
   for (int i = 0; i < 8; ++i) {

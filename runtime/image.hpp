@@ -84,6 +84,12 @@ rgb_image resize_area(const rgb_image& in, int64_t out_w, int64_t out_h);
 // >= 1 and max_side a positive multiple of patch (asserted). 640x480, 224, 14 -> 224x168.
 std::pair<int64_t, int64_t> fit_to_patches(int64_t w, int64_t h, int64_t max_side, int64_t patch);
 
+// An 8-bit RGB PNG of `img` (libpng's simplified writer): what clients such as the benches
+// send. Empty if libpng refused (an empty or oversized image).
+std::vector<uint8_t> encode_png(const rgb_image& img);
+// "data:image/png;base64,..." of encode_png(img) (OpenSSL's EVP_EncodeBlock); empty if that is.
+std::string png_data_url(const rgb_image& img);
+
 // XXH3-128 over width and height (little-endian int64) then the rgb bytes: the same pixels
 // give the same hash on every machine. Returned as {low64, high64}.
 std::array<uint64_t, 2> image_content_hash(const rgb_image& img);

@@ -14,6 +14,7 @@ void add_bench_commands(CLI::App& app) {
   add_transport_bench(*bench);
   add_disagg_bench(*bench);
   add_swa_bench(*bench);
+  add_vision_bench(*bench);
   add_cluster_bench(*bench);
   add_model_benches(*bench);
   add_serve_bench(*bench);
