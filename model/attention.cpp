@@ -196,16 +196,15 @@ void attend_naive(const model_weights& w, const layer_weights& l, const float* q
 void project_q(const model_weights& w, const layer_weights& l, const float* xn, int64_t rows,
                bool invariant, float* q) {
   const model_config& c = w.config;
-  int64_t d = c.hidden_size, nq = c.num_attention_heads * c.qk_head_dim();
   if (c.q_lora_rank == 0) {
-    kernels::matmul(xn, l.attn.q_proj.w.data(), q, rows, nq, d, invariant);
+    apply(l.attn.q_proj, xn, q, rows, invariant);
     return;
   }
   std::vector<float> qa(static_cast<size_t>(rows * c.q_lora_rank));
-  kernels::matmul(xn, l.attn.q_a.w.data(), qa.data(), rows, c.q_lora_rank, d, invariant);
+  apply(l.attn.q_a, xn, qa.data(), rows, invariant);
   kernels::rmsnorm(qa.data(), l.attn.q_a_norm.data(), qa.data(), rows, c.q_lora_rank,
                    static_cast<float>(c.rms_norm_eps));
-  kernels::matmul(qa.data(), l.attn.q_b.w.data(), q, rows, nq, c.q_lora_rank, invariant);
+  apply(l.attn.q_b, qa.data(), q, rows, invariant);
 }
 
 }  // namespace
@@ -283,7 +282,7 @@ void attention(const model_weights& w, const layer_weights& l, std::span<forward
   for (size_t i = 0; i < items.size(); ++i)
     store_ring(*items[i].cache, io.stream, entries.data() + spans[i].row * (dim + 1), spans[i].p0,
                spans[i].p1, dim);
-  kernels::matmul(heads.data(), l.attn.o_proj.w.data(), out, rows, d, H * v, o.batch_invariant);
+  apply(l.attn.o_proj, heads.data(), out, rows, o.batch_invariant);
 }
 
 void decoder_cache(const model_weights& w, std::span<forward_item> items,

@@ -16,13 +16,13 @@ void swiglu(const expert_weights& e, const float* xn, int64_t rows, int64_t d, b
             float* out) {
   int64_t width = e.gate_up.out / 2;
   std::vector<float> gu(static_cast<size_t>(rows * 2 * width)), h(static_cast<size_t>(rows * width));
-  kernels::matmul(xn, e.gate_up.w.data(), gu.data(), rows, 2 * width, d, invariant);
+  apply(e.gate_up, xn, gu.data(), rows, invariant);
   kernels::parallel_for(rows, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i)
       kernels::silu_mul(gu.data() + i * 2 * width, gu.data() + i * 2 * width + width,
                         h.data() + i * width, width);
   });
-  kernels::matmul(h.data(), e.down.w.data(), out, rows, d, width, invariant);
+  apply(e.down, h.data(), out, rows, invariant);
 }
 
 void ffn(const model_weights& w, const layer_weights& l, const float* x, int64_t rows,

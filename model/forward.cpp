@@ -87,7 +87,7 @@ void compute_entries(const model_weights& w, const linear& kv_a, const std::vect
   const model_config& c = w.config;
   int64_t r = c.kv_lora_rank, dim = c.entry_dim(), d = c.hidden_size;
   std::vector<float> kv(static_cast<size_t>(rows * dim));
-  kernels::matmul(xn, kv_a.w.data(), kv.data(), rows, dim, d, invariant);
+  apply(kv_a, xn, kv.data(), rows, invariant);
   kernels::parallel_for(rows, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
       float* e = entries + i * (dim + 1);
@@ -267,7 +267,7 @@ mtp_output mtp_last(const model_weights& w, std::span<const int32_t> tokens,
     kernels::rmsnorm(hidden.data() + i * d, m.hnorm.data(), row + d, 1, d, eps);
     pos[i] = static_cast<int32_t>(p0 + i);
   }
-  kernels::matmul(cat.data(), m.eh_proj.w.data(), x.data(), rows, d, 2 * d, o.batch_invariant);
+  apply(m.eh_proj, cat.data(), x.data(), rows, o.batch_invariant);
   // A private view of the caches: shared decoder blocks (read only) and an MTP ring from p0.
   sequence_cache view = cache;
   const stream_layout sl = streams_of(c);

@@ -7,6 +7,7 @@
 #include <numbers>
 #include <optional>
 #include <algorithm>
+#include <map>
 
 #include "kernels/cpu/ops.hpp"
 #include "model/safetensors.hpp"
@@ -22,19 +23,20 @@ void vec(const visit_fn& fn, std::vector<float>& v, const std::string& name, int
   fn({name, {n}, kind, v.data()});
 }
 
-void lin(const visit_fn& fn, linear& l, const std::string& name, int64_t out, int64_t in) {
+// narrow: the loader may keep it bf16 (tensor_slot::narrowable).
+void lin(const visit_fn& fn, linear& l, const std::string& name, int64_t out, int64_t in, bool narrow = false) {
   l.out = out, l.in = in;
   l.w.assign(static_cast<size_t>(out * in), 0.0f);
-  fn({name, {out, in}, init_kind::linear, l.w.data()});
+  fn({name, {out, in}, init_kind::linear, l.w.data(), nullptr, narrow ? &l : nullptr});
 }
 
 void swiglu(const visit_fn& fn, expert_weights& e, const std::string& prefix, int64_t width,
             int64_t d) {
   e.gate_up.out = 2 * width, e.gate_up.in = d;
   e.gate_up.w.assign(static_cast<size_t>(2 * width * d), 0.0f);
-  fn({prefix + "gate_proj.weight", {width, d}, init_kind::linear, e.gate_up.w.data()});
-  fn({prefix + "up_proj.weight", {width, d}, init_kind::linear, e.gate_up.w.data() + width * d});
-  lin(fn, e.down, prefix + "down_proj.weight", d, width);
+  fn({prefix + "gate_proj.weight", {width, d}, init_kind::linear, e.gate_up.w.data(), nullptr, &e.gate_up});
+  fn({prefix + "up_proj.weight", {width, d}, init_kind::linear, e.gate_up.w.data() + width * d, nullptr, &e.gate_up});
+  lin(fn, e.down, prefix + "down_proj.weight", d, width, true);
 }
 
 // kind: 0 encoder/v3 layer, 1 decoder layer, 2 MTP layer.
@@ -46,16 +48,16 @@ void visit_layer(const model_config& c, layer_weights& l, int64_t index, int kin
   vec(fn, l.post_norm, p + "post_attention_layernorm.weight", d, init_kind::norm);
   attn_weights& a = l.attn;
   if (c.q_lora_rank > 0) {
-    lin(fn, a.q_a, p + "self_attn.q_a_proj.weight", c.q_lora_rank, d);
+    lin(fn, a.q_a, p + "self_attn.q_a_proj.weight", c.q_lora_rank, d, true);
     vec(fn, a.q_a_norm, p + "self_attn.q_a_layernorm.weight", c.q_lora_rank, init_kind::norm);
-    lin(fn, a.q_b, p + "self_attn.q_b_proj.weight", H * c.qk_head_dim(), c.q_lora_rank);
+    lin(fn, a.q_b, p + "self_attn.q_b_proj.weight", H * c.qk_head_dim(), c.q_lora_rank, true);
   } else {
-    lin(fn, a.q_proj, p + "self_attn.q_proj.weight", H * c.qk_head_dim(), d);
+    lin(fn, a.q_proj, p + "self_attn.q_proj.weight", H * c.qk_head_dim(), d, true);
   }
-  lin(fn, a.kv_a, p + "self_attn.kv_a_proj_with_mqa.weight", c.entry_dim(), d);
+  lin(fn, a.kv_a, p + "self_attn.kv_a_proj_with_mqa.weight", c.entry_dim(), d, true);
   vec(fn, a.kv_a_norm, p + "self_attn.kv_a_layernorm.weight", r, init_kind::norm);
   lin(fn, a.kv_b, p + "self_attn.kv_b_proj.weight", H * (c.qk_nope_head_dim + c.v_head_dim), r);
-  lin(fn, a.o_proj, p + "self_attn.o_proj.weight", d, H * c.v_head_dim);
+  lin(fn, a.o_proj, p + "self_attn.o_proj.weight", d, H * c.v_head_dim, true);
   if (c.is_flash() && kind == 0) {
     a.kv_compress.assign(static_cast<size_t>(d), 0.0f);
     fn({p + "self_attn.kv_compress.weight", {1, d}, init_kind::linear, a.kv_compress.data()});
@@ -123,7 +125,7 @@ void visit_tensors(model_weights& w, const visit_fn& fn) {
   if (c.is_flash()) {
     decoder_kv_weights& k = w.decoder_kv;
     vec(fn, k.input_norm, "model.decoder_kv.input_layernorm.weight", d, init_kind::norm);
-    lin(fn, k.kv_a, "model.decoder_kv.kv_a_proj_with_mqa.weight", c.entry_dim(), d);
+    lin(fn, k.kv_a, "model.decoder_kv.kv_a_proj_with_mqa.weight", c.entry_dim(), d, true);
     vec(fn, k.kv_a_norm, "model.decoder_kv.kv_a_layernorm.weight", c.kv_lora_rank, init_kind::norm);
     k.kv_compress.assign(static_cast<size_t>(d), 0.0f);
     fn({"model.decoder_kv.kv_compress.weight", {1, d}, init_kind::linear, k.kv_compress.data()});
@@ -134,7 +136,7 @@ void visit_tensors(model_weights& w, const visit_fn& fn) {
     const std::string p = "model.layers." + std::to_string(L + k) + ".";
     vec(fn, m.enorm, p + "enorm.weight", d, init_kind::norm);
     vec(fn, m.hnorm, p + "hnorm.weight", d, init_kind::norm);
-    lin(fn, m.eh_proj, p + "eh_proj.weight", d, 2 * d);
+    lin(fn, m.eh_proj, p + "eh_proj.weight", d, 2 * d, true);
     visit_layer(c, m.layer, L + k, 2, fn);
     vec(fn, m.head_norm, p + "shared_head.norm.weight", d, init_kind::norm);
     m.head.out = V, m.head.in = d;
@@ -172,12 +174,17 @@ namespace {
 
 // Vocabulary heads stored bf16 in the checkpoint stay bf16 in memory (exact: the values are
 // bf16 already): decode reads the whole head every step, so this halves its memory traffic.
-void keep_bf16(const checkpoint& ckpt, const std::string& name, linear& l) {
-  const tensor_info* t = ckpt.find(name);
-  if (!t || t->type != dtype::bf16) return;
+// l.w → l.w_bf16, exact for values read from bf16; the fp32 copy is freed.
+void narrow_to_bf16(linear& l) {
   l.w_bf16.resize(l.w.size());
   for (size_t i = 0; i < l.w.size(); ++i) l.w_bf16[i] = f32_to_bf16(l.w[i]);
   std::vector<float>().swap(l.w);
+}
+
+void keep_bf16(const checkpoint& ckpt, const std::string& name, linear& l) {
+  const tensor_info* t = ckpt.find(name);
+  if (!t || t->type != dtype::bf16) return;
+  narrow_to_bf16(l);
 }
 
 }  // namespace
@@ -227,6 +234,7 @@ result<model_weights> load_weights(const std::string& dir, void (*progress)(size
   model_weights w;
   w.config = *config;
   std::optional<error> first_error;
+  std::map<const linear*, bool> all_bf16;  // narrowable linears read so far: every part bf16?
   visit_tensors(w, [&](const tensor_slot& t) {
     if (first_error) return;
     if (t.shared_with && !ckpt->has(t.name)) {
@@ -239,6 +247,13 @@ result<model_weights> load_weights(const std::string& dir, void (*progress)(size
       return;
     }
     std::copy(values->begin(), values->end(), t.dest);
+    if (linear* l = t.narrowable) {
+      const tensor_info* info = ckpt->find(t.name);
+      auto [it, fresh] = all_bf16.try_emplace(l, true);
+      it->second = it->second && info && info->type == dtype::bf16;
+      const bool last = t.dest + values->size() == l->w.data() + l->w.size();  // gate_up: after up_proj
+      if (last && it->second) narrow_to_bf16(*l);
+    }
   });
   if (first_error) return std::unexpected(*first_error);
   keep_bf16(*ckpt, "lm_head.weight", w.lm_head);

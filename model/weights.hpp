@@ -12,6 +12,9 @@
 
 namespace shoal::model {
 
+// A projection's weights: fp32, or bf16 as a bf16 checkpoint stores them (the loader keeps
+// the large projections of the layers and the vocabulary heads bf16; kv_b, the router, the
+// confidence head and the vision encoder stay fp32: small, or read in slices).
 struct linear {
   std::vector<float> w;          // (out, in)
   std::vector<uint16_t> w_bf16;  // (out, in) when kept bf16 instead (then w is empty)
@@ -125,6 +128,10 @@ struct tensor_slot {
   // Non-null for MTP embed/head: a checkpoint may omit the tensor, which then shares these
   // main-model values ("embedding and head shared with the main model").
   const float* shared_with = nullptr;
+  // The linear this tensor fills (dest points into its w) when the loader may keep it in the
+  // checkpoint's precision: once every tensor of it has been read as bf16, w becomes w_bf16
+  // (exact) and the fp32 copy is freed, so a bf16 checkpoint is never held twice.
+  linear* narrowable = nullptr;
 };
 
 // Sizes every weight of `w` from w.config and calls `fn` once per checkpoint tensor.

@@ -124,11 +124,16 @@ inline void dot4_bf16(const float* const* a, int rows, const uint16_t* b, int64_
 void matmul_bf16(const float* x, const uint16_t* w, float* y, int64_t m, int64_t n, int64_t k,
                  bool batch_invariant) {
   if (!batch_invariant && m >= 8) {
-    // Weight rows widened at a time: about 256 KiB of fp32, so the block sgemm reads stays in
-    // L2 (and the widening, 8 values per instruction, is a small part of the product).
-    const int64_t block = std::clamp<int64_t>((65536 / std::max<int64_t>(k, 1)) / 16 * 16, 16, 512);
+    // Weight rows widened at a time (8 values per instruction) into a per-thread buffer of at
+    // most 4 MiB, each block one sgemm: few blocks per call, because every sgemm packs x again,
+    // and at least one block per thread.
+    const int64_t threads = num_threads();
+    int64_t block = std::clamp<int64_t>((int64_t{1} << 20) / std::max<int64_t>(k, 1), 16, 4096);
+    block = std::min(block, (n + threads - 1) / threads);
+    block = std::max<int64_t>(16, (block + 15) / 16 * 16);
     parallel_for((n + block - 1) / block, [&](int64_t b0, int64_t b1) {
-      std::vector<float> wide(static_cast<size_t>(block * k));
+      thread_local std::vector<float> wide;
+      if (wide.size() < static_cast<size_t>(block * k)) wide.resize(static_cast<size_t>(block * k));
       for (int64_t b = b0; b < b1; ++b) {
         int64_t c0 = b * block, c1 = std::min(n, c0 + block);
         widen_bf16(w + c0 * k, wide.data(), (c1 - c0) * k);
