@@ -263,7 +263,7 @@ mtp_output mtp_last(const model_weights& w, std::span<const int32_t> tokens,
   std::vector<int32_t> pos(static_cast<size_t>(rows));
   for (int64_t i = 0; i < rows; ++i) {
     float* row = cat.data() + i * 2 * d;
-    kernels::rmsnorm(m.embed.data() + int64_t(tokens[p0 + i + 1]) * d, m.enorm.data(), row, 1, d, eps);
+    kernels::rmsnorm(mtp_embed(w, m).data() + int64_t(tokens[p0 + i + 1]) * d, m.enorm.data(), row, 1, d, eps);
     kernels::rmsnorm(hidden.data() + i * d, m.hnorm.data(), row + d, 1, d, eps);
     pos[i] = static_cast<int32_t>(p0 + i);
   }
@@ -281,7 +281,7 @@ mtp_output mtp_last(const model_weights& w, std::span<const int32_t> tokens,
   std::vector<float> u(static_cast<size_t>(d));
   kernels::rmsnorm(x.data() + (rows - 1) * d, m.head_norm.data(), u.data(), 1, d, eps);
   out.logits.resize(static_cast<size_t>(c.vocab_size));
-  apply(m.head, u.data(), out.logits.data(), 1, o.batch_invariant);
+  apply(mtp_head(w, m), u.data(), out.logits.data(), 1, o.batch_invariant);
   out.confidence = NAN;
   if (c.conf_head_hidden > 0) {
     std::vector<float> h1(static_cast<size_t>(c.conf_head_hidden)), act(h1.size());

@@ -33,6 +33,7 @@ uint64_t name_hash(const std::string& s) {  // FNV-1a
 }
 
 void fill(const tensor_slot& t, uint64_t seed) {
+  float* dest = slot_storage(t);
   uint64_t state = seed ^ name_hash(t.name);
   int64_t n = 1;
   for (int64_t d : t.shape) n *= d;
@@ -48,8 +49,8 @@ void fill(const tensor_slot& t, uint64_t seed) {
     double u1 = (static_cast<double>(splitmix(state) >> 11) + 1.0) * 0x1.0p-53;
     double u2 = static_cast<double>(splitmix(state) >> 11) * 0x1.0p-53;
     double r = std::sqrt(-2.0 * std::log(u1));
-    t.dest[i] = offset + scale * static_cast<float>(r * std::cos(2 * M_PI * u2));
-    if (i + 1 < n) t.dest[i + 1] = offset + scale * static_cast<float>(r * std::sin(2 * M_PI * u2));
+    dest[i] = offset + scale * static_cast<float>(r * std::cos(2 * M_PI * u2));
+    if (i + 1 < n) dest[i + 1] = offset + scale * static_cast<float>(r * std::sin(2 * M_PI * u2));
   }
 }
 
@@ -227,7 +228,7 @@ result<void> generate_checkpoint(const generate_options& o) {
   visit_tensors(w, [&](const tensor_slot& t) {
     if (t.shared_with && o.preset == "small") return;  // MTP shares embedding and head
     fill(t, o.seed);
-    tensors.push_back({t.name, t.shape, t.dest, dtype_for(o.preset, t)});
+    tensors.push_back({t.name, t.shape, slot_storage(t), dtype_for(o.preset, t)});
   });
   if (o.preset == "v3-tiny") {  // sharded, with an index, as published checkpoints are
     std::vector<tensor_to_write> shard[2];

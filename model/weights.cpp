@@ -112,6 +112,14 @@ void visit_vision(const model_config& c, vision_weights& v, const visit_fn& fn) 
 
 }  // namespace
 
+float* slot_storage(const tensor_slot& t) {
+  if (t.dest) return t.dest;
+  int64_t n = 1;
+  for (int64_t d : t.shape) n *= d;
+  if (t.storage->size() != static_cast<size_t>(n)) t.storage->assign(static_cast<size_t>(n), 0.0f);
+  return t.storage->data();
+}
+
 void visit_tensors(model_weights& w, const visit_fn& fn) {
   const model_config& c = w.config;
   int64_t d = c.hidden_size, V = c.vocab_size, L = c.num_hidden_layers;
@@ -140,10 +148,10 @@ void visit_tensors(model_weights& w, const visit_fn& fn) {
     visit_layer(c, m.layer, L + k, 2, fn);
     vec(fn, m.head_norm, p + "shared_head.norm.weight", d, init_kind::norm);
     m.head.out = V, m.head.in = d;
-    m.head.w.assign(static_cast<size_t>(V * d), 0.0f);
-    fn({p + "shared_head.head.weight", {V, d}, init_kind::linear, m.head.w.data(), w.lm_head.w.data()});
-    m.embed.assign(static_cast<size_t>(V * d), 0.0f);
-    fn({p + "embed_tokens.weight", {V, d}, init_kind::embed, m.embed.data(), w.embed.data()});
+    m.head.w.clear();
+    fn({p + "shared_head.head.weight", {V, d}, init_kind::linear, nullptr, w.lm_head.w.data(), nullptr, &m.head.w});
+    m.embed.clear();
+    fn({p + "embed_tokens.weight", {V, d}, init_kind::embed, nullptr, w.embed.data(), nullptr, &m.embed});
   }
   if (c.conf_head_hidden > 0) {
     lin(fn, w.conf_fc1, "model.conf_head.fc1.weight", c.conf_head_hidden, d);
@@ -237,16 +245,13 @@ result<model_weights> load_weights(const std::string& dir, void (*progress)(size
   std::map<const linear*, bool> all_bf16;  // narrowable linears read so far: every part bf16?
   visit_tensors(w, [&](const tensor_slot& t) {
     if (first_error) return;
-    if (t.shared_with && !ckpt->has(t.name)) {
-      std::copy(t.shared_with, t.shared_with + t.shape[0] * t.shape[1], t.dest);
-      return;
-    }
+    if (t.shared_with && !ckpt->has(t.name)) return;  // left empty: the main model's is read
     auto values = ckpt->read_f32(t.name, t.shape);
     if (!values) {
       first_error = values.error();
       return;
     }
-    std::copy(values->begin(), values->end(), t.dest);
+    std::copy(values->begin(), values->end(), slot_storage(t));
     if (linear* l = t.narrowable) {
       const tensor_info* info = ckpt->find(t.name);
       auto [it, fresh] = all_bf16.try_emplace(l, true);
@@ -260,12 +265,7 @@ result<model_weights> load_weights(const std::string& dir, void (*progress)(size
   for (size_t k = 0; k < w.mtp.size(); ++k) {
     std::string name = "model.layers." + std::to_string(w.config.num_hidden_layers + int64_t(k)) +
                        ".shared_head.head.weight";
-    if (ckpt->has(name)) {
-      keep_bf16(*ckpt, name, w.mtp[k].head);
-    } else if (!w.lm_head.w_bf16.empty()) {  // shared with the main head: same bf16 values
-      w.mtp[k].head.w_bf16 = w.lm_head.w_bf16;
-      std::vector<float>().swap(w.mtp[k].head.w);
-    }
+    if (ckpt->has(name)) keep_bf16(*ckpt, name, w.mtp[k].head);  // else shared: mtp_head()
   }
   derive(w);
   return w;

@@ -65,6 +65,8 @@ struct decoder_kv_weights {
   std::vector<float> kv_compress;  // (d)
 };
 
+// embed and head are empty when the checkpoint shares the main model's (read w.embed and
+// w.lm_head then: mtp_embed(), mtp_head()).
 struct mtp_weights {
   std::vector<float> enorm, hnorm;  // (d)
   linear eh_proj;                   // (d, 2d)
@@ -117,6 +119,14 @@ struct model_weights {
   float softmax_scale = 1.0f;
 };
 
+// The embedding and head an MTP layer reads: its own, or the main model's when shared.
+inline const std::vector<float>& mtp_embed(const model_weights& w, const mtp_weights& m) {
+  return m.embed.empty() ? w.embed : m.embed;
+}
+inline const linear& mtp_head(const model_weights& w, const mtp_weights& m) {
+  return m.head.w.empty() && m.head.w_bf16.empty() ? w.lm_head : m.head;
+}
+
 // How the generator initialises a tensor.
 enum class init_kind { norm, linear, embed, bias, sink };
 
@@ -124,15 +134,21 @@ struct tensor_slot {
   std::string name;
   std::vector<int64_t> shape;
   init_kind init;
-  float* dest;            // where its values go (prod(shape) floats)
+  float* dest;            // where its values go (prod(shape) floats); null for a shared slot
   // Non-null for MTP embed/head: a checkpoint may omit the tensor, which then shares these
-  // main-model values ("embedding and head shared with the main model").
+  // main-model values ("embedding and head shared with the main model"). Such a slot comes
+  // unallocated (dest null): a caller that gives it values of its own calls slot_storage(),
+  // and one that leaves it empty makes the MTP layer read the main model's tensor, no copy.
   const float* shared_with = nullptr;
   // The linear this tensor fills (dest points into its w) when the loader may keep it in the
   // checkpoint's precision: once every tensor of it has been read as bf16, w becomes w_bf16
   // (exact) and the fp32 copy is freed, so a bf16 checkpoint is never held twice.
   linear* narrowable = nullptr;
+  std::vector<float>* storage = nullptr;  // what slot_storage() sizes, for a shared slot
 };
+
+// dest of `t`, allocating a shared slot's own storage first.
+float* slot_storage(const tensor_slot& t);
 
 // Sizes every weight of `w` from w.config and calls `fn` once per checkpoint tensor.
 void visit_tensors(model_weights& w, const std::function<void(const tensor_slot&)>& fn);

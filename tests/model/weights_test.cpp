@@ -5,11 +5,13 @@
 #include <filesystem>
 #include <functional>
 #include <fstream>
+#include <map>
 
 #include <nlohmann/json.hpp>
 
 #include "model/forward.hpp"
 #include "model/generate.hpp"
+#include "model/safetensors.hpp"
 #include "model/weights.hpp"
 
 using namespace shoal::model;
@@ -106,4 +108,62 @@ TEST_CASE("a truncated safetensors file is reported with its path") {
 TEST_CASE("a missing checkpoint directory is named") {
   auto msg = message_of(fs::temp_directory_path() / "shoal_no_such_model_dir");
   CHECK(msg.find("shoal_no_such_model_dir") != std::string::npos);
+}
+
+TEST_CASE("an MTP layer the checkpoint gives no embedding or head reads the main model's, no copy") {
+  // B omits the MTP layer's embed_tokens and shared_head.head; C carries the main model's
+  // values under those names. Same MTP logits, and B holds no second copy.
+  const fs::path a = generated("tiny", "mtp_a");
+  auto ckpt = checkpoint::open(a.string());
+  REQUIRE(ckpt);
+  auto wa = load_weights(a.string());
+  REQUIRE(wa);
+  const std::string p = "model.layers." + std::to_string(wa->config.num_hidden_layers) + ".";
+  const std::string mtp_embed_name = p + "embed_tokens.weight", mtp_head_name = p + "shared_head.head.weight";
+  REQUIRE(ckpt->has(mtp_embed_name));
+  REQUIRE(ckpt->has(mtp_head_name));
+  std::map<std::string, std::vector<float>> values;
+  std::map<std::string, const tensor_info*> info;
+  for (const std::string& name : ckpt->names()) {
+    info[name] = ckpt->find(name);
+    auto v = ckpt->read_f32(name, info[name]->shape);
+    REQUIRE(v);
+    values[name] = std::move(*v);
+  }
+  auto write = [&](const std::string& dir, bool with_copies) {
+    const fs::path d = fresh_dir(dir);
+    fs::copy(a, d, fs::copy_options::recursive);
+    std::vector<tensor_to_write> out;
+    for (const auto& [name, v] : values) {
+      if (name == mtp_embed_name || name == mtp_head_name) continue;
+      out.push_back({name, info[name]->shape, v.data(), info[name]->type});
+    }
+    if (with_copies) {
+      out.push_back({mtp_embed_name, info["model.embed_tokens.weight"]->shape, values["model.embed_tokens.weight"].data(),
+                     info["model.embed_tokens.weight"]->type});
+      out.push_back({mtp_head_name, info["lm_head.weight"]->shape, values["lm_head.weight"].data(),
+                     info["lm_head.weight"]->type});
+    }
+    REQUIRE(write_safetensors((d / "model.safetensors").string(), out));
+    return d;
+  };
+  auto wb = load_weights(write("mtp_b", false).string());
+  auto wc = load_weights(write("mtp_c", true).string());
+  REQUIRE(wb);
+  REQUIRE(wc);
+  CHECK(wb->mtp[0].embed.empty());
+  CHECK(wb->mtp[0].head.w.empty());
+  CHECK(wb->mtp[0].head.w_bf16.empty());
+  CHECK(&mtp_embed(*wb, wb->mtp[0]) == &wb->embed);
+  CHECK(&mtp_head(*wb, wb->mtp[0]) == &wb->lm_head);
+  CHECK_FALSE(wc->mtp[0].embed.empty());
+  std::vector<int32_t> tokens;
+  for (int32_t i = 0; i < 20; ++i) tokens.push_back((i * 37 + 5) % 200 + 2);
+  auto ob = forward_full(*wb, tokens, {true, false});
+  auto oc = forward_full(*wc, tokens, {true, false});
+  REQUIRE_FALSE(ob.mtp.logits.empty());
+  CHECK(ob.mtp.logits == oc.mtp.logits);
+  CHECK(ob.logits == oc.logits);
+  auto oa = forward_full(*wa, tokens, {true, false});
+  CHECK(oa.mtp.logits != ob.mtp.logits);  // A's own MTP tensors differ from the main ones
 }
