@@ -29,7 +29,7 @@ ve_worker_actor::behavior_type worker_behavior(ve_worker_actor::stateful_pointer
   return {
     [self](encode_atom, const std::vector<image_payload>& images) -> caf::result<std::vector<runtime::remote_memory>> {
       auto rows = self->state.worker->encode(from_payloads(images));
-      if (!rows) return make_error(errc::invalid_request, rows.error());
+      if (!rows) return make_error(rows.error().bad_input ? errc::invalid_request : errc::unknown, rows.error().message);
       return std::move(*rows);
     },
     [self](stats_atom) {

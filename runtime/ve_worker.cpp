@@ -15,19 +15,20 @@ ve_worker::ve_worker(std::shared_ptr<const model::model_weights> weights, std::s
   SHOAL_ASSERT(weights_ && weights_->config.vision.present && bulk_);
 }
 
-std::expected<std::vector<remote_memory>, std::string> ve_worker::encode(std::span<const prompt_image> images) {
+std::expected<std::vector<remote_memory>, ve_worker::encode_error> ve_worker::encode(std::span<const prompt_image> images) {
   const model::vision_config& v = weights_->config.vision;
-  if (images.empty()) return std::unexpected("no images to encode");
+  auto refuse = [](std::string why) { return std::unexpected(encode_error{true, std::move(why)}); };
+  if (images.empty()) return refuse("no images to encode");
   for (size_t i = 0; i < images.size(); ++i) {
     const prompt_image& im = images[i];
     const std::string which = "image " + std::to_string(i + 1);
-    if (!im.pixels) return std::unexpected(which + " has no pixels");
+    if (!im.pixels) return refuse(which + " has no pixels");
     if (auto e = model::check_image(v, im.pixels->width, im.pixels->height, im.pixels->rgb.size()); !e.empty())
-      return std::unexpected(which + ": " + e);
+      return refuse(which + ": " + e);
     if (im.count != model::image_tokens(v, im.pixels->width, im.pixels->height))
-      return std::unexpected(which + " spans " + std::to_string(im.count) + " tokens, not its patches");
+      return refuse(which + " spans " + std::to_string(im.count) + " tokens, not its patches");
     if (image_content_hash(*im.pixels) != im.hash)
-      return std::unexpected(which + ": its pixels do not hash to the hash it carries");
+      return refuse(which + ": its pixels do not hash to the hash it carries");
   }
   ++counters_.jobs;
   std::vector<remote_memory> out;
@@ -50,7 +51,7 @@ std::expected<std::vector<remote_memory>, std::string> ve_worker::encode(std::sp
     auto& reg = regs_[im.hash];
     if (!reg.second) {
       auto r = bulk_->register_memory(std::as_bytes(std::span<const float>(*rows)));
-      if (!r) return std::unexpected("cannot register the rows of an image: " + r.error());
+      if (!r) return std::unexpected(encode_error{false, "cannot register the rows of an image: " + r.error()});
       reg = {rows, std::move(*r)};
     }
     out.push_back(reg.second->describe(0, rows->size() * sizeof(float)));

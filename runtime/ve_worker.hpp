@@ -40,7 +40,13 @@ class ve_worker {
   // Checks every image first (pixels fit the encoder, hash matches them: they come from
   // another process) and names the first bad one; then the rows' ranges, one per image, in
   // order. Nothing is encoded or kept for a refused job.
-  std::expected<std::vector<remote_memory>, std::string> encode(std::span<const prompt_image> images);
+  // A refused image is the request's fault (bad_input: answer it with an error); a failed
+  // registration is this worker's (another worker may take the job).
+  struct encode_error {
+    bool bad_input = true;
+    std::string message;
+  };
+  std::expected<std::vector<remote_memory>, encode_error> encode(std::span<const prompt_image> images);
   ve_worker_counters stats() const;
 
  private:
