@@ -166,6 +166,34 @@ void read_rope_scaling(config_parser& p, const json& j, rope_scaling_config& r) 
   p.positive(r.beta_slow, "rope_scaling.beta_slow");
 }
 
+void read_quantization(config_parser& p, const json& j, quantization_config& q) {
+  const json* qj = p.lookup(j, "quantization_config");
+  if (!qj) return;
+  if (!qj->is_object()) return p.set(errc::bad_json, "field 'quantization_config' must be an object or null");
+  q.present = true;
+  std::string method, fmt = "e4m3", activations = "dynamic";
+  p.read(*qj, "quantization_config.", "quant_method", method, true);
+  if (!p.failed() && method != "fp8")
+    return p.set(errc::unsupported, "field 'quantization_config.quant_method' is '" + method + "'; only 'fp8' is supported");
+  p.read(*qj, "quantization_config.", "fmt", fmt);
+  if (!p.failed() && fmt != "e4m3")
+    return p.set(errc::unsupported, "field 'quantization_config.fmt' is '" + fmt + "'; only 'e4m3' is supported");
+  p.read(*qj, "quantization_config.", "activation_scheme", activations);
+  if (!p.failed() && activations != "dynamic")
+    return p.set(errc::unsupported, "field 'quantization_config.activation_scheme' is '" + activations +
+                                         "'; only 'dynamic' is supported (static activation scales are not read)");
+  if (const json* b = p.lookup(*qj, "weight_block_size")) {
+    if (!b->is_array() || b->size() != 2 || !(*b)[0].is_number_integer() || !(*b)[1].is_number_integer())
+      return p.set(errc::bad_json, "field 'quantization_config.weight_block_size' must be two integers [rows, cols]");
+    q.block_rows = (*b)[0].get<int64_t>(), q.block_cols = (*b)[1].get<int64_t>();
+    p.positive(q.block_rows, "quantization_config.weight_block_size[0]");
+    p.positive(q.block_cols, "quantization_config.weight_block_size[1]");
+  }
+  for (const auto& [key, value] : qj->items())
+    if (key != "quant_method" && key != "fmt" && key != "activation_scheme" && key != "weight_block_size")
+      return p.set(errc::unsupported, "field 'quantization_config." + key + "' is not supported");
+}
+
 void read_vision(config_parser& p, const json& j, vision_config& v) {
   const json* vj = p.lookup(j, "vision");
   if (!vj || p.failed()) return;
@@ -311,6 +339,7 @@ result<model_config> parse_config(std::string_view json_text, const std::string&
   read_moe(p, j, c);
   read_rope_scaling(p, j, c.rope_scaling);
   read_vision(p, j, c.vision);
+  read_quantization(p, j, c.quantization);
   if (c.is_flash()) read_flash(p, j, c);
   if (!p.failed()) validate_common(p, c);
   if (!p.failed()) validate_moe(p, c);
@@ -383,6 +412,10 @@ std::string to_json(const model_config& c) {
     j["swa_mode"] = c.swa_mode;
     j["retained_tokens"] = c.retained_tokens;
     j["replay_tokens"] = c.replay_tokens;
+  }
+  if (c.quantization.present) {
+    j["quantization_config"] = {{"activation_scheme", "dynamic"}, {"fmt", "e4m3"}, {"quant_method", "fp8"},
+                                {"weight_block_size", {c.quantization.block_rows, c.quantization.block_cols}}};
   }
   if (c.vision.present) {
     j["vision"] = {{"image_size", c.vision.image_size}, {"patch_size", c.vision.patch_size},

@@ -35,6 +35,16 @@ struct vision_config {
   int64_t grid() const { return image_size / patch_size; }  // patches per side at most
 };
 
+// quantization_config of an FP8 checkpoint (DeepSeek-V3's: quant_method "fp8", fmt "e4m3",
+// activation_scheme "dynamic", weight_block_size [rows, cols]): each FP8 weight has a
+// `<name>_scale_inv` of ceil(out / rows) × ceil(in / cols) fp32 scales. Activations stay fp32
+// here, so "dynamic" activation quantisation is met by not quantising them at all.
+struct quantization_config {
+  bool present = false;       // the field was in config.json
+  int64_t block_rows = 128;   // weight_block_size[0]; 128 × 128 where the field is absent
+  int64_t block_cols = 128;   // weight_block_size[1]
+};
+
 struct model_config {
   arch architecture = arch::deepseek_v3;
   int64_t vocab_size = 0;
@@ -76,6 +86,7 @@ struct model_config {
   int64_t conf_head_hidden = 0;
   bool attn_sink = false;
   vision_config vision;
+  quantization_config quantization;
 
   // Derived helpers.
   int64_t qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }

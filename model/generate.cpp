@@ -85,7 +85,7 @@ void init_random(model_weights& w, uint64_t seed) {
   derive(w);
 }
 
-std::vector<std::string> preset_names() { return {"tiny", "small", "v3-tiny"}; }
+std::vector<std::string> preset_names() { return {"tiny", "small", "v3-tiny", "v3-small"}; }
 
 result<model_config> preset_config(const std::string& preset) {
   if (preset == "tiny") {
@@ -120,7 +120,22 @@ result<model_config> preset_config(const std::string& preset) {
     c.num_nextn_predict_layers = 1, c.conf_head_hidden = 64, c.attn_sink = true;
     return c;
   }
-  return fail(errc::bad_value, "unknown preset '" + preset + "' (tiny, small, v3-tiny)");
+  if (preset == "v3-small") {
+    // deepseek_v3 at about 563 M parameters (1.13 GB in bf16): the attention and expert shapes
+    // of DeepSeek-V3 scaled down, the real vocabulary. Decode reads ≈ 420 MB per token.
+    model_config c;
+    c.architecture = arch::deepseek_v3;
+    c.hidden_size = 1024, c.num_hidden_layers = 6, c.first_k_dense_replace = 1, c.intermediate_size = 2816;
+    c.num_attention_heads = 16, c.q_lora_rank = 384, c.kv_lora_rank = 256;
+    c.qk_nope_head_dim = 128, c.qk_rope_head_dim = 64, c.v_head_dim = 128;
+    c.n_routed_experts = 32, c.moe_intermediate_size = 512, c.num_experts_per_tok = 4;
+    c.n_group = 4, c.topk_group = 2, c.n_shared_experts = 1, c.routed_scaling_factor = 2.5;
+    c.rope_scaling = {true, 4.0, 4096, 32.0, 1.0, 1.0, 1.0};
+    c.max_position_embeddings = 16384;
+    c.num_nextn_predict_layers = 0;
+    return c;
+  }
+  return fail(errc::bad_value, "unknown preset '" + preset + "' (tiny, small, v3-tiny, v3-small)");
 }
 
 result<vision_config> vision_preset(const std::string& preset) {
@@ -134,11 +149,15 @@ result<vision_config> vision_preset(const std::string& preset) {
     v.image_size = 224, v.patch_size = 14, v.layers = 4, v.hidden = 384, v.heads = 6;
     return v;
   }
-  return fail(errc::bad_value, "unknown preset '" + preset + "' (tiny, small, v3-tiny)");
+  return fail(errc::bad_value, "unknown preset '" + preset + "' (tiny, small, v3-tiny, v3-small)");
 }
 
+namespace {
+bool uses_v3_tokenizer(const std::string& preset) { return preset == "small" || preset == "v3-small"; }
+}  // namespace
+
 std::string image_token_text(const std::string& preset) {
-  return preset == "small" ? "<｜place▁holder▁no▁0｜>" : "<image>";
+  return uses_v3_tokenizer(preset) ? "<｜place▁holder▁no▁0｜>" : "<image>";
 }
 
 namespace {
@@ -166,7 +185,7 @@ result<std::tuple<int64_t, int64_t, int64_t, int64_t>> write_tokenizer(const gen
                                                                const fs::path& out) {
   std::string text;
   nlohmann::json tcfg;
-  if (o.preset == "small") {
+  if (uses_v3_tokenizer(o.preset)) {
     fs::path src = fs::path(o.tokenizer_dir) / "tokenizer.json";
     std::ifstream f(src, std::ios::binary);
     if (!f) return fail(errc::io, "cannot read tokenizer " + src.string() + " (set --tokenizer DIR)");
@@ -190,9 +209,9 @@ result<std::tuple<int64_t, int64_t, int64_t, int64_t>> write_tokenizer(const gen
   return std::tuple<int64_t, int64_t, int64_t, int64_t>{tok->vocab_size(), tok->bos_id(), tok->eos_id(), image};
 }
 
-dtype dtype_for(const std::string& preset, const tensor_slot& t) {
+dtype dtype_for(bool fp8, const tensor_slot& t) {
   if (t.shape.size() < 2) return dtype::f32;
-  if (preset != "v3-tiny") return dtype::bf16;
+  if (!fp8) return dtype::bf16;
   // As published: FP8 linears inside the layers; embeddings, heads, the router and the vision
   // encoder stay bf16.
   bool keep = t.name.rfind("vision.", 0) == 0 || t.name.find("embed_tokens") != std::string::npos || t.name == "lm_head.weight" ||
@@ -210,6 +229,10 @@ result<void> generate_checkpoint(const generate_options& o) {
   std::error_code ec;
   fs::create_directories(out, ec);
   if (ec) return fail(errc::io, "cannot create " + out.string() + ": " + ec.message());
+  if (!o.dtype.empty() && o.dtype != "bf16" && o.dtype != "fp8")
+    return fail(errc::bad_value, "unknown dtype '" + o.dtype + "' (bf16, fp8)");
+  const bool fp8 = o.dtype.empty() ? o.preset == "v3-tiny" : o.dtype == "fp8";
+  cfg->quantization.present = fp8;
   auto tok = write_tokenizer(o, out);
   if (!tok) return std::unexpected(tok.error());
   auto [tok_vocab, bos, eos, image_token] = *tok;
@@ -220,7 +243,7 @@ result<void> generate_checkpoint(const generate_options& o) {
     cfg->vision.image_token_id = image_token;
   }
   // The embedding is at least as large as the tokenizer (DeepSeek-V3 pads 128,815 to 129,280).
-  cfg->vocab_size = o.preset == "small" ? std::max<int64_t>(tok_vocab, 129280) : tok_vocab;
+  cfg->vocab_size = uses_v3_tokenizer(o.preset) ? std::max<int64_t>(tok_vocab, 129280) : tok_vocab;
   cfg->bos_token_id = bos, cfg->eos_token_id = eos;
   model_weights w;
   w.config = *cfg;
@@ -228,9 +251,9 @@ result<void> generate_checkpoint(const generate_options& o) {
   visit_tensors(w, [&](const tensor_slot& t) {
     if (t.shared_with && o.preset == "small") return;  // MTP shares embedding and head
     fill(t, o.seed);
-    tensors.push_back({t.name, t.shape, slot_storage(t), dtype_for(o.preset, t)});
+    tensors.push_back({t.name, t.shape, slot_storage(t), dtype_for(fp8, t)});
   });
-  if (o.preset == "v3-tiny") {  // sharded, with an index, as published checkpoints are
+  if (o.preset == "v3-tiny" || fp8) {  // sharded, with an index, as published checkpoints are
     std::vector<tensor_to_write> shard[2];
     nlohmann::json map = nlohmann::json::object();
     for (size_t i = 0; i < tensors.size(); ++i) {

@@ -32,6 +32,9 @@ struct generate_options {
   std::string out_dir;
   std::string tokenizer_dir;  // holds the DeepSeek-V3 tokenizer.json (small preset)
   bool vision = false;        // with the vision encoder (vision_preset) and its image token
+  // "bf16" or "fp8" (the layers' linears FP8 e4m3 with 128×128 block scales, as DeepSeek-V3
+  // publishes them); empty: the preset's own (fp8 for v3-tiny, bf16 for the others).
+  std::string dtype;
   bool verbose = false;
 };
 

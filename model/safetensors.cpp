@@ -248,9 +248,9 @@ bool convert_plain(const tensor_info& t, float* out) {
   }
 }
 
-// Dequantises a 2-D FP8 tensor with its (ceil(rows/128), ceil(cols/128)) block scales.
-result<void> dequantise_fp8(const tensor_info& t, const tensor_info* scale, const std::string& scale_name,
-                            const std::string& dir, float* out) {
+// Checks an FP8 tensor and its scale tensor and copies both out (see checkpoint::read_fp8).
+result<fp8_tensor> load_fp8(const tensor_info& t, const tensor_info* scale, const std::string& scale_name,
+                            const std::string& dir, int64_t block_rows, int64_t block_cols) {
   if (t.shape.size() != 2) {
     return fail(errc::bad_shape, "FP8 tensor '" + t.name + "' in " + t.file + " has shape " +
                                      shape_str(t.shape) + "; block scales need 2-D");
@@ -259,25 +259,35 @@ result<void> dequantise_fp8(const tensor_info& t, const tensor_info* scale, cons
     return fail(errc::missing_field, "FP8 tensor '" + t.name + "' in " + t.file +
                                          " has no scale tensor '" + scale_name + "' in " + dir);
   }
-  const int64_t rows = t.shape[0], cols = t.shape[1];
-  const std::vector<int64_t> want = {ceil_div(rows, fp8_block), ceil_div(cols, fp8_block)};
+  fp8_tensor out;
+  out.rows = t.shape[0], out.cols = t.shape[1], out.block_rows = block_rows, out.block_cols = block_cols;
+  out.scale_cols = ceil_div(out.cols, block_cols);
+  const std::vector<int64_t> want = {ceil_div(out.rows, block_rows), out.scale_cols};
   if (scale->shape != want) {
     return fail(errc::bad_shape, "scale tensor '" + scale_name + "' in " + scale->file + " has shape " +
-                                     shape_str(scale->shape) + ", expected " + shape_str(want));
+                                     shape_str(scale->shape) + ", expected " + shape_str(want) + " for " +
+                                     shape_str(t.shape) + " in blocks of " + std::to_string(block_rows) + "×" +
+                                     std::to_string(block_cols) + " (quantization_config.weight_block_size)");
   }
-  std::vector<float> scales(static_cast<size_t>(want[0] * want[1]));
-  if (!convert_plain(*scale, scales.data())) {
+  if (scale->type != dtype::f32) {
     return fail(errc::bad_dtype, "scale tensor '" + scale_name + "' in " + scale->file + " has dtype " +
                                      std::string(to_string(scale->type)) + "; expected F32");
   }
+  out.scales.resize(static_cast<size_t>(want[0] * want[1]));
+  convert_plain(*scale, out.scales.data());
+  for (size_t i = 0; i < out.scales.size(); ++i)
+    if (!std::isfinite(out.scales[i]) || out.scales[i] < 0)
+      return fail(errc::bad_value, "scale tensor '" + scale_name + "' in " + scale->file + " holds " +
+                                       std::to_string(out.scales[i]) + " at block " + std::to_string(i) +
+                                       "; scales must be finite and not negative");
   const auto* codes = reinterpret_cast<const uint8_t*>(t.data);
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* row_scales = scales.data() + (r / fp8_block) * want[1];
-    for (int64_t c = 0; c < cols; ++c) {
-      out[r * cols + c] = fp8_e4m3_to_f32(codes[r * cols + c]) * row_scales[c / fp8_block];
-    }
-  }
-  return {};
+  out.codes.assign(codes, codes + t.nbytes);
+  for (size_t i = 0; i < out.codes.size(); ++i)
+    if ((out.codes[i] & 0x7f) == 0x7f)
+      return fail(errc::bad_value, "FP8 tensor '" + t.name + "' in " + t.file + " holds NaN (code 0x" +
+                                       (out.codes[i] == 0x7f ? std::string("7f") : std::string("ff")) +
+                                       ") at element " + std::to_string(i));
+  return out;
 }
 
 }  // namespace
@@ -505,9 +515,13 @@ result<std::vector<float>> checkpoint::read_f32(const std::string& name,
   }
   std::vector<float> out(numel_of(shape));
   if (t->type == dtype::f8_e4m3) {
-    const std::string scale_name = name + "_scale_inv";  // "X.weight" → "X.weight_scale_inv"
-    auto ok = dequantise_fp8(*t, find(scale_name), scale_name, dir_, out.data());
-    if (!ok) return std::unexpected(ok.error());
+    auto q = read_fp8(name, shape);
+    if (!q) return std::unexpected(q.error());
+    for (int64_t r = 0; r < q->rows; ++r) {
+      const float* row_scales = q->scales.data() + (r / q->block_rows) * q->scale_cols;
+      for (int64_t c = 0; c < q->cols; ++c)
+        out[r * q->cols + c] = fp8_e4m3_to_f32(q->codes[r * q->cols + c]) * row_scales[c / q->block_cols];
+    }
     return out;
   }
   if (!convert_plain(*t, out.data())) {
@@ -515,6 +529,31 @@ result<std::vector<float>> checkpoint::read_f32(const std::string& name,
                                      std::string(to_string(t->type)) + ", which cannot be read as fp32");
   }
   return out;
+}
+
+result<fp8_tensor> checkpoint::read_fp8(const std::string& name, const std::vector<int64_t>& shape) const {
+  const tensor_info* t = find(name);
+  if (!t) return fail(errc::missing_field, "missing tensor '" + name + "' in " + dir_);
+  if (t->shape != shape) {
+    return fail(errc::bad_shape, "tensor '" + name + "' in " + t->file + " has shape " + shape_str(t->shape) +
+                                     ", expected " + shape_str(shape));
+  }
+  if (t->type != dtype::f8_e4m3) {
+    return fail(errc::bad_dtype, "tensor '" + name + "' in " + t->file + " has dtype " +
+                                     std::string(to_string(t->type)) + ", not F8_E4M3");
+  }
+  const std::string scale_name = name + "_scale_inv";  // "X.weight" → "X.weight_scale_inv"
+  return load_fp8(*t, find(scale_name), scale_name, dir_, block_rows_, block_cols_);
+}
+
+void checkpoint::release(const std::string& name) const {
+  const tensor_info* t = find(name);
+  if (!t || t->nbytes == 0) return;
+  const long page = sysconf(_SC_PAGESIZE);
+  // Whole pages inside the tensor only: a neighbour's bytes on a shared page stay mapped.
+  auto begin = (reinterpret_cast<uintptr_t>(t->data) + page - 1) / page * page;
+  auto end = (reinterpret_cast<uintptr_t>(t->data) + t->nbytes) / page * page;
+  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
 }
 
 // ---- writer ------------------------------------------------------------------------------

@@ -49,6 +49,14 @@ class safetensors_file {
   std::map<std::string, tensor_info> tensors_;
 };
 
+// An FP8 weight as stored: e4m3fn codes and the fp32 block scales of `<name>_scale_inv`
+// (value = e4m3(code) · scales[(r / block_rows) · scale_cols + c / block_cols]).
+struct fp8_tensor {
+  std::vector<uint8_t> codes;  // (rows, cols)
+  std::vector<float> scales;   // (ceil(rows / block_rows), scale_cols)
+  int64_t rows = 0, cols = 0, block_rows = 128, block_cols = 128, scale_cols = 0;
+};
+
 // A checkpoint directory: model.safetensors, or model.safetensors.index.json + shards.
 class checkpoint {
  public:
@@ -59,15 +67,26 @@ class checkpoint {
   bool has(const std::string& name) const;
   const tensor_info* find(const std::string& name) const;
   // Reads tensor `name` as fp32, checking its shape equals `shape`. FP8 tensors are
-  // dequantised with `<name>_scale_inv` (blocks of 128×128). Errors name the tensor and file.
+  // dequantised with `<name>_scale_inv` (blocks of fp8_block(), 128×128 unless set). Errors
+  // name the tensor and file.
   result<std::vector<float>> read_f32(const std::string& name,
                                       const std::vector<int64_t>& shape) const;
+  // Reads an FP8 tensor as stored, with its scales: the shape must equal `shape`, the
+  // scale tensor must be F32 of ceil(rows / block rows) × ceil(cols / block cols), every
+  // scale finite and ≥ 0, and no code NaN (0x7F, 0xFF). Errors name the tensor and file.
+  result<fp8_tensor> read_fp8(const std::string& name, const std::vector<int64_t>& shape) const;
+  // The scale block of FP8 tensors (config.json quantization_config.weight_block_size).
+  void set_fp8_block(int64_t rows, int64_t cols) { block_rows_ = rows, block_cols_ = cols; }
+  // Tells the kernel the mapped bytes of `name` will not be read again (drops them from
+  // the resident set, so loading does not hold the checkpoint's pages and the copy at once).
+  void release(const std::string& name) const;
   std::vector<std::string> names() const;
 
  private:
   std::vector<std::shared_ptr<safetensors_file>> files_;
   std::map<std::string, const tensor_info*> index_;
   std::string dir_;
+  int64_t block_rows_ = 128, block_cols_ = 128;
 };
 
 // A tensor to write: fp32 source values, stored as `type` (f32, bf16 or f8_e4m3; for

@@ -174,8 +174,20 @@ void derive_uk(const model_config& c, attn_weights& a) {
 }  // namespace
 
 void apply(const linear& l, const float* x, float* y, int64_t m, bool batch_invariant) {
-  if (!l.w_bf16.empty()) kernels::matmul_bf16(x, l.w_bf16.data(), y, m, l.out, l.in, batch_invariant);
-  else kernels::matmul(x, l.w.data(), y, m, l.out, l.in, batch_invariant);
+  if (!l.w_bf16.empty()) {
+    kernels::matmul_bf16(x, l.w_bf16.data(), y, m, l.out, l.in, batch_invariant);
+  } else if (!l.w_fp8.codes.empty()) {
+    const kernels::fp8_matrix f{l.w_fp8.codes.data(), l.w_fp8.scales.data(), l.w_fp8.row_scales.data(),
+                                l.w_fp8.block_in};
+    kernels::matmul_fp8(x, f, y, m, l.out, l.in, batch_invariant);
+  } else {
+    kernels::matmul(x, l.w.data(), y, m, l.out, l.in, batch_invariant);
+  }
+}
+
+size_t linear::bytes() const {
+  return w.size() * sizeof(float) + w_bf16.size() * sizeof(uint16_t) + w_fp8.codes.size() +
+         w_fp8.scales.size() * sizeof(float) + w_fp8.row_scales.size() * sizeof(int32_t);
 }
 
 namespace {
@@ -242,22 +254,51 @@ result<model_weights> load_weights(const std::string& dir, void (*progress)(size
   model_weights w;
   w.config = *config;
   std::optional<error> first_error;
-  std::map<const linear*, bool> all_bf16;  // narrowable linears read so far: every part bf16?
+  ckpt->set_fp8_block(w.config.quantization.block_rows, w.config.quantization.block_cols);
+  // Narrowable linears read so far: is every part bf16, is every part FP8?
+  struct parts { bool bf16 = true, fp8 = true; };
+  std::map<const linear*, parts> kinds;
   visit_tensors(w, [&](const tensor_slot& t) {
     if (first_error) return;
     if (t.shared_with && !ckpt->has(t.name)) return;  // left empty: the main model's is read
+    const tensor_info* info = ckpt->find(t.name);
+    linear* l = t.narrowable;
+    std::optional<fp8_tensor> q;
+    if (l && info && info->type == dtype::f8_e4m3) {
+      auto r = ckpt->read_fp8(t.name, t.shape);
+      if (!r) {
+        first_error = r.error();
+        return;
+      }
+      q = std::move(*r);
+    }
     auto values = ckpt->read_f32(t.name, t.shape);
     if (!values) {
       first_error = values.error();
       return;
     }
     std::copy(values->begin(), values->end(), slot_storage(t));
-    if (linear* l = t.narrowable) {
-      const tensor_info* info = ckpt->find(t.name);
-      auto [it, fresh] = all_bf16.try_emplace(l, true);
-      it->second = it->second && info && info->type == dtype::bf16;
-      const bool last = t.dest + values->size() == l->w.data() + l->w.size();  // gate_up: after up_proj
-      if (last && it->second) narrow_to_bf16(*l);
+    ckpt->release(t.name);
+    if (!l) return;
+    parts& k = kinds[l];
+    k.bf16 = k.bf16 && info && info->type == dtype::bf16;
+    k.fp8 = k.fp8 && q.has_value();
+    if (q) {  // stacked after the parts read before (gate, then up)
+      fp8_weights& f = l->w_fp8;
+      const auto base = static_cast<int32_t>(f.scales.size());
+      if (f.codes.empty()) f.block_in = q->block_cols;
+      f.codes.insert(f.codes.end(), q->codes.begin(), q->codes.end());
+      f.scales.insert(f.scales.end(), q->scales.begin(), q->scales.end());
+      for (int64_t r = 0; r < q->rows; ++r)
+        f.row_scales.push_back(base + static_cast<int32_t>((r / q->block_rows) * q->scale_cols));
+    }
+    const bool last = t.dest + values->size() == l->w.data() + l->w.size();  // gate_up: after up_proj
+    if (!last) return;
+    if (k.fp8) {
+      std::vector<float>().swap(l->w);
+    } else {
+      l->w_fp8 = {};
+      if (k.bf16) narrow_to_bf16(*l);
     }
   });
   if (first_error) return std::unexpected(*first_error);

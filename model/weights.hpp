@@ -12,13 +12,26 @@
 
 namespace shoal::model {
 
-// A projection's weights: fp32, or bf16 as a bf16 checkpoint stores them (the loader keeps
-// the large projections of the layers and the vocabulary heads bf16; kv_b, the router, the
-// confidence head and the vision encoder stay fp32: small, or read in slices).
+// A projection kept FP8 as the checkpoint stores it: e4m3fn codes with fp32 block scales
+// (kernels::fp8_matrix over these vectors).
+struct fp8_weights {
+  std::vector<uint8_t> codes;        // (out, in)
+  std::vector<float> scales;         // the scale rows of every stacked tensor, in order
+  std::vector<int32_t> row_scales;   // (out): offset in scales of each output row's scale row
+  int64_t block_in = 128;            // columns per scale
+};
+
+// A projection's weights in one of three storages: fp32, or as the checkpoint stores them,
+// bf16 or FP8 with block scales (the loader keeps the large projections of the layers and
+// the vocabulary heads in their checkpoint precision; kv_b, the router, the confidence head
+// and the vision encoder stay fp32: small, or read in slices).
 struct linear {
   std::vector<float> w;          // (out, in)
   std::vector<uint16_t> w_bf16;  // (out, in) when kept bf16 instead (then w is empty)
+  fp8_weights w_fp8;             // codes non-empty when kept FP8 instead (then w is empty)
   int64_t out = 0, in = 0;
+  bool empty() const { return w.empty() && w_bf16.empty() && w_fp8.codes.empty(); }
+  size_t bytes() const;          // memory held by the weights (and FP8 scales)
 };
 
 // y (m, out) = x (m, in) · wᵀ, through whichever storage the layer has.
@@ -124,7 +137,7 @@ inline const std::vector<float>& mtp_embed(const model_weights& w, const mtp_wei
   return m.embed.empty() ? w.embed : m.embed;
 }
 inline const linear& mtp_head(const model_weights& w, const mtp_weights& m) {
-  return m.head.w.empty() && m.head.w_bf16.empty() ? w.lm_head : m.head;
+  return m.head.empty() ? w.lm_head : m.head;
 }
 
 // How the generator initialises a tensor.
@@ -141,8 +154,9 @@ struct tensor_slot {
   // and one that leaves it empty makes the MTP layer read the main model's tensor, no copy.
   const float* shared_with = nullptr;
   // The linear this tensor fills (dest points into its w) when the loader may keep it in the
-  // checkpoint's precision: once every tensor of it has been read as bf16, w becomes w_bf16
-  // (exact) and the fp32 copy is freed, so a bf16 checkpoint is never held twice.
+  // checkpoint's precision: once every tensor of it has been read as bf16 (or every one as
+  // FP8), w becomes w_bf16 (exact) or w_fp8 (codes and scales as stored) and the fp32 copy
+  // is freed, so a checkpoint is never held twice.
   linear* narrowable = nullptr;
   std::vector<float>* storage = nullptr;  // what slot_storage() sizes, for a shared slot
 };

@@ -1,5 +1,7 @@
-// AVX2/FMA implementations of the CPU ops, threaded through parallel_for. GEMMs above a
-// size threshold go to OpenBLAS unless batch-invariant mode asks for the fixed-order kernel.
+// The CPU ops, threaded through parallel_for. GEMMs above a size threshold go to OpenBLAS
+// unless batch-invariant mode asks for the fixed-order kernel; the fixed-order dot products
+// and the widening of bf16 / FP8 weights come from the active instruction-set variant
+// (kernels/cpu/variants.hpp); the remaining ops are AVX2.
 #include "kernels/cpu/ops.hpp"
 
 #include <immintrin.h>
@@ -15,44 +17,10 @@
 
 #include "kernels/assert.hpp"
 #include "kernels/cpu/thread_pool.hpp"
+#include "kernels/cpu/variants.hpp"
 
 namespace shoal::kernels {
 namespace {
-
-inline float hsum(__m256 v) {
-  __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
-  lo = _mm_add_ps(lo, hi);
-  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-  lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
-  return _mm_cvtss_f32(lo);
-}
-
-// Four dot products of rows a0..a3 with b; each uses exactly the operation order of dot().
-inline void dot4(const float* a0, const float* a1, const float* a2, const float* a3,
-                 const float* b, int64_t n, float* out) {
-  const float* a[4] = {a0, a1, a2, a3};
-  __m256 acc[4][4];
-  for (auto& r : acc)
-    for (auto& v : r) v = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    __m256 b0 = _mm256_loadu_ps(b + i), b1 = _mm256_loadu_ps(b + i + 8);
-    __m256 b2 = _mm256_loadu_ps(b + i + 16), b3 = _mm256_loadu_ps(b + i + 24);
-    for (int r = 0; r < 4; ++r) {
-      acc[r][0] = _mm256_fmadd_ps(_mm256_loadu_ps(a[r] + i), b0, acc[r][0]);
-      acc[r][1] = _mm256_fmadd_ps(_mm256_loadu_ps(a[r] + i + 8), b1, acc[r][1]);
-      acc[r][2] = _mm256_fmadd_ps(_mm256_loadu_ps(a[r] + i + 16), b2, acc[r][2]);
-      acc[r][3] = _mm256_fmadd_ps(_mm256_loadu_ps(a[r] + i + 24), b3, acc[r][3]);
-    }
-  }
-  for (int r = 0; r < 4; ++r) {
-    __m256 s = _mm256_add_ps(_mm256_add_ps(acc[r][0], acc[r][1]),
-                             _mm256_add_ps(acc[r][2], acc[r][3]));
-    float t = hsum(s);
-    for (int64_t j = i; j < n; ++j) t += a[r][j] * b[j];
-    out[r] = t;
-  }
-}
 
 constexpr int64_t blas_min_flops = 1 << 20;  // below this the fixed-order kernel is as fast
 
@@ -60,90 +28,50 @@ void matmul_fixed(const float* x, const float* w, float* y, int64_t m, int64_t n
   // Parallel over output columns in groups, so each weight row is read once per 4 rows of x.
   constexpr int64_t cols_per_task = 16;
   int64_t tasks = (n + cols_per_task - 1) / cols_per_task;
+  const detail::row_kernels& kern = detail::active_kernels();
   parallel_for(tasks, [&](int64_t t0, int64_t t1) {
     float out[4];
     for (int64_t c0 = t0 * cols_per_task; c0 < std::min(n, t1 * cols_per_task); c0 += cols_per_task) {
       int64_t c1 = std::min(n, c0 + cols_per_task);
       for (int64_t i = 0; i < m; i += 4) {
-        int64_t rows = std::min<int64_t>(4, m - i);
+        const int rows = static_cast<int>(std::min<int64_t>(4, m - i));
         const float* a[4];
-        for (int r = 0; r < 4; ++r) a[r] = x + (i + std::min<int64_t>(r, rows - 1)) * k;
+        for (int r = 0; r < 4; ++r) a[r] = x + (i + std::min(r, rows - 1)) * k;
         for (int64_t j = c0; j < c1; ++j) {
-          dot4(a[0], a[1], a[2], a[3], w + j * k, k, out);
-          for (int64_t r = 0; r < rows; ++r) y[(i + r) * n + j] = out[r];
+          kern.dot_f32(a, rows, w + j * k, k, out);
+          for (int r = 0; r < rows; ++r) y[(i + r) * n + j] = out[r];
         }
       }
     }
   });
 }
 
-// 8 bf16 values → 8 floats (bf16 is the upper half of an fp32).
-inline __m256 load_bf16(const uint16_t* p) {
-  __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
-}
-
-inline float bf16_value(uint16_t v) {
-  uint32_t bits = uint32_t(v) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-}
-
-// dst[i] = the fp32 value of bf16 src[i] (exact: bf16 is the upper half of an fp32).
-inline void widen_bf16(const uint16_t* src, float* dst, int64_t n) {
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
-    _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)));
-  }
-  for (; i < n; ++i) dst[i] = bf16_value(src[i]);
-}
-
-// Dot products of up to 4 fp32 rows with one bf16 row, fixed order (as dot4).
-inline void dot4_bf16(const float* const* a, int rows, const uint16_t* b, int64_t n, float* out) {
-  __m256 acc[4][2];
-  for (auto& r : acc) r[0] = r[1] = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    __m256 b0 = load_bf16(b + i), b1 = load_bf16(b + i + 8);
-    for (int r = 0; r < rows; ++r) {
-      acc[r][0] = _mm256_fmadd_ps(_mm256_loadu_ps(a[r] + i), b0, acc[r][0]);
-      acc[r][1] = _mm256_fmadd_ps(_mm256_loadu_ps(a[r] + i + 8), b1, acc[r][1]);
+// y (m, n) = x · wᵀ for m ≥ 8 through OpenBLAS: `widen(c0, c1, dst)` writes weight rows
+// [c0, c1) as fp32 into dst; rows are widened into a per-thread buffer of at most 4 MiB, each
+// block one sgemm (every sgemm packs x again, so few blocks), at least one block per thread.
+template <class Widen>
+void matmul_widened(const float* x, float* y, int64_t m, int64_t n, int64_t k, const Widen& widen) {
+  const int64_t threads = num_threads();
+  int64_t block = std::clamp<int64_t>((int64_t{1} << 20) / std::max<int64_t>(k, 1), 16, 4096);
+  block = std::min(block, (n + threads - 1) / threads);
+  block = std::max<int64_t>(16, (block + 15) / 16 * 16);
+  parallel_for((n + block - 1) / block, [&](int64_t b0, int64_t b1) {
+    thread_local std::vector<float> wide;
+    if (wide.size() < static_cast<size_t>(block * k)) wide.resize(static_cast<size_t>(block * k));
+    for (int64_t b = b0; b < b1; ++b) {
+      int64_t c0 = b * block, c1 = std::min(n, c0 + block);
+      widen(c0, c1, wide.data());
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), static_cast<int>(c1 - c0),
+                  static_cast<int>(k), 1.0f, x, static_cast<int>(k), wide.data(), static_cast<int>(k), 0.0f,
+                  y + c0, static_cast<int>(n));
     }
-  }
-  for (int r = 0; r < rows; ++r) {
-    float t = hsum(_mm256_add_ps(acc[r][0], acc[r][1]));
-    for (int64_t j = i; j < n; ++j) t += a[r][j] * bf16_value(b[j]);
-    out[r] = t;
-  }
+  });
 }
 
-}  // namespace
-
-void matmul_bf16(const float* x, const uint16_t* w, float* y, int64_t m, int64_t n, int64_t k,
-                 bool batch_invariant) {
-  if (!batch_invariant && m >= 8) {
-    // Weight rows widened at a time (8 values per instruction) into a per-thread buffer of at
-    // most 4 MiB, each block one sgemm: few blocks per call, because every sgemm packs x again,
-    // and at least one block per thread.
-    const int64_t threads = num_threads();
-    int64_t block = std::clamp<int64_t>((int64_t{1} << 20) / std::max<int64_t>(k, 1), 16, 4096);
-    block = std::min(block, (n + threads - 1) / threads);
-    block = std::max<int64_t>(16, (block + 15) / 16 * 16);
-    parallel_for((n + block - 1) / block, [&](int64_t b0, int64_t b1) {
-      thread_local std::vector<float> wide;
-      if (wide.size() < static_cast<size_t>(block * k)) wide.resize(static_cast<size_t>(block * k));
-      for (int64_t b = b0; b < b1; ++b) {
-        int64_t c0 = b * block, c1 = std::min(n, c0 + block);
-        widen_bf16(w + c0 * k, wide.data(), (c1 - c0) * k);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), static_cast<int>(c1 - c0),
-                    static_cast<int>(k), 1.0f, x, static_cast<int>(k), wide.data(), static_cast<int>(k), 0.0f,
-                    y + c0, static_cast<int>(n));
-      }
-    });
-    return;
-  }
+// Fixed-order rows: y[i, j] = dot(x row i, w row j) by `dot4(a, rows, j, out)` over 4 rows of
+// x at a time, output columns split over the pool in groups of 64.
+template <class Dot4>
+void matmul_rows(const float* x, float* y, int64_t m, int64_t n, int64_t k, const Dot4& dot4) {
   constexpr int64_t cols_per_task = 64;
   parallel_for((n + cols_per_task - 1) / cols_per_task, [&](int64_t t0, int64_t t1) {
     float out[4];
@@ -152,25 +80,49 @@ void matmul_bf16(const float* x, const uint16_t* w, float* y, int64_t m, int64_t
         int rows = static_cast<int>(std::min<int64_t>(4, m - i));
         const float* a[4] = {x + i * k, x + std::min(i + 1, m - 1) * k, x + std::min(i + 2, m - 1) * k,
                              x + std::min(i + 3, m - 1) * k};
-        dot4_bf16(a, rows, w + j * k, k, out);
+        dot4(a, rows, j, out);
         for (int r = 0; r < rows; ++r) y[(i + r) * n + j] = out[r];
       }
   });
 }
 
-float dot(const float* a, const float* b, int64_t n) {
-  // Same operation order as one row of dot4.
-  __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
-  int64_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
-    acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
-    acc2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), _mm256_loadu_ps(b + i + 16), acc2);
-    acc3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(b + i + 24), acc3);
+}  // namespace
+
+void matmul_fp8(const float* x, const fp8_matrix& w, float* y, int64_t m, int64_t n, int64_t k,
+                bool batch_invariant) {
+  if (m == 0 || n == 0) return;
+  const detail::row_kernels& kern = detail::active_kernels();
+  if (!batch_invariant && m >= 8) {
+    matmul_widened(x, y, m, n, k, [&](int64_t c0, int64_t c1, float* dst) {
+      for (int64_t j = c0; j < c1; ++j)
+        kern.widen_fp8(w.codes + j * k, w.scales + w.row_scales[j], w.block_k, dst + (j - c0) * k, k);
+    });
+    return;
   }
-  float t = hsum(_mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3)));
-  for (; i < n; ++i) t += a[i] * b[i];
-  return t;
+  matmul_rows(x, y, m, n, k, [&](const float* const* a, int rows, int64_t j, float* out) {
+    kern.dot_fp8(a, rows, w.codes + j * k, w.scales + w.row_scales[j], w.block_k, k, out);
+  });
+}
+
+void matmul_bf16(const float* x, const uint16_t* w, float* y, int64_t m, int64_t n, int64_t k,
+                 bool batch_invariant) {
+  if (m == 0 || n == 0) return;
+  const detail::row_kernels& kern = detail::active_kernels();
+  if (!batch_invariant && m >= 8) {
+    matmul_widened(x, y, m, n, k,
+                   [&](int64_t c0, int64_t c1, float* dst) { kern.widen_bf16(w + c0 * k, dst, (c1 - c0) * k); });
+    return;
+  }
+  matmul_rows(x, y, m, n, k, [&](const float* const* a, int rows, int64_t j, float* out) {
+    kern.dot_bf16(a, rows, w + j * k, k, out);
+  });
+}
+
+float dot(const float* a, const float* b, int64_t n) {
+  // One row of the variant's fixed-order product, so dot equals a row of matmul's.
+  float out;
+  detail::active_kernels().dot_f32(&a, 1, b, n, &out);
+  return out;
 }
 
 void axpy(float alpha, const float* x, float* y, int64_t n) {

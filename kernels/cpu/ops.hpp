@@ -22,6 +22,23 @@ void matmul(const float* x, const float* w, float* y, int64_t m, int64_t n, int6
 void matmul_bf16(const float* x, const uint16_t* w, float* y, int64_t m, int64_t n, int64_t k,
                  bool batch_invariant);
 
+// A weight matrix (n, k) stored FP8 e4m3fn with fp32 block scales: element (j, i) is
+// e4m3(codes[j·k + i]) · scales[row_scales[j] + i / block_k]. row_scales gives each output
+// row the offset of its scale row, so two FP8 tensors stacked along n (gate and up) keep
+// their own block grids. Codes 0x7F and 0xFF (NaN) are not allowed (the loader rejects them).
+struct fp8_matrix {
+  const uint8_t* codes = nullptr;
+  const float* scales = nullptr;
+  const int32_t* row_scales = nullptr;  // (n)
+  int64_t block_k = 128;
+};
+
+// y (m, n) = x (m, k) · wᵀ with w FP8. Few rows (or batch_invariant): fixed-order dot products
+// that widen the codes in registers, each block's partial sum × its scale. Many rows: rows of
+// w are dequantised block by block into fp32 and multiplied by OpenBLAS.
+void matmul_fp8(const float* x, const fp8_matrix& w, float* y, int64_t m, int64_t n, int64_t k,
+                bool batch_invariant);
+
 // y (m, n) = x (m, k) · w (k, n), w rows `ldw` floats apart (ldw ≥ n). Not batch-invariant
 // (OpenBLAS when large); callers on the invariant path use matmul.
 void matmul_nn(const float* x, const float* w, float* y, int64_t m, int64_t n, int64_t k,

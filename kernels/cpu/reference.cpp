@@ -31,6 +31,23 @@ void matmul_bf16(const float* x, const uint16_t* w, float* y, int64_t m, int64_t
     }
 }
 
+double e4m3_value(uint8_t code) {
+  const int e = (code >> 3) & 0xf, mant = code & 7;
+  if (e == 15 && mant == 7) return std::nan("");
+  const double mag = e == 0 ? std::ldexp(double(mant), -9) : std::ldexp(1.0 + mant / 8.0, e - 7);
+  return code & 0x80 ? -mag : mag;
+}
+
+void matmul_fp8(const float* x, const fp8_matrix& w, float* y, int64_t m, int64_t n, int64_t k) {
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double acc = 0;
+      for (int64_t t = 0; t < k; ++t)
+        acc += double(x[i * k + t]) * e4m3_value(w.codes[j * k + t]) * w.scales[w.row_scales[j] + t / w.block_k];
+      y[i * n + j] = static_cast<float>(acc);
+    }
+}
+
 void matmul_nn(const float* x, const float* w, float* y, int64_t m, int64_t n, int64_t k,
                int64_t ldw) {
   for (int64_t i = 0; i < m; ++i)

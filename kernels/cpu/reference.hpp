@@ -10,6 +10,9 @@ namespace shoal::kernels::ref {
 
 void matmul(const float* x, const float* w, float* y, int64_t m, int64_t n, int64_t k);
 void matmul_bf16(const float* x, const uint16_t* w, float* y, int64_t m, int64_t n, int64_t k);
+void matmul_fp8(const float* x, const fp8_matrix& w, float* y, int64_t m, int64_t n, int64_t k);
+// The e4m3fn value of a code, exactly (NaN for 0x7F / 0xFF).
+double e4m3_value(uint8_t code);
 void matmul_nn(const float* x, const float* w, float* y, int64_t m, int64_t n, int64_t k,
                int64_t ldw);
 void rmsnorm(const float* x, const float* w, float* y, int64_t rows, int64_t dim, float eps);

@@ -5,11 +5,14 @@
 #include <sched.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <string>
 #include <cstring>
 #include <random>
 #include <thread>
 #include <vector>
 
+#include "kernels/cpu/isa.hpp"
 #include "kernels/cpu/ops.hpp"
 #include "kernels/cpu/reference.hpp"
 #include "tests/support/random.hpp"
@@ -20,16 +23,63 @@ using namespace shoal::kernels;
 using shoal::test::randn;
 using shoal::test::rel_err;
 
-TEST_CASE("matmul equals the reference (BLAS and fixed-order paths), rel err < 1e-5") {
-  for (auto [m, n, k] : {std::tuple{1, 7, 5}, {3, 33, 70}, {17, 64, 129}, {64, 256, 256}, {130, 96, 300}}) {
-    auto x = randn(size_t(m) * k, 1), w = randn(size_t(n) * k, 2);
-    std::vector<float> ref(size_t(m) * n), fast(ref.size()), inv(ref.size());
-    ref::matmul(x.data(), w.data(), ref.data(), m, n, k);
-    matmul(x.data(), w.data(), fast.data(), m, n, k, false);
-    matmul(x.data(), w.data(), inv.data(), m, n, k, true);
-    CHECK(rel_err(fast, ref) < 1e-5);
-    CHECK(rel_err(inv, ref) < 1e-5);
+namespace {
+
+// Runs `body` once per kernel variant this CPU runs (SHOAL_CPU_ISA's choices), then
+// restores the one that was active; names the variants it could not run here.
+template <class Body>
+void for_each_isa(const Body& body) {
+  const cpu_isa before = active_isa();
+  for (cpu_isa isa : supported_isas()) {
+    CAPTURE(to_string(isa));
+    REQUIRE(set_isa(isa));
+    body();
   }
+  set_isa(before);
+  if (!cpu_supports(cpu_isa::avx512)) MESSAGE("this CPU has no AVX-512: the avx512 variant was not run");
+}
+
+}  // namespace
+
+TEST_CASE("SHOAL_CPU_ISA picks a variant this CPU runs, and a name it lacks or does not know is an error") {
+  const cpu_isa before = active_isa();
+  const char* old = std::getenv("SHOAL_CPU_ISA");
+  const std::string saved = old ? old : "";
+  setenv("SHOAL_CPU_ISA", "avx2", 1);
+  auto r = select_isa_from_env();
+  REQUIRE(r.has_value());
+  CHECK(*r == cpu_isa::avx2);
+  CHECK(active_isa() == cpu_isa::avx2);
+  CHECK(isa_summary() == "avx2 (best " + std::string(to_string(supported_isas().back())) + ", SHOAL_CPU_ISA=avx2)");
+  setenv("SHOAL_CPU_ISA", "avx9", 1);
+  r = select_isa_from_env();
+  REQUIRE_FALSE(r.has_value());
+  CHECK(r.error().find("SHOAL_CPU_ISA=avx9 is not a kernel variant") != std::string::npos);
+  CHECK(active_isa() == cpu_isa::avx2);  // unchanged
+  setenv("SHOAL_CPU_ISA", "avx512", 1);
+  r = select_isa_from_env();
+  CHECK(r.has_value() == cpu_supports(cpu_isa::avx512));
+  if (!r) CHECK(r.error().find("needs AVX-512") != std::string::npos);
+  unsetenv("SHOAL_CPU_ISA");
+  r = select_isa_from_env();
+  REQUIRE(r.has_value());
+  CHECK(*r == supported_isas().back());
+  if (old) setenv("SHOAL_CPU_ISA", saved.c_str(), 1);
+  set_isa(before);
+}
+
+TEST_CASE("matmul equals the reference (BLAS and fixed-order paths), rel err < 1e-5") {
+  for_each_isa([&] {
+    for (auto [m, n, k] : {std::tuple{1, 7, 5}, {3, 33, 70}, {17, 64, 129}, {64, 256, 256}, {130, 96, 300}}) {
+      auto x = randn(size_t(m) * k, 1), w = randn(size_t(n) * k, 2);
+      std::vector<float> ref(size_t(m) * n), fast(ref.size()), inv(ref.size());
+      ref::matmul(x.data(), w.data(), ref.data(), m, n, k);
+      matmul(x.data(), w.data(), fast.data(), m, n, k, false);
+      matmul(x.data(), w.data(), inv.data(), m, n, k, true);
+      CHECK(rel_err(fast, ref) < 1e-5);
+      CHECK(rel_err(inv, ref) < 1e-5);
+    }
+  });
 }
 
 TEST_CASE("matmul_nn (x · w with a leading dimension) equals the reference, rel err < 1e-5") {
@@ -43,41 +93,98 @@ TEST_CASE("matmul_nn (x · w with a leading dimension) equals the reference, rel
 }
 
 TEST_CASE("matmul_bf16 equals the reference (both paths), invariant path row-independent, rel err < 1e-5") {
-  for (auto [m, n, k] : {std::tuple{1, 7, 5}, {3, 130, 70}, {9, 64, 1024}, {40, 1100, 96}, {12, 301, 333}}) {
-    auto x = randn(size_t(m) * k, 31), wf = randn(size_t(n) * k, 32);
-    std::vector<uint16_t> w(wf.size());
-    for (size_t i = 0; i < w.size(); ++i) {
-      uint32_t bits;
-      std::memcpy(&bits, &wf[i], sizeof bits);
-      w[i] = static_cast<uint16_t>(bits >> 16);
+  for_each_isa([&] {
+    for (auto [m, n, k] : {std::tuple{1, 7, 5}, {3, 130, 70}, {9, 64, 1024}, {40, 1100, 96}, {12, 301, 333}}) {
+      auto x = randn(size_t(m) * k, 31), wf = randn(size_t(n) * k, 32);
+      std::vector<uint16_t> w(wf.size());
+      for (size_t i = 0; i < w.size(); ++i) {
+        uint32_t bits;
+        std::memcpy(&bits, &wf[i], sizeof bits);
+        w[i] = static_cast<uint16_t>(bits >> 16);
+      }
+      std::vector<float> ref(size_t(m) * n), fast(ref.size()), one(static_cast<size_t>(n));
+      ref::matmul_bf16(x.data(), w.data(), ref.data(), m, n, k);
+      for (bool invariant : {true, false}) {
+        matmul_bf16(x.data(), w.data(), fast.data(), m, n, k, invariant);
+        CHECK(rel_err(fast, ref) < 1e-5);
+      }
+      matmul_bf16(x.data(), w.data(), fast.data(), m, n, k, true);
+      matmul_bf16(x.data() + (m - 1) * k, w.data(), one.data(), 1, n, k, true);
+      CHECK(std::equal(one.begin(), one.end(), fast.begin() + (m - 1) * n));
     }
-    std::vector<float> ref(size_t(m) * n), fast(ref.size()), one(static_cast<size_t>(n));
-    ref::matmul_bf16(x.data(), w.data(), ref.data(), m, n, k);
-    for (bool invariant : {true, false}) {
-      matmul_bf16(x.data(), w.data(), fast.data(), m, n, k, invariant);
-      CHECK(rel_err(fast, ref) < 1e-5);
+  });
+}
+
+TEST_CASE("matmul_fp8 equals the fp64 reference (both paths, every code, stacked block grids), rel err < 1e-5") {
+  for_each_isa([&] {
+    // Every e4m3 code but NaN decodes as the reference says, subnormals and signs included.
+    for (int c = 0; c < 256; ++c) {
+      if ((c & 0x7f) == 0x7f) continue;
+      const uint8_t code = static_cast<uint8_t>(c);
+      const int32_t zero = 0;
+      const float one = 1.0f, scale = 1.0f;
+      float y = 0;
+      matmul_fp8(&one, fp8_matrix{&code, &scale, &zero, 128}, &y, 1, 1, 1, true);
+      REQUIRE(double(y) == ref::e4m3_value(code));
     }
-    matmul_bf16(x.data(), w.data(), fast.data(), m, n, k, true);
-    matmul_bf16(x.data() + (m - 1) * k, w.data(), one.data(), 1, n, k, true);
-    CHECK(std::equal(one.begin(), one.end(), fast.begin() + (m - 1) * n));
-  }
+    // (m, n, k, block): blocks that divide k, that leave a partial last block, that are not a
+    // multiple of 8; n a stack of two tensors with their own scale rows (as gate and up).
+    for (auto [m, n, k, block] : {std::tuple{1, 7, 5, 128}, {3, 130, 300, 128}, {9, 64, 1024, 128}, {40, 1100, 96, 32},
+                                  {12, 301, 333, 20}, {1, 256, 7168 / 4, 128}}) {
+      CAPTURE(m);
+      CAPTURE(n);
+      CAPTURE(k);
+      CAPTURE(block);
+      auto x = randn(size_t(m) * k, 41);
+      std::vector<uint8_t> codes(size_t(n) * k);
+      uint64_t s = 12345;
+      for (auto& c : codes) {
+        do {
+          s = s * 6364136223846793005ull + 1442695040888963407ull;
+          c = static_cast<uint8_t>(s >> 56);
+        } while ((c & 0x7f) == 0x7f);
+      }
+      const int64_t block_rows = 128, scale_cols = (k + block - 1) / block;
+      const int64_t first = n / 2, second = n - first;  // two stacked tensors
+      const int64_t rows_a = (first + block_rows - 1) / block_rows, rows_b = (second + block_rows - 1) / block_rows;
+      auto sc = randn(size_t((rows_a + rows_b) * scale_cols), 42);
+      for (auto& v : sc) v = std::ldexp(std::fabs(v) + 0.1f, -6);
+      std::vector<int32_t> row_scales(static_cast<size_t>(n));
+      for (int64_t j = 0; j < n; ++j)
+        row_scales[j] = static_cast<int32_t>(
+          (j < first ? j / block_rows : rows_a + (j - first) / block_rows) * scale_cols);
+      const fp8_matrix w{codes.data(), sc.data(), row_scales.data(), block};
+      std::vector<float> reference(size_t(m) * n), fast(reference.size()), one(static_cast<size_t>(n));
+      ref::matmul_fp8(x.data(), w, reference.data(), m, n, k);
+      for (bool invariant : {true, false}) {
+        CAPTURE(invariant);
+        matmul_fp8(x.data(), w, fast.data(), m, n, k, invariant);
+        CHECK(rel_err(fast, reference) < 1e-5);
+      }
+      matmul_fp8(x.data(), w, fast.data(), m, n, k, true);
+      matmul_fp8(x.data() + (m - 1) * k, w, one.data(), 1, n, k, true);
+      CHECK(std::equal(one.begin(), one.end(), fast.begin() + (m - 1) * n));
+    }
+  });
 }
 
 TEST_CASE("batch-invariant matmul: each row's bits are independent of the batch") {
-  int64_t n = 96, k = 200;
-  auto x = randn(37 * k, 3), w = randn(n * k, 4);
-  std::vector<float> all(37 * n);
-  matmul(x.data(), w.data(), all.data(), 37, n, k, true);
-  for (int64_t row : {0, 5, 36}) {
-    std::vector<float> one(n);
-    matmul(x.data() + row * k, w.data(), one.data(), 1, n, k, true);
-    for (int64_t j = 0; j < n; ++j) REQUIRE(one[j] == all[row * n + j]);
-  }
-  set_num_threads(1);
-  std::vector<float> single(37 * n);
-  matmul(x.data(), w.data(), single.data(), 37, n, k, true);
-  set_num_threads(2);
-  CHECK(single == all);
+  for_each_isa([&] {
+    int64_t n = 96, k = 200;
+    auto x = randn(37 * k, 3), w = randn(n * k, 4);
+    std::vector<float> all(37 * n);
+    matmul(x.data(), w.data(), all.data(), 37, n, k, true);
+    for (int64_t row : {0, 5, 36}) {
+      std::vector<float> one(n);
+      matmul(x.data() + row * k, w.data(), one.data(), 1, n, k, true);
+      for (int64_t j = 0; j < n; ++j) REQUIRE(one[j] == all[row * n + j]);
+    }
+    set_num_threads(1);
+    std::vector<float> single(37 * n);
+    matmul(x.data(), w.data(), single.data(), 37, n, k, true);
+    set_num_threads(2);
+    CHECK(single == all);
+  });
 }
 
 TEST_CASE("rmsnorm, silu_mul, softmax equal the reference, rel err < 1e-5") {
@@ -148,16 +255,18 @@ TEST_CASE("moe_gate: bias changes selection but not the weights' source") {
 }
 
 TEST_CASE("mla_attend over several segments (+sink) equals the reference, rel err < 1e-5") {
-  int64_t heads = 4, r = 16, rope = 8, dim = r + rope;
-  auto q_lat = randn(heads * r, 12), q_pe = randn(heads * rope, 13), sink = randn(heads, 14);
-  auto a = randn(5 * 32, 15), b = randn(3 * dim, 16);
-  kv_segment segs[2] = {{a.data(), 5, 32}, {b.data(), 3, dim}};
-  std::vector<float> out(heads * r), out_ref(heads * r), scratch(8);
-  for (const float* s : {static_cast<const float*>(nullptr), static_cast<const float*>(sink.data())}) {
-    mla_attend(q_lat.data(), q_pe.data(), segs, 2, heads, r, rope, 0.3f, s, out.data(), scratch.data());
-    ref::mla_attend(q_lat.data(), q_pe.data(), segs, 2, heads, r, rope, 0.3f, s, out_ref.data());
-    CHECK(rel_err(out, out_ref) < 1e-5);
-  }
+  for_each_isa([&] {
+    int64_t heads = 4, r = 16, rope = 8, dim = r + rope;
+    auto q_lat = randn(heads * r, 12), q_pe = randn(heads * rope, 13), sink = randn(heads, 14);
+    auto a = randn(5 * 32, 15), b = randn(3 * dim, 16);
+    kv_segment segs[2] = {{a.data(), 5, 32}, {b.data(), 3, dim}};
+    std::vector<float> out(heads * r), out_ref(heads * r), scratch(8);
+    for (const float* s : {static_cast<const float*>(nullptr), static_cast<const float*>(sink.data())}) {
+      mla_attend(q_lat.data(), q_pe.data(), segs, 2, heads, r, rope, 0.3f, s, out.data(), scratch.data());
+      ref::mla_attend(q_lat.data(), q_pe.data(), segs, 2, heads, r, rope, 0.3f, s, out_ref.data());
+      CHECK(rel_err(out, out_ref) < 1e-5);
+    }
+  });
 }
 
 TEST_CASE("parallel_for covers every index exactly once") {

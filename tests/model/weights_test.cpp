@@ -2,6 +2,8 @@
 // and broken checkpoints fail with errors that name the file and the tensor or field.
 #include <doctest/doctest.h>
 
+#include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <fstream>
@@ -166,4 +168,127 @@ TEST_CASE("an MTP layer the checkpoint gives no embedding or head reads the main
   CHECK(ob.logits == oc.logits);
   auto oa = forward_full(*wa, tokens, {true, false});
   CHECK(oa.mtp.logits != ob.mtp.logits);  // A's own MTP tensors differ from the main ones
+}
+
+namespace {
+
+// Each linear of `w` kept FP8, widened to fp32 in place (the dequantised reading).
+void widen_fp8(linear& l) {
+  if (l.w_fp8.codes.empty()) return;
+  l.w.resize(l.w_fp8.codes.size());
+  for (int64_t r = 0; r < l.out; ++r)
+    for (int64_t c = 0; c < l.in; ++c)
+      l.w[r * l.in + c] = fp8_e4m3_to_f32(l.w_fp8.codes[r * l.in + c]) *
+                          l.w_fp8.scales[l.w_fp8.row_scales[r] + c / l.w_fp8.block_in];
+  l.w_fp8 = {};
+}
+
+void widen_all(model_weights& w) {
+  auto layer = [](layer_weights& l) {
+    for (linear* p : {&l.attn.q_proj, &l.attn.q_a, &l.attn.q_b, &l.attn.kv_a, &l.attn.o_proj, &l.ffn.dense.gate_up,
+                      &l.ffn.dense.down, &l.ffn.shared.gate_up, &l.ffn.shared.down})
+      widen_fp8(*p);
+    for (auto& e : l.ffn.experts) widen_fp8(e.gate_up), widen_fp8(e.down);
+  };
+  for (auto& l : w.layers) layer(l);
+  for (auto& m : w.mtp) layer(m.layer), widen_fp8(m.eh_proj);
+}
+
+// Overwrites `bytes` at byte `at` of tensor `name`'s data in safetensors file `file`.
+void patch_tensor(const fs::path& file, const std::string& name, size_t at, const std::string& bytes) {
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  uint64_t header = 0;
+  f.read(reinterpret_cast<char*>(&header), 8);
+  std::string text(header, '\0');
+  f.read(text.data(), static_cast<std::streamsize>(header));
+  auto j = nlohmann::json::parse(text);
+  REQUIRE(j.contains(name));
+  const size_t begin = j[name]["data_offsets"][0].get<size_t>();
+  f.seekp(static_cast<std::streamoff>(8 + header + begin + at));
+  f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+// The shard of a sharded checkpoint that holds `name`.
+fs::path shard_of(const fs::path& dir, const std::string& name) {
+  auto index = nlohmann::json::parse(std::ifstream(dir / "model.safetensors.index.json"));
+  return dir / index["weight_map"][name].get<std::string>();
+}
+
+}  // namespace
+
+TEST_CASE("an FP8 checkpoint stays FP8 in memory (codes and block scales) and computes as its dequantised values") {
+  auto dir = generated("v3-tiny", "fp8_kept");
+  auto w = load_weights(dir.string());
+  REQUIRE(w.has_value());
+  CHECK(w->config.quantization.present);
+  const layer_weights& l0 = w->layers[0];
+  CHECK(l0.attn.q_b.w.empty());
+  CHECK(l0.attn.q_b.w_fp8.codes.size() == static_cast<size_t>(l0.attn.q_b.out * l0.attn.q_b.in));
+  CHECK(l0.ffn.dense.gate_up.w.empty());
+  CHECK(l0.ffn.dense.gate_up.w_fp8.row_scales.size() == static_cast<size_t>(l0.ffn.dense.gate_up.out));
+  CHECK(w->layers[1].ffn.experts[3].down.w.empty());
+  CHECK(!w->layers[1].ffn.experts[3].down.w_fp8.codes.empty());
+  CHECK(!l0.attn.kv_b.w.empty());  // read in slices: fp32
+  CHECK(!w->lm_head.w_bf16.empty());
+
+  const std::vector<int32_t> tokens = {1, 5, 9, 2, 7, 3, 3, 8};
+  auto fp8 = forward_full(*w, tokens);
+  widen_all(*w);
+  CHECK(w->layers[0].attn.q_b.w_fp8.codes.empty());
+  auto wide = forward_full(*w, tokens);
+  double num = 0, den = 0;
+  for (size_t i = 0; i < wide.logits.size(); ++i) {
+    num += std::pow(double(fp8.logits[i]) - wide.logits[i], 2);
+    den += std::pow(double(wide.logits[i]), 2);
+  }
+  CHECK(std::sqrt(num / den) < 1e-5);
+}
+
+TEST_CASE("bad FP8 input: scales of the wrong shape, bad scale values, NaN codes, unknown quantization_config") {
+  const std::string q_b = "model.layers.0.self_attn.q_b_proj.weight";
+  SUBCASE("a weight_block_size the scale tensors were not written with") {
+    auto dir = generated("v3-tiny", "fp8_block");
+    edit_config(dir, [](nlohmann::json& j) { j["quantization_config"]["weight_block_size"] = {64, 64}; });
+    auto msg = message_of(dir);
+    CAPTURE(msg);
+    CHECK(msg.find(q_b + "_scale_inv") != std::string::npos);
+    CHECK(msg.find("weight_block_size") != std::string::npos);
+  }
+  SUBCASE("a negative or NaN scale") {
+    for (float bad : {-1.0f, std::nanf("")}) {
+      auto dir = generated("v3-tiny", "fp8_scale");
+      std::string bytes(4, '\0');
+      std::memcpy(bytes.data(), &bad, 4);
+      patch_tensor(shard_of(dir, q_b + "_scale_inv"), q_b + "_scale_inv", 0, bytes);
+      auto msg = message_of(dir);
+      CAPTURE(msg);
+      CHECK(msg.find(q_b + "_scale_inv") != std::string::npos);
+      CHECK(msg.find("finite and not negative") != std::string::npos);
+    }
+  }
+  SUBCASE("a NaN code") {
+    auto dir = generated("v3-tiny", "fp8_nan");
+    patch_tensor(shard_of(dir, q_b), q_b, 17, std::string(1, '\xff'));
+    auto msg = message_of(dir);
+    CAPTURE(msg);
+    CHECK(msg.find(q_b) != std::string::npos);
+    CHECK(msg.find("NaN") != std::string::npos);
+    CHECK(msg.find("element 17") != std::string::npos);
+  }
+  SUBCASE("quantization_config fields this loader does not know") {
+    for (auto [key, value, named] :
+         std::vector<std::tuple<std::string, nlohmann::json, std::string>>{{"quant_method", "awq", "quant_method"},
+                                                                            {"fmt", "e5m2", "fmt"},
+                                                                            {"activation_scheme", "static", "activation_scheme"},
+                                                                            {"weight_block_size", {128}, "weight_block_size"},
+                                                                            {"weight_block_size", {128, 0}, "weight_block_size[1]"},
+                                                                            {"group_size", 64, "group_size"}}) {
+      CAPTURE(key);
+      auto dir = generated("v3-tiny", "fp8_qc");
+      edit_config(dir, [&](nlohmann::json& j) { j["quantization_config"][key] = value; });
+      auto msg = message_of(dir);
+      CAPTURE(msg);
+      CHECK(msg.find("quantization_config." + named) != std::string::npos);
+    }
+  }
 }

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include <cblas.h>
+#include "kernels/cpu/isa.hpp"
 #include <fmt/core.h>
 
 namespace shoal::tools {
@@ -62,10 +63,39 @@ double gemm_gflops(int64_t m, int64_t n, int64_t k, int threads, int reps) {
   return median(rates);
 }
 
+namespace {
+
+// /proc/cpuinfo's first "model name", and whether its first "flags" line lists `flag`.
+std::string cpuinfo_field(const std::string& key) {
+  std::ifstream f("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind(key, 0) == 0) {
+      auto colon = line.find(':');
+      return colon == std::string::npos ? "" : line.substr(colon + 2);
+    }
+  return "";
+}
+std::string cpu_model_name() {
+  std::string m = cpuinfo_field("model name");
+  return m.empty() ? "unknown" : m;
+}
+bool cpu_has_flag(const std::string& flag) {
+  const std::string flags = " " + cpuinfo_field("flags") + " ";
+  return flags.find(" " + flag + " ") != std::string::npos;
+}
+
+}  // namespace
+
 nlohmann::json machine_facts() {
   nlohmann::json j;
   j["cores"] = std::thread::hardware_concurrency();
-  j["isa"] = __builtin_cpu_supports("avx512f") ? "avx512" : __builtin_cpu_supports("avx2") ? "avx2" : "sse";
+  j["cpu"] = cpu_model_name();
+  j["isa"] = std::string(kernels::to_string(kernels::active_isa()));  // the kernels' variant in use
+  j["isa_best"] = std::string(kernels::to_string(kernels::supported_isas().back()));
+  j["cpu_flags"] = {{"avx512f", bool(__builtin_cpu_supports("avx512f"))},
+                    {"avx512bf16", cpu_has_flag("avx512_bf16")},
+                    {"amx_bf16", cpu_has_flag("amx_bf16")}};
   j["blas_core"] = openblas_get_corename();
   j["blas_threads"] = openblas_get_num_threads();
   std::string commit = "unknown";

@@ -4,13 +4,19 @@
 // lives in its own file; this one only wires CLI11.
 #include <CLI/CLI.hpp>
 
+#include <cstdio>
 #include <cstdlib>
 
+#include "kernels/cpu/isa.hpp"
 #include "runtime/allocator.hpp"
 #include "tools/shoal/commands.hpp"
 
 int main(int argc, char** argv) {
   if (!std::getenv("SHOAL_DEFAULT_MALLOC")) shoal::runtime::tune_allocator();
+  if (auto isa = shoal::kernels::select_isa_from_env(); !isa) {
+    std::fprintf(stderr, "shoal: %s\n", isa.error().c_str());
+    return 2;
+  }
   CLI::App app{"shoal: distributed inference runtime for DeepSeek-style MoE models"};
   app.require_subcommand(1);
   shoal::tools::add_model_commands(app);

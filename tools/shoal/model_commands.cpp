@@ -76,10 +76,11 @@ void add_model_commands(CLI::App& app) {
   auto* mk = app.add_subcommand("mkmodel", "write a deterministic random checkpoint of a preset");
   auto opts = std::make_shared<model::generate_options>();
   opts->tokenizer_dir = SHOAL_DEFAULT_TOKENIZER_DIR;
-  mk->add_option("--preset", opts->preset, "tiny | small | v3-tiny")->required();
+  mk->add_option("--preset", opts->preset, "tiny | small | v3-tiny | v3-small")->required();
+  mk->add_option("--dtype", opts->dtype, "bf16 | fp8: the layers' linears (default: fp8 for v3-tiny, else bf16)");
   mk->add_option("--seed", opts->seed, "random seed");
   mk->add_option("--out", opts->out_dir, "output directory")->required();
-  mk->add_option("--tokenizer", opts->tokenizer_dir, "directory with the DeepSeek-V3 tokenizer.json (small)");
+  mk->add_option("--tokenizer", opts->tokenizer_dir, "directory with the DeepSeek-V3 tokenizer.json (small, v3-small)");
   mk->add_flag("--vision", opts->vision, "with the vision encoder and the image placeholder token");
   mk->callback([opts] {
     auto r = model::generate_checkpoint(*opts);

@@ -11,6 +11,7 @@
 
 #include <pthread.h>
 
+#include "kernels/cpu/isa.hpp"
 #include "runtime/allocator.hpp"
 #include "runtime/node_config.hpp"
 #include "tools/shoald/log.hpp"
@@ -39,11 +40,16 @@ int main(int argc, char** argv) {
     fmt::print(stderr, "shoald: {}\n", runtime::to_string(cfg.error()));
     return exit_usage;
   }
+  if (auto isa = kernels::select_isa_from_env(); !isa) {
+    fmt::print(stderr, "shoald: {}\n", isa.error());
+    return exit_usage;
+  }
   tools::shoald::logger log;
   if (auto msg = log.open(cfg->level, cfg->log_file ? cfg->log_file->string() : ""); !msg.empty()) {
     fmt::print(stderr, "shoald: {}: key 'log.file': {}\n", config_path, msg);
     return exit_usage;
   }
+  log.info("cpu kernels: {}", kernels::isa_summary());
   // Block the stop signals before any thread exists, so every thread inherits the mask and
   // the main thread's sigwait is the only receiver. A client that leaves mid-stream must not
   // kill the daemon with SIGPIPE.
