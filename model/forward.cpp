@@ -185,7 +185,7 @@ forward_output forward(const model_weights& w, std::span<forward_item> items,
       const int64_t first = row, p0 = it.cache->computed, p1 = p0 + static_cast<int64_t>(it.tokens.size());
       for (int32_t t : it.tokens) {
         SHOAL_ASSERT(t >= 0 && t < c.vocab_size);
-        std::memcpy(x.data() + row++ * d, w.embed.data() + int64_t(t) * d, sizeof(float) * d);
+        row_of(w.embed, t, x.data() + row++ * d);
       }
       for (const input_rows& in : it.inputs)
         for (int64_t pos = std::max(in.pos, p0); pos < std::min(in.pos + in.count, p1); ++pos)
@@ -263,7 +263,8 @@ mtp_output mtp_last(const model_weights& w, std::span<const int32_t> tokens,
   std::vector<int32_t> pos(static_cast<size_t>(rows));
   for (int64_t i = 0; i < rows; ++i) {
     float* row = cat.data() + i * 2 * d;
-    kernels::rmsnorm(mtp_embed(w, m).data() + int64_t(tokens[p0 + i + 1]) * d, m.enorm.data(), row, 1, d, eps);
+    row_of(mtp_embed(w, m), tokens[p0 + i + 1], row);
+    kernels::rmsnorm(row, m.enorm.data(), row, 1, d, eps);
     kernels::rmsnorm(hidden.data() + i * d, m.hnorm.data(), row + d, 1, d, eps);
     pos[i] = static_cast<int32_t>(p0 + i);
   }

@@ -249,7 +249,7 @@ result<void> generate_checkpoint(const generate_options& o) {
   w.config = *cfg;
   std::vector<tensor_to_write> tensors;
   visit_tensors(w, [&](const tensor_slot& t) {
-    if (t.shared_with && o.preset == "small") return;  // MTP shares embedding and head
+    if (t.shared && o.preset == "small") return;  // MTP shares embedding and head
     fill(t, o.seed);
     tensors.push_back({t.name, t.shape, slot_storage(t), dtype_for(fp8, t)});
   });

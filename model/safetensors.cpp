@@ -546,6 +546,21 @@ result<fp8_tensor> checkpoint::read_fp8(const std::string& name, const std::vect
   return load_fp8(*t, find(scale_name), scale_name, dir_, block_rows_, block_cols_);
 }
 
+result<void> checkpoint::read_bf16(const std::string& name, const std::vector<int64_t>& shape, uint16_t* out) const {
+  const tensor_info* t = find(name);
+  if (!t) return fail(errc::missing_field, "missing tensor '" + name + "' in " + dir_);
+  if (t->shape != shape) {
+    return fail(errc::bad_shape, "tensor '" + name + "' in " + t->file + " has shape " + shape_str(t->shape) +
+                                     ", expected " + shape_str(shape));
+  }
+  if (t->type != dtype::bf16) {
+    return fail(errc::bad_dtype, "tensor '" + name + "' in " + t->file + " has dtype " +
+                                     std::string(to_string(t->type)) + ", not BF16");
+  }
+  std::memcpy(out, t->data, t->nbytes);
+  return {};
+}
+
 void checkpoint::release(const std::string& name) const {
   const tensor_info* t = find(name);
   if (!t || t->nbytes == 0) return;

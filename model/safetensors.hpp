@@ -75,6 +75,9 @@ class checkpoint {
   // scale tensor must be F32 of ceil(rows / block rows) × ceil(cols / block cols), every
   // scale finite and ≥ 0, and no code NaN (0x7F, 0xFF). Errors name the tensor and file.
   result<fp8_tensor> read_fp8(const std::string& name, const std::vector<int64_t>& shape) const;
+  // Copies a BF16 tensor's values as stored into out (prod(shape) values), checking shape
+  // and dtype. Errors name the tensor and file.
+  result<void> read_bf16(const std::string& name, const std::vector<int64_t>& shape, uint16_t* out) const;
   // The scale block of FP8 tensors (config.json quantization_config.weight_block_size).
   void set_fp8_block(int64_t rows, int64_t cols) { block_rows_ = rows, block_cols_ = cols; }
   // Tells the kernel the mapped bytes of `name` will not be read again (drops them from

@@ -23,19 +23,29 @@ void vec(const visit_fn& fn, std::vector<float>& v, const std::string& name, int
   fn({name, {n}, kind, v.data()});
 }
 
+// A slot the loader keeps in checkpoint precision: unallocated until slot_storage().
+tensor_slot narrow_slot(const std::string& name, std::vector<int64_t> shape, init_kind kind, linear& l,
+                        int64_t offset = 0, bool shared = false) {
+  tensor_slot t{name, std::move(shape), kind, nullptr};
+  t.narrowable = &l, t.offset = offset, t.shared = shared;
+  return t;
+}
+
 // narrow: the loader may keep it bf16 (tensor_slot::narrowable).
 void lin(const visit_fn& fn, linear& l, const std::string& name, int64_t out, int64_t in, bool narrow = false) {
   l.out = out, l.in = in;
+  l.w.clear(), l.w_bf16.clear(), l.w_fp8 = {};
+  if (narrow) return fn(narrow_slot(name, {out, in}, init_kind::linear, l));
   l.w.assign(static_cast<size_t>(out * in), 0.0f);
-  fn({name, {out, in}, init_kind::linear, l.w.data(), nullptr, narrow ? &l : nullptr});
+  fn({name, {out, in}, init_kind::linear, l.w.data()});
 }
 
 void swiglu(const visit_fn& fn, expert_weights& e, const std::string& prefix, int64_t width,
             int64_t d) {
   e.gate_up.out = 2 * width, e.gate_up.in = d;
-  e.gate_up.w.assign(static_cast<size_t>(2 * width * d), 0.0f);
-  fn({prefix + "gate_proj.weight", {width, d}, init_kind::linear, e.gate_up.w.data(), nullptr, &e.gate_up});
-  fn({prefix + "up_proj.weight", {width, d}, init_kind::linear, e.gate_up.w.data() + width * d, nullptr, &e.gate_up});
+  e.gate_up.w.clear(), e.gate_up.w_bf16.clear(), e.gate_up.w_fp8 = {};
+  fn(narrow_slot(prefix + "gate_proj.weight", {width, d}, init_kind::linear, e.gate_up));
+  fn(narrow_slot(prefix + "up_proj.weight", {width, d}, init_kind::linear, e.gate_up, width * d));
   lin(fn, e.down, prefix + "down_proj.weight", d, width, true);
 }
 
@@ -114,6 +124,11 @@ void visit_vision(const model_config& c, vision_weights& v, const visit_fn& fn) 
 
 float* slot_storage(const tensor_slot& t) {
   if (t.dest) return t.dest;
+  if (linear* l = t.narrowable) {
+    const auto n = static_cast<size_t>(l->out * l->in);
+    if (l->w.size() != n) l->w.assign(n, 0.0f);
+    return l->w.data() + t.offset;
+  }
   int64_t n = 1;
   for (int64_t d : t.shape) n *= d;
   if (t.storage->size() != static_cast<size_t>(n)) t.storage->assign(static_cast<size_t>(n), 0.0f);
@@ -123,13 +138,13 @@ float* slot_storage(const tensor_slot& t) {
 void visit_tensors(model_weights& w, const visit_fn& fn) {
   const model_config& c = w.config;
   int64_t d = c.hidden_size, V = c.vocab_size, L = c.num_hidden_layers;
-  w.embed.assign(static_cast<size_t>(V * d), 0.0f);
-  fn({"model.embed_tokens.weight", {V, d}, init_kind::embed, w.embed.data()});
+  w.embed.out = V, w.embed.in = d;
+  fn(narrow_slot("model.embed_tokens.weight", {V, d}, init_kind::embed, w.embed));
   w.layers.resize(static_cast<size_t>(L));
   for (int64_t i = 0; i < L; ++i)
     visit_layer(c, w.layers[i], i, i < c.encoder_layers() ? 0 : 1, fn);
   vec(fn, w.norm, "model.norm.weight", d, init_kind::norm);
-  lin(fn, w.lm_head, "lm_head.weight", V, d);
+  lin(fn, w.lm_head, "lm_head.weight", V, d, true);
   if (c.is_flash()) {
     decoder_kv_weights& k = w.decoder_kv;
     vec(fn, k.input_norm, "model.decoder_kv.input_layernorm.weight", d, init_kind::norm);
@@ -147,11 +162,10 @@ void visit_tensors(model_weights& w, const visit_fn& fn) {
     lin(fn, m.eh_proj, p + "eh_proj.weight", d, 2 * d, true);
     visit_layer(c, m.layer, L + k, 2, fn);
     vec(fn, m.head_norm, p + "shared_head.norm.weight", d, init_kind::norm);
-    m.head.out = V, m.head.in = d;
-    m.head.w.clear();
-    fn({p + "shared_head.head.weight", {V, d}, init_kind::linear, nullptr, w.lm_head.w.data(), nullptr, &m.head.w});
-    m.embed.clear();
-    fn({p + "embed_tokens.weight", {V, d}, init_kind::embed, nullptr, w.embed.data(), nullptr, &m.embed});
+    m.head = {}, m.head.out = V, m.head.in = d;
+    fn(narrow_slot(p + "shared_head.head.weight", {V, d}, init_kind::linear, m.head, 0, true));
+    m.embed = {}, m.embed.out = V, m.embed.in = d;
+    fn(narrow_slot(p + "embed_tokens.weight", {V, d}, init_kind::embed, m.embed, 0, true));
   }
   if (c.conf_head_hidden > 0) {
     lin(fn, w.conf_fc1, "model.conf_head.fc1.weight", c.conf_head_hidden, d);
@@ -190,24 +204,19 @@ size_t linear::bytes() const {
          w_fp8.scales.size() * sizeof(float) + w_fp8.row_scales.size() * sizeof(int32_t);
 }
 
-namespace {
-
-// Vocabulary heads stored bf16 in the checkpoint stay bf16 in memory (exact: the values are
-// bf16 already): decode reads the whole head every step, so this halves its memory traffic.
-// l.w → l.w_bf16, exact for values read from bf16; the fp32 copy is freed.
-void narrow_to_bf16(linear& l) {
-  l.w_bf16.resize(l.w.size());
-  for (size_t i = 0; i < l.w.size(); ++i) l.w_bf16[i] = f32_to_bf16(l.w[i]);
-  std::vector<float>().swap(l.w);
+void row_of(const linear& l, int64_t row, float* out) {
+  const int64_t d = l.in;
+  if (!l.w_bf16.empty()) {
+    const uint16_t* src = l.w_bf16.data() + row * d;
+    for (int64_t i = 0; i < d; ++i) out[i] = bf16_to_f32(src[i]);
+  } else if (!l.w_fp8.codes.empty()) {
+    const uint8_t* src = l.w_fp8.codes.data() + row * d;
+    const float* scales = l.w_fp8.scales.data() + l.w_fp8.row_scales[static_cast<size_t>(row)];
+    for (int64_t i = 0; i < d; ++i) out[i] = fp8_e4m3_to_f32(src[i]) * scales[i / l.w_fp8.block_in];
+  } else {
+    std::copy_n(l.w.data() + row * d, d, out);
+  }
 }
-
-void keep_bf16(const checkpoint& ckpt, const std::string& name, linear& l) {
-  const tensor_info* t = ckpt.find(name);
-  if (!t || t->type != dtype::bf16) return;
-  narrow_to_bf16(l);
-}
-
-}  // namespace
 
 void derive(model_weights& w) {
   for (auto& l : w.layers) derive_uk(w.config, l.attn);
@@ -255,36 +264,28 @@ result<model_weights> load_weights(const std::string& dir, void (*progress)(size
   w.config = *config;
   std::optional<error> first_error;
   ckpt->set_fp8_block(w.config.quantization.block_rows, w.config.quantization.block_cols);
-  // Narrowable linears read so far: is every part bf16, is every part FP8?
-  struct parts { bool bf16 = true, fp8 = true; };
-  std::map<const linear*, parts> kinds;
+  // The parts of each narrowable linear read so far (name, shape, offset, dtype). A linear
+  // whose parts are all bf16 (or all FP8) is filled as stored; one that mixes dtypes is read
+  // again as fp32 once its last part is known.
+  struct part { std::string name; std::vector<int64_t> shape; int64_t offset; dtype type; };
+  std::map<const linear*, std::vector<part>> parts;
   visit_tensors(w, [&](const tensor_slot& t) {
     if (first_error) return;
-    if (t.shared_with && !ckpt->has(t.name)) return;  // left empty: the main model's is read
-    const tensor_info* info = ckpt->find(t.name);
+    if (t.shared && !ckpt->has(t.name)) return;  // left empty: the main model's is read
+    auto fail_with = [&](const error& e) { first_error = e; };
     linear* l = t.narrowable;
-    std::optional<fp8_tensor> q;
-    if (l && info && info->type == dtype::f8_e4m3) {
-      auto r = ckpt->read_fp8(t.name, t.shape);
-      if (!r) {
-        first_error = r.error();
-        return;
-      }
-      q = std::move(*r);
-    }
-    auto values = ckpt->read_f32(t.name, t.shape);
-    if (!values) {
-      first_error = values.error();
-      return;
-    }
-    std::copy(values->begin(), values->end(), slot_storage(t));
-    ckpt->release(t.name);
-    if (!l) return;
-    parts& k = kinds[l];
-    k.bf16 = k.bf16 && info && info->type == dtype::bf16;
-    k.fp8 = k.fp8 && q.has_value();
-    if (q) {  // stacked after the parts read before (gate, then up)
-      fp8_weights& f = l->w_fp8;
+    const tensor_info* info = ckpt->find(t.name);
+    if (!l || !info || (info->type != dtype::bf16 && info->type != dtype::f8_e4m3)) {
+      auto values = ckpt->read_f32(t.name, t.shape);
+      if (!values) return fail_with(values.error());
+      std::copy(values->begin(), values->end(), slot_storage(t));
+    } else if (info->type == dtype::bf16) {
+      if (l->w_bf16.empty()) l->w_bf16.resize(static_cast<size_t>(l->out * l->in));
+      if (auto r = ckpt->read_bf16(t.name, t.shape, l->w_bf16.data() + t.offset); !r) return fail_with(r.error());
+    } else {
+      auto q = ckpt->read_fp8(t.name, t.shape);
+      if (!q) return fail_with(q.error());
+      fp8_weights& f = l->w_fp8;  // stacked after the parts read before (gate, then up)
       const auto base = static_cast<int32_t>(f.scales.size());
       if (f.codes.empty()) f.block_in = q->block_cols;
       f.codes.insert(f.codes.end(), q->codes.begin(), q->codes.end());
@@ -292,22 +293,26 @@ result<model_weights> load_weights(const std::string& dir, void (*progress)(size
       for (int64_t r = 0; r < q->rows; ++r)
         f.row_scales.push_back(base + static_cast<int32_t>((r / q->block_rows) * q->scale_cols));
     }
-    const bool last = t.dest + values->size() == l->w.data() + l->w.size();  // gate_up: after up_proj
-    if (!last) return;
-    if (k.fp8) {
-      std::vector<float>().swap(l->w);
-    } else {
-      l->w_fp8 = {};
-      if (k.bf16) narrow_to_bf16(*l);
+    ckpt->release(t.name);
+    if (!l) return;
+    int64_t numel = 1;
+    for (int64_t v : t.shape) numel *= v;
+    auto& seen = parts[l];
+    seen.push_back({t.name, t.shape, t.offset, info ? info->type : dtype::f32});
+    if (t.offset + numel != l->out * l->in) return;  // gate_up: after up_proj
+    bool same = true;
+    for (const part& p : seen) same = same && p.type == seen[0].type;
+    if (same) return;
+    // Mixed dtypes: the whole linear in fp32.
+    l->w_bf16.clear(), l->w_fp8 = {};
+    l->w.assign(static_cast<size_t>(l->out * l->in), 0.0f);
+    for (const part& p : seen) {
+      auto values = ckpt->read_f32(p.name, p.shape);
+      if (!values) return fail_with(values.error());
+      std::copy(values->begin(), values->end(), l->w.data() + p.offset);
     }
   });
   if (first_error) return std::unexpected(*first_error);
-  keep_bf16(*ckpt, "lm_head.weight", w.lm_head);
-  for (size_t k = 0; k < w.mtp.size(); ++k) {
-    std::string name = "model.layers." + std::to_string(w.config.num_hidden_layers + int64_t(k)) +
-                       ".shared_head.head.weight";
-    if (ckpt->has(name)) keep_bf16(*ckpt, name, w.mtp[k].head);  // else shared: mtp_head()
-  }
   derive(w);
   return w;
 }

@@ -36,6 +36,8 @@ struct linear {
 
 // y (m, out) = x (m, in) · wᵀ, through whichever storage the layer has.
 void apply(const linear& l, const float* x, float* y, int64_t m, bool batch_invariant);
+// out (in) = row `row` of l as fp32 (embedding lookups; exact for bf16, dequantised for FP8).
+void row_of(const linear& l, int64_t row, float* out);
 
 struct attn_weights {
   linear q_proj;                 // q_lora_rank == 0
@@ -86,7 +88,7 @@ struct mtp_weights {
   layer_weights layer;
   std::vector<float> head_norm;     // (d)
   linear head;                      // (V, d)
-  std::vector<float> embed;         // (V, d)
+  linear embed;                     // (V, d): a table, read a row at a time (row_of)
 };
 
 // The vision encoder (model/vision.hpp; names in model/README.md). LayerNorms have weight
@@ -118,7 +120,7 @@ struct vision_weights {
 
 struct model_weights {
   model_config config;
-  std::vector<float> embed;  // (V, d)
+  linear embed;              // (V, d): a table, read a row at a time (row_of)
   std::vector<layer_weights> layers;
   std::vector<float> norm;   // (d)
   linear lm_head;            // (V, d)
@@ -133,7 +135,7 @@ struct model_weights {
 };
 
 // The embedding and head an MTP layer reads: its own, or the main model's when shared.
-inline const std::vector<float>& mtp_embed(const model_weights& w, const mtp_weights& m) {
+inline const linear& mtp_embed(const model_weights& w, const mtp_weights& m) {
   return m.embed.empty() ? w.embed : m.embed;
 }
 inline const linear& mtp_head(const model_weights& w, const mtp_weights& m) {
@@ -147,18 +149,20 @@ struct tensor_slot {
   std::string name;
   std::vector<int64_t> shape;
   init_kind init;
-  float* dest;            // where its values go (prod(shape) floats); null for a shared slot
-  // Non-null for MTP embed/head: a checkpoint may omit the tensor, which then shares these
-  // main-model values ("embedding and head shared with the main model"). Such a slot comes
-  // unallocated (dest null): a caller that gives it values of its own calls slot_storage(),
-  // and one that leaves it empty makes the MTP layer read the main model's tensor, no copy.
-  const float* shared_with = nullptr;
-  // The linear this tensor fills (dest points into its w) when the loader may keep it in the
-  // checkpoint's precision: once every tensor of it has been read as bf16 (or every one as
-  // FP8), w becomes w_bf16 (exact) or w_fp8 (codes and scales as stored) and the fp32 copy
-  // is freed, so a checkpoint is never held twice.
+  // Where its values go (prod(shape) floats); null for a slot that comes unallocated (a
+  // shared or a narrowable one): a caller that gives it fp32 values calls slot_storage().
+  float* dest;
+  // MTP embed/head: a checkpoint may omit the tensor, which then shares the main model's
+  // ("embedding and head shared with the main model"); left empty, the MTP layer reads the
+  // main model's tensor, no copy.
+  bool shared = false;
+  // The linear this tensor fills, from element `offset` of it (the up half of a fused
+  // gate_up starts at width·d), when the loader keeps it in the checkpoint's precision:
+  // bf16 as bf16, FP8 as codes and scales, straight from the file with no fp32 copy; fp32
+  // (slot_storage) only where the checkpoint has another dtype. The linear comes unallocated.
   linear* narrowable = nullptr;
-  std::vector<float>* storage = nullptr;  // what slot_storage() sizes, for a shared slot
+  std::vector<float>* storage = nullptr;  // what slot_storage() sizes for a non-narrowable shared slot
+  int64_t offset = 0;
 };
 
 // dest of `t`, allocating a shared slot's own storage first.

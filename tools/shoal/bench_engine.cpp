@@ -1,10 +1,15 @@
 // `shoal bench engine`: prefill tokens/s (batch 1) and decode tokens/s (batch 1, 8, 32) of
-// the engine, the OpenBLAS GEMM peak measured in the same run at the model's shapes, the
-// achieved model FLOP rate as % of that peak, and the exposed scheduling overhead (compute
-// thread idle between steps) as % of step time, with async and synchronous scheduling.
+// the engine, with their limits measured in the same run: the OpenBLAS sgemm peak and the
+// bf16 GEMM rate of the engine's matmul_bf16 at the model's shapes, the memory read bandwidth (streaming sum; and a triad) against the bytes of
+// weights one decode token reads, and the peak RSS after loading against the checkpoint's
+// size. Also the exposed scheduling overhead (compute thread idle between steps) as % of
+// step time, with async and synchronous scheduling.
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
+#include <filesystem>
+
+#include "kernels/cpu/isa.hpp"
 #include "kernels/cpu/thread_pool.hpp"
 #include "model/generate.hpp"
 #include "runtime/engine_setup.hpp"
@@ -35,6 +40,42 @@ std::shared_ptr<const model::model_weights> bench_weights(const engine_args& a) 
   w->config.eos_token_id = 1;
   model::init_random(*w, 0);
   return w;
+}
+
+// Bytes of weights one decode token reads at batch 1, as stored in memory: every projection
+// of every layer (for MoE layers the router, num_experts_per_tok routed experts of average
+// size and the shared expert), kv_b and the transposed W_UK of the absorbed attention, the
+// vocabulary head and one embedding row. Norms are left out (tiny).
+double weight_bytes_per_token(const model::model_weights& w) {
+  const auto& c = w.config;
+  double bytes = 0;
+  for (size_t i = 0; i < w.layers.size(); ++i) {
+    const auto& l = w.layers[i];
+    for (const model::linear* p : {&l.attn.q_proj, &l.attn.q_a, &l.attn.q_b, &l.attn.kv_a, &l.attn.kv_b, &l.attn.o_proj})
+      bytes += static_cast<double>(p->bytes());
+    bytes += static_cast<double>(l.attn.w_uk_t.size() * sizeof(float));
+    const auto& f = l.ffn;
+    if (!f.moe) {
+      bytes += static_cast<double>(f.dense.gate_up.bytes() + f.dense.down.bytes());
+      continue;
+    }
+    double experts = 0;
+    for (const auto& e : f.experts) experts += static_cast<double>(e.gate_up.bytes() + e.down.bytes());
+    bytes += static_cast<double>(f.router.bytes()) + experts / std::max<size_t>(1, f.experts.size()) * c.num_experts_per_tok +
+             static_cast<double>(f.shared.gate_up.bytes() + f.shared.down.bytes());
+  }
+  bytes += static_cast<double>(w.decoder_kv.kv_a.bytes());
+  return bytes + static_cast<double>(w.lm_head.bytes()) + static_cast<double>(c.hidden_size) * sizeof(float);
+}
+
+// Bytes of the checkpoint's *.safetensors files in `dir` (0 without a directory).
+int64_t checkpoint_bytes(const std::string& dir) {
+  int64_t total = 0;
+  std::error_code ec;
+  if (dir.empty()) return 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec))
+    if (e.path().extension() == ".safetensors") total += static_cast<int64_t>(e.file_size(ec));
+  return total;
 }
 
 // Multiply-adds ×2 of one token through a layer's projections and FFN (GEMM work).
@@ -110,10 +151,29 @@ int run_engine_bench(const engine_args& a) {
   if (a.threads > 0) kernels::set_num_threads(a.threads);
   auto w = bench_weights(a);
   const auto& c = w->config;
+  const int64_t rss = peak_rss_bytes(), ckpt = checkpoint_bytes(a.model_dir);  // before the benches' buffers
   nlohmann::json base = machine_facts();
   base["bench"] = "engine";
   base["preset"] = a.model_dir.empty() ? a.preset : a.model_dir;
   base["threads"] = kernels::num_threads();
+  fmt::print("cpu: {}; kernels {}; {} threads\n", base["cpu"].get<std::string>(), kernels::isa_summary(),
+             kernels::num_threads());
+  if (ckpt > 0)
+    fmt::print("peak RSS after loading: {:.3f} GB = {:.2f}x the checkpoint's {:.3f} GB\n", rss / 1e9,
+               double(rss) / double(ckpt), ckpt / 1e9);
+  else
+    fmt::print("peak RSS after building the preset in memory: {:.3f} GB\n", rss / 1e9);
+  const memory_bandwidth bw = measure_bandwidth();
+  const double per_token = weight_bytes_per_token(*w);
+  const double decode_limit = bw.read_gbs * 1e9 / per_token;
+  fmt::print("memory bandwidth: read {:.1f} GB/s, triad {:.1f} GB/s; weights read per decode token {:.1f} MB "
+             "-> batch-1 decode limit {:.1f} tok/s\n",
+             bw.read_gbs, bw.triad_gbs, per_token / 1e6, decode_limit);
+  nlohmann::json limits = base;
+  limits.update({{"point", "limits"}, {"peak_rss_bytes", rss}, {"checkpoint_bytes", ckpt}, {"read_gbs", bw.read_gbs},
+                 {"triad_gbs", bw.triad_gbs}, {"weight_bytes_per_token", per_token},
+                 {"decode_limit_tokens_per_s", decode_limit}});
+  append_jsonl(a.out, limits);
   // GEMM peak at the model's prefill shapes, same thread count.
   double peak = 0;
   int64_t rows = std::min<int64_t>(a.prompt_len, 2048);
@@ -121,7 +181,11 @@ int run_engine_bench(const engine_args& a) {
                          {rows / 4, 2 * c.moe_intermediate_size, c.hidden_size},
                          {rows, 2 * c.intermediate_size, c.hidden_size}})
     peak = std::max(peak, gemm_gflops(m, n, k, kernels::num_threads()));
-  fmt::print("GEMM peak (OpenBLAS sgemm, {} threads): {:.1f} GFLOP/s\n", kernels::num_threads(), peak);
+  double bf16_peak = 0;  // bf16 weights at the same shapes
+  for (auto [m, n, k] : {std::tuple{rows, c.hidden_size, c.hidden_size}, {rows, 2 * c.intermediate_size, c.hidden_size}})
+    bf16_peak = std::max(bf16_peak, engine_bf16_gemm_gflops(m, n, k));
+  fmt::print("GEMM peak (OpenBLAS sgemm, {} threads): {:.1f} GFLOP/s; bf16 weights (matmul_bf16): {:.1f} GFLOP/s\n",
+             kernels::num_threads(), peak, bf16_peak);
   // Prefill, batch 1.
   auto cfg = runtime::default_engine_config(c, 1024);
   cfg.cache.prefix_caching = false;
@@ -139,22 +203,31 @@ int run_engine_bench(const engine_args& a) {
   }
   int64_t tail = c.is_flash() ? (c.swa_mode == "exact" ? model::exact_decoder_tail(c) : c.replay_tokens) : 0;
   double t = median(times), flops = prefill_flops(c, a.prompt_len, tail);
-  double pct = flops / t / 1e9 / peak * 100;
-  fmt::print("prefill  batch 1, {} tokens: {:.0f} tok/s, {:.1f} GFLOP/s = {:.1f}% of GEMM peak (median of {}, {:.3f}-{:.3f} s)\n",
-             a.prompt_len, a.prompt_len / t, flops / t / 1e9, pct, times.size(),
+  double pct = flops / t / 1e9 / peak * 100, pct_bf16 = flops / t / 1e9 / bf16_peak * 100;
+  fmt::print("prefill  batch 1, {} tokens: {:.0f} tok/s, {:.1f} GFLOP/s = {:.1f}% of the sgemm peak, {:.1f}% of the "
+             "bf16 GEMM peak (median of {}, {:.3f}-{:.3f} s)\n",
+             a.prompt_len, a.prompt_len / t, flops / t / 1e9, pct, pct_bf16, times.size(),
              *std::min_element(times.begin(), times.end()), *std::max_element(times.begin(), times.end()));
   nlohmann::json rec = base;
   rec.update({{"point", "prefill"}, {"prompt_len", a.prompt_len}, {"seconds", t}, {"tokens_per_s", a.prompt_len / t},
-              {"model_gflop", flops / 1e9}, {"gemm_peak_gflops", peak}, {"pct_of_peak", pct}});
+              {"model_gflop", flops / 1e9}, {"gemm_peak_gflops", peak}, {"pct_of_peak", pct},
+              {"bf16_gemm_gflops", bf16_peak}, {"pct_of_bf16_peak", pct_bf16}});
   append_jsonl(a.out, rec);
+  double batch1 = 0;
   for (int b : a.batches)
     for (bool async : {true, false}) {
       auto d = bench_decode(w, b, a.decode_tokens, async);
-      fmt::print("decode   batch {:2d} ({}): {:.1f} tok/s, {:.1f} steps/s, exposed scheduling overhead {:.2f}% of step time\n",
-                 b, async ? "async" : "sync ", d.tokens_per_s, d.steps_per_s, d.overhead * 100);
+      if (b == 1 && async) batch1 = d.tokens_per_s;
+      std::string vs;
+      if (b == 1) vs = fmt::format(", {:.1f}% of the bandwidth limit", d.tokens_per_s / decode_limit * 100);
+      else if (batch1 > 0) vs = fmt::format(", {:.2f}x batch 1", d.tokens_per_s / batch1);
+      fmt::print("decode   batch {:2d} ({}): {:.1f} tok/s{}, {:.1f} steps/s, exposed scheduling overhead {:.2f}% of step time\n",
+                 b, async ? "async" : "sync ", d.tokens_per_s, vs, d.steps_per_s, d.overhead * 100);
       nlohmann::json r2 = base;
       r2.update({{"point", "decode"}, {"batch", b}, {"async", async}, {"tokens_per_s", d.tokens_per_s},
                  {"steps_per_s", d.steps_per_s}, {"exposed_overhead_pct", d.overhead * 100}});
+      if (b == 1) r2["pct_of_bandwidth_limit"] = d.tokens_per_s / decode_limit * 100;
+      else if (batch1 > 0) r2["ratio_to_batch1"] = d.tokens_per_s / batch1;
       append_jsonl(a.out, r2);
     }
   fmt::print("records appended to {}\n", a.out);
@@ -166,7 +239,7 @@ int run_engine_bench(const engine_args& a) {
 void add_engine_bench(CLI::App& bench) {
   auto* b = bench.add_subcommand("engine", "prefill/decode throughput vs the measured GEMM peak");
   auto a = std::make_shared<engine_args>();
-  b->add_option("--preset", a->preset, "tiny | small | v3-tiny (random weights in memory)");
+  b->add_option("--preset", a->preset, "tiny | small | v3-tiny | v3-small (random fp32 weights in memory)");
   b->add_option("--model", a->model_dir, "checkpoint directory instead of a preset");
   b->add_option("--prompt-len", a->prompt_len, "prefill tokens");
   b->add_option("--reps", a->reps, "repetitions (median reported)");

@@ -10,9 +10,15 @@
 #include <random>
 #include <thread>
 
+#include <immintrin.h>
+#include <sys/resource.h>
+
 #include <cblas.h>
-#include "kernels/cpu/isa.hpp"
 #include <fmt/core.h>
+
+#include "kernels/cpu/isa.hpp"
+#include "kernels/cpu/ops.hpp"
+#include "kernels/cpu/thread_pool.hpp"
 
 namespace shoal::tools {
 
@@ -61,6 +67,65 @@ double gemm_gflops(int64_t m, int64_t n, int64_t k, int threads, int reps) {
   }
   openblas_set_num_threads(saved);
   return median(rates);
+}
+
+double engine_bf16_gemm_gflops(int64_t m, int64_t n, int64_t k, int reps) {
+  std::vector<float> x(static_cast<size_t>(m * k), 0.5f), y(static_cast<size_t>(m * n));
+  std::vector<uint16_t> w(static_cast<size_t>(n * k));
+  for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<uint16_t>(0x3c00 + (i * 53 % 89));
+  std::vector<double> rates;
+  for (int r = 0; r < reps + 1; ++r) {
+    double t0 = now_s();
+    kernels::matmul_bf16(x.data(), w.data(), y.data(), m, n, k, false);
+    double t = now_s() - t0;
+    if (r > 0) rates.push_back(2.0 * m * n * k / t / 1e9);
+  }
+  return median(rates);
+}
+
+memory_bandwidth measure_bandwidth(int64_t bytes, int reps) {
+  const int64_t n = bytes / 4 / 3 / 64 * 64;  // floats per array (three arrays for the triad)
+  std::vector<float> a(static_cast<size_t>(n), 1.0f), b(static_cast<size_t>(n), 2.0f), c(static_cast<size_t>(n), 0.5f);
+  const int64_t parts = int64_t{kernels::num_threads()} * 16, per = n / parts / 64 * 64;
+  std::vector<double> read, triad;
+  std::vector<float> sink(static_cast<size_t>(parts));
+  for (int r = 0; r < reps + 1; ++r) {
+    double t0 = now_s();
+    kernels::parallel_for(parts, [&](int64_t p0, int64_t p1) {
+      for (int64_t p = p0; p < p1; ++p) {
+        const float* src = (p % 3 == 0 ? a : p % 3 == 1 ? b : c).data() + p * per;
+        __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+        for (int64_t i = 0; i < per; i += 32) {
+          s0 = _mm256_add_ps(s0, _mm256_loadu_ps(src + i));
+          s1 = _mm256_add_ps(s1, _mm256_loadu_ps(src + i + 8));
+          s2 = _mm256_add_ps(s2, _mm256_loadu_ps(src + i + 16));
+          s3 = _mm256_add_ps(s3, _mm256_loadu_ps(src + i + 24));
+        }
+        alignas(32) float out[8];
+        _mm256_store_ps(out, _mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+        sink[static_cast<size_t>(p)] = out[0] + out[7];
+      }
+    });
+    double t = now_s() - t0;
+    if (r > 0) read.push_back(double(parts * per) * 4 / t / 1e9);
+    t0 = now_s();
+    kernels::parallel_for(parts, [&](int64_t p0, int64_t p1) {
+      const __m256 s = _mm256_set1_ps(3.0f);
+      for (int64_t p = p0; p < p1; ++p)
+        for (int64_t i = p * per; i < (p + 1) * per; i += 8)
+          _mm256_storeu_ps(a.data() + i, _mm256_fmadd_ps(s, _mm256_loadu_ps(c.data() + i), _mm256_loadu_ps(b.data() + i)));
+    });
+    t = now_s() - t0;
+    if (r > 0) triad.push_back(double(parts * per) * 12 / t / 1e9);
+  }
+  if (sink[0] == 12345.0f) std::fprintf(stderr, " ");  // keeps the sums alive
+  return {median(read), median(triad)};
+}
+
+int64_t peak_rss_bytes() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return int64_t{u.ru_maxrss} * 1024;
 }
 
 namespace {

@@ -21,6 +21,19 @@ using runtime::percentile;  // runtime/metrics.hpp
 uint64_t splitmix64(uint64_t x);
 // OpenBLAS sgemm GFLOP/s at (m, n, k) with OpenBLAS's own threading over `threads`: median of `reps`.
 double gemm_gflops(int64_t m, int64_t n, int64_t k, int threads, int reps = 5);
+// bf16 GEMM GFLOP/s at (m, n, k), x (m, k) · w (n, k)ᵀ through the engine's matmul_bf16 (x
+// fp32, w bf16 widened; the pool's threads). Debian's OpenBLAS 0.3.21 is built without
+// BUILD_BFLOAT16 (no cblas_sbgemm symbol), so there is no library bf16 GEMM to set beside it.
+double engine_bf16_gemm_gflops(int64_t m, int64_t n, int64_t k, int reps = 5);
+// Memory bandwidth on the pool's threads over buffers far larger than the caches, GB/s
+// (10^9 bytes): a read-only streaming sum, and a triad a = b + s·c counted as 12 bytes per
+// element (STREAM's convention: the write-allocate read is not counted). Medians of `reps`.
+struct memory_bandwidth {
+  double read_gbs = 0, triad_gbs = 0;
+};
+memory_bandwidth measure_bandwidth(int64_t bytes = int64_t{512} << 20, int reps = 5);
+// The process's peak resident set so far, bytes (getrusage).
+int64_t peak_rss_bytes();
 // cores, ISA, BLAS core, git commit.
 nlohmann::json machine_facts();
 // Appends one JSON record per line to `path` (directories created).
