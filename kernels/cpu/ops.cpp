@@ -86,6 +86,15 @@ void matmul_rows(const float* x, float* y, int64_t m, int64_t n, int64_t k, cons
   });
 }
 
+// One row of x: output columns split over the pool in groups of 64, `gemv(j0, j1)` each.
+template <class Gemv>
+void matmul_gemv(int64_t n, const Gemv& gemv) {
+  constexpr int64_t cols_per_task = 64;
+  parallel_for((n + cols_per_task - 1) / cols_per_task, [&](int64_t t0, int64_t t1) {
+    gemv(t0 * cols_per_task, std::min(n, t1 * cols_per_task));
+  });
+}
+
 }  // namespace
 
 void matmul_fp8(const float* x, const fp8_matrix& w, float* y, int64_t m, int64_t n, int64_t k,
@@ -96,6 +105,12 @@ void matmul_fp8(const float* x, const fp8_matrix& w, float* y, int64_t m, int64_
     matmul_widened(x, y, m, n, k, [&](int64_t c0, int64_t c1, float* dst) {
       for (int64_t j = c0; j < c1; ++j)
         kern.widen_fp8(w.codes + j * k, w.scales + w.row_scales[j], w.block_k, dst + (j - c0) * k, k);
+    });
+    return;
+  }
+  if (m == 1) {
+    matmul_gemv(n, [&](int64_t j0, int64_t j1) {
+      kern.gemv_fp8(x, w.codes + j0 * k, w.scales, w.row_scales + j0, w.block_k, k, j1 - j0, y + j0);
     });
     return;
   }
@@ -111,6 +126,10 @@ void matmul_bf16(const float* x, const uint16_t* w, float* y, int64_t m, int64_t
   if (!batch_invariant && m >= 8) {
     matmul_widened(x, y, m, n, k,
                    [&](int64_t c0, int64_t c1, float* dst) { kern.widen_bf16(w + c0 * k, dst, (c1 - c0) * k); });
+    return;
+  }
+  if (m == 1) {
+    matmul_gemv(n, [&](int64_t j0, int64_t j1) { kern.gemv_bf16(x, w + j0 * k, k, j1 - j0, y + j0); });
     return;
   }
   matmul_rows(x, y, m, n, k, [&](const float* const* a, int rows, int64_t j, float* out) {

@@ -150,10 +150,74 @@ void dot_fp8(const float* const* a, int rows, const uint8_t* b, const float* sca
   for (int r = 0; r < rows; ++r) out[r] = hsum(_mm256_add_ps(tot[r][0], tot[r][1])) + tail[r];
 }
 
+// y[j] = x · row j of w (k values) for j < cols, four rows at a time (eight independent
+// accumulator chains, x loaded once for four rows); each row in dot_bf16's exact order.
+void gemv_bf16(const float* x, const uint16_t* w, int64_t k, int64_t cols, float* y) {
+  int64_t j = 0;
+  for (; j + 4 <= cols; j += 4) {
+    const uint16_t* b[4] = {w + j * k, w + (j + 1) * k, w + (j + 2) * k, w + (j + 3) * k};
+    __m256 acc[4][2];
+    for (auto& r : acc) r[0] = r[1] = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= k; i += 16) {
+      const __m256 x0 = _mm256_loadu_ps(x + i), x1 = _mm256_loadu_ps(x + i + 8);
+      for (int c = 0; c < 4; ++c) {
+        acc[c][0] = _mm256_fmadd_ps(x0, load_bf16(b[c] + i), acc[c][0]);
+        acc[c][1] = _mm256_fmadd_ps(x1, load_bf16(b[c] + i + 8), acc[c][1]);
+      }
+    }
+    for (int c = 0; c < 4; ++c) {
+      float t = hsum(_mm256_add_ps(acc[c][0], acc[c][1]));
+      for (int64_t q = i; q < k; ++q) t += x[q] * bf16_value(b[c][q]);
+      y[j + c] = t;
+    }
+  }
+  for (; j < cols; ++j) dot_bf16(&x, 1, w + j * k, k, y + j);
+}
+
+// As gemv_bf16 for FP8 rows (row_scales[j]: offset in scales of row j's scale row); each row
+// in dot_fp8's exact order.
+void gemv_fp8(const float* x, const uint8_t* w, const float* scales, const int32_t* row_scales, int64_t block,
+              int64_t k, int64_t cols, float* y) {
+  int64_t j = 0;
+  for (; j + 4 <= cols; j += 4) {
+    const uint8_t* b[4] = {w + j * k, w + (j + 1) * k, w + (j + 2) * k, w + (j + 3) * k};
+    const float* s[4] = {scales + row_scales[j], scales + row_scales[j + 1], scales + row_scales[j + 2],
+                         scales + row_scales[j + 3]};
+    __m256 tot[4][2];
+    float tail[4] = {0, 0, 0, 0};
+    for (auto& r : tot) r[0] = r[1] = _mm256_setzero_ps();
+    for (int64_t b0 = 0; b0 < k; b0 += block) {
+      const int64_t b1 = std::min(k, b0 + block);
+      __m256 acc[4][2];
+      for (auto& r : acc) r[0] = r[1] = _mm256_setzero_ps();
+      int64_t i = b0;
+      for (; i + 16 <= b1; i += 16) {
+        const __m256 x0 = _mm256_loadu_ps(x + i), x1 = _mm256_loadu_ps(x + i + 8);
+        for (int c = 0; c < 4; ++c) {
+          acc[c][0] = _mm256_fmadd_ps(x0, load_fp8(b[c] + i), acc[c][0]);
+          acc[c][1] = _mm256_fmadd_ps(x1, load_fp8(b[c] + i + 8), acc[c][1]);
+        }
+      }
+      for (int c = 0; c < 4; ++c) {
+        const float sc = s[c][b0 / block];
+        const __m256 sv = _mm256_set1_ps(sc);
+        tot[c][0] = _mm256_fmadd_ps(acc[c][0], sv, tot[c][0]);
+        tot[c][1] = _mm256_fmadd_ps(acc[c][1], sv, tot[c][1]);
+        float t = 0;
+        for (int64_t q = i; q < b1; ++q) t += x[q] * fp8_value(b[c][q]);
+        tail[c] += t * sc;
+      }
+    }
+    for (int c = 0; c < 4; ++c) y[j + c] = hsum(_mm256_add_ps(tot[c][0], tot[c][1])) + tail[c];
+  }
+  for (; j < cols; ++j) dot_fp8(&x, 1, w + j * k, scales + row_scales[j], block, k, y + j);
+}
+
 }  // namespace
 
 const row_kernels& avx2_kernels() {
-  static const row_kernels k{dot_f32, dot_bf16, dot_fp8, widen_bf16, widen_fp8};
+  static const row_kernels k{dot_f32, dot_bf16, dot_fp8, widen_bf16, widen_fp8, gemv_bf16, gemv_fp8};
   return k;
 }
 

@@ -131,10 +131,20 @@ void widen_fp8(const uint8_t* src, const float* scales, int64_t block, float* ds
   }
 }
 
+// One row at a time through the dot products above (the same order, so a row's value does
+// not depend on which entry computed it).
+void gemv_bf16(const float* x, const uint16_t* w, int64_t k, int64_t cols, float* y) {
+  for (int64_t j = 0; j < cols; ++j) dot_bf16(&x, 1, w + j * k, k, y + j);
+}
+void gemv_fp8(const float* x, const uint8_t* w, const float* scales, const int32_t* row_scales, int64_t block,
+              int64_t k, int64_t cols, float* y) {
+  for (int64_t j = 0; j < cols; ++j) dot_fp8(&x, 1, w + j * k, scales + row_scales[j], block, k, y + j);
+}
+
 }  // namespace
 
 const row_kernels& avx512_kernels() {
-  static const row_kernels k{dot_f32, dot_bf16, dot_fp8, widen_bf16, widen_fp8};
+  static const row_kernels k{dot_f32, dot_bf16, dot_fp8, widen_bf16, widen_fp8, gemv_bf16, gemv_fp8};
   return k;
 }
 

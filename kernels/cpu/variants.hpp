@@ -20,6 +20,12 @@ struct row_kernels {
   // dst = widened src (n values); for FP8 × scales[i / block].
   void (*widen_bf16)(const uint16_t* src, float* dst, int64_t n);
   void (*widen_fp8)(const uint8_t* src, const float* scales, int64_t block, float* dst, int64_t n);
+  // One activation row against `cols` weight rows of k values: y[j] = x · w row j, each
+  // bit for bit what dot_bf16 / dot_fp8 give for that row (batch invariance). For FP8 row j's
+  // scales start at scales + row_scales[j].
+  void (*gemv_bf16)(const float* x, const uint16_t* w, int64_t k, int64_t cols, float* y);
+  void (*gemv_fp8)(const float* x, const uint8_t* w, const float* scales, const int32_t* row_scales, int64_t block,
+                   int64_t k, int64_t cols, float* y);
 };
 
 const row_kernels& avx2_kernels();
