@@ -10,7 +10,8 @@
 
 #include "kernels/cpu/variants.hpp"
 
-namespace shoal::kernels::detail {
+// Named namespace: tests/isa_isolation_test.sh finds these functions by it in the binaries.
+namespace shoal::kernels::detail::avx512 {
 namespace {
 
 // The first min(left, 16) lanes.
@@ -143,9 +144,13 @@ void gemv_fp8(const float* x, const uint8_t* w, const float* scales, const int32
 
 }  // namespace
 
-const row_kernels& avx512_kernels() {
+const row_kernels& table() {
   static const row_kernels k{dot_f32, dot_bf16, dot_fp8, widen_bf16, widen_fp8, gemv_bf16, gemv_fp8};
   return k;
 }
 
+}  // namespace shoal::kernels::detail::avx512
+
+namespace shoal::kernels::detail {
+const row_kernels& avx512_kernels() { return avx512::table(); }
 }  // namespace shoal::kernels::detail

@@ -36,7 +36,7 @@ std::shared_ptr<const model::model_weights> bench_weights(const engine_args& a) 
   }
   auto w = std::make_shared<model::model_weights>();
   w->config = *model::preset_config(a.preset);
-  w->config.vocab_size = a.preset == "small" ? 129280 : 300;
+  w->config.vocab_size = a.preset == "small" || a.preset == "v3-small" ? 129280 : 300;
   w->config.eos_token_id = 1;
   model::init_random(*w, 0);
   return w;
