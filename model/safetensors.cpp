@@ -269,12 +269,11 @@ result<fp8_tensor> load_fp8(const tensor_info& t, const tensor_info* scale, cons
                                      shape_str(t.shape) + " in blocks of " + std::to_string(block_rows) + "×" +
                                      std::to_string(block_cols) + " (quantization_config.weight_block_size)");
   }
-  if (scale->type != dtype::f32) {
+  out.scales.resize(static_cast<size_t>(want[0] * want[1]));
+  if (!convert_plain(*scale, out.scales.data())) {  // F32 as published; BF16 / F16 read too
     return fail(errc::bad_dtype, "scale tensor '" + scale_name + "' in " + scale->file + " has dtype " +
                                      std::string(to_string(scale->type)) + "; expected F32");
   }
-  out.scales.resize(static_cast<size_t>(want[0] * want[1]));
-  convert_plain(*scale, out.scales.data());
   for (size_t i = 0; i < out.scales.size(); ++i)
     if (!std::isfinite(out.scales[i]) || out.scales[i] < 0)
       return fail(errc::bad_value, "scale tensor '" + scale_name + "' in " + scale->file + " holds " +
