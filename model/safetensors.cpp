@@ -530,33 +530,32 @@ result<std::vector<float>> checkpoint::read_f32(const std::string& name,
   return out;
 }
 
-result<fp8_tensor> checkpoint::read_fp8(const std::string& name, const std::vector<int64_t>& shape) const {
+result<const tensor_info*> checkpoint::stored(const std::string& name, const std::vector<int64_t>& shape,
+                                              dtype type) const {
   const tensor_info* t = find(name);
   if (!t) return fail(errc::missing_field, "missing tensor '" + name + "' in " + dir_);
   if (t->shape != shape) {
     return fail(errc::bad_shape, "tensor '" + name + "' in " + t->file + " has shape " + shape_str(t->shape) +
                                      ", expected " + shape_str(shape));
   }
-  if (t->type != dtype::f8_e4m3) {
+  if (t->type != type) {
     return fail(errc::bad_dtype, "tensor '" + name + "' in " + t->file + " has dtype " +
-                                     std::string(to_string(t->type)) + ", not F8_E4M3");
+                                     std::string(to_string(t->type)) + ", not " + std::string(to_string(type)));
   }
+  return t;
+}
+
+result<fp8_tensor> checkpoint::read_fp8(const std::string& name, const std::vector<int64_t>& shape) const {
+  auto t = stored(name, shape, dtype::f8_e4m3);
+  if (!t) return std::unexpected(t.error());
   const std::string scale_name = name + "_scale_inv";  // "X.weight" → "X.weight_scale_inv"
-  return load_fp8(*t, find(scale_name), scale_name, dir_, block_rows_, block_cols_);
+  return load_fp8(**t, find(scale_name), scale_name, dir_, block_rows_, block_cols_);
 }
 
 result<void> checkpoint::read_bf16(const std::string& name, const std::vector<int64_t>& shape, uint16_t* out) const {
-  const tensor_info* t = find(name);
-  if (!t) return fail(errc::missing_field, "missing tensor '" + name + "' in " + dir_);
-  if (t->shape != shape) {
-    return fail(errc::bad_shape, "tensor '" + name + "' in " + t->file + " has shape " + shape_str(t->shape) +
-                                     ", expected " + shape_str(shape));
-  }
-  if (t->type != dtype::bf16) {
-    return fail(errc::bad_dtype, "tensor '" + name + "' in " + t->file + " has dtype " +
-                                     std::string(to_string(t->type)) + ", not BF16");
-  }
-  std::memcpy(out, t->data, t->nbytes);
+  auto t = stored(name, shape, dtype::bf16);
+  if (!t) return std::unexpected(t.error());
+  std::memcpy(out, (*t)->data, (*t)->nbytes);
   return {};
 }
 

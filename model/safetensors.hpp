@@ -86,6 +86,8 @@ class checkpoint {
   std::vector<std::string> names() const;
 
  private:
+  // Tensor `name`, checked to have `shape` and `type`.
+  result<const tensor_info*> stored(const std::string& name, const std::vector<int64_t>& shape, dtype type) const;
   std::vector<std::shared_ptr<safetensors_file>> files_;
   std::map<std::string, const tensor_info*> index_;
   std::string dir_;

@@ -139,7 +139,7 @@ TEST_CASE("3-process cluster: completions and chat, streamed and not, equal the 
   CHECK(out.find("gateway/prefill_balancer  (balancer)") != std::string::npos);
   CHECK(out.find("gateway/decode_balancer  (balancer)") != std::string::npos);
   CHECK(out.find("rank1: running=0 steps=") != std::string::npos);
-  CHECK(out.find("steps=0 ") == std::string::npos);
+  CHECK_MESSAGE(out.find("steps=0 ") == std::string::npos, out);
   CHECK(out.find("0 request(s) in flight") != std::string::npos);
   CHECK(out.find("[length]") != std::string::npos);
   CHECK(out.find("engine-b: draining") != std::string::npos);
