@@ -248,6 +248,26 @@ bool convert_plain(const tensor_info& t, float* out) {
   }
 }
 
+// Drops the mapped pages of [p, p + n) from the resident set (whole pages inside the range;
+// the mapping is private and read-only, so a dropped page is read again from the file if
+// touched). Loading thus never holds a tensor's mapped pages and its copy at once for long.
+void drop_pages(const std::byte* p, size_t n) {
+  static const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const auto begin = (reinterpret_cast<uintptr_t>(p) + page - 1) / page * page;
+  const auto end = (reinterpret_cast<uintptr_t>(p) + n) / page * page;
+  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+}
+
+// memcpy of n mapped bytes in pieces, each piece's pages dropped once copied.
+void copy_and_drop(void* dst, const std::byte* src, size_t n) {
+  constexpr size_t piece = size_t{16} << 20;
+  for (size_t at = 0; at < n; at += piece) {
+    const size_t len = std::min(piece, n - at);
+    std::memcpy(static_cast<std::byte*>(dst) + at, src + at, len);
+    drop_pages(src + at, len);
+  }
+}
+
 // Checks an FP8 tensor and its scale tensor and copies both out (see checkpoint::read_fp8).
 result<fp8_tensor> load_fp8(const tensor_info& t, const tensor_info* scale, const std::string& scale_name,
                             const std::string& dir, int64_t block_rows, int64_t block_cols) {
@@ -279,8 +299,8 @@ result<fp8_tensor> load_fp8(const tensor_info& t, const tensor_info* scale, cons
       return fail(errc::bad_value, "scale tensor '" + scale_name + "' in " + scale->file + " holds " +
                                        std::to_string(out.scales[i]) + " at block " + std::to_string(i) +
                                        "; scales must be finite and not negative");
-  const auto* codes = reinterpret_cast<const uint8_t*>(t.data);
-  out.codes.assign(codes, codes + t.nbytes);
+  out.codes.resize(t.nbytes);
+  copy_and_drop(out.codes.data(), t.data, t.nbytes);
   for (size_t i = 0; i < out.codes.size(); ++i)
     if ((out.codes[i] & 0x7f) == 0x7f)
       return fail(errc::bad_value, "FP8 tensor '" + t.name + "' in " + t.file + " holds NaN (code 0x" +
@@ -555,18 +575,13 @@ result<fp8_tensor> checkpoint::read_fp8(const std::string& name, const std::vect
 result<void> checkpoint::read_bf16(const std::string& name, const std::vector<int64_t>& shape, uint16_t* out) const {
   auto t = stored(name, shape, dtype::bf16);
   if (!t) return std::unexpected(t.error());
-  std::memcpy(out, (*t)->data, (*t)->nbytes);
+  copy_and_drop(out, (*t)->data, (*t)->nbytes);
   return {};
 }
 
 void checkpoint::release(const std::string& name) const {
   const tensor_info* t = find(name);
-  if (!t || t->nbytes == 0) return;
-  const long page = sysconf(_SC_PAGESIZE);
-  // Whole pages inside the tensor only: a neighbour's bytes on a shared page stay mapped.
-  auto begin = (reinterpret_cast<uintptr_t>(t->data) + page - 1) / page * page;
-  auto end = (reinterpret_cast<uintptr_t>(t->data) + t->nbytes) / page * page;
-  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+  if (t) drop_pages(t->data, t->nbytes);
 }
 
 // ---- writer ------------------------------------------------------------------------------

@@ -259,6 +259,52 @@ check parse_unsupported(const json& j) {
   return std::nullopt;
 }
 
+// Fields the API defines that shoal does not implement yet: accepted only at the value that
+// changes nothing, otherwise refused naming the field (never accepted and ignored). Any
+// other field that is not read above is refused as unknown.
+check parse_neutral_and_unknown(const json& j, bool chat) {
+  const auto zero = [](const json& v) { return v.is_number() && v.get<double>() == 0.0; };
+  const auto empty = [](const json& v) { return (v.is_object() || v.is_array()) && v.empty(); };
+  if (const json* v = field(j, "presence_penalty"); v && !zero(*v))
+    return bad("'presence_penalty' is not supported (only 0)", "presence_penalty");
+  if (const json* v = field(j, "frequency_penalty"); v && !zero(*v))
+    return bad("'frequency_penalty' is not supported (only 0)", "frequency_penalty");
+  if (const json* v = field(j, "logit_bias"); v && !empty(*v))
+    return bad("'logit_bias' is not supported (only {})", "logit_bias");
+  if (const json* v = field(j, "response_format");
+      v && !(v->is_object() && v->size() == 1 && v->contains("type") && (*v)["type"] == "text"))
+    return bad("'response_format' is not supported (only {\"type\": \"text\"}): structured output is not implemented",
+               "response_format");
+  if (const json* v = field(j, "tools"); v && !empty(*v))
+    return bad("'tools' is not supported: tool calling is not implemented", "tools");
+  if (const json* v = field(j, "tool_choice"); v && *v != "none")
+    return bad("'tool_choice' is not supported (only \"none\"): tool calling is not implemented", "tool_choice");
+  if (const json* v = field(j, "functions"); v && !empty(*v))
+    return bad("'functions' is not supported: tool calling is not implemented", "functions");
+  if (const json* v = field(j, "function_call"); v && *v != "none")
+    return bad("'function_call' is not supported (only \"none\")", "function_call");
+  if (const json* v = field(j, "suffix"); v && !(v->is_string() && v->get_ref<const std::string&>().empty()))
+    return bad("'suffix' is not supported", "suffix");
+  static constexpr std::string_view known[] = {
+      "model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed",
+      "n", "stop", "stream", "stream_options", "logprobs", "top_logprobs", "echo", "best_of", "ignore_eos",
+      "traffic_class", "presence_penalty", "frequency_penalty", "logit_bias", "response_format", "tools",
+      "tool_choice", "functions", "function_call", "suffix",
+      // informational: an end-user id, and a tool option that has no effect without tools
+      "user", "parallel_tool_calls"};
+  for (const auto& [key, value] : j.items()) {
+    if (value.is_null()) continue;  // null means absent
+    if (std::find(std::begin(known), std::end(known), key) == std::end(known))
+      return bad("unrecognized request argument supplied: '" + key + "'", key);
+    if (!chat && (key == "messages" || key == "tools" || key == "tool_choice" || key == "response_format" ||
+                  key == "max_completion_tokens" || key == "parallel_tool_calls"))
+      return bad("'" + key + "' belongs to /v1/chat/completions, not /v1/completions", key);
+    if (chat && (key == "prompt" || key == "suffix" || key == "echo" || key == "best_of"))
+      return bad("'" + key + "' belongs to /v1/completions, not /v1/chat/completions", key);
+  }
+  return std::nullopt;
+}
+
 check parse_extensions(const json& j, completion_request& r) {
   if (const json* e = field(j, "ignore_eos")) {
     if (!e->is_boolean()) return bad("'ignore_eos' must be a boolean", "ignore_eos");
@@ -327,7 +373,7 @@ std::expected<completion_request, api_error> parse_completion_request(std::strin
   r.chat = chat;
   for (check e : {parse_model(j, limits, r), chat ? parse_messages(j, limits, r) : parse_prompt(j, r),
                   parse_max_tokens(j, limits, r), parse_sampling(j, r), parse_stop(j, r), parse_stream(j, r),
-                  parse_unsupported(j), parse_extensions(j, r)})
+                  parse_unsupported(j), parse_extensions(j, r), parse_neutral_and_unknown(j, chat)})
     if (e) return std::unexpected(std::move(*e));
   return r;
 }

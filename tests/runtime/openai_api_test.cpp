@@ -99,6 +99,23 @@ TEST_CASE("openai_api: bad requests are rejected with exact status, type and par
       {false, "{" + p + R"("ignore_eos": "no"})", 400, "invalid_request_error", "ignore_eos"},
       {true, "{" + c + R"("traffic_class": "batch"})", 400, "invalid_request_error", "traffic_class"},
       {false, "{" + p + R"("pad": ")" + std::string(5000, 'x') + "\"}", 413, "request_too_large", ""},
+      // Fields the API defines but shoal does not implement: refused unless neutral, never ignored.
+      {false, "{" + p + R"("presence_penalty": 0.5})", 400, "invalid_request_error", "presence_penalty"},
+      {true, "{" + c + R"("frequency_penalty": -1})", 400, "invalid_request_error", "frequency_penalty"},
+      {false, "{" + p + R"("logit_bias": {"50256": -100}})", 400, "invalid_request_error", "logit_bias"},
+      {true, "{" + c + R"("response_format": {"type": "json_object"}})", 400, "invalid_request_error", "response_format"},
+      {true, "{" + c + R"("response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}})", 400,
+       "invalid_request_error", "response_format"},
+      {true, "{" + c + R"("tools": [{"type": "function", "function": {"name": "f"}}]})", 400, "invalid_request_error",
+       "tools"},
+      {true, "{" + c + R"("tool_choice": "required"})", 400, "invalid_request_error", "tool_choice"},
+      {true, "{" + c + R"("functions": [{"name": "f"}]})", 400, "invalid_request_error", "functions"},
+      {false, "{" + p + R"("suffix": "tail"})", 400, "invalid_request_error", "suffix"},
+      {false, "{" + p + R"("temprature": 0.5})", 400, "invalid_request_error", "temprature"},  // a typo is not ignored
+      {true, "{" + c + R"("store": true})", 400, "invalid_request_error", "store"},
+      {false, "{" + p + R"("messages": [{"role": "user", "content": "hi"}]})", 400, "invalid_request_error",
+       "messages"},
+      {true, "{" + c + R"("prompt": "hi"})", 400, "invalid_request_error", "prompt"},
   };
   for (const bad& b : cases) {
     CAPTURE(b.body);
@@ -110,7 +127,20 @@ TEST_CASE("openai_api: bad requests are rejected with exact status, type and par
     CHECK_FALSE(r.error().message.empty());
     if (*b.param) CHECK(r.error().message.find(b.param) != std::string::npos);
   }
-  CHECK(cases.size() == 47);
+  CHECK(cases.size() == 60);
+}
+
+TEST_CASE("openai_api: fields at their neutral values, informational ones and nulls are accepted") {
+  const std::string c = R"("model": "small", "messages": [{"role": "user", "content": "hi"}])";
+  for (const std::string extra :
+       {R"("presence_penalty": 0, "frequency_penalty": 0.0, "logit_bias": {})", R"("response_format": {"type": "text"})",
+        R"("tools": [], "tool_choice": "none", "parallel_tool_calls": false)", R"("user": "u-1", "logprobs": false)",
+        R"("response_format": null, "temprature": null)"}) {
+    const auto r = parse_ok("{" + c + ", " + extra + "}", true);
+    CHECK(r.messages.size() == 1);
+  }
+  const auto r = parse_ok(R"({"model": "small", "prompt": "hi", "suffix": "", "echo": false, "best_of": 1})", false);
+  CHECK(std::get<std::string>(r.prompt) == "hi");
 }
 
 TEST_CASE("openai_api: error messages and codes") {
