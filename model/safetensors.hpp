@@ -73,7 +73,7 @@ class checkpoint {
                                       const std::vector<int64_t>& shape) const;
   // Reads an FP8 tensor as stored, with its scales: the shape must equal `shape`, the
   // scale tensor must be F32 (BF16 / F16 read too) of ceil(rows / block rows) × ceil(cols / block cols), every
-  // scale finite and ≥ 0, and no code NaN (0x7F, 0xFF). Errors name the tensor and file.
+  // scale in [0, 2^100], and no code NaN (0x7F, 0xFF). Errors name the tensor and file.
   result<fp8_tensor> read_fp8(const std::string& name, const std::vector<int64_t>& shape) const;
   // Copies a BF16 tensor's values as stored into out (prod(shape) values), checking shape
   // and dtype. Errors name the tensor and file.

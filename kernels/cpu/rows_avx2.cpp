@@ -97,6 +97,19 @@ inline __m256 load_fp8(const uint8_t* p) {
   return _mm256_or_ps(f, _mm256_castsi256_ps(sign));
 }
 
+// 16 e4m3fn codes → their values / 2^8, through fp16 (F16C): a code shifted left by 8 and
+// arithmetically right by 1 is the sign at bit 15 (and a copy at 14, masked off) and the 7
+// magnitude bits at 13..7, i.e. an fp16 of the same mantissa whose exponent has bias 15
+// instead of 7 (subnormals included). Callers fold the 2^8 into the block scale
+// (fp8_scale_fold): exact, as the products stay far above fp32's subnormals.
+constexpr float fp8_scale_fold = 256.0f;
+inline void load_fp8x16(const uint8_t* p, __m256& lo, __m256& hi) {
+  const __m256i h = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  const __m256i f16 = _mm256_and_si256(_mm256_srai_epi16(_mm256_slli_epi16(h, 8), 1), _mm256_set1_epi16(-16385));
+  lo = _mm256_cvtph_ps(_mm256_castsi256_si128(f16));
+  hi = _mm256_cvtph_ps(_mm256_extracti128_si256(f16, 1));
+}
+
 inline float fp8_value(uint8_t c) {
   uint32_t bits = uint32_t(c & 0x7f) << 20;
   float f;
@@ -112,6 +125,13 @@ void widen_fp8(const uint8_t* src, const float* scales, int64_t block, float* ds
     const float s = scales[b0 / block];
     const __m256 sv = _mm256_set1_ps(s);
     int64_t i = b0;
+    const __m256 sv16 = _mm256_set1_ps(s * fp8_scale_fold);
+    for (; i + 16 <= b1; i += 16) {
+      __m256 lo, hi;
+      load_fp8x16(src + i, lo, hi);
+      _mm256_storeu_ps(dst + i, _mm256_mul_ps(lo, sv16));
+      _mm256_storeu_ps(dst + i + 8, _mm256_mul_ps(hi, sv16));
+    }
     for (; i + 8 <= b1; i += 8) _mm256_storeu_ps(dst + i, _mm256_mul_ps(load_fp8(src + i), sv));
     for (; i < b1; ++i) dst[i] = fp8_value(src[i]) * s;
   }
@@ -132,13 +152,14 @@ void dot_fp8(const float* const* a, int rows, const uint8_t* b, const float* sca
     for (auto& r : acc) r[0] = r[1] = _mm256_setzero_ps();
     int64_t i = b0;
     for (; i + 16 <= b1; i += 16) {
-      const __m256 w0 = load_fp8(b + i), w1 = load_fp8(b + i + 8);
+      __m256 w0, w1;
+      load_fp8x16(b + i, w0, w1);
       for (int r = 0; r < rows; ++r) {
         acc[r][0] = _mm256_fmadd_ps(_mm256_loadu_ps(a[r] + i), w0, acc[r][0]);
         acc[r][1] = _mm256_fmadd_ps(_mm256_loadu_ps(a[r] + i + 8), w1, acc[r][1]);
       }
     }
-    const __m256 sv = _mm256_set1_ps(s);
+    const __m256 sv = _mm256_set1_ps(s * fp8_scale_fold);
     for (int r = 0; r < rows; ++r) {
       tot[r][0] = _mm256_fmadd_ps(acc[r][0], sv, tot[r][0]);
       tot[r][1] = _mm256_fmadd_ps(acc[r][1], sv, tot[r][1]);
@@ -161,6 +182,9 @@ void gemv_bf16(const float* x, const uint16_t* w, int64_t k, int64_t cols, float
     int64_t i = 0;
     for (; i + 16 <= k; i += 16) {
       const __m256 x0 = _mm256_loadu_ps(x + i), x1 = _mm256_loadu_ps(x + i + 8);
+      // the next four rows, one cache line of each per 32 values, ahead of their use
+      if ((i & 31) == 0 && j + 8 <= cols)
+        for (int c = 0; c < 4; ++c) _mm_prefetch(reinterpret_cast<const char*>(b[c] + 4 * k + i), _MM_HINT_T0);
       for (int c = 0; c < 4; ++c) {
         acc[c][0] = _mm256_fmadd_ps(x0, load_bf16(b[c] + i), acc[c][0]);
         acc[c][1] = _mm256_fmadd_ps(x1, load_bf16(b[c] + i + 8), acc[c][1]);
@@ -195,13 +219,15 @@ void gemv_fp8(const float* x, const uint8_t* w, const float* scales, const int32
       for (; i + 16 <= b1; i += 16) {
         const __m256 x0 = _mm256_loadu_ps(x + i), x1 = _mm256_loadu_ps(x + i + 8);
         for (int c = 0; c < 4; ++c) {
-          acc[c][0] = _mm256_fmadd_ps(x0, load_fp8(b[c] + i), acc[c][0]);
-          acc[c][1] = _mm256_fmadd_ps(x1, load_fp8(b[c] + i + 8), acc[c][1]);
+          __m256 w0, w1;
+          load_fp8x16(b[c] + i, w0, w1);
+          acc[c][0] = _mm256_fmadd_ps(x0, w0, acc[c][0]);
+          acc[c][1] = _mm256_fmadd_ps(x1, w1, acc[c][1]);
         }
       }
       for (int c = 0; c < 4; ++c) {
         const float sc = s[c][b0 / block];
-        const __m256 sv = _mm256_set1_ps(sc);
+        const __m256 sv = _mm256_set1_ps(sc * fp8_scale_fold);
         tot[c][0] = _mm256_fmadd_ps(acc[c][0], sv, tot[c][0]);
         tot[c][1] = _mm256_fmadd_ps(acc[c][1], sv, tot[c][1]);
         float t = 0;

@@ -127,6 +127,29 @@ TEST_CASE("matmul_fp8 equals the fp64 reference (both paths, every code, stacked
       matmul_fp8(&one, fp8_matrix{&code, &scale, &zero, 128}, &y, 1, 1, 1, true);
       REQUIRE(double(y) == ref::e4m3_value(code));
     }
+    // Every code through the vector paths too: one-hot rows of x pick each code of a 256-wide
+    // row (NaN codes replaced by 0), exactly, in the widening, fixed-order and GEMV paths.
+    {
+      std::vector<uint8_t> row(256);
+      for (int c = 0; c < 256; ++c) row[c] = (c & 0x7f) == 0x7f ? 0 : static_cast<uint8_t>(c);
+      std::vector<uint8_t> codes4;  // four equal rows, so the GEMV takes its four-row path
+      for (int r = 0; r < 4; ++r) codes4.insert(codes4.end(), row.begin(), row.end());
+      const float scale[4] = {0.5f, 0.25f, 2.0f, 1.0f};  // two blocks of 128 per row
+      const int32_t row_scales[4] = {0, 0, 2, 2};
+      const fp8_matrix w{codes4.data(), scale, row_scales, 128};
+      std::vector<float> x(256 * 256, 0.0f), y(256 * 4), y1(4);
+      for (int i = 0; i < 256; ++i) x[i * 256 + i] = 1.0f;
+      for (bool invariant : {true, false}) {
+        matmul_fp8(x.data(), w, y.data(), 256, 4, 256, invariant);
+        for (int i = 0; i < 256; ++i)
+          for (int j = 0; j < 4; ++j)
+            REQUIRE(double(y[i * 4 + j]) == ref::e4m3_value(row[i]) * scale[row_scales[j] + i / 128]);
+      }
+      for (int i = 0; i < 256; i += 37) {
+        matmul_fp8(x.data() + i * 256, w, y1.data(), 1, 4, 256, true);
+        for (int j = 0; j < 4; ++j) REQUIRE(double(y1[j]) == ref::e4m3_value(row[i]) * scale[row_scales[j] + i / 128]);
+      }
+    }
     // (m, n, k, block): blocks that divide k, that leave a partial last block, that are not a
     // multiple of 8; n a stack of two tensors with their own scale rows (as gate and up).
     for (auto [m, n, k, block] : {std::tuple{1, 7, 5, 128}, {3, 130, 300, 128}, {9, 64, 1024, 128}, {40, 1100, 96, 32},
