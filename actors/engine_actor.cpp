@@ -64,6 +64,10 @@ struct engine_state {
     if (draining) return error_reply{errc::draining, "engine is draining: it takes no new requests"};
     if (!sink) return error_reply{errc::no_sink, "no actor to stream tokens to (anonymous sender?)"};
     if (!req.id.valid()) return error_reply{errc::invalid_request, "request id must be >= 0"};
+    if (req.sampling.bias_tokens.size() != req.sampling.bias_values.size())
+      return error_reply{errc::invalid_request, "sampling.bias_tokens holds " + std::to_string(req.sampling.bias_tokens.size()) +
+                                                    " ids for " + std::to_string(req.sampling.bias_values.size()) +
+                                                    " bias values"};
     if (engine_ids.contains(req.id))
       return error_reply{errc::duplicate_request,
                          "request " + std::to_string(req.id.value) + " is still running"};

@@ -61,6 +61,7 @@ struct gateway_shared {
     l.model_ids = {config.model_id};
     l.max_tokens_limit = config.max_tokens_limit;
     l.context_length = config.context_length;
+    l.vocab_size = config.vocab_size;
     l.max_body_bytes = config.max_body_bytes;
     if (config.vision.present && tok) {
       l.image_token = tok->decode_token(static_cast<int32_t>(config.vision.image_token_id));
@@ -201,6 +202,9 @@ generation_request make_generation(int64_t id, std::vector<int32_t> prompt, cons
   req.sampling.has_seed = true;  // re-routing recomputes the same tokens
   req.sampling.seed = r.seed.value_or(static_cast<uint64_t>(id));
   req.sampling.stop_strings = r.stop;  // the engine stops at the first match
+  for (const auto& [id, bias] : r.logit_bias) req.sampling.bias_tokens.push_back(id), req.sampling.bias_values.push_back(bias);
+  req.sampling.presence_penalty = r.presence_penalty;
+  req.sampling.frequency_penalty = r.frequency_penalty;
   req.cls = r.cls;
   req.images = to_payloads(r.images);
   return req;

@@ -26,6 +26,7 @@ struct gateway_config {
   std::vector<std::string> auth_tokens;     // accepted bearer tokens; empty = no auth
   std::string model_id;                     // the one model served (/v1/models)
   int64_t context_length = 0;               // prompt + max_tokens limit; 0 = none
+  int64_t vocab_size = 0;                   // token ids a request may name (logit_bias); 0 = unchecked
   int32_t max_tokens_limit = 4096;          // largest max_tokens accepted
   size_t max_body_bytes = 1 << 20;          // larger bodies: 413
   std::chrono::milliseconds request_timeout{60'000};

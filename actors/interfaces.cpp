@@ -74,8 +74,13 @@ error_reply to_error_reply(const caf::error& e) {
 }
 
 sampling_options to_sampling_options(const runtime::sampling_params& p) {
-  return {p.temperature, p.top_k,      p.top_p,          p.max_tokens,       p.stop_token_ids,
-          p.stop_strings, p.ignore_eos, p.seed.has_value(), p.seed.value_or(0)};
+  sampling_options o;
+  o.temperature = p.temperature, o.top_k = p.top_k, o.top_p = p.top_p, o.max_tokens = p.max_tokens;
+  o.stop_token_ids = p.stop_token_ids, o.stop_strings = p.stop_strings, o.ignore_eos = p.ignore_eos;
+  o.has_seed = p.seed.has_value(), o.seed = p.seed.value_or(0);
+  for (const auto& [id, bias] : p.logit_bias) o.bias_tokens.push_back(id), o.bias_values.push_back(bias);
+  o.presence_penalty = p.presence_penalty, o.frequency_penalty = p.frequency_penalty;
+  return o;
 }
 
 runtime::sampling_params to_sampling_params(const sampling_options& o) {
@@ -88,6 +93,10 @@ runtime::sampling_params to_sampling_params(const sampling_options& o) {
   p.stop_strings = o.stop_strings;
   p.ignore_eos = o.ignore_eos;
   if (o.has_seed) p.seed = o.seed;
+  // Pairs up to the shorter list (the engine actor refuses lists of different lengths).
+  for (size_t i = 0; i < std::min(o.bias_tokens.size(), o.bias_values.size()); ++i)
+    p.logit_bias.emplace_back(o.bias_tokens[i], o.bias_values[i]);
+  p.presence_penalty = o.presence_penalty, p.frequency_penalty = o.frequency_penalty;
   return p;
 }
 

@@ -106,13 +106,18 @@ struct sampling_options {
   bool ignore_eos = false;
   bool has_seed = false;
   uint64_t seed = 0;         // meaningful only with has_seed
+  std::vector<int32_t> bias_tokens;  // logit_bias: token ids and their biases, pairwise
+  std::vector<float> bias_values;
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
   friend bool operator==(const sampling_options&, const sampling_options&) = default;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, sampling_options& x) {
   return f(caf::meta::type_name("sampling_options"), x.temperature, x.top_k, x.top_p, x.max_tokens,
-           x.stop_token_ids, x.stop_strings, x.ignore_eos, x.has_seed, x.seed);
+           x.stop_token_ids, x.stop_strings, x.ignore_eos, x.has_seed, x.seed, x.bias_tokens, x.bias_values,
+           x.presence_penalty, x.frequency_penalty);
 }
 
 sampling_options to_sampling_options(const runtime::sampling_params& p);

@@ -363,7 +363,8 @@ std::vector<token_event> engine::complete() {
     request* r = f.plan.items[i].req;
     if (f.items[i].logits) {
       std::span<const float> logits(f.output.logits.data() + row++ * V, static_cast<size_t>(V));
-      int32_t token = sample_token(logits, r->params, r->seq_seed, r->output_len());
+      int32_t token = sample_token(logits, r->params, r->seq_seed, r->output_len(),
+                                   std::span<const int32_t>(r->tokens).subspan(static_cast<size_t>(r->prompt_len)));
       r->tokens.push_back(token);
       std::string& text = texts_[r->id.value];
       const size_t before = text.size();

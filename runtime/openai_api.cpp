@@ -259,18 +259,43 @@ check parse_unsupported(const json& j) {
   return std::nullopt;
 }
 
+// presence_penalty, frequency_penalty ([−2, 2]) and logit_bias ({"token id": bias in
+// [−100, 100]}, ids inside the vocabulary when the limits know it).
+check parse_adjustments(const json& j, const api_limits& limits, completion_request& r) {
+  for (auto [name, out] : {std::pair{"presence_penalty", &r.presence_penalty}, {"frequency_penalty", &r.frequency_penalty}})
+    if (const json* v = field(j, name)) {
+      if (!v->is_number() || !(v->get<double>() >= -2.0 && v->get<double>() <= 2.0))
+        return bad("'" + std::string(name) + "' must be a number from -2 to 2, got " + v->dump(), name);
+      *out = v->get<float>();
+    }
+  const json* b = field(j, "logit_bias");
+  if (!b) return std::nullopt;
+  if (!b->is_object()) return bad("'logit_bias' must be an object of token ids to biases", "logit_bias");
+  if (b->size() > 300) return bad("'logit_bias' may name at most 300 tokens, got " + std::to_string(b->size()), "logit_bias");
+  for (const auto& [key, value] : b->items()) {
+    int64_t id = -1;
+    const bool digits = !key.empty() && key.size() <= 10 && std::all_of(key.begin(), key.end(), [](char ch) { return ch >= '0' && ch <= '9'; });
+    if (digits) id = std::stoll(key);
+    if (!digits || id > std::numeric_limits<int32_t>::max() || (limits.vocab_size > 0 && id >= limits.vocab_size))
+      return bad("'logit_bias' key '" + key + "' is not a token id" +
+                     (limits.vocab_size > 0 ? " in [0, " + std::to_string(limits.vocab_size) + ")" : std::string()),
+                 "logit_bias");
+    if (!value.is_number() || !(value.get<double>() >= -100.0 && value.get<double>() <= 100.0))
+      return bad("'logit_bias' of token " + key + " must be a number from -100 to 100, got " + value.dump(), "logit_bias");
+    r.logit_bias.emplace_back(static_cast<int32_t>(id), value.get<float>());
+  }
+  std::sort(r.logit_bias.begin(), r.logit_bias.end());
+  for (size_t i = 1; i < r.logit_bias.size(); ++i)  // "7" and "07" name one token
+    if (r.logit_bias[i].first == r.logit_bias[i - 1].first)
+      return bad("'logit_bias' names token " + std::to_string(r.logit_bias[i].first) + " twice", "logit_bias");
+  return std::nullopt;
+}
+
 // Fields the API defines that shoal does not implement yet: accepted only at the value that
 // changes nothing, otherwise refused naming the field (never accepted and ignored). Any
 // other field that is not read above is refused as unknown.
 check parse_neutral_and_unknown(const json& j, bool chat) {
-  const auto zero = [](const json& v) { return v.is_number() && v.get<double>() == 0.0; };
   const auto empty = [](const json& v) { return (v.is_object() || v.is_array()) && v.empty(); };
-  if (const json* v = field(j, "presence_penalty"); v && !zero(*v))
-    return bad("'presence_penalty' is not supported (only 0)", "presence_penalty");
-  if (const json* v = field(j, "frequency_penalty"); v && !zero(*v))
-    return bad("'frequency_penalty' is not supported (only 0)", "frequency_penalty");
-  if (const json* v = field(j, "logit_bias"); v && !empty(*v))
-    return bad("'logit_bias' is not supported (only {})", "logit_bias");
   if (const json* v = field(j, "response_format");
       v && !(v->is_object() && v->size() == 1 && v->contains("type") && (*v)["type"] == "text"))
     return bad("'response_format' is not supported (only {\"type\": \"text\"}): structured output is not implemented",
@@ -373,7 +398,8 @@ std::expected<completion_request, api_error> parse_completion_request(std::strin
   r.chat = chat;
   for (check e : {parse_model(j, limits, r), chat ? parse_messages(j, limits, r) : parse_prompt(j, r),
                   parse_max_tokens(j, limits, r), parse_sampling(j, r), parse_stop(j, r), parse_stream(j, r),
-                  parse_unsupported(j), parse_extensions(j, r), parse_neutral_and_unknown(j, chat)})
+                  parse_unsupported(j), parse_extensions(j, r), parse_adjustments(j, limits, r),
+                  parse_neutral_and_unknown(j, chat)})
     if (e) return std::unexpected(std::move(*e));
   return r;
 }

@@ -47,6 +47,7 @@ struct api_limits {
   std::vector<std::string> model_ids;  // accepted values of "model"
   int32_t max_tokens_limit = 4096;     // largest max_tokens accepted
   int64_t context_length = 4096;       // prompt + completion tokens
+  int64_t vocab_size = 0;              // token ids logit_bias may name; 0 = not checked here
   size_t max_body_bytes = size_t{1} << 20;
   // Chat image_url parts: refused when image_token is empty (the model has no vision encoder).
   std::string image_token;      // the placeholder text one image renders as in the template
@@ -75,6 +76,9 @@ struct completion_request {
   bool include_usage = false;  // stream_options.include_usage: a final usage-only chunk
   std::optional<uint64_t> seed;
   bool ignore_eos = false;
+  std::vector<std::pair<int32_t, float>> logit_bias;  // token id → bias in [−100, 100], ids ascending
+  float presence_penalty = 0.0f;                     // [−2, 2]
+  float frequency_penalty = 0.0f;                    // [−2, 2]
   traffic_class cls = traffic_class::chat;  // shoal extension field "traffic_class": "chat" or "agent"
   // chat: the image_url parts in message order, decoded and fit to the encoder's patches;
   // pos and count are set by expand_image_tokens.

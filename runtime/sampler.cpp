@@ -147,6 +147,19 @@ std::optional<std::string> validate(const sampling_params& p, int64_t vocab) {
   }
   for (size_t i = 0; i < p.stop_strings.size(); ++i)
     if (p.stop_strings[i].empty()) return "stop_strings[" + std::to_string(i) + "] is empty";
+  for (size_t i = 0; i < p.logit_bias.size(); ++i) {
+    const auto [id, bias] = p.logit_bias[i];
+    if (id < 0 || id >= vocab)
+      return "logit_bias token " + std::to_string(id) + " is outside the vocabulary [0, " + std::to_string(vocab) + ")";
+    if (!(bias >= -100.0f && bias <= 100.0f))
+      return "logit_bias of token " + std::to_string(id) + " must be in [-100, 100], got " + format_float(bias);
+    for (size_t k = 0; k < i; ++k)
+      if (p.logit_bias[k].first == id) return "logit_bias names token " + std::to_string(id) + " twice";
+  }
+  if (!(p.presence_penalty >= -2.0f && p.presence_penalty <= 2.0f))
+    return "presence_penalty must be in [-2, 2], got " + format_float(p.presence_penalty);
+  if (!(p.frequency_penalty >= -2.0f && p.frequency_penalty <= 2.0f))
+    return "frequency_penalty must be in [-2, 2], got " + format_float(p.frequency_penalty);
   return std::nullopt;
 }
 
@@ -159,8 +172,25 @@ double uniform_at(uint64_t seq_seed, int64_t step) {
 }
 
 int32_t sample_token(std::span<const float> logits, const sampling_params& p, uint64_t seq_seed,
-                     int64_t step) {
+                     int64_t step, std::span<const int32_t> generated) {
   SHOAL_ASSERT(!logits.empty());
+  std::vector<float> adjusted;
+  if (p.adjusts_logits()) {
+    adjusted.assign(logits.begin(), logits.end());
+    for (const auto& [id, bias] : p.logit_bias) adjusted[static_cast<size_t>(id)] += bias;
+    if (p.presence_penalty != 0 || p.frequency_penalty != 0) {
+      std::vector<int32_t> seen(generated.begin(), generated.end());
+      std::sort(seen.begin(), seen.end());
+      for (size_t i = 0; i < seen.size();) {
+        size_t j = i;
+        while (j < seen.size() && seen[j] == seen[i]) ++j;
+        if (seen[i] >= 0 && static_cast<size_t>(seen[i]) < adjusted.size())
+          adjusted[static_cast<size_t>(seen[i])] -= p.frequency_penalty * static_cast<float>(j - i) + p.presence_penalty;
+        i = j;
+      }
+    }
+    logits = adjusted;
+  }
   SHOAL_ASSERT(p.temperature >= 0 && p.top_p > 0 && p.top_p <= 1 && p.top_k >= 0);
   if (p.temperature == 0.0f) return argmax(logits);
   std::vector<candidate> c = gather_candidates(logits, p.top_k);

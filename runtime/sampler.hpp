@@ -9,6 +9,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace shoal::runtime {
@@ -22,6 +23,13 @@ struct sampling_params {
   std::vector<std::string> stop_strings;
   bool ignore_eos = false;
   std::optional<uint64_t> seed;  // the caller's seq_seed when set (see sequence_seed)
+  // OpenAI's logit adjustments, applied to the logits before any other step: + bias of each
+  // listed token (ids distinct, bias in [−100, 100]); − frequency_penalty × (times the token
+  // was generated so far) − presence_penalty × (1 if it was), both in [−2, 2].
+  std::vector<std::pair<int32_t, float>> logit_bias;
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  bool adjusts_logits() const { return !logit_bias.empty() || presence_penalty != 0 || frequency_penalty != 0; }
 };
 
 // Bad request parameters are operating errors: returns a message naming the first bad field
@@ -41,9 +49,11 @@ double uniform_at(uint64_t seq_seed, int64_t step);
 // softmax of (logit − max)/temperature, summed in a fixed order; top-p keeps the smallest
 // prefix of the (prob desc, id asc) order whose mass ≥ top_p; renormalise; inverse CDF at
 // uniform_at(seq_seed, step). NaN logits count as −inf; at least one logit must be finite.
-// `p` must pass validate(). Thread-safe (no shared state).
+// Before all of it, the logit adjustments of `p` (sampling_params::logit_bias, penalties
+// over `generated`, the tokens the sequence generated so far). `p` must pass validate().
+// Thread-safe (no shared state).
 int32_t sample_token(std::span<const float> logits, const sampling_params& p, uint64_t seq_seed,
-                     int64_t step);
+                     int64_t step, std::span<const int32_t> generated = {});
 
 // handed_off: the request continues on another engine (prefill → decode handoff).
 enum class finish_reason { none, stop, length, aborted, error, handed_off };

@@ -387,6 +387,10 @@ TEST_CASE("every type of the type-ID block round-trips through a remote actor") 
   full.ignore_eos = true;
   full.has_seed = true;
   full.seed = 0xfedcba9876543210ull;
+  full.bias_tokens = {3, 250};
+  full.bias_values = {-100.0f, 7.5f};
+  full.presence_penalty = -0.5f;
+  full.frequency_penalty = 1.25f;
   generation_request req{request_id(1ll << 40), {256, 1, 2, 299}, full};
 
   actors::rank_info rank0{0, locals[0], locals[1]};

@@ -107,9 +107,9 @@ runtime::engine_config engine_config() {
 
 // What a plain engine generates greedily for `prompt` (ignore_eos).
 std::vector<int32_t> reference_tokens(const std::vector<int32_t>& prompt, int32_t max_tokens,
-                                      std::vector<runtime::prompt_image> images = {}) {
+                                      std::vector<runtime::prompt_image> images = {},
+                                      actors::sampling_options o = {}) {
   runtime::engine e(tiny_checkpoint().model.weights, engine_config());
-  actors::sampling_options o;
   o.max_tokens = max_tokens;
   o.ignore_eos = true;
   REQUIRE(e.add_request(prompt, actors::to_sampling_params(o), runtime::traffic_class::chat, std::move(images)));
@@ -592,6 +592,40 @@ TEST_CASE("gateway stop string truncates the text with finish reason stop") {
   }
   CHECK(st.requests_running == 0);
   CHECK(st.blocks_free == st.blocks_total);
+}
+
+TEST_CASE("gateway logit_bias and penalties reach the engine; a bias outside the vocabulary is a 400") {
+  cluster c(1);
+  actors::gateway_config g = cluster::default_gateway();
+  g.vocab_size = tiny_checkpoint().model.weights->config.vocab_size;
+  uint16_t port = c.start_gateway(g);
+  const std::string prompt = "Once upon a time";
+  const int32_t n = 8;
+  const auto z = tok().encode("z");
+  REQUIRE(z.size() == 1);
+  json body = completion_body(prompt, n);
+  body["logit_bias"] = {{std::to_string(z[0]), 100}};  // greedy: +100 makes every token 'z'
+  auto r = post(port, "/v1/completions", body);
+  REQUIRE_MESSAGE(r.status == 200, r.body);
+  CHECK(parse(r.body)["choices"][0]["text"] == "zzzzzzzz");
+
+  // Penalties: the plain engine with the same penalties gives the same text.
+  json pen = completion_body(prompt, 24);
+  pen["frequency_penalty"] = 1.5;
+  pen["presence_penalty"] = 0.5;
+  actors::sampling_options o;
+  o.frequency_penalty = 1.5f, o.presence_penalty = 0.5f;
+  const auto ids = runtime::encode_prompt(tok(), prompt);
+  const std::string want = as_json_text(tok().decode(reference_tokens(ids, 24, {}, o)));
+  CHECK(want != as_json_text(tok().decode(reference_tokens(ids, 24))));  // they change the output here
+  auto rp = post(port, "/v1/completions", pen);
+  REQUIRE_MESSAGE(rp.status == 200, rp.body);
+  CHECK(parse(rp.body)["choices"][0]["text"] == want);
+
+  body["logit_bias"] = {{std::to_string(g.vocab_size), 1}};
+  auto bad = post(port, "/v1/completions", body);
+  CHECK(bad.status == 400);
+  CHECK(parse(bad.body)["error"]["param"] == "logit_bias");
 }
 
 TEST_CASE("gateway lists its model and exports request metrics") {

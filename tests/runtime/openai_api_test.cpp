@@ -19,6 +19,7 @@ api_limits limits() {
   l.model_ids = {"deepseek-v3", "small"};
   l.max_tokens_limit = 1000;
   l.context_length = 2048;
+  l.vocab_size = 1000;
   l.max_body_bytes = 4096;
   return l;
 }
@@ -100,9 +101,13 @@ TEST_CASE("openai_api: bad requests are rejected with exact status, type and par
       {true, "{" + c + R"("traffic_class": "batch"})", 400, "invalid_request_error", "traffic_class"},
       {false, "{" + p + R"("pad": ")" + std::string(5000, 'x') + "\"}", 413, "request_too_large", ""},
       // Fields the API defines but shoal does not implement: refused unless neutral, never ignored.
-      {false, "{" + p + R"("presence_penalty": 0.5})", 400, "invalid_request_error", "presence_penalty"},
-      {true, "{" + c + R"("frequency_penalty": -1})", 400, "invalid_request_error", "frequency_penalty"},
-      {false, "{" + p + R"("logit_bias": {"50256": -100}})", 400, "invalid_request_error", "logit_bias"},
+      {false, "{" + p + R"("presence_penalty": 2.5})", 400, "invalid_request_error", "presence_penalty"},
+      {true, "{" + c + R"("frequency_penalty": "high"})", 400, "invalid_request_error", "frequency_penalty"},
+      {false, "{" + p + R"("logit_bias": {"50256": -100}})", 400, "invalid_request_error", "logit_bias"},  // ≥ vocab
+      {false, "{" + p + R"("logit_bias": {"a7": 1}})", 400, "invalid_request_error", "logit_bias"},
+      {false, "{" + p + R"("logit_bias": {"7": 101}})", 400, "invalid_request_error", "logit_bias"},
+      {false, "{" + p + R"("logit_bias": {"7": 1, "07": 2}})", 400, "invalid_request_error", "logit_bias"},
+      {false, "{" + p + R"("logit_bias": [7]})", 400, "invalid_request_error", "logit_bias"},
       {true, "{" + c + R"("response_format": {"type": "json_object"}})", 400, "invalid_request_error", "response_format"},
       {true, "{" + c + R"("response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}})", 400,
        "invalid_request_error", "response_format"},
@@ -127,7 +132,7 @@ TEST_CASE("openai_api: bad requests are rejected with exact status, type and par
     CHECK_FALSE(r.error().message.empty());
     if (*b.param) CHECK(r.error().message.find(b.param) != std::string::npos);
   }
-  CHECK(cases.size() == 60);
+  CHECK(cases.size() == 64);
 }
 
 TEST_CASE("openai_api: fields at their neutral values, informational ones and nulls are accepted") {
@@ -141,6 +146,14 @@ TEST_CASE("openai_api: fields at their neutral values, informational ones and nu
   }
   const auto r = parse_ok(R"({"model": "small", "prompt": "hi", "suffix": "", "echo": false, "best_of": 1})", false);
   CHECK(std::get<std::string>(r.prompt) == "hi");
+  const auto a = parse_ok(R"({"model": "small", "prompt": "hi", "logit_bias": {"999": -100, "7": 5.5},
+                              "presence_penalty": -2, "frequency_penalty": 1.5})",
+                          false);
+  REQUIRE(a.logit_bias.size() == 2);
+  CHECK(a.logit_bias[0] == std::pair<int32_t, float>{7, 5.5f});
+  CHECK(a.logit_bias[1] == std::pair<int32_t, float>{999, -100.0f});
+  CHECK(a.presence_penalty == -2.0f);
+  CHECK(a.frequency_penalty == 1.5f);
 }
 
 TEST_CASE("openai_api: error messages and codes") {

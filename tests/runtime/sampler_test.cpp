@@ -261,6 +261,34 @@ TEST_CASE("sample_token equals the literal full-sort pipeline (nucleus larger th
   }
 }
 
+TEST_CASE("logit_bias and the presence / frequency penalties adjust the logits before sampling") {
+  std::vector<float> logits = {0.0f, 3.0f, 1.0f, 2.9f, -1.0f};
+  sampling_params p;  // greedy
+  CHECK(sample_token(logits, p, 1, 0) == 1);
+  p.logit_bias = {{4, 100.0f}};  // +100 makes a token win greedily
+  CHECK(sample_token(logits, p, 1, 0) == 4);
+  p.logit_bias = {{1, -100.0f}};  // −100 removes one in practice
+  CHECK(sample_token(logits, p, 1, 0) == 3);
+  p.logit_bias.clear();
+  // Token 1 generated twice: frequency 0.1 × 2 = 0.2 pushes it below token 3 (2.9 > 2.8).
+  const std::vector<int32_t> generated = {1, 2, 1};
+  p.frequency_penalty = 0.1f;
+  CHECK(sample_token(logits, p, 1, 0, generated) == 3);
+  CHECK(sample_token(logits, p, 1, 0) == 1);  // nothing generated yet: no penalty
+  p.frequency_penalty = 0;
+  p.presence_penalty = 0.05f;  // once per token present: 3 − 0.05 > 2.9, still token 1
+  CHECK(sample_token(logits, p, 1, 0, generated) == 1);
+  p.presence_penalty = 0.2f;
+  CHECK(sample_token(logits, p, 1, 0, generated) == 3);
+  p.presence_penalty = -1.0f;  // negative: encourages repeats (token 2 at 1 + 1 stays below 3 + 1)
+  CHECK(sample_token(logits, p, 1, 0, generated) == 1);
+  // At temperature > 0 the adjusted logits are what is sampled: +100 on one token is all the mass.
+  sampling_params t;
+  t.temperature = 1.0f;
+  t.logit_bias = {{0, 100.0f}};
+  for (int64_t step = 0; step < 50; ++step) CHECK(sample_token(logits, t, 7, step) == 0);
+}
+
 TEST_CASE("validate names the bad field") {
   const int64_t vocab = 50;
   CHECK_FALSE(validate(sampling_params{}, vocab).has_value());
@@ -283,6 +311,11 @@ TEST_CASE("validate names the bad field") {
         "stop_token_ids[1] = 50 is outside the vocabulary [0, 50)");
   CHECK(message_for([](auto& p) { p.stop_token_ids = {-1}; }).starts_with("stop_token_ids[0]"));
   CHECK(message_for([](auto& p) { p.stop_strings = {"a", ""}; }) == "stop_strings[1] is empty");
+  CHECK(message_for([](auto& p) { p.logit_bias = {{50, 1.0f}}; }).starts_with("logit_bias token 50"));
+  CHECK(message_for([](auto& p) { p.logit_bias = {{3, 100.5f}}; }).starts_with("logit_bias of token 3"));
+  CHECK(message_for([](auto& p) { p.logit_bias = {{3, 1.0f}, {3, 2.0f}}; }) == "logit_bias names token 3 twice");
+  CHECK(message_for([](auto& p) { p.presence_penalty = 3; }).starts_with("presence_penalty"));
+  CHECK(message_for([](auto& p) { p.frequency_penalty = std::nanf(""); }).starts_with("frequency_penalty"));
   sampling_params ok;
   ok.temperature = 0.7f;
   ok.top_k = 40;

@@ -539,6 +539,7 @@ int run_node(const runtime::node_config& cfg, logger& log) {
     g.port = cfg.http_listen->port;
     g.model_id = cfg.model_dir.filename().string();
     g.context_length = mcfg->max_position_embeddings;
+    g.vocab_size = mcfg->vocab_size;
     g.request_timeout = std::chrono::milliseconds(cfg.request_timeout_ms);
     g.tokenizer_config = cfg.model_dir / "tokenizer_config.json";
     g.vision = mcfg->vision;
