@@ -136,7 +136,7 @@ void absorb_queries(const model_config& c, const layer_weights& l, const float* 
     std::vector<float> qn(static_cast<size_t>(rows * nope)), out(static_cast<size_t>(rows * r));
     for (int64_t h = h0; h < h1; ++h) {
       for (int64_t i = 0; i < rows; ++i) std::memcpy(qn.data() + i * nope, q + i * H * qk + h * qk, sizeof(float) * nope);
-      kernels::matmul(qn.data(), l.attn.w_uk_t.data() + h * r * nope, out.data(), rows, r, nope, invariant);
+      apply_rows(l.attn.w_uk_t, h * r, r, qn.data(), out.data(), rows, invariant);
       for (int64_t i = 0; i < rows; ++i) std::memcpy(q_lat + (i * H + h) * r, out.data() + i * r, sizeof(float) * r);
     }
   });
@@ -150,7 +150,7 @@ void expand_outputs(const model_config& c, const layer_weights& l, const float* 
     std::vector<float> ol(static_cast<size_t>(rows * r)), out(static_cast<size_t>(rows * v));
     for (int64_t h = h0; h < h1; ++h) {
       for (int64_t i = 0; i < rows; ++i) std::memcpy(ol.data() + i * r, o_lat + (i * H + h) * r, sizeof(float) * r);
-      kernels::matmul(ol.data(), l.attn.kv_b.w.data() + (h * (nope + v) + nope) * r, out.data(), rows, v, r, invariant);
+      apply_rows(l.attn.kv_b, h * (nope + v) + nope, v, ol.data(), out.data(), rows, invariant);
       for (int64_t i = 0; i < rows; ++i) std::memcpy(heads + i * H * v + h * v, out.data() + i * v, sizeof(float) * v);
     }
   });
@@ -171,7 +171,7 @@ void attend_naive(const model_weights& w, const layer_weights& l, const float* q
     }
   scratch.resize(static_cast<size_t>(vs.total * kvw + vs.total));
   float* kv = scratch.data();  // (total, H, nope + v)
-  kernels::matmul(lat.data(), l.attn.kv_b.w.data(), kv, vs.total, kvw, r, true);
+  apply(l.attn.kv_b, lat.data(), kv, vs.total, true);
   float* p = kv + vs.total * kvw;
   for (int64_t h = 0; h < H; ++h) {
     float mx = l.attn.sink.empty() ? -INFINITY : l.attn.sink[h];

@@ -66,7 +66,7 @@ void visit_layer(const model_config& c, layer_weights& l, int64_t index, int kin
   }
   lin(fn, a.kv_a, p + "self_attn.kv_a_proj_with_mqa.weight", c.entry_dim(), d, true);
   vec(fn, a.kv_a_norm, p + "self_attn.kv_a_layernorm.weight", r, init_kind::norm);
-  lin(fn, a.kv_b, p + "self_attn.kv_b_proj.weight", H * (c.qk_nope_head_dim + c.v_head_dim), r);
+  lin(fn, a.kv_b, p + "self_attn.kv_b_proj.weight", H * (c.qk_nope_head_dim + c.v_head_dim), r, true);
   lin(fn, a.o_proj, p + "self_attn.o_proj.weight", d, H * c.v_head_dim, true);
   if (c.is_flash() && kind == 0) {
     a.kv_compress.assign(static_cast<size_t>(d), 0.0f);
@@ -178,25 +178,37 @@ namespace {
 
 void derive_uk(const model_config& c, attn_weights& a) {
   int64_t H = c.num_attention_heads, nope = c.qk_nope_head_dim, v = c.v_head_dim, r = c.kv_lora_rank;
-  a.w_uk_t.assign(static_cast<size_t>(H * r * nope), 0.0f);
+  linear& t = a.w_uk_t;
+  t = {}, t.out = H * r, t.in = nope;
+  t.w.assign(static_cast<size_t>(H * r * nope), 0.0f);
+  std::vector<float> row(static_cast<size_t>(r));
   for (int64_t h = 0; h < H; ++h)
-    for (int64_t n = 0; n < nope; ++n)
-      for (int64_t i = 0; i < r; ++i)
-        a.w_uk_t[(h * r + i) * nope + n] = a.kv_b.w[(h * (nope + v) + n) * r + i];
+    for (int64_t n = 0; n < nope; ++n) {
+      row_of(a.kv_b, h * (nope + v) + n, row.data());
+      for (int64_t i = 0; i < r; ++i) t.w[(h * r + i) * nope + n] = row[static_cast<size_t>(i)];
+    }
+  if (a.kv_b.w_bf16.empty()) return;
+  t.w_bf16.resize(t.w.size());  // exact: the values are kv_b's bf16 values
+  for (size_t i = 0; i < t.w.size(); ++i) t.w_bf16[i] = f32_to_bf16(t.w[i]);
+  std::vector<float>().swap(t.w);
 }
 
 }  // namespace
 
-void apply(const linear& l, const float* x, float* y, int64_t m, bool batch_invariant) {
+void apply_rows(const linear& l, int64_t row0, int64_t n, const float* x, float* y, int64_t m, bool batch_invariant) {
   if (!l.w_bf16.empty()) {
-    kernels::matmul_bf16(x, l.w_bf16.data(), y, m, l.out, l.in, batch_invariant);
+    kernels::matmul_bf16(x, l.w_bf16.data() + row0 * l.in, y, m, n, l.in, batch_invariant);
   } else if (!l.w_fp8.codes.empty()) {
-    const kernels::fp8_matrix f{l.w_fp8.codes.data(), l.w_fp8.scales.data(), l.w_fp8.row_scales.data(),
-                                l.w_fp8.block_in};
-    kernels::matmul_fp8(x, f, y, m, l.out, l.in, batch_invariant);
+    const kernels::fp8_matrix f{l.w_fp8.codes.data() + row0 * l.in, l.w_fp8.scales.data(),
+                                l.w_fp8.row_scales.data() + row0, l.w_fp8.block_in};
+    kernels::matmul_fp8(x, f, y, m, n, l.in, batch_invariant);
   } else {
-    kernels::matmul(x, l.w.data(), y, m, l.out, l.in, batch_invariant);
+    kernels::matmul(x, l.w.data() + row0 * l.in, y, m, n, l.in, batch_invariant);
   }
+}
+
+void apply(const linear& l, const float* x, float* y, int64_t m, bool batch_invariant) {
+  apply_rows(l, 0, l.out, x, y, m, batch_invariant);
 }
 
 size_t linear::bytes() const {

@@ -23,7 +23,7 @@ struct fp8_weights {
 
 // A projection's weights in one of three storages: fp32, or as the checkpoint stores them,
 // bf16 or FP8 with block scales (the loader keeps the large projections of the layers and
-// the vocabulary heads in their checkpoint precision; kv_b, the router, the confidence head
+// the vocabulary heads and kv_b in their checkpoint precision; the router, the confidence head
 // and the vision encoder stay fp32: small, or read in slices).
 struct linear {
   std::vector<float> w;          // (out, in)
@@ -36,6 +36,8 @@ struct linear {
 
 // y (m, out) = x (m, in) · wᵀ, through whichever storage the layer has.
 void apply(const linear& l, const float* x, float* y, int64_t m, bool batch_invariant);
+// y (m, n) = x (m, in) · (rows [row0, row0 + n) of l)ᵀ, through whichever storage it has.
+void apply_rows(const linear& l, int64_t row0, int64_t n, const float* x, float* y, int64_t m, bool batch_invariant);
 // out (in) = row `row` of l as fp32 (embedding lookups; exact for bf16, dequantised for FP8).
 void row_of(const linear& l, int64_t row, float* out);
 
@@ -49,8 +51,9 @@ struct attn_weights {
   linear o_proj;                 // (d, H·v)
   std::vector<float> kv_compress;  // (d); empty when the layer does not compress
   std::vector<float> sink;         // (H); empty without attn_sink
-  // Derived at load: W_UK of each head transposed, for absorbing queries with one GEMM.
-  std::vector<float> w_uk_t;       // (H, r, nope)
+  // Derived at load: W_UK of each head transposed, for absorbing queries with one GEMM;
+  // bf16 when kv_b is (exact), fp32 otherwise.
+  linear w_uk_t;                   // (H·r, nope)
 };
 
 struct expert_weights {

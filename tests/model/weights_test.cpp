@@ -185,7 +185,7 @@ void widen_fp8(linear& l) {
 
 void widen_all(model_weights& w) {
   auto layer = [](layer_weights& l) {
-    for (linear* p : {&l.attn.q_proj, &l.attn.q_a, &l.attn.q_b, &l.attn.kv_a, &l.attn.o_proj, &l.ffn.dense.gate_up,
+    for (linear* p : {&l.attn.q_proj, &l.attn.q_a, &l.attn.q_b, &l.attn.kv_a, &l.attn.kv_b, &l.attn.o_proj, &l.ffn.dense.gate_up,
                       &l.ffn.dense.down, &l.ffn.shared.gate_up, &l.ffn.shared.down})
       widen_fp8(*p);
     for (auto& e : l.ffn.experts) widen_fp8(e.gate_up), widen_fp8(e.down);
@@ -228,7 +228,8 @@ TEST_CASE("an FP8 checkpoint stays FP8 in memory (codes and block scales) and co
   CHECK(l0.ffn.dense.gate_up.w_fp8.row_scales.size() == static_cast<size_t>(l0.ffn.dense.gate_up.out));
   CHECK(w->layers[1].ffn.experts[3].down.w.empty());
   CHECK(!w->layers[1].ffn.experts[3].down.w_fp8.codes.empty());
-  CHECK(!l0.attn.kv_b.w.empty());  // read in slices: fp32
+  CHECK(!l0.attn.kv_b.w_fp8.codes.empty());  // read in slices, each row block keeps its scales
+  CHECK(!l0.attn.w_uk_t.w.empty());          // derived from FP8 blocks: fp32
   CHECK(!w->lm_head.w_bf16.empty());
 
   const std::vector<int32_t> tokens = {1, 5, 9, 2, 7, 3, 3, 8};

@@ -53,7 +53,7 @@ double weight_bytes_per_token(const model::model_weights& w) {
     const auto& l = w.layers[i];
     for (const model::linear* p : {&l.attn.q_proj, &l.attn.q_a, &l.attn.q_b, &l.attn.kv_a, &l.attn.kv_b, &l.attn.o_proj})
       bytes += static_cast<double>(p->bytes());
-    bytes += static_cast<double>(l.attn.w_uk_t.size() * sizeof(float));
+    bytes += static_cast<double>(l.attn.w_uk_t.bytes());
     const auto& f = l.ffn;
     if (!f.moe) {
       bytes += static_cast<double>(f.dense.gate_up.bytes() + f.dense.down.bytes());
