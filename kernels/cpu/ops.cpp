@@ -101,7 +101,7 @@ void matmul_fp8(const float* x, const fp8_matrix& w, float* y, int64_t m, int64_
                 bool batch_invariant) {
   if (m == 0 || n == 0) return;
   const detail::row_kernels& kern = detail::active_kernels();
-  if (!batch_invariant && m >= 8) {
+  if (!batch_invariant && m >= 8 && m * n * k >= blas_min_flops) {
     matmul_widened(x, y, m, n, k, [&](int64_t c0, int64_t c1, float* dst) {
       for (int64_t j = c0; j < c1; ++j)
         kern.widen_fp8(w.codes + j * k, w.scales + w.row_scales[j], w.block_k, dst + (j - c0) * k, k);
@@ -123,7 +123,7 @@ void matmul_bf16(const float* x, const uint16_t* w, float* y, int64_t m, int64_t
                  bool batch_invariant) {
   if (m == 0 || n == 0) return;
   const detail::row_kernels& kern = detail::active_kernels();
-  if (!batch_invariant && m >= 8) {
+  if (!batch_invariant && m >= 8 && m * n * k >= blas_min_flops) {
     matmul_widened(x, y, m, n, k,
                    [&](int64_t c0, int64_t c1, float* dst) { kern.widen_bf16(w + c0 * k, dst, (c1 - c0) * k); });
     return;
