@@ -31,7 +31,7 @@ tensor_slot narrow_slot(const std::string& name, std::vector<int64_t> shape, ini
   return t;
 }
 
-// narrow: the loader may keep it bf16 (tensor_slot::narrowable).
+// narrow: the loader keeps it in checkpoint precision (tensor_slot::narrowable).
 void lin(const visit_fn& fn, linear& l, const std::string& name, int64_t out, int64_t in, bool narrow = false) {
   l.out = out, l.in = in;
   l.w.clear(), l.w_bf16.clear(), l.w_fp8 = {};

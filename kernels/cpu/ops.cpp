@@ -24,28 +24,6 @@ namespace {
 
 constexpr int64_t blas_min_flops = 1 << 20;  // below this the fixed-order kernel is as fast
 
-void matmul_fixed(const float* x, const float* w, float* y, int64_t m, int64_t n, int64_t k) {
-  // Parallel over output columns in groups, so each weight row is read once per 4 rows of x.
-  constexpr int64_t cols_per_task = 16;
-  int64_t tasks = (n + cols_per_task - 1) / cols_per_task;
-  const detail::row_kernels& kern = detail::active_kernels();
-  parallel_for(tasks, [&](int64_t t0, int64_t t1) {
-    float out[4];
-    for (int64_t c0 = t0 * cols_per_task; c0 < std::min(n, t1 * cols_per_task); c0 += cols_per_task) {
-      int64_t c1 = std::min(n, c0 + cols_per_task);
-      for (int64_t i = 0; i < m; i += 4) {
-        const int rows = static_cast<int>(std::min<int64_t>(4, m - i));
-        const float* a[4];
-        for (int r = 0; r < 4; ++r) a[r] = x + (i + std::min(r, rows - 1)) * k;
-        for (int64_t j = c0; j < c1; ++j) {
-          kern.dot_f32(a, rows, w + j * k, k, out);
-          for (int r = 0; r < rows; ++r) y[(i + r) * n + j] = out[r];
-        }
-      }
-    }
-  });
-}
-
 // y (m, n) = x · wᵀ for m ≥ 8 through OpenBLAS: `widen(c0, c1, dst)` writes weight rows
 // [c0, c1) as fp32 into dst; rows are widened into a per-thread buffer of at most 4 MiB, each
 // block one sgemm (every sgemm packs x again, so few blocks), at least one block per thread.
@@ -69,20 +47,27 @@ void matmul_widened(const float* x, float* y, int64_t m, int64_t n, int64_t k, c
 }
 
 // Fixed-order rows: y[i, j] = dot(x row i, w row j) by `dot4(a, rows, j, out)` over 4 rows of
-// x at a time, output columns split over the pool in groups of 64.
+// x at a time. Output columns go to the pool in tasks of `cols_per_task`, each worked through
+// in groups of 16 columns against all of x, so a weight row is read once per 4 rows of x from
+// cache and x streams once per group. Each element's dot product is the same whatever the
+// split (batch invariance).
 template <class Dot4>
-void matmul_rows(const float* x, float* y, int64_t m, int64_t n, int64_t k, const Dot4& dot4) {
-  constexpr int64_t cols_per_task = 64;
+void matmul_rows(const float* x, float* y, int64_t m, int64_t n, int64_t k, int64_t cols_per_task, const Dot4& dot4) {
+  constexpr int64_t group = 16;
   parallel_for((n + cols_per_task - 1) / cols_per_task, [&](int64_t t0, int64_t t1) {
     float out[4];
-    for (int64_t j = t0 * cols_per_task; j < std::min(n, t1 * cols_per_task); ++j)
+    for (int64_t c0 = t0 * cols_per_task; c0 < std::min(n, t1 * cols_per_task); c0 += group) {
+      const int64_t c1 = std::min({n, c0 + group, t1 * cols_per_task});
       for (int64_t i = 0; i < m; i += 4) {
-        int rows = static_cast<int>(std::min<int64_t>(4, m - i));
+        const int rows = static_cast<int>(std::min<int64_t>(4, m - i));
         const float* a[4] = {x + i * k, x + std::min(i + 1, m - 1) * k, x + std::min(i + 2, m - 1) * k,
                              x + std::min(i + 3, m - 1) * k};
-        dot4(a, rows, j, out);
-        for (int r = 0; r < rows; ++r) y[(i + r) * n + j] = out[r];
+        for (int64_t j = c0; j < c1; ++j) {
+          dot4(a, rows, j, out);
+          for (int r = 0; r < rows; ++r) y[(i + r) * n + j] = out[r];
+        }
       }
+    }
   });
 }
 
@@ -114,7 +99,7 @@ void matmul_fp8(const float* x, const fp8_matrix& w, float* y, int64_t m, int64_
     });
     return;
   }
-  matmul_rows(x, y, m, n, k, [&](const float* const* a, int rows, int64_t j, float* out) {
+  matmul_rows(x, y, m, n, k, 64, [&](const float* const* a, int rows, int64_t j, float* out) {
     kern.dot_fp8(a, rows, w.codes + j * k, w.scales + w.row_scales[j], w.block_k, k, out);
   });
 }
@@ -132,7 +117,7 @@ void matmul_bf16(const float* x, const uint16_t* w, float* y, int64_t m, int64_t
     matmul_gemv(n, [&](int64_t j0, int64_t j1) { kern.gemv_bf16(x, w + j0 * k, k, j1 - j0, y + j0); });
     return;
   }
-  matmul_rows(x, y, m, n, k, [&](const float* const* a, int rows, int64_t j, float* out) {
+  matmul_rows(x, y, m, n, k, 64, [&](const float* const* a, int rows, int64_t j, float* out) {
     kern.dot_bf16(a, rows, w + j * k, k, out);
   });
 }
@@ -169,7 +154,10 @@ void matmul(const float* x, const float* w, float* y, int64_t m, int64_t n, int6
     });
     return;
   }
-  matmul_fixed(x, w, y, m, n, k);
+  const detail::row_kernels& kern = detail::active_kernels();
+  matmul_rows(x, y, m, n, k, 16, [&](const float* const* a, int rows, int64_t j, float* out) {
+    kern.dot_f32(a, rows, w + j * k, k, out);
+  });
 }
 
 void matmul_nn(const float* x, const float* w, float* y, int64_t m, int64_t n, int64_t k,
