@@ -192,6 +192,9 @@ struct engine_stats_snapshot {
   int64_t waiting_for_remote = 0;      // requests whose prefix is being read from storage
   uint64_t remote_hit_tokens = 0;      // of prefix_hit_tokens: read from the storage cluster
   uint64_t remote_timeouts = 0;        // reads given up at their deadline (recomputed)
+  uint64_t remote_lookups = 0;         // requests that asked the storage cluster
+  uint64_t remote_fetch_failures = 0;  // reads that brought fewer blocks than the lookup listed
+  std::string remote_last_error;       // the latest such read's reason
   std::string role = "both";           // runtime::engine_role
   uint64_t handoffs_offered = 0;       // prefill: requests lent to a decode engine
   uint64_t handoffs_placed = 0;        // prefill: of those, taken by a decode engine
@@ -220,7 +223,8 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, engine_stats_snapshot& x) {
   return f(caf::meta::type_name("engine_stats_snapshot"), x.steps, x.prefill_tokens, x.decode_tokens,
            x.generated, x.prefix_hit_tokens, x.requests_running, x.blocks_free, x.blocks_total, x.waiting_for_remote,
-           x.remote_hit_tokens, x.remote_timeouts, x.role, x.handoffs_offered, x.handoffs_placed, x.handoffs_kept,
+           x.remote_hit_tokens, x.remote_timeouts, x.remote_lookups, x.remote_fetch_failures,
+           x.remote_last_error, x.role, x.handoffs_offered, x.handoffs_placed, x.handoffs_kept,
            x.handoffs_taken, x.handoff_failures, x.swa_restores, x.swa_replays, x.swa_lookups, x.swa_fetches,
            x.swa_fetch_failures, x.swa_fetch_p50_ms, x.swa_fetch_p99_ms, x.kv_tokens, x.waiting,
            x.prefix_lookups, x.forward_s, x.images_encoded, x.image_patches_encoded, x.image_cache_hits,

@@ -257,8 +257,10 @@ void cache_manager::end_wait(remote_wait& w, bool use_blocks) {
     const size_t got = std::min(w.fetch->blocks(), w.reserved.size());
     for (size_t i = 0; i < got; ++i) pool_.cache_block(w.reserved[i], w.keys[i]);
     stats_.remote_hit_tokens += static_cast<uint64_t>(got) * static_cast<uint64_t>(bs_);
-    if (!w.fetch->error().empty() || w.fetch->blocks() < std::min(w.fetch->listed(), w.reserved.size()))
+    if (!w.fetch->error().empty() || w.fetch->blocks() < std::min(w.fetch->listed(), w.reserved.size())) {
       ++stats_.remote_fetch_failures;
+      stats_.remote_last_error = w.fetch->error().empty() ? "fewer blocks than listed" : w.fetch->error();
+    }
   }
   give_back(w.reserved);
   w.reserved.clear();

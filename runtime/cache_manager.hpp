@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include <chrono>
@@ -49,6 +50,7 @@ struct cache_stats {
   uint64_t remote_lookups = 0;        // requests that asked the remote tier (once each)
   uint64_t remote_fetch_failures = 0; // fetches that delivered fewer blocks than the tier listed
   uint64_t remote_timeouts = 0;       // fetches abandoned at their deadline (the request recomputed)
+  std::string remote_last_error;      // why the latest failed fetch fell short (empty: none failed)
   uint64_t remote_stored = 0, remote_dropped = 0;  // blocks offered for writing / dropped
   uint64_t replays = 0, swa_restores = 0;
   uint64_t swa_cut = 0;               // exact mode: hits cut back to a snapshot (tokens recomputed)

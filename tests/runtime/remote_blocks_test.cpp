@@ -144,6 +144,7 @@ TEST_CASE("remote tier: listed blocks that cannot be fetched are a miss and the 
   auto ref = run_one(cold, prompt);
   CHECK(tier->fetches > 0);
   CHECK(reader.stats().cache.remote_fetch_failures == 1);
+  CHECK(reader.stats().cache.remote_last_error == "memory tier: fetch failed");
   CHECK(reader.stats().cache.hit_tokens == 0);
   REQUIRE(got.size() == ref.size());
   for (size_t i = 0; i < got.size(); ++i) CHECK(got[i].logits == ref[i].logits);

@@ -107,6 +107,9 @@ std::string describe_engine(caf::actor_system& sys, const actors::engine_actor& 
                           rank, s.requests_running, s.steps, s.prefill_tokens, s.decode_tokens, s.generated,
                           s.prefix_hit_tokens, s.blocks_free, s.blocks_total, s.waiting_for_remote,
                           s.remote_hit_tokens, s.remote_timeouts);
+        if (s.remote_lookups > 0)
+          out += fmt::format(" remote_lookups={} remote_fetch_failures={}", s.remote_lookups, s.remote_fetch_failures);
+        if (!s.remote_last_error.empty()) out += fmt::format(" remote_last_error=\"{}\"", s.remote_last_error);
         if (s.role != "both")
           out += fmt::format(" role={} handoffs_offered={} handoffs_placed={} handoffs_kept={} handoffs_taken={} "
                              "handoff_failures={}",
