@@ -1,0 +1,297 @@
+// The grammar engine: EBNF, regex and JSON-schema front ends (languages and errors with their
+// positions), the matcher (bytes, tokens, rollback, end), and the token mask against a brute
+// force over the whole vocabulary.
+#include <doctest/doctest.h>
+
+#include <random>
+#include <regex>
+
+#include <nlohmann/json.hpp>
+
+#include "runtime/grammar.hpp"
+
+using namespace shoal::runtime;
+
+namespace {
+
+std::shared_ptr<compiled_grammar> compiled(constraint_spec spec, std::shared_ptr<const token_vocab> v) {
+  auto r = compile_for(spec, std::move(v));
+  if (auto* e = std::get_if<grammar_error>(&r)) FAIL("compile: " << e->text());
+  return std::get<std::shared_ptr<compiled_grammar>>(r);
+}
+
+// 256 single bytes, then multi-byte tokens (JSON pieces, words, a split UTF-8 character), a
+// special token and eos.
+std::shared_ptr<const token_vocab> small_vocab() {
+  std::vector<std::string> bytes;
+  for (int b = 0; b < 256; ++b) bytes.push_back(std::string(1, static_cast<char>(b)));
+  for (const char* t : {"{\"", "\":", "\",", "\"}", "\"]", "[\"", "ab", "abc", "true", "false", "null", "\\u", "\\n",
+                        "12", "0.", "e+", "}}", "]]", ", ", ": ", "\xc3", "\xc3\xa9", "\xa9\"", "xyz", "{}", "[]"})
+    bytes.emplace_back(t);
+  std::vector<bool> special(bytes.size(), false);
+  bytes.emplace_back("<special>");
+  special.push_back(true);
+  bytes.emplace_back("<eos>");
+  special.push_back(true);
+  return std::make_shared<token_vocab>(bytes, special, static_cast<int32_t>(bytes.size() - 1));
+}
+
+bool matches(const std::shared_ptr<compiled_grammar>& g, std::string_view s) {
+  grammar_matcher m(g);
+  return m.accept_bytes(s) && m.can_end();
+}
+
+bool matches(constraint_spec spec, std::string_view s) { return matches(compiled(std::move(spec), small_vocab()), s); }
+
+std::string error_of(constraint_spec spec) {
+  grammar g;
+  auto e = compile(spec, g);
+  return e ? e->text() : std::string("(compiled)");
+}
+
+bool bit(const std::vector<uint64_t>& m, int32_t t) { return (m[static_cast<size_t>(t) >> 6] >> (t & 63)) & 1; }
+
+// Walks `steps` random tokens through the grammar; at each state the mask must equal a brute
+// force of accept_token over every token. Returns the text walked.
+std::string check_masks(const std::shared_ptr<compiled_grammar>& g, uint32_t seed, int steps) {
+  const auto& v = *g->vocab;
+  grammar_matcher m(g);
+  std::mt19937 rng(seed);
+  std::string text;
+  std::vector<uint64_t> mask((static_cast<size_t>(v.size()) + 63) / 64);
+  for (int s = 0; s < steps && !m.terminated(); ++s) {
+    m.fill_mask(mask);
+    std::vector<int32_t> allowed;
+    for (int32_t t = 0; t < v.size(); ++t) {
+      const bool ok = m.accept_token(t);
+      if (ok) m.rollback(1);
+      CHECK_MESSAGE(ok == bit(mask, t), "token " << t << " after '" << text << "'");
+      if (ok) allowed.push_back(t);
+    }
+    if (allowed.empty()) break;
+    const int32_t pick = allowed[std::uniform_int_distribution<size_t>(0, allowed.size() - 1)(rng)];
+    REQUIRE(m.accept_token(pick));
+    if (pick != v.eos_id()) text += v.bytes(pick);
+  }
+  return text;
+}
+
+}  // namespace
+
+TEST_CASE("ebnf: literals, classes, groups, repetition and recursion") {
+  constraint_spec g{constraint_kind::ebnf, R"g(
+    # a tiny arithmetic language
+    root   ::= expr ("=" num)?
+    expr   ::= term (("+" | "-") term)*
+    term   ::= num | "(" expr ")"
+    num    ::= [0-9]{1,3}
+  )g"};
+  auto cg = compiled(g, small_vocab());
+  CHECK(matches(cg, "1+2"));
+  CHECK(matches(cg, "(1+(22-333))=7"));
+  CHECK(matches(cg, "999"));
+  CHECK_FALSE(matches(cg, "1000"));
+  CHECK_FALSE(matches(cg, "1+"));
+  CHECK_FALSE(matches(cg, "(1"));
+  CHECK_FALSE(matches(cg, ""));
+  constraint_spec u{constraint_kind::ebnf, "root ::= [^a-c\\n]+ \"\\u00e9\" 'x'? .\n"};
+  CHECK(matches(u, "zz\xc3\xa9q"));
+  CHECK(matches(u, "\xe2\x82\xac\xc3\xa9x\xf0\x9f\x98\x80"));
+  CHECK_FALSE(matches(u, "ab\xc3\xa9q"));
+  CHECK_FALSE(matches(u, "z\xc3\xa9"));
+  constraint_spec e{constraint_kind::ebnf, "root ::= \"a\"{2,} \"b\"{0,2} \"c\"{3}"};
+  CHECK(matches(e, "aaaaaccc"));
+  CHECK(matches(e, "aabbccc"));
+  CHECK_FALSE(matches(e, "abccc"));
+  CHECK_FALSE(matches(e, "aabbbccc"));
+}
+
+TEST_CASE("ebnf: errors name the problem and its line and column") {
+  CHECK(error_of({constraint_kind::ebnf, "root ::= foo\n"}) == "rule 'foo' is used but not defined at line 1, column 10");
+  CHECK(error_of({constraint_kind::ebnf, "start ::= \"a\""}) == "the grammar has no rule 'root' at line 1, column 1");
+  CHECK(error_of({constraint_kind::ebnf, "root ::= \"a\"\nroot ::= \"b\""}) ==
+        "rule 'root' is defined twice at line 2, column 1");
+  CHECK(error_of({constraint_kind::ebnf, "root ::= \"a\n\""}) == "unterminated string literal at line 1, column 10");
+  CHECK(error_of({constraint_kind::ebnf, "root ::= (\"a\" | \"b\""}) == "unterminated group at line 1, column 10");
+  CHECK(error_of({constraint_kind::ebnf, "root ::= [z-a]"}) == "range out of order at line 1, column 10");
+  CHECK(error_of({constraint_kind::ebnf, "root = \"a\""}) == "expected '::=' after rule name 'root' at line 1, column 6");
+  CHECK(error_of({constraint_kind::ebnf, "root ::= \"a\" @"}) == "unexpected character '@' at line 1, column 14");
+  CHECK(error_of({constraint_kind::ebnf, "root ::= root \"a\" | \"b\""}) == "rule 'root' can recurse without consuming input");
+  CHECK(error_of({constraint_kind::ebnf, "root ::= x* \"a\"\nx ::= \"\""}).find("can recurse without consuming") !=
+        std::string::npos);
+  CHECK(error_of({constraint_kind::ebnf, "root ::= \"a\"{3,2}"}) == "repetition range out of order at line 1, column 13");
+  CHECK(error_of({constraint_kind::ebnf, "root ::= \"\\q\""}) == "unknown escape \\q at line 1, column 11");
+}
+
+TEST_CASE("regex: the whole output matches exactly what std::regex (ECMAScript) matches, over ASCII") {
+  const std::vector<std::string> patterns = {
+    "a*b",          "(ab|cd)+",   "[a-c]{2,4}",    "x?y*z",       "\\d+(\\.\\d{1,2})?", "[^ab]*",
+    "(a|b)*abb",    "\\w+@\\w+\\.com", "a{3}",     "a{2,}",       "(?:ab)?c",           "[\\-_]+",
+    "\\s*\\S+",     "(a|)b",      "[.]\\.",        ".?.?",        "(x|y|)(z|)",        "\\x41\\u0042[^\\W\\d]",
+    "((a|b)c)*",    "a+?b??",     "[a-]+[\\]a]*",    "0|[1-9]\\d*",  "(?<g>ab)+",
+  };
+  const std::string alphabet = "abcxyzAB01_-. \n@";
+  std::mt19937 rng(7);
+  auto vocab = small_vocab();
+  for (const auto& p : patterns) {
+    std::regex re;
+    try {
+      re = std::regex(p, std::regex::ECMAScript);
+    } catch (const std::regex_error&) {
+      continue;  // std::regex refuses some ECMAScript forms ([]a], named groups)
+    }
+    auto cg = compiled({constraint_kind::regex, p}, vocab);
+    int agree = 0;
+    for (int n = 0; n < 600; ++n) {
+      std::string s;
+      const size_t len = std::uniform_int_distribution<size_t>(0, 7)(rng);
+      for (size_t k = 0; k < len; ++k) s += alphabet[std::uniform_int_distribution<size_t>(0, alphabet.size() - 1)(rng)];
+      const bool want = std::regex_match(s, re);
+      CHECK_MESSAGE(matches(cg, s) == want, "pattern " << p << " on '" << s << "'");
+      agree += matches(cg, s) == want;
+    }
+    CHECK(agree == 600);
+  }
+  CHECK(matches({constraint_kind::regex, "[a-]+[\\]a]*"}, "-a]]a"));
+  CHECK(matches({constraint_kind::regex, "(?<g>ab)+"}, "abab"));
+  CHECK(matches({constraint_kind::regex, "[\\u00e0-\\u00ff]\\u{1F600}"}, "\xc3\xa9\xf0\x9f\x98\x80"));
+  CHECK_FALSE(matches({constraint_kind::regex, "[\\u00e0-\\u00ff]"}, "\xc3\x9f"));
+  CHECK(matches({constraint_kind::regex, "^ab$"}, "ab"));
+}
+
+TEST_CASE("regex: errors name the problem and its offset") {
+  CHECK(error_of({constraint_kind::regex, "(ab"}) == "unterminated group at offset 0");
+  CHECK(error_of({constraint_kind::regex, "ab)"}) == "unmatched ')' at offset 2");
+  CHECK(error_of({constraint_kind::regex, "[ab"}) == "unterminated character class at offset 0");
+  CHECK(error_of({constraint_kind::regex, "*a"}) == "nothing to repeat at offset 0");
+  CHECK(error_of({constraint_kind::regex, "a**"}) == "nothing to repeat at offset 2");
+  CHECK(error_of({constraint_kind::regex, "(a)\\1"}) == "backreferences are not supported at offset 3");
+  CHECK(error_of({constraint_kind::regex, "a(?=b)"}) == "lookaround and other (? groups are not supported at offset 1");
+  CHECK(error_of({constraint_kind::regex, "a{3,1}"}) == "quantifier range out of order at offset 0");
+  CHECK(error_of({constraint_kind::regex, "a{5000}"}) == "repetition counts above 1000 are not supported at offset 0");
+  CHECK(error_of({constraint_kind::regex, "[z-a]"}) == "range out of order at offset 4");
+  CHECK(error_of({constraint_kind::regex, "a^b"}) == "anchors are supported only at the start and end of the pattern at offset 1");
+  CHECK(error_of({constraint_kind::regex, "a[]"}) == "an empty character class matches nothing at offset 1");
+  CHECK(error_of({constraint_kind::regex, "\\q"}) == "unknown escape \\q at offset 0");
+  CHECK(error_of({constraint_kind::regex, "a\\bc"}) == "word boundaries (\\b) are not supported at offset 1");
+  CHECK(error_of({constraint_kind::regex, "(a*)*"}).find("can recurse without consuming input") != std::string::npos);
+}
+
+TEST_CASE("json schema: objects keep declared order, optional properties may be left out, types and literals") {
+  constraint_spec s{constraint_kind::json_schema, R"({
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 3}, "age": {"type": "integer"},
+                   "tags": {"type": "array", "items": {"enum": ["a", 1, null]}, "maxItems": 2},
+                   "ok": {"type": ["boolean", "null"]}, "k": {"const": {"x": [1.5, "y"]}}},
+    "required": ["name", "k"],
+    "additionalProperties": false
+  })"};
+  auto cg = compiled(s, small_vocab());
+  CHECK(matches(cg, R"({"name":"abc","k":{"x":[1.5,"y"]}})"));
+  CHECK(matches(cg, R"({"name": "", "age": -12, "tags": ["a", null], "ok": null, "k": {"x":[1.5,"y"]}})"));
+  CHECK(matches(cg, R"({"name":"\u00e9\n","ok":true,"k":{"x":[1.5,"y"]}})"));
+  CHECK_FALSE(matches(cg, R"({"name":"abcd","k":{"x":[1.5,"y"]}})"));       // maxLength
+  CHECK_FALSE(matches(cg, R"({"age":1,"name":"a","k":{"x":[1.5,"y"]}})"));  // order
+  CHECK_FALSE(matches(cg, R"({"name":"a"})"));                              // required k
+  CHECK_FALSE(matches(cg, R"({"name":"a","tags":[1,1,1],"k":{"x":[1.5,"y"]}})"));
+  CHECK_FALSE(matches(cg, R"({"name":"a","age":01,"k":{"x":[1.5,"y"]}})"));
+  CHECK_FALSE(matches(cg, R"({"name":"a","extra":1,"k":{"x":[1.5,"y"]}})"));
+  CHECK_FALSE(matches(cg, R"({"name":"\ud800","k":{"x":[1.5,"y"]}})"));  // a lone surrogate escape
+  constraint_spec any{constraint_kind::json_object, ""};
+  CHECK(matches(any, R"({"a":[1,{"b":null}],"c":"d\"e","f":-0.5e+10})"));
+  CHECK_FALSE(matches(any, R"([1])"));
+  CHECK_FALSE(matches(any, R"({"a":1,})"));
+}
+
+TEST_CASE("json schema: pattern, $ref recursion, anyOf and extra properties") {
+  constraint_spec s{constraint_kind::json_schema, R"({
+    "$defs": {"node": {"type": "object", "properties": {"v": {"type": "integer"},
+                                                        "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}}},
+                       "required": ["v"]}},
+    "type": "object",
+    "properties": {"id": {"type": "string", "pattern": "^[A-Z]{2}-\\d{3}$"},
+                   "q": {"type": "string", "pattern": "\"x"},
+                   "tree": {"$ref": "#/$defs/node"},
+                   "u": {"anyOf": [{"type": "number"}, {"type": "string", "minLength": 2, "maxLength": 2}]},
+                   "m": {"type": "object", "additionalProperties": {"type": "boolean"}}},
+    "required": ["id"]
+  })"};
+  auto cg = compiled(s, small_vocab());
+  CHECK(matches(cg, R"({"id":"AB-123"})"));
+  CHECK(matches(cg, R"({"id":"XY-000","q":"ab\"xyz","tree":{"v":1,"kids":[{"v":2},{"v":3,"kids":[]}]},"u":"ok","m":{"a":true,"b":false}})"));
+  CHECK(matches(cg, R"({"id":"XY-000","u":2.5e-3,"m":{}})"));
+  CHECK_FALSE(matches(cg, R"({"id":"AB-1234"})"));
+  CHECK_FALSE(matches(cg, R"({"id":"AB-123","q":"abc"})"));
+  CHECK_FALSE(matches(cg, R"({"id":"AB-123","tree":{"kids":[]}})"));
+  CHECK_FALSE(matches(cg, R"({"id":"AB-123","u":"abc"})"));
+  CHECK_FALSE(matches(cg, R"({"id":"AB-123","m":{"a":1}})"));
+}
+
+TEST_CASE("json schema: unsupported or bad schemas are refused with the keyword and its path") {
+  using K = constraint_kind;
+  CHECK(error_of({K::json_schema, R"({"type":"integer","minimum":3})"}) == "unsupported keyword \"minimum\" at /");
+  CHECK(error_of({K::json_schema, R"({"properties":{"a":{"type":"string","format":"email"}}})"}) ==
+        "unsupported keyword \"format\" at /properties/a");
+  CHECK(error_of({K::json_schema, R"({"type":"strnig"})"}) == "unknown type \"strnig\" at /type");
+  CHECK(error_of({K::json_schema, R"({"type":"object","required":["x"]})"}) ==
+        "required property \"x\" is not in properties at /required");
+  CHECK(error_of({K::json_schema, R"({"$ref":"#/$defs/missing"})"}) == "$ref \"#/$defs/missing\" points at nothing at /");
+  CHECK(error_of({K::json_schema, R"({"$ref":"http://example.com/s.json"})"}) ==
+        "only local $ref (\"#...\") is supported, got \"http://example.com/s.json\" at /");
+  CHECK(error_of({K::json_schema, R"({"type":"string","pattern":"(a"})"}) ==
+        "pattern: unterminated group at offset 0 at /pattern");
+  CHECK(error_of({K::json_schema, R"({"type":"integer","maxLength":3})"}) ==
+        "maxLength applies to type string, which the schema does not allow at /");
+  CHECK(error_of({K::json_schema, R"({"type":"string","minLength":5,"maxLength":2})"}) ==
+        "minLength is above maxLength at /");
+  CHECK(error_of({K::json_schema, R"({"enum":[1,2],"type":"string"})"}) == "no enum value matches the schema's type at /enum");
+  CHECK(error_of({K::json_schema, "false"}) == "the schema false matches nothing at /");
+  CHECK(error_of({K::json_schema, R"({"type": "object",)"}).rfind("the schema is not valid JSON", 0) == 0);
+  CHECK(error_of({K::json_schema, R"({"items":[{"type":"string"}]})"}) ==
+        "items as an array (tuple form) is not supported at /items");
+  CHECK(error_of({K::json_schema, R"({"anyOf":[{"type":"string"}],"type":"string"})"}) ==
+        "anyOf together with other keywords is not supported at /");
+}
+
+TEST_CASE("matcher: tokens, eos only at a whole match, rollback, special tokens refused") {
+  auto v = small_vocab();
+  auto cg = compiled({constraint_kind::regex, "(ab)+"}, v);
+  grammar_matcher m(cg);
+  const int32_t ab = 256 + 6, abc = 256 + 7, eos = v->eos_id(), special = v->eos_id() - 1;
+  CHECK_FALSE(m.accept_token(eos));
+  CHECK_FALSE(m.accept_token(abc));
+  CHECK_FALSE(m.accept_token(special));
+  REQUIRE(m.accept_token(ab));
+  CHECK(m.can_end());
+  CHECK_FALSE(m.terminated());
+  REQUIRE(m.accept_token('a'));
+  CHECK_FALSE(m.can_end());
+  REQUIRE(m.accept_token('b'));
+  CHECK(m.history() == 3);
+  m.rollback(2);
+  CHECK(m.history() == 1);
+  CHECK(m.can_end());
+  REQUIRE(m.accept_token(eos));
+  CHECK(m.terminated());
+  CHECK_FALSE(m.accept_token('a'));
+  auto fixed = compiled({constraint_kind::regex, "ab"}, v);
+  grammar_matcher f(fixed);
+  REQUIRE(f.accept_token(ab));
+  CHECK(f.terminated());  // nothing can follow
+}
+
+TEST_CASE("mask: equals accept_token over the whole vocabulary along random walks") {
+  auto v = small_vocab();
+  const std::vector<constraint_spec> specs = {
+    {constraint_kind::json_object, ""},
+    {constraint_kind::json_schema, R"({"type":"object","properties":{"a":{"type":"string","maxLength":4},
+       "b":{"type":"array","items":{"type":"number"},"maxItems":3},"c":{"enum":["x\u00e9",true]}},"required":["a"]})"},
+    {constraint_kind::regex, "(abc|ab)*x?[\\u00e0-\\u00ff]{0,2}\"?"},
+    {constraint_kind::ebnf, "root ::= (\"ab\" | [0-9]+ \".\")* \"}}\" tail\ntail ::= \"\" | \"xyz\" tail"},
+  };
+  for (size_t i = 0; i < specs.size(); ++i) {
+    auto cg = compiled(specs[i], v);
+    for (uint32_t seed = 0; seed < 4; ++seed) check_masks(cg, seed * 31 + static_cast<uint32_t>(i), 40);
+    CHECK(cg->cache_walks > 0);
+  }
+}
