@@ -205,6 +205,8 @@ generation_request make_generation(int64_t id, std::vector<int32_t> prompt, cons
   for (const auto& [id, bias] : r.logit_bias) req.sampling.bias_tokens.push_back(id), req.sampling.bias_values.push_back(bias);
   req.sampling.presence_penalty = r.presence_penalty;
   req.sampling.frequency_penalty = r.frequency_penalty;
+  req.sampling.constraint_kind = static_cast<uint8_t>(r.constraint.kind);
+  req.sampling.constraint = r.constraint.source;
   req.cls = r.cls;
   req.images = to_payloads(r.images);
   return req;

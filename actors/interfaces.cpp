@@ -80,6 +80,7 @@ sampling_options to_sampling_options(const runtime::sampling_params& p) {
   o.has_seed = p.seed.has_value(), o.seed = p.seed.value_or(0);
   for (const auto& [id, bias] : p.logit_bias) o.bias_tokens.push_back(id), o.bias_values.push_back(bias);
   o.presence_penalty = p.presence_penalty, o.frequency_penalty = p.frequency_penalty;
+  o.constraint_kind = static_cast<uint8_t>(p.constraint.kind), o.constraint = p.constraint.source;
   return o;
 }
 
@@ -97,6 +98,8 @@ runtime::sampling_params to_sampling_params(const sampling_options& o) {
   for (size_t i = 0; i < std::min(o.bias_tokens.size(), o.bias_values.size()); ++i)
     p.logit_bias.emplace_back(o.bias_tokens[i], o.bias_values[i]);
   p.presence_penalty = o.presence_penalty, p.frequency_penalty = o.frequency_penalty;
+  // An unknown kind byte (another process's) stays as it is: the engine refuses it by number.
+  p.constraint = {static_cast<runtime::constraint_kind>(o.constraint_kind), o.constraint};
   return p;
 }
 

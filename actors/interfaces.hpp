@@ -110,6 +110,8 @@ struct sampling_options {
   std::vector<float> bias_values;
   float presence_penalty = 0.0f;
   float frequency_penalty = 0.0f;
+  uint8_t constraint_kind = 0;  // runtime::constraint_kind (structured output); 0: none
+  std::string constraint;       // its schema, regex or grammar text
   friend bool operator==(const sampling_options&, const sampling_options&) = default;
 };
 
@@ -117,7 +119,7 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, sampling_options& x) {
   return f(caf::meta::type_name("sampling_options"), x.temperature, x.top_k, x.top_p, x.max_tokens,
            x.stop_token_ids, x.stop_strings, x.ignore_eos, x.has_seed, x.seed, x.bias_tokens, x.bias_values,
-           x.presence_penalty, x.frequency_penalty);
+           x.presence_penalty, x.frequency_penalty, x.constraint_kind, x.constraint);
 }
 
 sampling_options to_sampling_options(const runtime::sampling_params& p);

@@ -138,6 +138,7 @@ struct tokenizer::impl {
   bool ignore_merges_ = false;
 
   string_map<int32_t> added_;  // content -> id
+  std::vector<bool> added_ids_;  // by id
   // Byte trie over added-token contents for leftmost-longest matching.
   std::unordered_map<uint64_t, int32_t> trie_edges_;  // (node << 8 | byte) -> child node
   std::vector<int32_t> trie_token_{-1};               // node -> token id or -1
@@ -314,6 +315,8 @@ result<void> tokenizer::impl::load_added_tokens(const json& root) {
     const auto& text = content->get_ref<const std::string&>();
     auto tid = int32_t(id->get<int64_t>());
     added_.insert_or_assign(text, tid);
+    if (added_ids_.size() <= size_t(tid)) added_ids_.resize(size_t(tid) + 1, false);
+    added_ids_[size_t(tid)] = true;
     add_trie_token(text, tid);
     set_id_bytes(tid, text);  // added tokens decode to their content
   }
@@ -717,6 +720,11 @@ int32_t tokenizer::vocab_size() const { return impl_->vocab_size_; }
 int32_t tokenizer::bos_id() const { return impl_->bos_id_; }
 int32_t tokenizer::eos_id() const { return impl_->eos_id_; }
 const std::string& tokenizer::chat_template() const { return impl_->chat_template_; }
+
+bool tokenizer::is_added(int32_t id) const {
+  if (id < 0 || size_t(id) >= impl_->added_ids_.size()) return false;
+  return impl_->added_ids_[size_t(id)];
+}
 
 int32_t tokenizer::token_id(std::string_view token) const {
   if (auto it = impl_->added_.find(token); it != impl_->added_.end()) return it->second;

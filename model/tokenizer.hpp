@@ -35,6 +35,9 @@ class tokenizer {
   int32_t bos_id() const;              // -1 when unknown
   int32_t eos_id() const;
   int32_t token_id(std::string_view token) const;  // -1 when absent
+  // An added token (tokenizer.json "added_tokens": special tokens and the like), matched in
+  // text as a whole rather than through BPE.
+  bool is_added(int32_t id) const;
   const std::string& chat_template() const;
 
  private:

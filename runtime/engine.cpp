@@ -4,6 +4,7 @@
 #include "runtime/engine.hpp"
 
 #include "model/vision.hpp"
+#include "runtime/grammar.hpp"
 #include "runtime/image.hpp"
 
 #include <algorithm>
@@ -73,6 +74,12 @@ std::expected<request_id, std::string> engine::add_request(std::vector<int32_t> 
                              ") is outside the vocabulary [0, " + std::to_string(c.vocab_size) + ")");
   if (auto bad = validate(params, c.vocab_size)) return std::unexpected(*bad);
   if (auto why = check_prompt_images(c.vision, prompt, images); !why.empty()) return std::unexpected(why);
+  std::shared_ptr<grammar_matcher> matcher;
+  if (params.constraint.active()) {
+    auto m = make_matcher(params, {});
+    if (!m) return std::unexpected(m.error());
+    matcher = std::move(*m);
+  }
   int64_t total = static_cast<int64_t>(prompt.size()) + params.max_tokens;
   if (c.max_position_embeddings > 0 && total > c.max_position_embeddings)
     return std::unexpected("prompt (" + std::to_string(prompt.size()) + ") + max_tokens (" +
@@ -114,6 +121,7 @@ std::expected<request_id, std::string> engine::add_request(std::vector<int32_t> 
   r->params = params;
   r->cls = cls;
   r->seq_seed = sequence_seed(params, static_cast<uint64_t>(r->id.value));
+  r->matcher = std::move(matcher);
   request* raw = r.get();
   requests_[r->id.value] = std::move(r);
   if (wait.reads.empty()) {
@@ -250,6 +258,12 @@ std::expected<request_id, std::string> engine::add_handoff(const handoff_state& 
       !why.empty())
     return std::unexpected("handoff: " + why);
   if (!s.params.stop_strings.empty() && !tok_) return std::unexpected("stop strings need a tokenizer, and this engine has none");
+  std::shared_ptr<grammar_matcher> matcher;
+  if (s.params.constraint.active()) {  // it continues where the prefill engine's matcher was
+    auto m = make_matcher(s.params, std::span(s.tokens).subspan(static_cast<size_t>(s.prompt_len)));
+    if (!m) return std::unexpected("handoff: " + m.error());
+    matcher = std::move(*m);
+  }
   const int64_t total = s.prompt_len + s.params.max_tokens;
   if (caches_.blocks_for(total) > caches_.pool().num_blocks())
     return std::unexpected("handoff: request needs " + std::to_string(caches_.blocks_for(total)) + " cache blocks; the engine has " +
@@ -265,6 +279,7 @@ std::expected<request_id, std::string> engine::add_handoff(const handoff_state& 
   r->images = s.images;
   r->remote_checked = true;  // its prefix came with it
   r->swa_checked = true;
+  r->matcher = std::move(matcher);
   if (!caches_.start_import(*r, s, *config_.bulk, config_.handoff_read_timeout))
     return std::unexpected("no room: " + std::to_string(caches_.blocks_for(s.computed) + 1) + " blocks needed, " +
                            std::to_string(caches_.pool().num_free()) + " free");
@@ -273,6 +288,40 @@ std::expected<request_id, std::string> engine::add_handoff(const handoff_state& 
   requests_[r->id.value] = std::move(r);
   sched_.add_importing(raw);
   return raw->id;
+}
+
+std::expected<std::shared_ptr<grammar_matcher>, std::string> engine::make_matcher(const sampling_params& params,
+                                                                                  std::span<const int32_t> output) {
+  const constraint_spec& spec = params.constraint;
+  if (!tok_) return std::unexpected("structured output needs a tokenizer, and this engine has none");
+  if (!constraint_kind_from_byte(static_cast<uint8_t>(spec.kind)))
+    return std::unexpected("unknown constraint kind " + std::to_string(static_cast<int>(spec.kind)));
+  if (!vocab_) {
+    const auto n = static_cast<int32_t>(weights_->config.vocab_size);
+    std::vector<std::string> bytes(static_cast<size_t>(n));
+    std::vector<bool> special(static_cast<size_t>(n), false);
+    for (int32_t i = 0; i < n; ++i) {
+      bytes[static_cast<size_t>(i)] = tok_->decode_token(i);
+      special[static_cast<size_t>(i)] = tok_->is_added(i);
+    }
+    vocab_ = std::make_shared<token_vocab>(std::move(bytes), std::move(special),
+                                           static_cast<int32_t>(weights_->config.eos_token_id));
+  }
+  auto key = std::make_pair(static_cast<uint8_t>(spec.kind), spec.source);
+  auto it = grammars_.find(key);
+  if (it == grammars_.end()) {
+    auto compiled = compile_for(spec, vocab_);
+    if (auto* e = std::get_if<grammar_error>(&compiled))
+      return std::unexpected(std::string(to_string(spec.kind)) + ": " + e->text());
+    if (grammars_.size() >= 64) grammars_.erase(grammars_.begin());
+    it = grammars_.emplace(std::move(key), std::get<std::shared_ptr<compiled_grammar>>(std::move(compiled))).first;
+  }
+  auto m = std::make_shared<grammar_matcher>(it->second);
+  for (size_t i = 0; i < output.size(); ++i)
+    if (!m->accept_token(output[i]))
+      return std::unexpected("output token " + std::to_string(i) + " (id " + std::to_string(output[i]) +
+                             ") does not match the " + to_string(spec.kind) + " constraint");
+  return m;
 }
 
 embedding_cache::rows engine::image_rows(const prompt_image& im) {
@@ -361,10 +410,23 @@ std::vector<token_event> engine::complete() {
   size_t row = 0;
   for (size_t i = 0; i < f.items.size(); ++i) {
     request* r = f.plan.items[i].req;
-    if (f.items[i].logits) {
-      std::span<const float> logits(f.output.logits.data() + row++ * V, static_cast<size_t>(V));
-      int32_t token = sample_token(logits, r->params, r->seq_seed, r->output_len(),
+    bool sample = f.items[i].logits;
+    std::span<const float> logits;
+    if (sample) logits = {f.output.logits.data() + row++ * V, static_cast<size_t>(V)};
+    std::span<const float> allowed = logits;
+    if (sample && r->matcher) {  // structured output: refused tokens to −inf
+      masked_.assign(logits.begin(), logits.end());
+      allowed = masked_;
+      if (r->matcher->apply_mask(masked_) == 0) {  // no token of the vocabulary continues the match
+        sample = false;
+        r->finish = finish_reason::error;
+        events.push_back({r->id, -1, true, finish_reason::error, {}});
+      }
+    }
+    if (sample) {
+      int32_t token = sample_token(allowed, r->params, r->seq_seed, r->output_len(),
                                    std::span<const int32_t>(r->tokens).subspan(static_cast<size_t>(r->prompt_len)));
+      const bool grammar_done = r->matcher && r->matcher->accept_token(token) && r->matcher->terminated();
       r->tokens.push_back(token);
       std::string& text = texts_[r->id.value];
       const size_t before = text.size();
@@ -375,6 +437,7 @@ std::vector<token_event> engine::complete() {
       stop_result sr = stop.check(std::span<const int32_t>(r->tokens).subspan(static_cast<size_t>(r->prompt_len)),
                                   text, stop.longest_stop() ? from : 0);
       if (sr.truncate_at) text.resize(*sr.truncate_at);
+      if (grammar_done && sr.reason == finish_reason::none) sr.reason = finish_reason::stop;  // nothing may follow
       ++stats_.generated;
       events.push_back({r->id, token, sr.reason != finish_reason::none, sr.reason, {}});
       if (config_.capture_logits) events.back().logits.assign(logits.begin(), logits.end());

@@ -26,6 +26,9 @@
 
 namespace shoal::runtime {
 
+class token_vocab;
+struct compiled_grammar;
+
 struct engine_config {
   // prefill: after a request's first token its cache is offered to a decode engine
   // (take_handoffs); decode and both: runs requests to the end (decode also takes handoffs).
@@ -222,6 +225,14 @@ class engine {
   std::string last_error_;
   embedding_cache images_;
   std::map<embedding_cache::key, std::shared_ptr<rows_read>> rows_reads_;
+  // Structured output: the vocabulary as bytes (from tok_, on first use) and the compiled
+  // grammars with their mask caches, by constraint (at most 64 kept).
+  std::shared_ptr<const token_vocab> vocab_;
+  std::vector<float> masked_;  // a masked copy of one position's logits
+  std::map<std::pair<uint8_t, std::string>, std::shared_ptr<compiled_grammar>> grammars_;
+  // A matcher for `params.constraint` that has taken `output` (generated tokens so far).
+  std::expected<std::shared_ptr<grammar_matcher>, std::string> make_matcher(const sampling_params& params,
+                                                                           std::span<const int32_t> output);
   std::vector<awaiting_rows> awaiting_rows_;
 
   // compute thread (async scheduling)

@@ -28,6 +28,11 @@ std::optional<constraint_kind> constraint_kind_from(std::string_view name) {
   return std::nullopt;
 }
 
+std::optional<constraint_kind> constraint_kind_from_byte(uint8_t b) {
+  if (b > static_cast<uint8_t>(constraint_kind::ebnf)) return std::nullopt;
+  return static_cast<constraint_kind>(b);
+}
+
 // -- builder ------------------------------------------------------------------------------------
 
 uint32_t grammar_builder::rule(std::string name) {
@@ -406,43 +411,64 @@ class runner {
 void set_bit(std::span<uint64_t> m, int32_t id) { m[static_cast<size_t>(id) >> 6] |= uint64_t{1} << (id & 63); }
 bool get_bit(std::span<const uint64_t> m, int32_t id) { return (m[static_cast<size_t>(id) >> 6] >> (id & 63)) & 1; }
 
-// The walk of the sorted vocabulary from the byte class at `pos`, its rule's end a boundary.
-compiled_grammar::position_mask walk_position(const grammar& g, const token_vocab& v, uint32_t pos,
-                                              const std::vector<int32_t>& sorted, const std::vector<uint32_t>& lcp) {
+enum class verdict : uint8_t { rejected, accepted, uncertain };
+
+// Walks the tokens `ids` (in byte order; lcp(i): the bytes ids[i] shares with ids[i − 1]) from
+// `start`, sharing the states of common prefixes, and calls out(id, verdict) for each token that
+// is not rejected: accepted when its whole byte string goes through (or ends exactly where a
+// path leaves the walk's frames or the grammar ends), uncertain when a path left the frames
+// (past the sentinel) before its last byte. A prefix that dies decides the tokens after it
+// that share it without stepping further.
+template <class Lcp, class Out>
+void walk_tokens(runner& run, const state& start, const token_vocab& v, std::span<const int32_t> ids, Lcp lcp, Out out) {
+  std::vector<state> depth(1, start);
+  std::vector<uint8_t> left_at(1, 0), left_upto(1, 0), done_at(1, 0);
+  size_t valid = 0;  // depth[0..valid] hold the previous token's prefix states
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const std::string& t = v.bytes(ids[i]);
+    const size_t len = t.size();
+    size_t d = std::min<size_t>(i == 0 ? 0 : lcp(i), valid);
+    if (depth.size() < len + 1) {
+      depth.resize(len + 1);
+      left_at.resize(len + 1);
+      left_upto.resize(len + 1);
+      done_at.resize(len + 1);
+    }
+    while (d < len && !depth[d].tops.empty()) {
+      run.advance(depth[d], static_cast<uint8_t>(t[d]), depth[d + 1]);
+      left_at[d + 1] = depth[d + 1].escaped ? 1 : 0;
+      done_at[d + 1] = depth[d + 1].complete ? 1 : 0;
+      left_upto[d + 1] = static_cast<uint8_t>(left_upto[d] | left_at[d + 1]);
+      ++d;
+    }
+    valid = d;
+    if (d == len && (!depth[len].tops.empty() || left_at[len] || done_at[len])) out(ids[i], verdict::accepted);
+    else if (d == len ? len > 1 && left_upto[len - 1] : left_upto[d] != 0) out(ids[i], verdict::uncertain);
+  }
+}
+
+// Frames of the mask context: the top of a stack and the frames under it, at most this many.
+// Three cover a code point inside a string or number rule and the rule's own frames (a string's
+// closing quote), so only tokens that run past the rule are left uncertain.
+constexpr size_t context_frames = 3;
+
+// The walk of the whole sorted vocabulary from a context (frames top first; under the last
+// one the sentinel, or the bottom when the stack ends there).
+compiled_grammar::position_mask walk_context(const grammar& g, const token_vocab& v, std::span<const uint32_t> frames,
+                                             bool to_bottom, std::span<const int32_t> sorted,
+                                             std::span<const uint32_t> lcp) {
   compiled_grammar::position_mask pm;
   pm.accepted.assign((static_cast<size_t>(v.size()) + 63) / 64, 0);
   arena a;
   runner run(g, a);
-  std::vector<state> depth(1);
-  depth[0].tops.push_back(a.make(pos, sentinel));
-  // esc_before[d]: some path left the rule after consuming fewer than d bytes... kept as
-  // escape_at[d] (after byte d) and its running or.
-  std::vector<uint8_t> escape_at(1, 0), escape_upto(1, 0);
-  size_t valid = 0;  // depth[0..valid] hold the previous token's prefix states
-  for (size_t i = 0; i < sorted.size(); ++i) {
-    const std::string& t = v.bytes(sorted[i]);
-    size_t d = std::min<size_t>(i == 0 ? 0 : lcp[i], valid);
-    if (depth.size() < t.size() + 1) {
-      depth.resize(t.size() + 1);
-      escape_at.resize(t.size() + 1);
-      escape_upto.resize(t.size() + 1);
-    }
-    // A dead prefix decides the token without stepping further.
-    while (d < t.size() && !depth[d].tops.empty()) {
-      run.advance(depth[d], static_cast<uint8_t>(t[d]), depth[d + 1]);
-      escape_at[d + 1] = depth[d + 1].escaped ? 1 : 0;
-      escape_upto[d + 1] = static_cast<uint8_t>(escape_upto[d] | escape_at[d + 1]);
-      ++d;
-    }
-    valid = d;
-    const size_t len = t.size();
-    if (d == len) {
-      if (!depth[len].tops.empty() || escape_at[len]) set_bit(pm.accepted, sorted[i]);
-      else if (len > 1 && escape_upto[len - 1]) pm.uncertain.push_back(sorted[i]);
-    } else if (escape_upto[d]) {  // died at depth d < len, after a path had left the rule
-      pm.uncertain.push_back(sorted[i]);
-    }
-  }
+  uint32_t node = to_bottom ? bottom : sentinel;
+  for (size_t j = frames.size(); j-- > 0;) node = a.make(frames[j], node);
+  state start;
+  start.tops.push_back(node);
+  walk_tokens(run, start, v, sorted, [&](size_t i) { return lcp[i]; }, [&](int32_t id, verdict r) {
+    if (r == verdict::accepted) set_bit(pm.accepted, id);
+    else pm.uncertain.push_back(id);
+  });
   return pm;
 }
 
@@ -456,25 +482,23 @@ struct grammar_matcher::impl {
   std::vector<state> history;  // history[0]: before any token
   std::vector<size_t> marks;   // arena size after each state
 
-  const compiled_grammar::position_mask& mask_at(uint32_t pos) {
-    auto it = cg->cache.find(pos);
+  // The cached mask of the context at the top of stack `node`.
+  const compiled_grammar::position_mask& mask_at(uint32_t node) {
+    uint32_t frames[context_frames];
+    size_t n = 0;
+    uint32_t f = node;
+    for (; n < context_frames && f != bottom; f = a.nodes[f].parent) frames[n++] = a.nodes[f].pos;
+    const bool to_bottom = f == bottom;
+    std::string key(reinterpret_cast<const char*>(frames), n * sizeof(uint32_t));
+    key.push_back(to_bottom ? 'b' : 's');
+    auto it = cg->cache.find(key);
     if (it == cg->cache.end()) {
-      it = cg->cache.emplace(pos, walk_position(cg->g, *cg->vocab, pos, cg->vocab->sorted_, cg->vocab->lcp_)).first;
+      it = cg->cache.emplace(std::move(key), walk_context(cg->g, *cg->vocab, std::span(frames, n), to_bottom,
+                                                          cg->vocab->sorted_, cg->vocab->lcp_))
+             .first;
       ++cg->cache_walks;
     }
     return it->second;
-  }
-  // From one stack: does the token's whole byte string go through?
-  bool token_from(uint32_t node, const std::string& bytes, state& x, state& y) {
-    runner run(cg->g, a);
-    x.tops.assign(1, node);
-    x.complete = false;
-    for (size_t i = 0; i < bytes.size(); ++i) {
-      run.advance(x, static_cast<uint8_t>(bytes[i]), y);
-      std::swap(x, y);
-      if (x.tops.empty()) return i + 1 == bytes.size() && x.complete;
-    }
-    return true;
   }
   bool step_bytes(std::string_view bytes) {
     const size_t m = a.mark();
@@ -553,24 +577,42 @@ void grammar_matcher::fill_mask(std::span<uint64_t> mask) {
   if (s.eos) return;
   const token_vocab& v = *im.cg->vocab;
   const size_t m = im.a.mark();
-  state x, y;
   for (uint32_t n : s.tops) {
-    const auto& pm = im.mask_at(im.a.nodes[n].pos);
+    const auto& pm = im.mask_at(n);
     for (size_t w = 0; w < mask.size() && w < pm.accepted.size(); ++w) mask[w] |= pm.accepted[w];
-    for (int32_t t : pm.uncertain)
-      if (!get_bit(mask, t) && im.token_from(n, v.bytes(t), x, y)) set_bit(mask, t);
+    if (pm.uncertain.empty()) continue;
+    // The uncertain tokens (in byte order) walked from the whole stack.
+    runner run(im.cg->g, im.a);
+    state start;
+    start.tops.push_back(n);
+    const auto& u = pm.uncertain;
+    walk_tokens(run, start, v, u,
+                [&](size_t i) {
+                  const std::string& p = v.bytes(u[i - 1]);
+                  const std::string& q = v.bytes(u[i]);
+                  size_t l = 0;
+                  while (l < p.size() && l < q.size() && p[l] == q[l]) ++l;
+                  return l;
+                },
+                [&](int32_t id, verdict r) {
+                  if (r == verdict::accepted) set_bit(mask, id);
+                });
     im.a.truncate(m);
   }
   if (s.complete && v.eos_id() >= 0 && v.eos_id() < v.size()) set_bit(mask, v.eos_id());
 }
 
-void grammar_matcher::apply_mask(std::span<float> logits) {
+size_t grammar_matcher::apply_mask(std::span<float> logits) {
   const token_vocab& v = *impl_->cg->vocab;
   std::vector<uint64_t> mask((static_cast<size_t>(v.size()) + 63) / 64);
   fill_mask(mask);
+  size_t left = 0;
   for (size_t i = 0; i < logits.size(); ++i)
     if (i >= static_cast<size_t>(v.size()) || !get_bit(mask, static_cast<int32_t>(i)))
       logits[i] = -std::numeric_limits<float>::infinity();
+    else
+      ++left;
+  return left;
 }
 
 }  // namespace shoal::runtime

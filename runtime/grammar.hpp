@@ -25,21 +25,9 @@
 #include <variant>
 #include <vector>
 
+#include "runtime/constraint.hpp"
+
 namespace shoal::runtime {
-
-// What a request's output must match: a JSON schema (text), any JSON object, a regular
-// expression (the whole output), or an EBNF grammar (GBNF-like; start rule `root`).
-enum class constraint_kind : uint8_t { none, json_schema, json_object, regex, ebnf };
-
-const char* to_string(constraint_kind k);
-std::optional<constraint_kind> constraint_kind_from(std::string_view name);
-
-struct constraint_spec {
-  constraint_kind kind = constraint_kind::none;
-  std::string source;  // the schema's JSON text, the regex or the grammar; empty for json_object
-  bool active() const { return kind != constraint_kind::none; }
-  friend bool operator==(const constraint_spec&, const constraint_spec&) = default;
-};
 
 // A compile error: what is wrong and where (byte offset into the source and its line and
 // column; for a JSON schema the JSON pointer of the offending schema).
@@ -139,8 +127,8 @@ struct compiled_grammar {
     std::vector<uint64_t> accepted;  // bitset over token ids
     std::vector<int32_t> uncertain;  // sorted-vocabulary order
   };
-  std::unordered_map<uint32_t, position_mask> cache;  // by top position
-  uint64_t cache_walks = 0;                           // positions computed
+  std::unordered_map<std::string, position_mask> cache;  // by context: the top frames' positions
+  uint64_t cache_walks = 0;                              // contexts computed
 };
 
 // Compiles `spec` for `vocab`; errors as compile() gives them.
@@ -167,8 +155,8 @@ class grammar_matcher {
   bool can_end() const;       // the bytes so far are a whole match
   bool terminated() const;    // eos accepted, or a whole match that nothing can extend
   // Sets the logits of refused tokens to −inf (logits over the vocabulary; longer is fine,
-  // the extra ids are refused).
-  void apply_mask(std::span<float> logits);
+  // the extra ids are refused). Returns how many tokens are left.
+  size_t apply_mask(std::span<float> logits);
 
  private:
   struct impl;

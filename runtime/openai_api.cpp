@@ -5,10 +5,13 @@
 // text (a token boundary inside a character) is replaced rather than thrown on.
 #include "runtime/openai_api.hpp"
 
+#include "runtime/grammar.hpp"
+
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <array>
+#include <cctype>
 #include <cmath>
 #include <limits>
 
@@ -16,7 +19,7 @@ namespace shoal::runtime {
 
 namespace {
 
-using json = nlohmann::json;
+using json = nlohmann::ordered_json;  // a JSON schema's properties keep their order
 using ojson = nlohmann::ordered_json;
 using check = std::optional<api_error>;
 
@@ -296,10 +299,6 @@ check parse_adjustments(const json& j, const api_limits& limits, completion_requ
 // other field that is not read above is refused as unknown.
 check parse_neutral_and_unknown(const json& j, bool chat) {
   const auto empty = [](const json& v) { return (v.is_object() || v.is_array()) && v.empty(); };
-  if (const json* v = field(j, "response_format");
-      v && !(v->is_object() && v->size() == 1 && v->contains("type") && (*v)["type"] == "text"))
-    return bad("'response_format' is not supported (only {\"type\": \"text\"}): structured output is not implemented",
-               "response_format");
   if (const json* v = field(j, "tools"); v && !empty(*v))
     return bad("'tools' is not supported: tool calling is not implemented", "tools");
   if (const json* v = field(j, "tool_choice"); v && *v != "none")
@@ -313,7 +312,7 @@ check parse_neutral_and_unknown(const json& j, bool chat) {
   static constexpr std::string_view known[] = {
       "model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed",
       "n", "stop", "stream", "stream_options", "logprobs", "top_logprobs", "echo", "best_of", "ignore_eos",
-      "traffic_class", "presence_penalty", "frequency_penalty", "logit_bias", "response_format", "tools",
+      "traffic_class", "presence_penalty", "frequency_penalty", "logit_bias", "response_format", "regex", "ebnf", "tools",
       "tool_choice", "functions", "function_call", "suffix",
       // informational: an end-user id, and a tool option that has no effect without tools
       "user", "parallel_tool_calls"};
@@ -327,6 +326,71 @@ check parse_neutral_and_unknown(const json& j, bool chat) {
     if (chat && (key == "prompt" || key == "suffix" || key == "echo" || key == "best_of"))
       return bad("'" + key + "' belongs to /v1/completions, not /v1/chat/completions", key);
   }
+  return std::nullopt;
+}
+
+// Structured output: response_format ({"type": "text"}, {"type": "json_object"} or
+// {"type": "json_schema", "json_schema": {"name", "schema", "strict", "description"}}) and
+// the extension fields "regex" and "ebnf"; at most one constraint, and it must compile (the
+// error says where in the schema, pattern or grammar).
+check parse_constraint(const json& j, completion_request& r) {
+  std::string param;
+  auto set = [&](constraint_spec c, const char* name) -> check {
+    if (r.constraint.active())
+      return bad("only one of 'response_format' (json_object, json_schema), 'regex' and 'ebnf' may be given, got '" + param +
+                     "' and '" + name + "'",
+                 name);
+    r.constraint = std::move(c);
+    param = name;
+    return std::nullopt;
+  };
+  if (const json* f = field(j, "response_format")) {
+    if (!f->is_object()) return bad("'response_format' must be an object", "response_format");
+    const json* t = field(*f, "type");
+    const std::string type = t && t->is_string() ? t->get<std::string>() : "";
+    if (type != "text" && type != "json_object" && type != "json_schema")
+      return bad("'response_format.type' must be \"text\", \"json_object\" or \"json_schema\"", "response_format.type");
+    for (const auto& [key, value] : f->items())
+      if (key != "type" && !(type == "json_schema" && key == "json_schema"))
+        return bad("unrecognized field 'response_format." + key + "' for type \"" + type + "\"", "response_format." + key);
+    if (type == "json_object") {
+      if (auto e = set({constraint_kind::json_object, ""}, "response_format")) return e;
+    } else if (type == "json_schema") {
+      const json* s = field(*f, "json_schema");
+      if (!s || !s->is_object()) return bad("'response_format.json_schema' must be an object", "response_format.json_schema");
+      for (const auto& [key, value] : s->items())
+        if (key != "name" && key != "schema" && key != "strict" && key != "description")
+          return bad("unrecognized field 'response_format.json_schema." + key + "'", "response_format.json_schema." + key);
+      const json* name = field(*s, "name");
+      const bool name_ok = name && name->is_string() && !name->get_ref<const std::string&>().empty() &&
+                           name->get_ref<const std::string&>().size() <= 64 &&
+                           std::all_of(name->get_ref<const std::string&>().begin(), name->get_ref<const std::string&>().end(),
+                                       [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-'; });
+      if (!name_ok)
+        return bad("'response_format.json_schema.name' must be 1 to 64 letters, digits, '_' or '-'",
+                   "response_format.json_schema.name");
+      if (const json* st = field(*s, "strict"); st && !st->is_boolean())
+        return bad("'response_format.json_schema.strict' must be a boolean", "response_format.json_schema.strict");
+      if (const json* d = field(*s, "description"); d && !d->is_string())
+        return bad("'response_format.json_schema.description' must be a string", "response_format.json_schema.description");
+      const json* schema = field(*s, "schema");
+      if (schema && !schema->is_object() && !schema->is_boolean())
+        return bad("'response_format.json_schema.schema' must be a JSON schema (an object)", "response_format.json_schema.schema");
+      // strict or not, the output is held to the schema.
+      if (auto e = set({constraint_kind::json_schema, schema ? schema->dump() : std::string("{}")}, "response_format"))
+        return e;
+      param = "response_format.json_schema.schema";
+    }
+  }
+  for (auto [name, kind] : {std::pair{"regex", constraint_kind::regex}, {"ebnf", constraint_kind::ebnf}})
+    if (const json* v = field(j, name)) {
+      if (!v->is_string() || v->get_ref<const std::string&>().empty())
+        return bad("'" + std::string(name) + "' must be a non-empty string", name);
+      if (auto e = set({kind, v->get<std::string>()}, name)) return e;
+    }
+  if (!r.constraint.active()) return std::nullopt;
+  grammar g;
+  if (auto e = compile(r.constraint, g)) return bad("'" + param + "' is invalid: " + e->text(), param);
   return std::nullopt;
 }
 
@@ -399,7 +463,7 @@ std::expected<completion_request, api_error> parse_completion_request(std::strin
   for (check e : {parse_model(j, limits, r), chat ? parse_messages(j, limits, r) : parse_prompt(j, r),
                   parse_max_tokens(j, limits, r), parse_sampling(j, r), parse_stop(j, r), parse_stream(j, r),
                   parse_unsupported(j), parse_extensions(j, r), parse_adjustments(j, limits, r),
-                  parse_neutral_and_unknown(j, chat)})
+                  parse_neutral_and_unknown(j, chat), parse_constraint(j, r)})
     if (e) return std::unexpected(std::move(*e));
   return r;
 }

@@ -5,6 +5,7 @@
 #pragma once
 
 #include "runtime/chat_template.hpp"
+#include "runtime/constraint.hpp"
 #include "runtime/image.hpp"
 #include "runtime/prompt_image.hpp"
 #include "runtime/traffic_class.hpp"
@@ -79,6 +80,9 @@ struct completion_request {
   std::vector<std::pair<int32_t, float>> logit_bias;  // token id → bias in [−100, 100], ids ascending
   float presence_penalty = 0.0f;                     // [−2, 2]
   float frequency_penalty = 0.0f;                    // [−2, 2]
+  // Structured output: response_format json_object / json_schema, or the extension fields
+  // "regex" and "ebnf" (at most one of them), checked to compile.
+  constraint_spec constraint;
   traffic_class cls = traffic_class::chat;  // shoal extension field "traffic_class": "chat" or "agent"
   // chat: the image_url parts in message order, decoded and fit to the encoder's patches;
   // pos and count are set by expand_image_tokens.

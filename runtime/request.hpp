@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "model/forward.hpp"
@@ -14,6 +15,8 @@
 #include "runtime/traffic_class.hpp"
 
 namespace shoal::runtime {
+
+class grammar_matcher;
 
 // waiting_for_remote_kv: its local prefix hit is pinned and pool blocks are reserved while
 // the remote tier reads the blocks that extend it (cache_manager::try_start_remote); it is
@@ -48,6 +51,7 @@ struct request {
   bool handed_off = false;       // a prefill engine already offered it to a decode engine
   bool remote_checked = false;   // the remote tier was asked (once per request)
   bool swa_checked = false;      // other machines' SWA stores were asked (once per request)
+  std::shared_ptr<grammar_matcher> matcher;  // structured output: where the output is in its grammar
   bool abort_requested = false;  // aborted while its step was computing: finishes after it
 
   int64_t num_tokens() const { return static_cast<int64_t>(tokens.size()); }

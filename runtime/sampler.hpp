@@ -12,6 +12,8 @@
 #include <utility>
 #include <vector>
 
+#include "runtime/constraint.hpp"
+
 namespace shoal::runtime {
 
 struct sampling_params {
@@ -29,6 +31,10 @@ struct sampling_params {
   std::vector<std::pair<int32_t, float>> logit_bias;
   float presence_penalty = 0.0f;
   float frequency_penalty = 0.0f;
+  // Structured output: the output must match this (the engine compiles it and masks the
+  // logits each step; eos only where the match can end, and a whole match that nothing can
+  // extend finishes the request as stop).
+  constraint_spec constraint;
   bool adjusts_logits() const { return !logit_bias.empty() || presence_penalty != 0 || frequency_penalty != 0; }
 };
 

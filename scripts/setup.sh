@@ -6,7 +6,7 @@ pkgs=(build-essential cmake ninja-build ccache pkg-config git
       libcaf-dev libfabric-dev libfabric-bin libisal-dev libmsgpack-cxx-dev doctest-dev
       libtomlplusplus-dev nlohmann-json3-dev libre2-dev libreadline-dev libfmt-dev libspdlog-dev
       libcli11-dev libxxhash-dev libbenchmark-dev libopenblas-dev libboost-dev libboost-system-dev
-      libssl-dev libpng-dev libjpeg62-turbo-dev libpcre2-dev curl python3 python3-numpy
+      libssl-dev libpng-dev libjpeg62-turbo-dev libpcre2-dev curl python3 python3-numpy python3-jsonschema
       prometheus)  # promtool checks the metrics endpoints' exposition format in the tests
 missing=()
 for p in "${pkgs[@]}"; do

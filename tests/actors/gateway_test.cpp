@@ -7,6 +7,8 @@
 // image chat is in gateway_images_test.cpp.
 #include <doctest/doctest.h>
 
+#include <regex>
+
 #include "tests/actors/gateway_harness.hpp"
 
 using namespace shoal;
@@ -261,6 +263,67 @@ TEST_CASE("gateway logit_bias and penalties reach the engine; a bias outside the
   auto bad = post(port, "/v1/completions", body);
   CHECK(bad.status == 400);
   CHECK(parse(bad.body)["error"]["param"] == "logit_bias");
+}
+
+TEST_CASE("gateway structured output: json_schema content parses and validates, regex and ebnf hold, bad ones are 400s") {
+  cluster c(1);
+  uint16_t port = c.start_gateway(cluster::default_gateway());
+  const json schema = {{"type", "object"},
+                       {"properties", {{"city", {{"type", "string"}, {"maxLength", 10}}},
+                                       {"temp", {{"type", "number"}}},
+                                       {"rain", {{"type", "boolean"}}},
+                                       {"unit", {{"enum", {"C", "F"}}}}}},
+                       {"required", {"city", "temp", "rain", "unit"}},
+                       {"additionalProperties", false}};
+  for (int seed = 0; seed < 4; ++seed) {
+    json body = {{"model", "tiny"},
+                 {"messages", {{{"role", "user"}, {"content", "The weather in Paris, as JSON"}}}},
+                 {"max_tokens", 200},
+                 {"temperature", seed == 0 ? 0.0 : 1.0},
+                 {"seed", seed},
+                 {"response_format", {{"type", "json_schema"},
+                                      {"json_schema", {{"name", "weather"}, {"strict", true}, {"schema", schema}}}}}};
+    auto r = post(port, "/v1/chat/completions", body);
+    REQUIRE_MESSAGE(r.status == 200, r.body);
+    const json out = parse(r.body);
+    const std::string content = out["choices"][0]["message"]["content"];
+    CAPTURE(content);
+    CHECK(out["choices"][0]["finish_reason"] == "stop");
+    const json v = json::parse(content, nullptr, false);
+    REQUIRE(v.is_object());
+    CHECK(v.size() == 4);
+    CHECK((v["city"].is_string() && v["city"].get<std::string>().size() <= 40));  // ≤ 10 code points
+    CHECK(v["temp"].is_number());
+    CHECK(v["rain"].is_boolean());
+    CHECK((v["unit"] == "C" || v["unit"] == "F"));
+  }
+  json re = completion_body("Order number:", 30);
+  re["regex"] = "[A-Z]{2}-[0-9]{3,5}";
+  auto rr = post(port, "/v1/completions", re);
+  REQUIRE_MESSAGE(rr.status == 200, rr.body);
+  const std::string code = parse(rr.body)["choices"][0]["text"];
+  CHECK(std::regex_match(code, std::regex("[A-Z]{2}-[0-9]{3,5}")));
+  CHECK(parse(rr.body)["choices"][0]["finish_reason"] == "stop");  // ignore_eos, yet the grammar ends it
+  json eb = completion_body("Answer:", 10);
+  eb["ebnf"] = "root ::= \"yes\" | \"no\"";
+  auto re2 = post(port, "/v1/completions", eb);
+  REQUIRE_MESSAGE(re2.status == 200, re2.body);
+  const std::string yn = parse(re2.body)["choices"][0]["text"];
+  CHECK((yn == "yes" || yn == "no"));
+
+  json bad = {{"model", "tiny"},
+              {"messages", {{{"role", "user"}, {"content", "hi"}}}},
+              {"response_format", {{"type", "json_schema"},
+                                   {"json_schema", {{"name", "n"}, {"schema", {{"type", "integer"}, {"maximum", 9}}}}}}}};
+  auto b = post(port, "/v1/chat/completions", bad);
+  check_error(b, 400, "invalid_request_error", "response_format.json_schema.schema");
+  CHECK(parse(b.body)["error"]["message"] ==
+        "'response_format.json_schema.schema' is invalid: unsupported keyword \"maximum\" at /");
+  json badre = completion_body("x", 4);
+  badre["regex"] = "[a-";
+  check_error(post(port, "/v1/completions", badre), 400, "invalid_request_error", "regex");
+  auto ok = post(port, "/v1/completions", completion_body("still serving", 2));
+  CHECK(ok.status == 200);
 }
 
 TEST_CASE("gateway lists its model and exports request metrics") {

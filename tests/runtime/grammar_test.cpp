@@ -3,12 +3,19 @@
 // force over the whole vocabulary.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <random>
 #include <regex>
 
 #include <nlohmann/json.hpp>
 
+#include "model/tokenizer.hpp"
 #include "runtime/grammar.hpp"
+#include "tests/support/process.hpp"
 
 using namespace shoal::runtime;
 
@@ -294,4 +301,106 @@ TEST_CASE("mask: equals accept_token over the whole vocabulary along random walk
     for (uint32_t seed = 0; seed < 4; ++seed) check_masks(cg, seed * 31 + static_cast<uint32_t>(i), 40);
     CHECK(cg->cache_walks > 0);
   }
+}
+
+namespace {
+
+// A random walk under the mask: eos half the time it is allowed, otherwise tokens holding ASCII
+// punctuation (closing quotes and brackets, '@', '.') but no opening bracket 40 times likelier
+// than the rest, so walks end.
+std::string random_sample(const std::shared_ptr<compiled_grammar>& g, std::mt19937& rng, int max_tokens,
+                          double& mask_s, int64_t& masks) {
+  const auto& v = *g->vocab;
+  grammar_matcher m(g);
+  std::vector<uint64_t> mask((static_cast<size_t>(v.size()) + 63) / 64);
+  std::string text;
+  std::vector<int32_t> ids;
+  std::vector<double> weights;
+  for (int s = 0; s < max_tokens && !m.terminated(); ++s) {
+    const auto t0 = std::chrono::steady_clock::now();
+    m.fill_mask(mask);
+    mask_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ++masks;
+    ids.clear();
+    weights.clear();
+    bool eos = false;
+    for (size_t w = 0; w < mask.size(); ++w)
+      for (uint64_t bits = mask[w]; bits; bits &= bits - 1) {
+        const auto t = static_cast<int32_t>(w * 64 + static_cast<size_t>(__builtin_ctzll(bits)));
+        if (t == v.eos_id()) {
+          eos = true;
+          continue;
+        }
+        ids.push_back(t);
+        const std::string& b = v.bytes(t);
+        const bool opens = b.find_first_of("{[") != std::string::npos;
+        const bool punct = std::any_of(b.begin(), b.end(), [](char c) { return std::ispunct(static_cast<unsigned char>(c)) != 0; });
+        weights.push_back(!opens && punct ? 40.0 : 1.0);
+      }
+    REQUIRE_MESSAGE((eos || !ids.empty()), "no token continues '" << text << "'");
+    int32_t pick;
+    if (eos && (ids.empty() || std::bernoulli_distribution(0.5)(rng))) pick = v.eos_id();
+    else pick = ids[std::discrete_distribution<size_t>(weights.begin(), weights.end())(rng)];
+    REQUIRE(m.accept_token(pick));
+    if (pick != v.eos_id()) text += v.bytes(pick);
+  }
+  CHECK_MESSAGE(m.terminated(), "walk did not end: " << text);
+  return text;
+}
+
+std::shared_ptr<const token_vocab> deepseek_vocab() {
+  auto tok = shoal::model::tokenizer::load(std::string(SHOAL_SHARED_DIR) + "/tokenizers/deepseek-v3/tokenizer.json");
+  REQUIRE_MESSAGE(tok, "the DeepSeek-V3 tokenizer in ../shared/tokenizers");
+  std::vector<std::string> bytes;
+  std::vector<bool> special;
+  for (int32_t i = 0; i < tok->vocab_size(); ++i) {
+    bytes.push_back(tok->decode_token(i));
+    special.push_back(tok->is_added(i));
+  }
+  return std::make_shared<token_vocab>(std::move(bytes), std::move(special), tok->eos_id());
+}
+
+}  // namespace
+
+TEST_CASE("json schema: samples of 36 schemas, over a byte vocabulary and DeepSeek-V3's, all validate under jsonschema") {
+  namespace fs = std::filesystem;
+  const fs::path schemas_file = fs::path(SHOAL_SOURCE_DIR) / "tests/runtime/data/json_schemas.json";
+  const auto schemas = nlohmann::ordered_json::parse(shoal::test::read_text(schemas_file));
+  REQUIRE(schemas.size() >= 30);
+  shoal::test::temp_dir dir;
+  const fs::path samples = dir.path / "samples.jsonl";
+  std::ofstream out(samples);
+  std::mt19937 rng(2026);
+  int written = 0;
+  struct run {
+    std::shared_ptr<const token_vocab> vocab;
+    int per_schema;
+    double mask_s = 0;
+    int64_t masks = 0;
+  };
+  std::vector<run> runs = {{small_vocab(), 14}, {deepseek_vocab(), 2}};
+  for (auto& r : runs)
+    for (size_t i = 0; i < schemas.size(); ++i) {
+      auto cg = compiled({constraint_kind::json_schema, schemas[i].dump()}, r.vocab);
+      for (int k = 0; k < r.per_schema; ++k) {
+        const std::string text = random_sample(cg, rng, 3000, r.mask_s, r.masks);
+        out << nlohmann::json{{"schema", i}, {"text", text}}.dump() << "\n";
+        ++written;
+      }
+    }
+  out.close();
+  MESSAGE(written << " samples; mask per token: " << 1e6 * runs[0].mask_s / static_cast<double>(runs[0].masks)
+                  << " us (byte vocabulary), " << 1e6 * runs[1].mask_s / static_cast<double>(runs[1].masks)
+                  << " us (DeepSeek-V3, " << runs[1].vocab->size() << " tokens, per-position caches filled on first use)");
+  CHECK(written >= 500);
+  const fs::path log = dir.path / "validate.out", errs = dir.path / "validate.err";
+  shoal::test::child_process p({"/usr/bin/python3", (fs::path(SHOAL_SOURCE_DIR) / "tests/runtime/validate_json_samples.py").string(),
+                                schemas_file.string(), samples.string()},
+                               log, errs);
+  auto rc = p.wait_exit(std::chrono::seconds(300));
+  const std::string report = shoal::test::read_text(log) + shoal::test::read_text(errs);
+  CHECK_MESSAGE(rc == 0, report);
+  CHECK_MESSAGE(report.find(std::to_string(written) + " of " + std::to_string(written) + " samples valid over " +
+                            std::to_string(schemas.size()) + " schemas") != std::string::npos,
+                report);
 }

@@ -108,9 +108,17 @@ TEST_CASE("openai_api: bad requests are rejected with exact status, type and par
       {false, "{" + p + R"("logit_bias": {"7": 101}})", 400, "invalid_request_error", "logit_bias"},
       {false, "{" + p + R"("logit_bias": {"7": 1, "07": 2}})", 400, "invalid_request_error", "logit_bias"},
       {false, "{" + p + R"("logit_bias": [7]})", 400, "invalid_request_error", "logit_bias"},
-      {true, "{" + c + R"("response_format": {"type": "json_object"}})", 400, "invalid_request_error", "response_format"},
-      {true, "{" + c + R"("response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}})", 400,
-       "invalid_request_error", "response_format"},
+      {true, "{" + c + R"("response_format": {"type": "xml"}})", 400, "invalid_request_error", "response_format.type"},
+      {true, "{" + c + R"("response_format": {"type": "json_object", "schema": {}}})", 400, "invalid_request_error",
+       "response_format.schema"},
+      {true, "{" + c + R"("response_format": {"type": "json_schema", "json_schema": {"schema": {}}}})", 400,
+       "invalid_request_error", "response_format.json_schema.name"},
+      {true, "{" + c + R"("response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "integer", "minimum": 1}}}})",
+       400, "invalid_request_error", "response_format.json_schema.schema"},
+      {true, "{" + c + R"("response_format": {"type": "json_object"}, "regex": "a+"})", 400, "invalid_request_error", "regex"},
+      {false, "{" + p + R"("regex": "(a"})", 400, "invalid_request_error", "regex"},
+      {false, "{" + p + R"("ebnf": "root ::= x"})", 400, "invalid_request_error", "ebnf"},
+      {false, "{" + p + R"("response_format": {"type": "json_object"}})", 400, "invalid_request_error", "response_format"},
       {true, "{" + c + R"("tools": [{"type": "function", "function": {"name": "f"}}]})", 400, "invalid_request_error",
        "tools"},
       {true, "{" + c + R"("tool_choice": "required"})", 400, "invalid_request_error", "tool_choice"},
@@ -132,7 +140,7 @@ TEST_CASE("openai_api: bad requests are rejected with exact status, type and par
     CHECK_FALSE(r.error().message.empty());
     if (*b.param) CHECK(r.error().message.find(b.param) != std::string::npos);
   }
-  CHECK(cases.size() == 64);
+  CHECK(cases.size() == 70);
 }
 
 TEST_CASE("openai_api: fields at their neutral values, informational ones and nulls are accepted") {
@@ -154,6 +162,38 @@ TEST_CASE("openai_api: fields at their neutral values, informational ones and nu
   CHECK(a.logit_bias[1] == std::pair<int32_t, float>{999, -100.0f});
   CHECK(a.presence_penalty == -2.0f);
   CHECK(a.frequency_penalty == 1.5f);
+}
+
+TEST_CASE("openai_api: response_format, regex and ebnf become the request's constraint; errors say where") {
+  const std::string c = R"("model": "small", "messages": [{"role": "user", "content": "hi"}])";
+  auto js = parse_ok("{" + c + R"(, "response_format": {"type": "json_schema", "json_schema": {"name": "person",
+      "strict": true, "schema": {"type": "object", "properties": {"z": {"type": "string"}, "a": {"type": "integer"}},
+      "required": ["z", "a"], "additionalProperties": false}}}})", true);
+  CHECK(js.constraint.kind == constraint_kind::json_schema);
+  CHECK(js.constraint.source ==  // declared order kept
+        R"({"type":"object","properties":{"z":{"type":"string"},"a":{"type":"integer"}},"required":["z","a"],"additionalProperties":false})");
+  CHECK(parse_ok("{" + c + R"(, "response_format": {"type": "json_object"}})", true).constraint ==
+        constraint_spec{constraint_kind::json_object, ""});
+  CHECK(parse_ok("{" + c + R"(, "response_format": {"type": "json_schema", "json_schema": {"name": "any"}}})", true).constraint ==
+        constraint_spec{constraint_kind::json_schema, "{}"});
+  CHECK(parse_ok(R"({"model": "small", "prompt": "hi", "regex": "[0-9]+"})", false).constraint ==
+        constraint_spec{constraint_kind::regex, "[0-9]+"});
+  CHECK(parse_ok(R"x({"model": "small", "prompt": "hi", "ebnf": "root ::= \"yes\" | \"no\""})x", false).constraint ==
+        constraint_spec{constraint_kind::ebnf, "root ::= \"yes\" | \"no\""});
+  CHECK_FALSE(parse_ok("{" + c + R"(, "response_format": {"type": "text"}})", true).constraint.active());
+  auto err = [&](const std::string& extra, bool chat = true) {
+    auto r = parse_completion_request("{" + (chat ? c : std::string(R"("model": "small", "prompt": "hi")")) + ", " + extra + "}",
+                                      chat, limits());
+    REQUIRE_FALSE(r.has_value());
+    return r.error().message;
+  };
+  CHECK(err(R"("response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": {"properties": {"a": {"type": "string", "format": "email"}}}}})") ==
+        "'response_format.json_schema.schema' is invalid: unsupported keyword \"format\" at /properties/a");
+  CHECK(err(R"x("regex": "ab)")x", false) == "'regex' is invalid: unmatched ')' at offset 2");
+  CHECK(err(R"x("ebnf": "root ::= \"a\"\nroot ::= \"b\"")x", false) ==
+        "'ebnf' is invalid: rule 'root' is defined twice at line 2, column 1");
+  CHECK(err(R"x("regex": "a", "ebnf": "root ::= \"a\"")x", false) ==
+        "only one of 'response_format' (json_object, json_schema), 'regex' and 'ebnf' may be given, got 'regex' and 'ebnf'");
 }
 
 TEST_CASE("openai_api: error messages and codes") {
