@@ -207,6 +207,7 @@ generation_request make_generation(int64_t id, std::vector<int32_t> prompt, cons
   req.sampling.frequency_penalty = r.frequency_penalty;
   req.sampling.constraint_kind = static_cast<uint8_t>(r.constraint.kind);
   req.sampling.constraint = r.constraint.source;
+  req.sampling.logprobs = r.logprobs;
   req.cls = r.cls;
   req.images = to_payloads(r.images);
   return req;
@@ -242,15 +243,29 @@ int serve_generation(gateway_shared& g, const runtime::completion_request& r, st
     client_ok = w.start_stream("text/event-stream");
     if (client_ok && r.chat) client_ok = w.send(runtime::sse_event(runtime::chat_role_chunk_json(meta)));
   }
-  auto emit = [&](const std::string& delta) {
-    if (delta.empty()) return;
+  // Log probabilities (when asked): every token's, sent with the first chunk whose text
+  // follows it (streamed), or all in the response.
+  const bool want_logprobs = r.logprobs >= 0;
+  runtime::logprob_list logprobs;
+  int64_t text_offset = 0;
+  auto emit = [&](const std::string& delta, bool force = false) {
+    if (delta.empty() && !(force && !logprobs.empty())) return;
     if (!r.stream) {
       whole += delta;
       return;
     }
-    std::string chunk = r.chat ? runtime::chat_content_chunk_json(meta, delta)
-                               : runtime::completion_chunk_json(meta, delta, runtime::api_finish::none);
+    const runtime::logprob_list* lp = want_logprobs ? &logprobs : nullptr;
+    std::string chunk = r.chat ? runtime::chat_content_chunk_json(meta, delta, lp)
+                               : runtime::completion_chunk_json(meta, delta, runtime::api_finish::none, lp);
     client_ok = client_ok && w.send(runtime::sse_event(chunk));
+    logprobs.clear();
+  };
+  auto add_logprobs = [&](const stream_item& item) {
+    if (!want_logprobs || !item.logprobs) return;
+    runtime::token_logprob t{g.tok->decode_token(item.token), item.logprobs->logprob, {}, text_offset};
+    text_offset += static_cast<int64_t>(t.token.size());
+    for (const auto& [id, v] : item.logprobs->top) t.top.emplace_back(g.tok->decode_token(id), v);
+    logprobs.push_back(std::move(t));
   };
   std::optional<stream_item> last;
   std::optional<clock_type::time_point> first_token;
@@ -270,6 +285,7 @@ int serve_generation(gateway_shared& g, const runtime::completion_request& r, st
       first_token = clock_type::now();
       g.metrics_set.ttft.observe(seconds_since(started), r.model);
     }
+    add_logprobs(*item);
     emit(text.add(item->token));
     {
       std::lock_guard lock(g.mu);
@@ -293,7 +309,7 @@ int serve_generation(gateway_shared& g, const runtime::completion_request& r, st
     send_error(w, e);
     return e.status;
   }
-  emit(text.flush());
+  emit(text.flush(), true);
   const int64_t n_out = text.tokens();
   g.metrics_set.prompt_tokens.inc(static_cast<double>(n_prompt), r.model);
   g.metrics_set.generated_tokens.inc(static_cast<double>(n_out), r.model);
@@ -304,9 +320,10 @@ int serve_generation(gateway_shared& g, const runtime::completion_request& r, st
                                                                          : runtime::api_finish::length;
   runtime::usage_info usage{n_prompt, n_out, last->cached_tokens};
   if (!r.stream) {
+    const runtime::logprob_list* lp = want_logprobs ? &logprobs : nullptr;
     w.respond(200, "application/json",
-              r.chat ? runtime::chat_completion_response_json(meta, whole, fin, usage)
-                     : runtime::completion_response_json(meta, whole, fin, usage));
+              r.chat ? runtime::chat_completion_response_json(meta, whole, fin, usage, lp)
+                     : runtime::completion_response_json(meta, whole, fin, usage, lp));
     return 200;
   }
   if (last->error) {  // mid-stream failure: an error event, then the end of the stream

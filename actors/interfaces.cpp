@@ -81,6 +81,7 @@ sampling_options to_sampling_options(const runtime::sampling_params& p) {
   for (const auto& [id, bias] : p.logit_bias) o.bias_tokens.push_back(id), o.bias_values.push_back(bias);
   o.presence_penalty = p.presence_penalty, o.frequency_penalty = p.frequency_penalty;
   o.constraint_kind = static_cast<uint8_t>(p.constraint.kind), o.constraint = p.constraint.source;
+  o.logprobs = p.logprobs;
   return o;
 }
 
@@ -100,6 +101,7 @@ runtime::sampling_params to_sampling_params(const sampling_options& o) {
   p.presence_penalty = o.presence_penalty, p.frequency_penalty = o.frequency_penalty;
   // An unknown kind byte (another process's) stays as it is: the engine refuses it by number.
   p.constraint = {static_cast<runtime::constraint_kind>(o.constraint_kind), o.constraint};
+  p.logprobs = o.logprobs;  // validate() refuses one outside [-1, 20]
   return p;
 }
 

@@ -112,6 +112,7 @@ struct sampling_options {
   float frequency_penalty = 0.0f;
   uint8_t constraint_kind = 0;  // runtime::constraint_kind (structured output); 0: none
   std::string constraint;       // its schema, regex or grammar text
+  int32_t logprobs = -1;        // runtime::sampling_params::logprobs
   friend bool operator==(const sampling_options&, const sampling_options&) = default;
 };
 
@@ -119,7 +120,7 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, sampling_options& x) {
   return f(caf::meta::type_name("sampling_options"), x.temperature, x.top_k, x.top_p, x.max_tokens,
            x.stop_token_ids, x.stop_strings, x.ignore_eos, x.has_seed, x.seed, x.bias_tokens, x.bias_values,
-           x.presence_penalty, x.frequency_penalty, x.constraint_kind, x.constraint);
+           x.presence_penalty, x.frequency_penalty, x.constraint_kind, x.constraint, x.logprobs);
 }
 
 sampling_options to_sampling_options(const runtime::sampling_params& p);
@@ -173,12 +174,19 @@ struct token_event {
   bool finished = false;
   runtime::finish_reason reason = runtime::finish_reason::none;  // on the wire: its integer
   int32_t cached_tokens = 0;  // on the last event: prompt tokens served from the prefix cache
+  // With sampling logprobs ≥ 0 (has_logprobs): the token's log probability and the likeliest
+  // tokens with theirs (top_ids and top_logprobs pairwise).
+  bool has_logprobs = false;
+  float logprob = 0;
+  std::vector<int32_t> top_ids = {};
+  std::vector<float> top_logprobs = {};
   friend bool operator==(const token_event&, const token_event&) = default;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, token_event& x) {
-  return f(caf::meta::type_name("token_event"), x.id, x.token, x.finished, x.reason, x.cached_tokens);
+  return f(caf::meta::type_name("token_event"), x.id, x.token, x.finished, x.reason, x.cached_tokens, x.has_logprobs,
+           x.logprob, x.top_ids, x.top_logprobs);
 }
 
 // A snapshot of an engine's counters (runtime::engine_stats plus the actor's own).

@@ -33,6 +33,7 @@ struct stream_item {
   runtime::finish_reason reason = runtime::finish_reason::none;
   std::optional<error_reply> error;      // set when the request failed for good
   int32_t cached_tokens = 0;             // final item: prompt tokens from the prefix cache
+  std::optional<runtime::token_logprobs> logprobs = std::nullopt;  // when the request asked for them
 };
 
 // A bounded-by-construction queue between one relay actor (producer) and one connection

@@ -441,6 +441,7 @@ std::vector<token_event> engine::complete() {
       ++stats_.generated;
       events.push_back({r->id, token, sr.reason != finish_reason::none, sr.reason, {}});
       if (config_.capture_logits) events.back().logits.assign(logits.begin(), logits.end());
+      if (r->params.logprobs >= 0) events.back().logprobs = logprobs_of(logits, token, r->params.logprobs);
       if (sr.reason != finish_reason::none) r->finish = sr.reason;
     }
     if (r->abort_requested && r->finish == finish_reason::none) {

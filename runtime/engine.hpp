@@ -61,6 +61,8 @@ struct token_event {
   bool finished = false;
   finish_reason reason = finish_reason::none;
   std::vector<float> logits;  // with capture_logits
+  // With sampling_params::logprobs ≥ 0: the token's log probability and the likeliest tokens'.
+  std::optional<token_logprobs> logprobs = std::nullopt;
 };
 
 struct engine_stats {

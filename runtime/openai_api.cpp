@@ -249,12 +249,37 @@ check parse_stream(const json& j, completion_request& r) {
   return std::nullopt;
 }
 
-// Accepted only at their "off" values: logprobs, top_logprobs, echo, best_of.
+// Completions: "logprobs" an integer in [0, 5]; chat: "logprobs" a boolean and "top_logprobs"
+// an integer in [0, 20] that needs logprobs true.
+check parse_logprobs(const json& j, bool chat, completion_request& r) {
+  const json* lp = field(j, "logprobs");
+  const json* top = field(j, "top_logprobs");
+  if (!chat) {
+    if (!lp) return std::nullopt;
+    auto n = as_int64(*lp);
+    if (!n || *n < 0 || *n > 5) return bad("'logprobs' must be an integer from 0 to 5, got " + lp->dump(), "logprobs");
+    r.logprobs = static_cast<int32_t>(*n);
+    return std::nullopt;
+  }
+  if (lp && !lp->is_boolean()) return bad("'logprobs' must be a boolean", "logprobs");
+  const bool on = lp && lp->get<bool>();
+  int64_t n = 0;
+  if (top) {
+    auto v = as_int64(*top);
+    if (!v || *v < 0 || *v > 20) return bad("'top_logprobs' must be an integer from 0 to 20, got " + top->dump(), "top_logprobs");
+    if (!on) return bad("'top_logprobs' needs 'logprobs' to be true", "top_logprobs");
+    n = *v;
+  }
+  if (on) r.logprobs = static_cast<int32_t>(n);
+  return std::nullopt;
+}
+
+// Accepted only at their "off" values: echo, best_of.
 check parse_unsupported(const json& j) {
   const auto is_off = [](const json& v) {
     return (v.is_boolean() && !v.get<bool>()) || (v.is_number_integer() && v.get<int64_t>() == 0);
   };
-  for (const char* name : {"logprobs", "top_logprobs", "echo"})
+  for (const char* name : {"echo"})
     if (const json* v = field(j, name); v && !is_off(*v))
       return bad("'" + std::string(name) + "' is not supported", name);
   if (const json* b = field(j, "best_of"); b && !(as_int64(*b) == 1))
@@ -323,6 +348,8 @@ check parse_neutral_and_unknown(const json& j, bool chat) {
     if (!chat && (key == "messages" || key == "tools" || key == "tool_choice" || key == "response_format" ||
                   key == "max_completion_tokens" || key == "parallel_tool_calls"))
       return bad("'" + key + "' belongs to /v1/chat/completions, not /v1/completions", key);
+    if (!chat && key == "top_logprobs")
+      return bad("'top_logprobs' belongs to /v1/chat/completions, not /v1/completions (there 'logprobs' is the count)", key);
     if (chat && (key == "prompt" || key == "suffix" || key == "echo" || key == "best_of"))
       return bad("'" + key + "' belongs to /v1/completions, not /v1/chat/completions", key);
   }
@@ -463,7 +490,7 @@ std::expected<completion_request, api_error> parse_completion_request(std::strin
   for (check e : {parse_model(j, limits, r), chat ? parse_messages(j, limits, r) : parse_prompt(j, r),
                   parse_max_tokens(j, limits, r), parse_sampling(j, r), parse_stop(j, r), parse_stream(j, r),
                   parse_unsupported(j), parse_extensions(j, r), parse_adjustments(j, limits, r),
-                  parse_neutral_and_unknown(j, chat), parse_constraint(j, r)})
+                  parse_neutral_and_unknown(j, chat), parse_constraint(j, r), parse_logprobs(j, chat, r)})
     if (e) return std::unexpected(std::move(*e));
   return r;
 }
@@ -508,36 +535,88 @@ std::string make_response_id(bool chat, uint64_t unique) {
   return id;
 }
 
+namespace {
+
+double finite_logprob(float v) { return std::isfinite(v) ? static_cast<double>(v) : -9999.0; }
+
+// The token's bytes as valid UTF-8 (U+FFFD for what is not), as a key of top_logprobs.
+std::string valid_text(const std::string& bytes) {
+  return ojson::parse(ojson(bytes).dump(-1, ' ', false, json::error_handler_t::replace)).get<std::string>();
+}
+
+// Completions' legacy shape: parallel lists.
+ojson completion_logprobs(const logprob_list* lp) {
+  if (!lp) return nullptr;
+  ojson tokens = ojson::array(), values = ojson::array(), tops = ojson::array(), offsets = ojson::array();
+  for (const token_logprob& t : *lp) {
+    tokens.push_back(t.token);
+    values.push_back(finite_logprob(t.logprob));
+    ojson top = ojson::object();
+    for (const auto& [tok, v] : t.top) {
+      const std::string key = valid_text(tok);
+      if (!top.contains(key)) top[key] = finite_logprob(v);  // two tokens may decode alike: the likelier stays
+    }
+    tops.push_back(std::move(top));
+    offsets.push_back(t.text_offset);
+  }
+  return {{"tokens", tokens}, {"token_logprobs", values}, {"top_logprobs", tops}, {"text_offset", offsets}};
+}
+
+ojson byte_list(const std::string& s) {
+  ojson b = ojson::array();
+  for (char c : s) b.push_back(static_cast<int>(static_cast<unsigned char>(c)));
+  return b;
+}
+
+// Chat's shape: one entry per token with its bytes.
+ojson chat_logprobs(const logprob_list* lp) {
+  if (!lp) return nullptr;
+  ojson content = ojson::array();
+  for (const token_logprob& t : *lp) {
+    ojson top = ojson::array();
+    for (const auto& [tok, v] : t.top)
+      top.push_back({{"token", tok}, {"logprob", finite_logprob(v)}, {"bytes", byte_list(tok)}});
+    content.push_back({{"token", t.token}, {"logprob", finite_logprob(t.logprob)}, {"bytes", byte_list(t.token)},
+                       {"top_logprobs", std::move(top)}});
+  }
+  return {{"content", std::move(content)}, {"refusal", nullptr}};
+}
+
+}  // namespace
+
 std::string completion_response_json(const response_meta& m, const std::string& text, api_finish f,
-                                     const usage_info& u) {
+                                     const usage_info& u, const logprob_list* lp) {
   ojson j = envelope(m, "text_completion");
-  j["choices"] = ojson::array({{{"index", 0}, {"text", text}, {"logprobs", nullptr}, {"finish_reason", finish_json(f)}}});
+  j["choices"] = ojson::array(
+      {{{"index", 0}, {"text", text}, {"logprobs", completion_logprobs(lp)}, {"finish_reason", finish_json(f)}}});
   j["usage"] = usage_json(u);
   return dump(j);
 }
 
 std::string chat_completion_response_json(const response_meta& m, const std::string& content, api_finish f,
-                                          const usage_info& u) {
+                                          const usage_info& u, const logprob_list* lp) {
   ojson j = envelope(m, "chat.completion");
   j["choices"] = ojson::array({{{"index", 0},
                                 {"message", {{"role", "assistant"}, {"content", content}}},
-                                {"logprobs", nullptr},
+                                {"logprobs", chat_logprobs(lp)},
                                 {"finish_reason", finish_json(f)}}});
   j["usage"] = usage_json(u);
   return dump(j);
 }
 
-std::string completion_chunk_json(const response_meta& m, const std::string& text, api_finish f) {
+std::string completion_chunk_json(const response_meta& m, const std::string& text, api_finish f,
+                                  const logprob_list* lp) {
   ojson j = envelope(m, "text_completion");
-  j["choices"] = ojson::array({{{"index", 0}, {"text", text}, {"logprobs", nullptr}, {"finish_reason", finish_json(f)}}});
+  j["choices"] = ojson::array(
+      {{{"index", 0}, {"text", text}, {"logprobs", completion_logprobs(lp)}, {"finish_reason", finish_json(f)}}});
   return dump(j);
 }
 
 namespace {
-std::string chat_chunk(const response_meta& m, ojson delta, api_finish f) {
+std::string chat_chunk(const response_meta& m, ojson delta, api_finish f, const logprob_list* lp = nullptr) {
   ojson j = envelope(m, "chat.completion.chunk");
   j["choices"] = ojson::array(
-      {{{"index", 0}, {"delta", std::move(delta)}, {"logprobs", nullptr}, {"finish_reason", finish_json(f)}}});
+      {{{"index", 0}, {"delta", std::move(delta)}, {"logprobs", chat_logprobs(lp)}, {"finish_reason", finish_json(f)}}});
   return dump(j);
 }
 }  // namespace
@@ -545,8 +624,8 @@ std::string chat_chunk(const response_meta& m, ojson delta, api_finish f) {
 std::string chat_role_chunk_json(const response_meta& m) {
   return chat_chunk(m, {{"role", "assistant"}, {"content", ""}}, api_finish::none);
 }
-std::string chat_content_chunk_json(const response_meta& m, const std::string& content) {
-  return chat_chunk(m, {{"content", content}}, api_finish::none);
+std::string chat_content_chunk_json(const response_meta& m, const std::string& content, const logprob_list* lp) {
+  return chat_chunk(m, {{"content", content}}, api_finish::none, lp);
 }
 std::string chat_finish_chunk_json(const response_meta& m, api_finish f) {
   return chat_chunk(m, ojson::object(), f);

@@ -83,6 +83,9 @@ struct completion_request {
   // Structured output: response_format json_object / json_schema, or the extension fields
   // "regex" and "ebnf" (at most one of them), checked to compile.
   constraint_spec constraint;
+  // −1: no logprobs; n ≥ 0: each token's log probability and the n likeliest (completions:
+  // "logprobs": n ≤ 5; chat: "logprobs": true with "top_logprobs": n ≤ 20).
+  int32_t logprobs = -1;
   traffic_class cls = traffic_class::chat;  // shoal extension field "traffic_class": "chat" or "agent"
   // chat: the image_url parts in message order, decoded and fit to the encoder's patches;
   // pos and count are set by expand_image_tokens.
@@ -128,19 +131,33 @@ struct response_meta {
 // "cmpl-<16 hex>" or "chatcmpl-<16 hex>" from a per-node unique number.
 std::string make_response_id(bool chat, uint64_t unique);
 
+// One generated token's log probabilities as a response shows them: its bytes (invalid
+// UTF-8 written with U+FFFD in "token"; chat also lists the bytes), where it starts in the
+// output text (completions' text_offset), and the likeliest tokens'. −inf is written −9999.
+struct token_logprob {
+  std::string token;
+  float logprob = 0;
+  std::vector<std::pair<std::string, float>> top;
+  int64_t text_offset = 0;
+};
+using logprob_list = std::vector<token_logprob>;
+
 // Whole responses (stream = false). Text that is not valid UTF-8 is written with U+FFFD.
+// `lp`: the tokens' log probabilities when the request asked for them ("logprobs": null else).
 std::string completion_response_json(const response_meta& m, const std::string& text, api_finish f,
-                                     const usage_info& u);
+                                     const usage_info& u, const logprob_list* lp = nullptr);
 std::string chat_completion_response_json(const response_meta& m, const std::string& content,
-                                          api_finish f, const usage_info& u);
+                                          api_finish f, const usage_info& u, const logprob_list* lp = nullptr);
 
 // Streamed chunks (stream = true), each sent as sse_event(...). Completions: text chunks, the
 // last with its finish_reason. Chat: chat_role_chunk_json first (delta {role, content ""}),
 // then content deltas, then chat_finish_chunk_json (empty delta, finish_reason). With
 // include_usage, usage_chunk_json (choices []) goes last, before sse_done().
-std::string completion_chunk_json(const response_meta& m, const std::string& text, api_finish f);
+std::string completion_chunk_json(const response_meta& m, const std::string& text, api_finish f,
+                                  const logprob_list* lp = nullptr);
 std::string chat_role_chunk_json(const response_meta& m);
-std::string chat_content_chunk_json(const response_meta& m, const std::string& content);
+std::string chat_content_chunk_json(const response_meta& m, const std::string& content,
+                                    const logprob_list* lp = nullptr);
 std::string chat_finish_chunk_json(const response_meta& m, api_finish f);
 std::string usage_chunk_json(const response_meta& m, bool chat, const usage_info& u);
 

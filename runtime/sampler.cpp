@@ -160,7 +160,31 @@ std::optional<std::string> validate(const sampling_params& p, int64_t vocab) {
     return "presence_penalty must be in [-2, 2], got " + format_float(p.presence_penalty);
   if (!(p.frequency_penalty >= -2.0f && p.frequency_penalty <= 2.0f))
     return "frequency_penalty must be in [-2, 2], got " + format_float(p.frequency_penalty);
+  if (p.logprobs < -1 || p.logprobs > 20) return "logprobs must be -1 (off) or in [0, 20], got " + std::to_string(p.logprobs);
   return std::nullopt;
+}
+
+token_logprobs logprobs_of(std::span<const float> logits, int32_t token, int32_t n) {
+  auto value = [&](size_t i) { return std::isnan(logits[i]) ? -std::numeric_limits<float>::infinity() : logits[i]; };
+  float mx = -std::numeric_limits<float>::infinity();
+  for (size_t i = 0; i < logits.size(); ++i) mx = std::max(mx, value(i));
+  double sum = 0;  // fixed order: the same figure in any batch
+  for (size_t i = 0; i < logits.size(); ++i) sum += std::exp(static_cast<double>(value(i)) - mx);
+  const double log_z = static_cast<double>(mx) + std::log(sum);
+  token_logprobs out;
+  if (token >= 0 && static_cast<size_t>(token) < logits.size())
+    out.logprob = static_cast<float>(static_cast<double>(value(static_cast<size_t>(token))) - log_z);
+  const size_t k = std::min(static_cast<size_t>(std::max(n, 0)), logits.size());
+  std::vector<int32_t> ids(logits.size());
+  std::iota(ids.begin(), ids.end(), 0);
+  auto better = [&](int32_t a, int32_t b) {
+    const float x = value(static_cast<size_t>(a)), y = value(static_cast<size_t>(b));
+    return x > y || (x == y && a < b);
+  };
+  std::partial_sort(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(k), ids.end(), better);
+  for (size_t i = 0; i < k; ++i)
+    out.top.emplace_back(ids[i], static_cast<float>(static_cast<double>(value(static_cast<size_t>(ids[i]))) - log_z));
+  return out;
 }
 
 uint64_t sequence_seed(const sampling_params& p, uint64_t fallback) { return p.seed.value_or(fallback); }

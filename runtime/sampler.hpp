@@ -35,6 +35,10 @@ struct sampling_params {
   // logits each step; eos only where the match can end, and a whole match that nothing can
   // extend finishes the request as stop).
   constraint_spec constraint;
+  // −1: off; n ≥ 0: each sampled token's log probability and the n likeliest tokens' (n ≤ 20),
+  // from the model's distribution (the log-softmax of the raw logits, before any adjustment,
+  // temperature or mask).
+  int32_t logprobs = -1;
   bool adjusts_logits() const { return !logit_bias.empty() || presence_penalty != 0 || frequency_penalty != 0; }
 };
 
@@ -60,6 +64,14 @@ double uniform_at(uint64_t seq_seed, int64_t step);
 // Thread-safe (no shared state).
 int32_t sample_token(std::span<const float> logits, const sampling_params& p, uint64_t seq_seed,
                      int64_t step, std::span<const int32_t> generated = {});
+
+// The log-softmax of `logits` at `token`, and the n likeliest tokens with theirs (most likely
+// first, ties to the lower id). NaN logits count as −inf.
+struct token_logprobs {
+  float logprob = 0;
+  std::vector<std::pair<int32_t, float>> top;
+};
+token_logprobs logprobs_of(std::span<const float> logits, int32_t token, int32_t n);
 
 // handed_off: the request continues on another engine (prefill → decode handoff).
 enum class finish_reason { none, stop, length, aborted, error, handed_off };

@@ -90,7 +90,7 @@ struct handles {
 node_info make_node(std::string name, strings roles, caf::actor agent, std::vector<rank_info> ranks = {},
                     bool draining = false) {
   return {std::move(name), "127.0.0.1", 0, std::move(roles), std::move(agent), std::move(ranks), {}, draining, {},
-          "both", {}, {}, {}};
+          "both", {}, {}, {}, {}};
 }
 
 strings names_of(const membership& m) {

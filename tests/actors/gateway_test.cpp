@@ -265,6 +265,51 @@ TEST_CASE("gateway logit_bias and penalties reach the engine; a bias outside the
   CHECK(parse(bad.body)["error"]["param"] == "logit_bias");
 }
 
+TEST_CASE("gateway logprobs: every token's, the greedy token the likeliest, the same streamed or not") {
+  cluster c(1);
+  uint16_t port = c.start_gateway(cluster::default_gateway());
+  json body = completion_body("Once upon a time", 6);
+  body["logprobs"] = 3;
+  auto r = post(port, "/v1/completions", body);
+  REQUIRE_MESSAGE(r.status == 200, r.body);
+  const json out = parse(r.body);
+  const json& lp = out["choices"][0]["logprobs"];
+  REQUIRE(lp["tokens"].size() == 6);
+  for (size_t i = 0; i < 6; ++i) {
+    // Offsets count the output's bytes; a token that splits a character shows as U+FFFD.
+    if (i > 0 && lp["tokens"][i - 1].get<std::string>().find("\xef\xbf\xbd") == std::string::npos)
+      CHECK(lp["text_offset"][i].get<int64_t>() - lp["text_offset"][i - 1].get<int64_t>() ==
+            static_cast<int64_t>(lp["tokens"][i - 1].get<std::string>().size()));
+    const double v = lp["token_logprobs"][i];
+    CHECK(v <= 0.0);
+    REQUIRE(lp["top_logprobs"][i].size() >= 1);
+    double best = -1e9;
+    for (const auto& [tok, x] : lp["top_logprobs"][i].items()) best = std::max(best, x.get<double>());
+    CHECK(v == doctest::Approx(best));  // greedy takes the likeliest
+  }
+  CHECK(lp["text_offset"][0] == 0);
+  json chat = {{"model", "tiny"}, {"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"max_tokens", 5},
+               {"temperature", 0}, {"logprobs", true}, {"top_logprobs", 2}};
+  auto rc = post(port, "/v1/chat/completions", chat);
+  REQUIRE_MESSAGE(rc.status == 200, rc.body);
+  const json whole = parse(rc.body)["choices"][0]["logprobs"]["content"];
+  REQUIRE(whole.size() == parse(rc.body)["usage"]["completion_tokens"].get<size_t>());
+  for (const auto& t : whole) {
+    REQUIRE(t["top_logprobs"].size() == 2);
+    CHECK(t["token"] == t["top_logprobs"][0]["token"]);
+    CHECK(t["logprob"] == t["top_logprobs"][0]["logprob"]);
+    CHECK(t["bytes"].is_array());
+  }
+  chat["stream"] = true;
+  auto rs = post(port, "/v1/chat/completions", chat);
+  REQUIRE_MESSAGE(rs.status == 200, rs.body);
+  json streamed = json::array();
+  for (const json& ch : sse_chunks(rs.body))
+    if (!ch["choices"].empty() && ch["choices"][0]["logprobs"].is_object())
+      for (const auto& t : ch["choices"][0]["logprobs"]["content"]) streamed.push_back(t);
+  CHECK(streamed == whole);
+}
+
 TEST_CASE("gateway structured output: json_schema content parses and validates, regex and ebnf hold, bad ones are 400s") {
   cluster c(1);
   uint16_t port = c.start_gateway(cluster::default_gateway());

@@ -6,6 +6,7 @@
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
 
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -93,8 +94,12 @@ TEST_CASE("openai_api: bad requests are rejected with exact status, type and par
        "stream_options"},
       {false, "{" + p + R"("seed": -3})", 400, "invalid_request_error", "seed"},
       {false, "{" + p + R"("seed": 1.5})", 400, "invalid_request_error", "seed"},
-      {false, "{" + p + R"("logprobs": 5})", 400, "invalid_request_error", "logprobs"},
-      {true, "{" + c + R"("logprobs": true})", 400, "invalid_request_error", "logprobs"},
+      {false, "{" + p + R"("logprobs": 6})", 400, "invalid_request_error", "logprobs"},
+      {false, "{" + p + R"("logprobs": true})", 400, "invalid_request_error", "logprobs"},
+      {true, "{" + c + R"("logprobs": 5})", 400, "invalid_request_error", "logprobs"},
+      {true, "{" + c + R"("top_logprobs": 2})", 400, "invalid_request_error", "top_logprobs"},
+      {true, "{" + c + R"("logprobs": true, "top_logprobs": 21})", 400, "invalid_request_error", "top_logprobs"},
+      {false, "{" + p + R"("top_logprobs": 2})", 400, "invalid_request_error", "top_logprobs"},
       {false, "{" + p + R"("echo": true})", 400, "invalid_request_error", "echo"},
       {false, "{" + p + R"("best_of": 3})", 400, "invalid_request_error", "best_of"},
       {false, "{" + p + R"("ignore_eos": "no"})", 400, "invalid_request_error", "ignore_eos"},
@@ -140,7 +145,7 @@ TEST_CASE("openai_api: bad requests are rejected with exact status, type and par
     CHECK_FALSE(r.error().message.empty());
     if (*b.param) CHECK(r.error().message.find(b.param) != std::string::npos);
   }
-  CHECK(cases.size() == 70);
+  CHECK(cases.size() == 74);
 }
 
 TEST_CASE("openai_api: fields at their neutral values, informational ones and nulls are accepted") {
@@ -194,6 +199,34 @@ TEST_CASE("openai_api: response_format, regex and ebnf become the request's cons
         "'ebnf' is invalid: rule 'root' is defined twice at line 2, column 1");
   CHECK(err(R"x("regex": "a", "ebnf": "root ::= \"a\"")x", false) ==
         "only one of 'response_format' (json_object, json_schema), 'regex' and 'ebnf' may be given, got 'regex' and 'ebnf'");
+}
+
+TEST_CASE("openai_api: logprobs and top_logprobs are read per endpoint and written in each endpoint's shape") {
+  const std::string c = R"("model": "small", "messages": [{"role": "user", "content": "hi"}])";
+  CHECK(parse_ok(R"({"model": "small", "prompt": "hi", "logprobs": 3})", false).logprobs == 3);
+  CHECK(parse_ok(R"({"model": "small", "prompt": "hi", "logprobs": 0})", false).logprobs == 0);
+  CHECK(parse_ok(R"({"model": "small", "prompt": "hi"})", false).logprobs == -1);
+  CHECK(parse_ok("{" + c + R"(, "logprobs": true, "top_logprobs": 20})", true).logprobs == 20);
+  CHECK(parse_ok("{" + c + R"(, "logprobs": true})", true).logprobs == 0);
+  CHECK(parse_ok("{" + c + R"(, "logprobs": false})", true).logprobs == -1);
+  const response_meta m{"cmpl-1", 7, "small"};
+  const logprob_list lp = {{"He", -0.25f, {{"He", -0.25f}, {"We", -1.5f}}, 0},
+                           {"\xe2\x82", -std::numeric_limits<float>::infinity(), {}, 2}};
+  const auto comp = nlohmann::json::parse(completion_response_json(m, "He", api_finish::stop, {}, &lp));
+  const auto& cl = comp["choices"][0]["logprobs"];
+  CHECK(cl["tokens"] == nlohmann::json({"He", "\xef\xbf\xbd"}));  // a split character as U+FFFD
+  CHECK(cl["token_logprobs"] == nlohmann::json({-0.25, -9999.0}));
+  CHECK(cl["top_logprobs"][0] == nlohmann::json({{"He", -0.25}, {"We", -1.5}}));
+  CHECK(cl["text_offset"] == nlohmann::json({0, 2}));
+  const auto chat = nlohmann::json::parse(chat_completion_response_json(m, "He", api_finish::stop, {}, &lp));
+  const auto& ch = chat["choices"][0]["logprobs"];
+  CHECK(ch["refusal"].is_null());
+  CHECK(ch["content"][0] == nlohmann::json({{"token", "He"}, {"logprob", -0.25}, {"bytes", {72, 101}},
+                                            {"top_logprobs", {{{"token", "He"}, {"logprob", -0.25}, {"bytes", {72, 101}}},
+                                                              {{"token", "We"}, {"logprob", -1.5}, {"bytes", {87, 101}}}}}}));
+  CHECK(ch["content"][1]["bytes"] == nlohmann::json({226, 130}));
+  CHECK(nlohmann::json::parse(completion_response_json(m, "He", api_finish::stop, {}))["choices"][0]["logprobs"].is_null());
+  CHECK(nlohmann::json::parse(chat_content_chunk_json(m, "x", &lp))["choices"][0]["logprobs"]["content"].size() == 2);
 }
 
 TEST_CASE("openai_api: error messages and codes") {

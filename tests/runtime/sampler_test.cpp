@@ -374,3 +374,28 @@ TEST_CASE("finish_reason to_string") {
   CHECK(std::string(to_string(finish_reason::aborted)) == "aborted");
   CHECK(std::string(to_string(finish_reason::error)) == "error");
 }
+
+TEST_CASE("logprobs_of: the log-softmax at the token and the likeliest tokens, most likely first, ties to the lower id") {
+  const std::vector<float> logits = {1.0f, 3.0f, 3.0f, -2.0f, std::numeric_limits<float>::quiet_NaN()};
+  const auto lp = logprobs_of(logits, 3, 3);
+  double z = 0;
+  for (float x : {1.0f, 3.0f, 3.0f, -2.0f}) z += std::exp(static_cast<double>(x));
+  CHECK(lp.logprob == doctest::Approx(-2.0 - std::log(z)));
+  REQUIRE(lp.top.size() == 3);
+  CHECK(lp.top[0].first == 1);
+  CHECK(lp.top[1].first == 2);
+  CHECK(lp.top[2].first == 0);
+  CHECK(lp.top[0].second == doctest::Approx(3.0 - std::log(z)));
+  CHECK(lp.top[2].second == doctest::Approx(1.0 - std::log(z)));
+  double mass = 0;
+  for (int32_t t = 0; t < 5; ++t) mass += std::exp(static_cast<double>(logprobs_of(logits, t, 0).logprob));
+  CHECK(mass == doctest::Approx(1.0));
+  CHECK(logprobs_of(logits, 4, 0).logprob == -std::numeric_limits<float>::infinity());  // NaN counts as −inf
+  CHECK(logprobs_of(logits, 0, 0).top.empty());
+  CHECK(logprobs_of(logits, 0, 9).top.size() == 5);
+  sampling_params p;
+  p.logprobs = 21;
+  CHECK(validate(p, 5).value_or("").find("logprobs") != std::string::npos);
+  p.logprobs = -1;
+  CHECK_FALSE(validate(p, 5));
+}
