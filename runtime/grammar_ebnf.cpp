@@ -183,16 +183,8 @@ class ebnf_parser {
         default: return error(std::string("unknown escape \\") + c, at), std::nullopt;
       }
     }
-    const auto c0 = static_cast<uint8_t>(t_[i_]);
-    size_t n = c0 < 0x80 ? 1 : (c0 >> 5) == 6 ? 2 : (c0 >> 4) == 14 ? 3 : (c0 >> 3) == 30 ? 4 : 0;
-    if (n == 0 || i_ + n > t_.size()) return error("invalid UTF-8", at), std::nullopt;
-    uint32_t cp = n == 1 ? c0 : n == 2 ? (c0 & 0x1F) : n == 3 ? (c0 & 0x0F) : (c0 & 0x07);
-    for (size_t k = 1; k < n; ++k) {
-      const auto c = static_cast<uint8_t>(t_[i_ + k]);
-      if ((c >> 6) != 2) return error("invalid UTF-8", at), std::nullopt;
-      cp = (cp << 6) | (c & 0x3F);
-    }
-    i_ += n;
+    auto cp = grammar_detail::decode_utf8(t_, i_);
+    if (!cp) return error("invalid UTF-8", at), std::nullopt;
     return cp;
   }
 
@@ -253,17 +245,7 @@ class ebnf_parser {
         }
         set.emplace_back(*lo, hi);
       }
-      if (negate) {
-        std::sort(set.begin(), set.end());
-        ranges inv;
-        uint32_t next = 0;
-        for (auto [l, h] : set) {
-          if (l > next) inv.emplace_back(next, l - 1);
-          next = std::max(next, h + 1);
-        }
-        if (next <= 0x10FFFF) inv.emplace_back(next, 0x10FFFF);
-        set = std::move(inv);
-      }
+      if (negate) set = grammar_detail::complement(std::move(set));
       if (set.empty()) return fail("empty character class", at);
       out.push_back(grammar_builder::ref(b_.codepoints(std::move(set), "class")));
       return true;

@@ -14,6 +14,12 @@ namespace shoal::runtime::grammar_detail {
 
 using ranges = std::vector<std::pair<uint32_t, uint32_t>>;
 
+// The code points of [0, U+10FFFF] outside `in`.
+ranges complement(ranges in);
+// The UTF-8 character at s[i] (i advanced past it), or nullopt (i unchanged) when the bytes
+// there are not one.
+std::optional<uint32_t> decode_utf8(std::string_view s, size_t& i);
+
 // "line L, column C" (1-based, columns in bytes) of `offset` in `text`.
 std::string line_column(std::string_view text, size_t offset);
 

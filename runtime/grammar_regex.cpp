@@ -11,9 +11,8 @@ namespace shoal::runtime {
 namespace grammar_detail {
 
 namespace {
-
 constexpr uint32_t max_cp = 0x10FFFF;
-constexpr int64_t max_count = 1000;
+}  // namespace
 
 ranges complement(ranges in) {
   std::sort(in.begin(), in.end());
@@ -26,6 +25,25 @@ ranges complement(ranges in) {
   if (next <= max_cp) out.emplace_back(next, max_cp);
   return out;
 }
+
+std::optional<uint32_t> decode_utf8(std::string_view s, size_t& i) {
+  if (i >= s.size()) return std::nullopt;
+  const auto c0 = static_cast<uint8_t>(s[i]);
+  const size_t n = c0 < 0x80 ? 1 : (c0 >> 5) == 6 ? 2 : (c0 >> 4) == 14 ? 3 : (c0 >> 3) == 30 ? 4 : 0;
+  if (n == 0 || i + n > s.size()) return std::nullopt;
+  uint32_t cp = n == 1 ? c0 : n == 2 ? (c0 & 0x1F) : n == 3 ? (c0 & 0x0F) : (c0 & 0x07);
+  for (size_t k = 1; k < n; ++k) {
+    const auto c = static_cast<uint8_t>(s[i + k]);
+    if ((c >> 6) != 2) return std::nullopt;
+    cp = (cp << 6) | (c & 0x3F);
+  }
+  i += n;
+  return cp;
+}
+
+namespace {
+
+constexpr int64_t max_count = 1000;
 
 const ranges& digits() {
   static const ranges r = {{'0', '9'}};
@@ -88,16 +106,8 @@ class parser {
 
   // One UTF-8 code point at i_.
   std::optional<uint32_t> codepoint() {
-    const auto c0 = static_cast<uint8_t>(p_[i_]);
-    size_t n = c0 < 0x80 ? 1 : (c0 >> 5) == 6 ? 2 : (c0 >> 4) == 14 ? 3 : (c0 >> 3) == 30 ? 4 : 0;
-    if (n == 0 || i_ + n > p_.size()) return fail("invalid UTF-8");
-    uint32_t cp = n == 1 ? c0 : n == 2 ? (c0 & 0x1F) : n == 3 ? (c0 & 0x0F) : (c0 & 0x07);
-    for (size_t k = 1; k < n; ++k) {
-      const auto c = static_cast<uint8_t>(p_[i_ + k]);
-      if ((c >> 6) != 2) return fail("invalid UTF-8");
-      cp = (cp << 6) | (c & 0x3F);
-    }
-    i_ += n;
+    auto cp = decode_utf8(p_, i_);
+    if (!cp) return fail("invalid UTF-8");
     return cp;
   }
 
