@@ -426,7 +426,10 @@ std::vector<token_event> engine::complete() {
     if (sample) {
       int32_t token = sample_token(allowed, r->params, r->seq_seed, r->output_len(),
                                    std::span<const int32_t>(r->tokens).subspan(static_cast<size_t>(r->prompt_len)));
-      const bool grammar_done = r->matcher && r->matcher->accept_token(token) && r->matcher->terminated();
+      // The mask allowed only tokens the matcher takes; one it refuses would desynchronise the
+      // output from its grammar, so it ends the request (never expected).
+      const bool grammar_refused = r->matcher && !r->matcher->accept_token(token);
+      const bool grammar_done = r->matcher && !grammar_refused && r->matcher->terminated();
       r->tokens.push_back(token);
       std::string& text = texts_[r->id.value];
       const size_t before = text.size();
@@ -438,6 +441,7 @@ std::vector<token_event> engine::complete() {
                                   text, stop.longest_stop() ? from : 0);
       if (sr.truncate_at) text.resize(*sr.truncate_at);
       if (grammar_done && sr.reason == finish_reason::none) sr.reason = finish_reason::stop;  // nothing may follow
+      if (grammar_refused) sr.reason = finish_reason::error;
       ++stats_.generated;
       events.push_back({r->id, token, sr.reason != finish_reason::none, sr.reason, {}});
       if (config_.capture_logits) events.back().logits.assign(logits.begin(), logits.end());
