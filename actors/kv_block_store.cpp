@@ -56,6 +56,7 @@ void kv_block_store::read_loop() {
 void kv_block_store::serve(fetch_job& job) {
   const size_t n = std::min(job.keys.size(), job.dsts.size());
   if (job.fetch->cancelled() || n == 0) return job.fetch->complete(0, 0);
+  if (auto why = client_->placement_problem()) return job.fetch->complete(0, 0, *why);  // counted, and said
   const size_t listed = client_->lookup({job.keys.begin(), job.keys.begin() + static_cast<std::ptrdiff_t>(n)});
   if (listed == 0 || job.fetch->cancelled()) return job.fetch->complete(listed, 0);
   std::vector<std::span<uint8_t>> bytes;

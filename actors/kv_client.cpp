@@ -371,6 +371,14 @@ std::vector<std::expected<void, std::string>> kv_client::get_many_into(std::span
   return out;
 }
 
+std::optional<std::string> kv_client::placement_problem() const {
+  {
+    std::shared_lock lock(impl_->mu);
+    if (static_cast<int>(impl_->nodes.size()) >= impl_->codec.n()) return std::nullopt;
+  }
+  return impl_->too_few_nodes();
+}
+
 size_t kv_client::lookup(const std::vector<block_key>& chain) {
   auto& im = *impl_;
   std::shared_lock nodes_lock(im.mu);

@@ -18,6 +18,7 @@
 #include <expected>
 #include <memory>
 #include <span>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -75,6 +76,9 @@ class kv_client {
                                                               std::span<const std::span<uint8_t>> dsts);
   // Number of leading blocks of `chain` with at least k chunks held.
   size_t lookup(const std::vector<block_key>& chain);
+  // Why no block can be placed now ("kv client: 11 storage node(s), a placement group needs
+  // 12"), or nullopt when the known nodes can hold a placement group.
+  std::optional<std::string> placement_problem() const;
 
   struct impl;
 

@@ -137,6 +137,12 @@ node_agent_actor::behavior_type agent_behavior(agent_pointer self, node_info me,
   return {
     [self](join_atom, node_info& joining) -> membership {
       learn(self, joining);
+      // The joiner announces itself to every member over a direct connection; one it cannot
+      // reach would never hear of it. The seed tells them all too (a member that knows it
+      // already changes nothing), so the membership converges whatever the joiner reaches.
+      for (const node_info& n : self->state.table->view().nodes)
+        if (n.name != joining.name && n.name != self->state.table->self().name && n.agent)
+          self->send(caf::actor_cast<node_agent_actor>(n.agent), update_atom_v, joining);
       return self->state.table->view();
     },
     [self](update_atom, node_info& n) { learn(self, n); },
@@ -205,13 +211,14 @@ std::optional<membership> join_cluster(caf::actor_system& sys, const node_agent_
       if (n.name == me.name) continue;
       if (n.agent != caf::actor_cast<caf::actor>(*seed_agent)) {
         // A direct connection to that member; the handle in the view then routes over it.
+        // Unreachable directly: still a member (its handle routes through the seed, which
+        // also told it of this node).
         auto direct = sys.middleman().remote_actor<node_agent_actor>(n.host, n.port);
-        if (!direct) {
+        if (direct)
+          self->send(*direct, update_atom_v, me);
+        else
           error += (error.empty() ? "" : "; ") + n.name + " (" + n.host + ":" + std::to_string(n.port) +
                    "): " + sys.render(direct.error());
-          continue;
-        }
-        self->send(*direct, update_atom_v, me);
       }
       self->send(agent, update_atom_v, n);
     }

@@ -543,6 +543,24 @@ TEST_CASE("node agents over loopback: join through a seed, both see both, a drai
   CHECK(left->nodes[0].agent == caf::actor_cast<caf::actor>(f.agent_a));
 }
 
+TEST_CASE("node agents over loopback: a joiner that cannot reach a member directly still meets it through the seed") {
+  two_nodes f;  // b is not published: nobody can connect to it directly
+  f.join();
+  net_config cfg_c;
+  caf::actor_system c{cfg_c};
+  auto agent_c = actors::spawn_node_agent(c, make_node("c", {"storage"}, {}), {});
+  stop_on_exit stop{{caf::actor_cast<caf::actor>(agent_c)}};
+  std::string error;
+  auto view = actors::join_cluster(c, agent_c, {{"127.0.0.1", f.port_a}}, 10s, error);
+  REQUIRE_MESSAGE(view, error);
+  CHECK(error.find("b (") != std::string::npos);  // the direct connection to b failed, and says so
+  caf::scoped_actor sub_b{f.b}, sub_c{c};
+  subscribe(sub_b, f.agent_b);
+  subscribe(sub_c, agent_c);
+  CHECK(await_view(sub_b, named({"a", "b", "c"})));  // told by the seed
+  CHECK(await_view(sub_c, named({"a", "b", "c"})));  // b learnt from the seed's view
+}
+
 TEST_CASE("node agents over loopback: when a node's connection goes, the other removes it") {
   two_nodes f;
   caf::scoped_actor sub_a{f.a}, sub_b{f.b};
