@@ -296,17 +296,9 @@ std::expected<std::shared_ptr<grammar_matcher>, std::string> engine::make_matche
   if (!tok_) return std::unexpected("structured output needs a tokenizer, and this engine has none");
   if (!constraint_kind_from_byte(static_cast<uint8_t>(spec.kind)))
     return std::unexpected("unknown constraint kind " + std::to_string(static_cast<int>(spec.kind)));
-  if (!vocab_) {
-    const auto n = static_cast<int32_t>(weights_->config.vocab_size);
-    std::vector<std::string> bytes(static_cast<size_t>(n));
-    std::vector<bool> special(static_cast<size_t>(n), false);
-    for (int32_t i = 0; i < n; ++i) {
-      bytes[static_cast<size_t>(i)] = tok_->decode_token(i);
-      special[static_cast<size_t>(i)] = tok_->is_added(i);
-    }
-    vocab_ = std::make_shared<token_vocab>(std::move(bytes), std::move(special),
-                                           static_cast<int32_t>(weights_->config.eos_token_id));
-  }
+  if (!vocab_)
+    vocab_ = make_token_vocab(*tok_, static_cast<int32_t>(weights_->config.vocab_size),
+                              static_cast<int32_t>(weights_->config.eos_token_id));
   auto key = std::make_pair(static_cast<uint8_t>(spec.kind), spec.source);
   auto it = grammars_.find(key);
   if (it == grammars_.end()) {

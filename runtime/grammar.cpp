@@ -308,6 +308,16 @@ token_vocab::token_vocab(std::vector<std::string> bytes, std::vector<bool> speci
   }
 }
 
+std::shared_ptr<const token_vocab> make_token_vocab(const model::tokenizer& tok, int32_t vocab_size, int32_t eos_id) {
+  std::vector<std::string> bytes(static_cast<size_t>(vocab_size));
+  std::vector<bool> special(static_cast<size_t>(vocab_size), false);
+  for (int32_t i = 0; i < vocab_size; ++i) {
+    bytes[static_cast<size_t>(i)] = tok.decode_token(i);
+    special[static_cast<size_t>(i)] = tok.is_added(i);
+  }
+  return std::make_shared<const token_vocab>(std::move(bytes), std::move(special), eos_id);
+}
+
 compiled_grammar::compiled_grammar(grammar gr, std::shared_ptr<const token_vocab> v)
     : g(std::move(gr)), vocab(std::move(v)) {}
 

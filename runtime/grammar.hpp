@@ -25,6 +25,7 @@
 #include <variant>
 #include <vector>
 
+#include "model/tokenizer.hpp"
 #include "runtime/constraint.hpp"
 
 namespace shoal::runtime {
@@ -116,6 +117,10 @@ class token_vocab {
   std::vector<int32_t> sorted_;      // ids of grammar-usable tokens by bytes
   std::vector<uint32_t> lcp_;        // lcp_[i]: common prefix of sorted_[i − 1] and sorted_[i]
 };
+
+// A tokenizer's vocabulary as token_vocab: ids [0, vocab_size) (ids the tokenizer lacks are
+// empty, never produced), added tokens special, `eos_id` the end of a match.
+std::shared_ptr<const token_vocab> make_token_vocab(const model::tokenizer& tok, int32_t vocab_size, int32_t eos_id);
 
 // A grammar with its per-position mask caches over one vocabulary (filled as positions are
 // met). Not thread-safe: one engine's step loop uses it.

@@ -351,13 +351,7 @@ std::string random_sample(const std::shared_ptr<compiled_grammar>& g, std::mt199
 std::shared_ptr<const token_vocab> deepseek_vocab() {
   auto tok = shoal::model::tokenizer::load(std::string(SHOAL_SHARED_DIR) + "/tokenizers/deepseek-v3/tokenizer.json");
   REQUIRE_MESSAGE(tok, "the DeepSeek-V3 tokenizer in ../shared/tokenizers");
-  std::vector<std::string> bytes;
-  std::vector<bool> special;
-  for (int32_t i = 0; i < tok->vocab_size(); ++i) {
-    bytes.push_back(tok->decode_token(i));
-    special.push_back(tok->is_added(i));
-  }
-  return std::make_shared<token_vocab>(std::move(bytes), std::move(special), tok->eos_id());
+  return make_token_vocab(*tok, tok->vocab_size(), tok->eos_id());
 }
 
 }  // namespace
