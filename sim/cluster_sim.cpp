@@ -66,6 +66,7 @@ struct event {
   uint64_t seq;
   ev kind;
   int64_t a;
+  uint64_t epoch = 0;  // step_end: the group's epoch it was scheduled in (a later one supersedes it)
   bool operator>(const event& o) const { return t != o.t ? t > o.t : seq > o.seq; }
 };
 
@@ -165,6 +166,11 @@ struct group_state {
   std::vector<int32_t> ranks;  // indices into the sim's ranks
   bool stepping = false;
   std::mt19937_64 rng;
+  // The step in flight: when it began, whether it falls in the measured window, and, on shared
+  // cores, the seconds of full-speed compute it still needs as of `since`.
+  double step_start = 0, work_left = 0, since = 0;
+  bool counted = false;
+  uint64_t epoch = 0;  // bumped whenever the step's end is rescheduled
 };
 
 struct live {
@@ -177,11 +183,12 @@ struct live {
 struct pool_acc {
   int64_t steps = 0;
   double busy = 0, sum_ratio = 0, ideal = 0, actual = 0, tokens = 0;
+  int64_t all_steps = 0;  // every step of the run, and their wall time
+  double all_busy = 0;
   std::vector<double> ratios;
   // `group`: the stepping group's ranks' loads; `pool`: every rank of the pool.
-  void add(double a, std::span<const double> group, std::span<const double> pool, double dt) {
+  void add(double a, std::span<const double> group, std::span<const double> pool) {
     ++steps;
-    busy += dt;
     double sum = 0, mx = 0;
     for (double l : group) sum += l, mx = std::max(mx, l);
     const double mean = group.empty() ? 0 : sum / static_cast<double>(group.size());
@@ -196,6 +203,8 @@ struct pool_acc {
     s.steps = steps;
     s.busy_s = busy;
     s.tokens = tokens;
+    s.all_steps = all_steps;
+    s.all_busy_s = all_busy;
     if (steps > 0) {
       s.balance_mean = sum_ratio / static_cast<double>(steps);
       s.balance_p10 = runtime::percentile(ratios, 0.10);
@@ -242,7 +251,9 @@ class cluster {
       clock_.set(e.t);
       switch (e.kind) {
         case ev::arrive: arrive(static_cast<size_t>(e.a)); break;
-        case ev::step_end: end_step(static_cast<size_t>(e.a)); break;
+        case ev::step_end:
+          if (e.epoch == groups_[static_cast<size_t>(e.a)].epoch) end_step(static_cast<size_t>(e.a));
+          break;
         case ev::fetch_done: {
           const size_t g = storage_->complete(e.a);  // the waiting request's group steps again
           if (!groups_[g].stepping) start_step(g);
@@ -283,7 +294,41 @@ class cluster {
   }
 
  private:
-  void push(double t, ev kind, int64_t a) { events_.push({t, seq_++, kind, a}); }
+  void push(double t, ev kind, int64_t a, uint64_t epoch = 0) { events_.push({t, seq_++, kind, a, epoch}); }
+
+  // CPU sharing. Ranks on cores of their own pool (pool.cores) or of the host (host_cores) share
+  // them as a processor-sharing server: while k ranks compute at once on c cores, each step
+  // progresses at min(1, c / k) of full speed, and every step in flight is re-timed when a step
+  // starts or ends. 0: this group's cores are its own.
+  int64_t shared_cores(const group_state& gs) const {
+    const pool_profile& pp = gs.prefill ? prof_.prefill : prof_.decode;
+    return pp.cores > 0 ? pp.cores : prof_.host_cores;
+  }
+  bool shares_with(const group_state& gs, const group_state& o) const {
+    const pool_profile& pp = gs.prefill ? prof_.prefill : prof_.decode;
+    return pp.cores == 0 || o.prefill == gs.prefill;
+  }
+  double share_rate(const group_state& gs) const {
+    int64_t busy = 0;
+    for (const auto& o : groups_)
+      if (o.stepping && shares_with(gs, o)) busy += static_cast<int64_t>(o.ranks.size());
+    return std::min(1.0, static_cast<double>(shared_cores(gs)) / static_cast<double>(std::max<int64_t>(1, busy)));
+  }
+  // Before the set of computing ranks changes: charge each step in flight for the time since.
+  void advance_shared(const group_state& gs, double now) {
+    if (shared_cores(gs) == 0) return;
+    const double rate = share_rate(gs);
+    for (auto& o : groups_)
+      if (o.stepping && shares_with(gs, o)) o.work_left = std::max(0.0, o.work_left - (now - o.since) * rate), o.since = now;
+  }
+  // After it changed: every step in flight on those cores ends when its work is done at the new rate.
+  void reschedule_shared(const group_state& gs, double now) {
+    const double rate = share_rate(gs);
+    for (size_t i = 0; i < groups_.size(); ++i) {
+      group_state& o = groups_[i];
+      if (o.stepping && shares_with(gs, o)) push(now + o.work_left / rate, ev::step_end, static_cast<int64_t>(i), ++o.epoch);
+    }
+  }
 
   void build_pool(bool prefill, int64_t n, int64_t ep) {
     const pool_profile& pp = prefill ? prof_.prefill : prof_.decode;
@@ -343,6 +388,9 @@ class cluster {
   void start_step(size_t g) {
     group_state& gs = groups_[g];
     const pool_profile& pp = gs.prefill ? prof_.prefill : prof_.decode;
+    const double now = clock_.now_s();
+    const bool shared = shared_cores(gs) > 0;
+    if (shared) advance_shared(gs, now);
     bool any = false;
     double longest = 0;
     loads_.clear();
@@ -364,36 +412,42 @@ class cluster {
     }
     if (!any) {
       gs.stepping = false;
+      if (shared) reschedule_shared(gs, now);  // the others have the cores to themselves sooner
       return;
     }
     double dt = longest;
     if (prof_.step_noise > 0) dt *= std::max(0.5, 1.0 + prof_.step_noise * normal_(gs.rng));
     gs.stepping = true;
-    if (const int64_t cores = pp.cores > 0 ? pp.cores : prof_.host_cores; cores > 0) {
-      int64_t busy = 0;  // ranks computing now on the same cores: the pool's, or every pool's
-      for (const auto& o : groups_)
-        if (o.stepping && (pp.cores == 0 || o.prefill == gs.prefill)) busy += static_cast<int64_t>(o.ranks.size());
-      dt *= std::max(1.0, static_cast<double>(busy) / static_cast<double>(cores));
-    }
-    if (clock_.now_s() >= c_.warmup_s && clock_.now_s() < last_arrival_) {
+    gs.step_start = now;
+    gs.counted = now >= c_.warmup_s && now < last_arrival_;
+    if (gs.counted) {
       // % of perfect: within the lockstep group; balance ratio: over the whole pool (every
       // rank's load in its group's current step, 0 when idle), the same thing for one group.
       pool_loads_.clear();
       for (const rank_state& r : ranks_)
         if (r.prefill == gs.prefill) pool_loads_.push_back(groups_[static_cast<size_t>(r.group)].stepping ? r.load : 0.0);
-      (gs.prefill ? prefill_acc_ : decode_acc_).add(pp.step.a(), loads_, pool_loads_, dt);
+      (gs.prefill ? prefill_acc_ : decode_acc_).add(pp.step.a(), loads_, pool_loads_);
       if (!gs.prefill && c_.timeline_s > 0) {
-        auto& b = timeline_[static_cast<int64_t>(clock_.now_s() / c_.timeline_s)];
+        auto& b = timeline_[static_cast<int64_t>(now / c_.timeline_s)];
         b.first += runtime::balance_ratio(pool_loads_);
         b.second += 1;
       }
     }
-    push(clock_.now_s() + dt, ev::step_end, static_cast<int64_t>(g));
+    if (shared) {
+      gs.work_left = dt, gs.since = now;
+      reschedule_shared(gs, now);
+    } else {
+      push(now + dt, ev::step_end, static_cast<int64_t>(g), ++gs.epoch);
+    }
   }
 
   void end_step(size_t g) {
     group_state& gs = groups_[g];
     const double now = clock_.now_s();
+    if (shared_cores(gs) > 0) advance_shared(gs, now);
+    pool_acc& acc = gs.prefill ? prefill_acc_ : decode_acc_;
+    if (gs.counted) acc.busy += now - gs.step_start;
+    ++acc.all_steps, acc.all_busy += now - gs.step_start;
     for (int32_t ri : gs.ranks) {
       rank_state& rk = ranks_[static_cast<size_t>(ri)];
       for (auto& it : rk.plan.items) {

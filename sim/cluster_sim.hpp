@@ -74,6 +74,8 @@ struct pool_summary {
   double balance_p10 = 1;
   double pct_of_perfect = 100;        // Σ(a + mean) / Σ(a + max) · 100
   double tokens = 0;                  // computed tokens (prefill: non-cached input; decode: outputs)
+  int64_t all_steps = 0;              // every step of the run, window or not, and their wall time
+  double all_busy_s = 0;
 };
 
 struct sim_result {

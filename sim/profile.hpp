@@ -29,7 +29,8 @@ struct pool_profile {
   // form, whose fit (shoal bench fit-cost --decode) has n = the step's batch.
   bool batch_quadratic = false;
   // > 0: this pool's ranks share this many cores of their own (engines pinned by node.cpus):
-  // while k of its ranks compute at once, each step takes max(1, k / cores) times as long.
+  // processor sharing, so while k of its ranks compute at once each progresses at
+  // min(1, cores / k) of full speed (a step's time depends on what overlaps it, start to end).
   int64_t cores = 0;
 };
 

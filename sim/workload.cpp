@@ -34,7 +34,9 @@ std::vector<int32_t> prompt_tokens(const sim_request& r, int64_t vocab) {
   std::vector<int32_t> t(static_cast<size_t>(r.input_len));
   const uint64_t span = static_cast<uint64_t>(std::max<int64_t>(vocab - first_id, 1));
   for (int64_t i = 0; i < r.input_len; ++i) {
-    const int64_t h = r.hash_ids[static_cast<size_t>(std::min<int64_t>(i / r.hash_block, static_cast<int64_t>(r.hash_ids.size()) - 1))];
+    // No hash ids: a prompt of its own, shared with no other request.
+    const int64_t h = r.hash_ids.empty() ? -1 - r.id
+                                          : r.hash_ids[static_cast<size_t>(std::min<int64_t>(i / r.hash_block, static_cast<int64_t>(r.hash_ids.size()) - 1))];
     t[static_cast<size_t>(i)] = static_cast<int32_t>(first_id + mix(static_cast<uint64_t>(h) * 1000003u + static_cast<uint64_t>(i % r.hash_block)) % span);
   }
   return t;

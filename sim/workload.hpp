@@ -16,7 +16,7 @@ struct sim_request {
   int64_t id = 0;               // position in the workload (arrival order)
   double arrival_s = 0;
   int64_t input_len = 0, output_len = 0;
-  std::vector<int64_t> hash_ids;  // one per hash block of the prompt (the last may be partial)
+  std::vector<int64_t> hash_ids;  // one per hash block of the prompt (the last may be partial); none: a prompt of its own
   int64_t hash_block = 512;     // tokens per hash id
 };
 

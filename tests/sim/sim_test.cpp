@@ -177,6 +177,30 @@ TEST_CASE("sim: cores shared by a pool's ranks slow the steps computed at once, 
   CHECK(pinned->host_cores == 0);
 }
 
+TEST_CASE("sim: ranks on shared cores progress as a processor-sharing server") {
+  // Two prefill ranks on one core, each step 0.01 s per token: a 100-token prompt is 1 s alone.
+  auto p = parse_profile(R"({"name":"ps","model":"small",
+      "prefill":{"step":{"a":0,"b":0.01,"c":0,"d":0},"kv_blocks":100,"cores":1},
+      "decode":{"step":{"a":0,"b":0.001,"c":0,"d":0},"kv_blocks":100},"kv_bytes_per_token":1,"handoff_gbps":1,
+      "storage":{"capacity_blocks":0,"read_latency_s":0,"read_gbps":1},"slo":{"ttft_s":1,"tpot_s":1}})", "ps.json");
+  REQUIRE_MESSAGE(p, p.error());
+  sim_config c;
+  c.prof = *p;
+  c.prefill_ranks = 2, c.prefill_ep = 1, c.decode_ranks = 1, c.decode_ep = 1;
+  std::vector<sim_request> work(2);
+  work[0] = {0, 0.0, 100, 1, {}, 512};
+  work[1] = {1, 0.5, 100, 1, {}, 512};
+  auto r = run_cluster(c, work, *policy_named("round_robin"));
+  REQUIRE_MESSAGE(r, r.error());
+  REQUIRE(r->requests[0].prefill_rank != r->requests[1].prefill_rank);
+  // The first runs alone for 0.5 s, then both at half speed until it ends (0.5 s of its work
+  // left: 1 s); the second did 0.5 s of work by then and finishes its last 0.5 s alone.
+  CHECK(r->requests[0].first_token_s == doctest::Approx(1.5));
+  CHECK(r->requests[1].first_token_s == doctest::Approx(2.0));
+  // Busy time is wall time: the one step begun in [warmup 0, last arrival 0.5) lasted 1.5 s.
+  CHECK(r->prefill.busy_s == doctest::Approx(1.5));
+}
+
 TEST_CASE("sim: ServeGen's client model gives a seeded, rate-true workload") {
   workload_options o;
   o.start_s = 36000, o.duration_s = 600;

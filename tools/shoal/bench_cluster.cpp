@@ -79,7 +79,56 @@ struct shape {
   uint16_t http_port = 0;
   int64_t prefill = 0, decode = 0;
   std::string model_id;
+  std::vector<std::pair<bool, runtime::host_port>> metrics;  // (decode pool?, node.metrics_listen) of engine nodes
 };
+
+// A pool's steps over a run: how many, their wall time, the tokens they computed (prefill:
+// non-cached prompt tokens; decode: output tokens). Read from the engines' Prometheus counters
+// for the real cluster, from the simulator's pools for the simulated one, so both print
+// the same mean step time and tokens per step.
+struct pool_steps {
+  double steps = 0, seconds = 0, tokens = 0;
+  bool known = false;
+  std::string line() const {
+    if (!known || steps <= 0) return "n/a";
+    return fmt::format("{:.0f} steps, {:.3f} s/step, {:.1f} tokens/step", steps, seconds / steps, tokens / steps);
+  }
+};
+
+// Sum of a counter over its label sets in Prometheus text.
+double counter_sum(std::string_view text, std::string_view name) {
+  double sum = 0;
+  std::istringstream in{std::string(text)};
+  for (std::string l; std::getline(in, l);) {
+    if (l.empty() || l[0] == '#' || l.compare(0, name.size(), name) != 0) continue;
+    if (l.size() > name.size() && l[name.size()] != '{' && l[name.size()] != ' ') continue;
+    const auto sp = l.rfind(' ');
+    if (sp != std::string::npos) sum += std::strtod(l.c_str() + sp + 1, nullptr);
+  }
+  return sum;
+}
+
+// The engines' step counters now; a node that does not answer leaves its pool unknown.
+std::pair<pool_steps, pool_steps> scrape_steps(const shape& sh) {
+  pool_steps pre, dec;
+  bool ok_pre = true, ok_dec = true;
+  for (const auto& [decode, hp] : sh.metrics) {
+    actors::http_call_options o;
+    o.timeout = std::chrono::seconds(5);
+    auto resp = actors::http_call(hp.host, hp.port, "GET", "/metrics", "", o);
+    pool_steps& p = decode ? dec : pre;
+    if (!resp || resp->status != 200) {
+      (decode ? ok_dec : ok_pre) = false;
+      continue;
+    }
+    p.steps += counter_sum(resp->body, "shoal_engine_steps_total");
+    p.seconds += counter_sum(resp->body, "shoal_engine_step_seconds_total");
+    p.tokens += counter_sum(resp->body, decode ? "shoal_engine_decode_tokens_total" : "shoal_engine_prefill_tokens_total");
+    p.known = true;
+  }
+  pre.known = pre.known && ok_pre, dec.known = dec.known && ok_dec;
+  return {pre, dec};
+}
 
 std::expected<shape, std::string> cluster_shape(const fs::path& dir) {
   shape s;
@@ -91,8 +140,11 @@ std::expected<shape, std::string> cluster_shape(const fs::path& dir) {
       s.http_host = c->http_listen->host, s.http_port = c->http_listen->port;
       s.model_id = c->model_dir.filename().string();
     }
-    if (c->has_role(runtime::role::engine))
-      (c->disagg_role == runtime::engine_role::decode ? s.decode : s.prefill) += c->ranks;
+    if (c->has_role(runtime::role::engine)) {
+      const bool decode = c->disagg_role == runtime::engine_role::decode;
+      (decode ? s.decode : s.prefill) += c->ranks;
+      if (c->metrics_listen) s.metrics.emplace_back(decode, *c->metrics_listen);
+    }
   }
   if (s.http_port == 0) return std::unexpected(dir.string() + ": no gateway with a fixed gateway.listen port");
   return s;
@@ -183,6 +235,7 @@ int run_cluster_bench(const cluster_args& a) {
   fmt::print("trace {} ({} requests, speed {}, length scale {}), cluster {}: {} prefill + {} decode ranks\n",
              fs::path(a.trace).filename().string(), work->size(), a.speed, a.length_scale, a.config, sh->prefill, sh->decode);
   std::vector<sim::serving_metrics> real, simulated;
+  std::vector<std::pair<pool_steps, pool_steps>> real_steps, sim_steps;
   const double ttft_slo = prof ? prof->ttft_slo_s : 0, tpot_slo = prof ? prof->tpot_slo_s : 0;
   for (const auto& p : pols) {
     auto dir = policy_config(a.config, p, a.cost_model);
@@ -195,6 +248,7 @@ int run_cluster_bench(const cluster_args& a) {
     int failed = 0;
     std::string first_error;
     auto recs = replay(*sh, *work, vocab, failed, first_error);
+    real_steps.push_back(scrape_steps(*sh));
     cluster_down(state, 60);
     sim::serving_metrics m = sim::serving_from_records(p.name, recs, sh->prefill, ttft_slo, tpot_slo);
     fmt::print("policy {}: {} finished, {} failed{}\n", p.name, m.finished, failed,
@@ -202,6 +256,10 @@ int run_cluster_bench(const cluster_args& a) {
     json rec = json::parse(sim::to_jsonl(m, "cluster", ""));
     rec["failed"] = failed, rec["trace"] = a.trace, rec["speed"] = a.speed, rec["length_scale"] = a.length_scale;
     rec["machine"] = machine_facts();
+    auto steps_json = [](const pool_steps& p) {
+      return p.known ? json{{"steps", p.steps}, {"seconds", p.seconds}, {"tokens", p.tokens}} : json(nullptr);
+    };
+    rec["prefill_steps"] = steps_json(real_steps.back().first), rec["decode_steps"] = steps_json(real_steps.back().second);
     append_jsonl(a.out, rec);
     real.push_back(m);
     std::error_code ec;
@@ -216,7 +274,12 @@ int run_cluster_bench(const cluster_args& a) {
         return 2;
       }
       simulated.push_back(sim::summarize(*r, c));
+      auto pool = [](const sim::pool_summary& p) {
+        return pool_steps{static_cast<double>(p.all_steps), p.all_busy_s, p.tokens, true};
+      };
+      sim_steps.emplace_back(pool(r->prefill), pool(r->decode));
       json s = json::parse(sim::to_jsonl(simulated.back(), "sim", ""));
+      s["prefill_steps"] = steps_json(sim_steps.back().first), s["decode_steps"] = steps_json(sim_steps.back().second);
       s["trace"] = a.trace, s["speed"] = a.speed, s["length_scale"] = a.length_scale, s["profile"] = prof->name;
       s["machine"] = machine_facts();
       append_jsonl(a.out, s);
@@ -225,10 +288,13 @@ int run_cluster_bench(const cluster_args& a) {
   fmt::print("real cluster:\n{}", sim::format_table(real));
   if (prof) {
     fmt::print("simulator ({}):\n{}", prof->name, sim::format_table(simulated));
-    for (size_t i = 0; i < real.size(); ++i)
+    for (size_t i = 0; i < real.size(); ++i) {
       fmt::print("{}: simulated / real TTFT p50 {:.2f}, TPOT p50 {:.2f}\n", real[i].policy,
                  real[i].ttft_p50 > 0 ? simulated[i].ttft_p50 / real[i].ttft_p50 : 0.0,
                  real[i].tpot_p50 > 0 ? simulated[i].tpot_p50 / real[i].tpot_p50 : 0.0);
+      fmt::print("  prefill pool: real {}; simulated {}\n", real_steps[i].first.line(), sim_steps[i].first.line());
+      fmt::print("  decode pool:  real {}; simulated {}\n", real_steps[i].second.line(), sim_steps[i].second.line());
+    }
   }
   return 0;
 }
