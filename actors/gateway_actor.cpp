@@ -173,7 +173,9 @@ std::expected<std::vector<int32_t>, runtime::api_error> prompt_ids(const gateway
                                                                    runtime::completion_request& r) {
   if (r.chat) {
     if (!g.chat) return std::unexpected(runtime::invalid_request_error("this model has no chat template", "messages"));
-    auto text = g.chat->render(r.messages, true, g.bos_token, g.eos_token);
+    auto text = r.tools.functions.empty() ? g.chat->render(r.messages, true, g.bos_token, g.eos_token)
+                                          : g.chat->render(runtime::with_tools_prompt(r.messages, r.tools.functions),
+                                                           true, g.bos_token, g.eos_token);
     if (!text) return std::unexpected(runtime::invalid_request_error(text.error(), "messages"));
     auto ids = g.tok->encode(*text);
     if (r.images.empty()) return ids;
@@ -248,7 +250,32 @@ int serve_generation(gateway_shared& g, const runtime::completion_request& r, st
   const bool want_logprobs = r.logprobs >= 0;
   runtime::logprob_list logprobs;
   int64_t text_offset = 0;
+  // With active tools the reply is content or tool calls (the grammar allows one or the
+  // other): text is held until it cannot be the start of a calls block; a calls block is
+  // held whole and sent as one tool_calls delta at the end.
+  enum class reply { undecided, content, calls };
+  reply kind = r.chat && r.tools.active() ? reply::undecided : reply::content;
+  std::string held;
   auto emit = [&](const std::string& delta, bool force = false) {
+    if (kind != reply::content) {
+      held += delta;
+      if (kind == reply::undecided && !held.empty()) {
+        if (held.starts_with(runtime::tool_calls_begin_token)) kind = reply::calls;
+        else if (!runtime::tool_calls_begin_token.starts_with(held)) kind = reply::content;
+      }
+      if (kind != reply::content) return;
+      std::string text = std::move(held);
+      held.clear();
+      if (text.empty() && !(force && !logprobs.empty())) return;
+      if (!r.stream) {
+        whole += text;
+        return;
+      }
+      const runtime::logprob_list* lp = want_logprobs ? &logprobs : nullptr;
+      client_ok = client_ok && w.send(runtime::sse_event(runtime::chat_content_chunk_json(meta, text, lp)));
+      logprobs.clear();
+      return;
+    }
     if (delta.empty() && !(force && !logprobs.empty())) return;
     if (!r.stream) {
       whole += delta;
@@ -318,14 +345,27 @@ int serve_generation(gateway_shared& g, const runtime::completion_request& r, st
     g.metrics_set.tpot.observe(seconds_since(*first_token) / static_cast<double>(n_out - 1), r.model);
   runtime::api_finish fin = last->reason == runtime::finish_reason::stop ? runtime::api_finish::stop
                                                                          : runtime::api_finish::length;
+  // A calls block: its whole calls, finish "tool_calls" when the block closed ("length" when
+  // max_tokens cut it; a cut before the first whole call leaves the raw text as content).
+  std::optional<runtime::tool_output> calls;
+  if (kind != reply::content) {
+    calls = runtime::parse_tool_calls(held, "call_" + meta.id.substr(meta.id.find('-') + 1) + "_");
+    if (calls && calls->calls.empty()) calls.reset();
+    if (calls && calls->complete && !last->error) fin = runtime::api_finish::tool_calls;
+    if (!calls && !r.stream) whole += held;
+    if (!calls && r.stream && !held.empty())
+      client_ok = w.send(runtime::sse_event(runtime::chat_content_chunk_json(meta, held)));
+  }
   runtime::usage_info usage{n_prompt, n_out, last->cached_tokens};
   if (!r.stream) {
     const runtime::logprob_list* lp = want_logprobs ? &logprobs : nullptr;
     w.respond(200, "application/json",
-              r.chat ? runtime::chat_completion_response_json(meta, whole, fin, usage, lp)
+              r.chat ? runtime::chat_completion_response_json(meta, calls ? calls->content : whole, fin, usage, lp,
+                                                              calls ? &calls->calls : nullptr)
                      : runtime::completion_response_json(meta, whole, fin, usage, lp));
     return 200;
   }
+  if (calls) w.send(runtime::sse_event(runtime::chat_tool_calls_chunk_json(meta, calls->calls)));
   if (last->error) {  // mid-stream failure: an error event, then the end of the stream
     w.send(runtime::sse_event(runtime::to_json(routing_error(*last->error))));
   } else {
@@ -337,6 +377,17 @@ int serve_generation(gateway_shared& g, const runtime::completion_request& r, st
   return 200;
 }
 
+// tool_choice "none" with tools described in the prompt: the tool-call tokens get logit bias
+// −100 (OpenAI's ban), unless the request biases them itself.
+void ban_tool_tokens(const model::tokenizer& tok, runtime::completion_request& r) {
+  for (auto t : {runtime::tool_calls_begin_token, runtime::tool_call_begin_token, runtime::tool_sep_token,
+                 runtime::tool_call_end_token, runtime::tool_calls_end_token}) {
+    const int32_t id = tok.token_id(t);
+    auto at = std::lower_bound(r.logit_bias.begin(), r.logit_bias.end(), std::pair<int32_t, float>{id, -1e30f});
+    if (id >= 0 && (at == r.logit_bias.end() || at->first != id)) r.logit_bias.insert(at, {id, -100.0f});
+  }
+}
+
 int serve_generate(gateway_shared& g, const http_request& req, http_writer& w, bool chat) {
   if (auto e = check_auth(g, req)) return send_error(w, *e), e->status;
   if (g.draining) {
@@ -345,6 +396,7 @@ int serve_generate(gateway_shared& g, const http_request& req, http_writer& w, b
   }
   auto parsed = runtime::parse_completion_request(req.body, chat, g.limits());
   if (!parsed) return send_error(w, parsed.error()), parsed.error().status;
+  if (!parsed->tools.functions.empty() && !parsed->tools.active()) ban_tool_tokens(*g.tok, *parsed);
   auto ids = prompt_ids(g, *parsed);
   if (!ids) return send_error(w, ids.error()), ids.error().status;
   if (g.config.context_length > 0)  // 0: no limit (gateway_config); check_context would refuse everything

@@ -165,6 +165,9 @@ namespace {
 // Special tokens of the tiny presets, named as in the DeepSeek-V3 tokenizer.
 const std::vector<std::string> tiny_specials = {"<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>",
                                                 "<｜User｜>", "<｜Assistant｜>"};
+// DeepSeek-V3's tool-call tokens, so tool calling works on the tiny presets too.
+constexpr const char* tiny_tool_specials[] = {"<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>",
+                                              "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"};
 
 const char* chat_template =
     "{% for message in messages %}{% if message['role'] == 'user' %}<｜User｜>{{ message['content'] }}"
@@ -195,6 +198,7 @@ result<std::tuple<int64_t, int64_t, int64_t, int64_t>> write_tokenizer(const gen
   } else {
     auto specials = tiny_specials;
     if (o.vision) specials.push_back(image_token_text(o.preset));
+    for (const char* t : tiny_tool_specials) specials.emplace_back(t);  // last: the ids before them stay
     text = byte_level_tokenizer_json(specials);
   }
   if (tcfg.is_discarded() || tcfg.is_null())

@@ -14,13 +14,17 @@
 #include <string_view>
 #include <vector>
 
+#include "runtime/tool_calls.hpp"
+
 namespace shoal::runtime {
 
-// One message as the template sees it: message['role'], message['content'] (none when absent).
-// Tool calls are not modelled; the API layer rejects messages that carry them.
+// One message as the template sees it: message['role'], message['content'] (none when absent)
+// and, on an assistant message that called tools, message['tool_calls'] (a list of {'id',
+// 'type': 'function', 'function': {'name', 'arguments'}}; undefined when there are none).
 struct chat_message {
   std::string role;                    // system, user, assistant or tool
   std::optional<std::string> content;  // nullopt renders as Jinja's none
+  std::vector<tool_call> tool_calls = {};
   bool operator==(const chat_message&) const = default;
 };
 

@@ -555,6 +555,17 @@ std::expected<std::string, std::string> chat_template::render(const std::vector<
   for (const chat_message& m : messages) {
     value_map fields = {{"role", make_string(m.role)},
                         {"content", m.content ? make_string(*m.content) : value{none_t{}}}};
+    if (!m.tool_calls.empty()) {
+      value_list calls;
+      for (const tool_call& c : m.tool_calls) {
+        value_map fn = {{"name", make_string(c.name)}, {"arguments", make_string(c.arguments)}};
+        value_map call = {{"id", make_string(c.id)},
+                          {"type", make_string("function")},
+                          {"function", value{std::make_shared<const value_map>(std::move(fn))}}};
+        calls.push_back(value{std::make_shared<const value_map>(std::move(call))});
+      }
+      fields.emplace_back("tool_calls", value{std::make_shared<const value_list>(std::move(calls))});
+    }
     msgs.push_back(value{std::make_shared<const value_map>(std::move(fields))});
   }
   value_map globals = {{"messages", value{std::make_shared<const value_list>(std::move(msgs))}},

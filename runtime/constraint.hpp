@@ -1,5 +1,6 @@
 // What a request's output must match (structured output): a JSON schema (its text), any JSON
-// object, a regular expression (the whole output), or an EBNF grammar (start rule `root`).
+// object, a regular expression (the whole output), an EBNF grammar (start rule `root`), or
+// tool calls (runtime/tool_calls.hpp: the functions, the choice, and what content may be).
 // A plain value that travels with the sampling parameters; runtime/grammar.hpp compiles it.
 #pragma once
 
@@ -10,7 +11,7 @@
 
 namespace shoal::runtime {
 
-enum class constraint_kind : uint8_t { none, json_schema, json_object, regex, ebnf };
+enum class constraint_kind : uint8_t { none, json_schema, json_object, regex, ebnf, tool_calls };
 
 const char* to_string(constraint_kind k);
 std::optional<constraint_kind> constraint_kind_from(std::string_view name);

@@ -17,19 +17,20 @@ const char* to_string(constraint_kind k) {
     case constraint_kind::json_object: return "json_object";
     case constraint_kind::regex: return "regex";
     case constraint_kind::ebnf: return "ebnf";
+    case constraint_kind::tool_calls: return "tool_calls";
   }
   return "none";
 }
 
 std::optional<constraint_kind> constraint_kind_from(std::string_view name) {
   for (auto k : {constraint_kind::none, constraint_kind::json_schema, constraint_kind::json_object,
-                 constraint_kind::regex, constraint_kind::ebnf})
+                 constraint_kind::regex, constraint_kind::ebnf, constraint_kind::tool_calls})
     if (name == to_string(k)) return k;
   return std::nullopt;
 }
 
 std::optional<constraint_kind> constraint_kind_from_byte(uint8_t b) {
-  if (b > static_cast<uint8_t>(constraint_kind::ebnf)) return std::nullopt;
+  if (b > static_cast<uint8_t>(constraint_kind::tool_calls)) return std::nullopt;
   return static_cast<constraint_kind>(b);
 }
 
@@ -65,6 +66,23 @@ grammar_builder::sequence grammar_builder::literal(std::string_view bytes) {
   append_literal(s, bytes);
   return s;
 }
+
+uint32_t grammar_builder::embed(const grammar& g, const std::string& prefix) {
+  const auto base = static_cast<uint32_t>(alts_.size());
+  for (const auto& n : g.names) rule(prefix + n);
+  for (size_t r = 0; r < g.alts.size(); ++r)
+    for (uint32_t at : g.alts[r]) {
+      sequence s;
+      for (; g.elements[at].k != grammar::kind::end; ++at) {
+        const auto& e = g.elements[at];
+        s.push_back(e.k == grammar::kind::bytes ? cls(g.classes[e.arg]) : ref(base + e.arg));
+      }
+      alt(base + static_cast<uint32_t>(r), std::move(s));
+    }
+  return base + g.root;
+}
+
+std::string special_token_bytes(std::string_view token_text) { return "\xFF" + std::string(token_text); }
 
 namespace {
 
@@ -283,6 +301,7 @@ std::optional<grammar_error> compile(const constraint_spec& spec, grammar& out) 
     case constraint_kind::json_object: return compile_json_object(out);
     case constraint_kind::regex: return compile_regex(spec.source, out);
     case constraint_kind::ebnf: return compile_ebnf(spec.source, out);
+    case constraint_kind::tool_calls: return compile_tool_calls(spec.source, out);
     case constraint_kind::none: break;
   }
   return grammar_error{"no constraint to compile", ""};
@@ -293,8 +312,16 @@ std::optional<grammar_error> compile(const constraint_spec& spec, grammar& out) 
 token_vocab::token_vocab(std::vector<std::string> bytes, std::vector<bool> special, int32_t eos_id)
     : bytes_(std::move(bytes)), special_(std::move(special)), eos_(eos_id) {
   special_.resize(bytes_.size(), false);
-  for (size_t i = 0; i < bytes_.size(); ++i)
+  // A 0xFF byte only ever opens a special token's spelling (special_token_bytes): any other
+  // token holding one (a raw byte of a byte-level vocabulary) could spell such a token out.
+  const auto usable = [](const std::string& b) {
+    const size_t ff = b.find('\xFF');
+    return ff == std::string::npos || (ff == 0 && b.size() > 1 && b.find('\xFF', 1) == std::string::npos);
+  };
+  for (size_t i = 0; i < bytes_.size(); ++i) {
+    if (!usable(bytes_[i])) special_[i] = true;
     if (!special_[i] && !bytes_[i].empty() && static_cast<int32_t>(i) != eos_) sorted_.push_back(static_cast<int32_t>(i));
+  }
   std::sort(sorted_.begin(), sorted_.end(), [&](int32_t a, int32_t b) {
     return bytes_[static_cast<size_t>(a)] < bytes_[static_cast<size_t>(b)];
   });
@@ -312,8 +339,10 @@ std::shared_ptr<const token_vocab> make_token_vocab(const model::tokenizer& tok,
   std::vector<std::string> bytes(static_cast<size_t>(vocab_size));
   std::vector<bool> special(static_cast<size_t>(vocab_size), false);
   for (int32_t i = 0; i < vocab_size; ++i) {
-    bytes[static_cast<size_t>(i)] = tok.decode_token(i);
-    special[static_cast<size_t>(i)] = tok.is_added(i);
+    std::string b = tok.decode_token(i);
+    if (tok.is_added(i) && !b.empty() && i != eos_id) b = special_token_bytes(b);
+    else special[static_cast<size_t>(i)] = tok.is_added(i) || b.find('\xFF') != std::string::npos;
+    bytes[static_cast<size_t>(i)] = std::move(b);
   }
   return std::make_shared<const token_vocab>(std::move(bytes), std::move(special), eos_id);
 }

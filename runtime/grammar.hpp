@@ -76,6 +76,8 @@ class grammar_builder {
   // A rule matching `body` repeated [min, max] times (max < 0: unbounded).
   uint32_t repeat(uint32_t body, int64_t min, int64_t max, const std::string& name);
   uint32_t choice(std::vector<sequence> alts, std::string name);
+  // Copies every rule of a compiled grammar in (names prefixed); returns its root's new index.
+  uint32_t embed(const grammar& g, const std::string& prefix);
   size_t rules() const { return alts_.size(); }
   bool defined(uint32_t r) const { return !alts_[r].empty(); }
   // Checks (every rule has an alternative, no left recursion, not too large) and flattens.
@@ -96,7 +98,15 @@ std::optional<grammar_error> compile_json_schema(std::string_view schema_json, g
 std::optional<grammar_error> compile_json_object(grammar& out);  // any JSON object
 std::optional<grammar_error> compile_regex(std::string_view pattern, grammar& out);
 std::optional<grammar_error> compile_ebnf(std::string_view text, grammar& out);
+// Tool calls in the DeepSeek-V3 format (runtime/tool_calls.hpp writes the source).
+std::optional<grammar_error> compile_tool_calls(std::string_view source, grammar& out);
 std::optional<grammar_error> compile(const constraint_spec& spec, grammar& out);
+
+// How a grammar names an added (special) token of the vocabulary: 0xFF, which no UTF-8 text
+// holds, then the token's text. make_token_vocab gives each added token these bytes, so only
+// a grammar that spells them out (the tool-call grammar) lets the token through; every other
+// front end matches UTF-8 text only.
+std::string special_token_bytes(std::string_view token_text);
 
 // The vocabulary as bytes: every token's bytes, and which tokens a grammar never emits
 // (added/special tokens, empty ones). Tokens are kept sorted by bytes for the mask walk.
@@ -119,7 +129,8 @@ class token_vocab {
 };
 
 // A tokenizer's vocabulary as token_vocab: ids [0, vocab_size) (ids the tokenizer lacks are
-// empty, never produced), added tokens special, `eos_id` the end of a match.
+// empty, never produced), added tokens as special_token_bytes of their text, tokens holding a
+// 0xFF byte (never part of UTF-8 text) never produced, `eos_id` the end of a match.
 std::shared_ptr<const token_vocab> make_token_vocab(const model::tokenizer& tok, int32_t vocab_size, int32_t eos_id);
 
 // A grammar with its per-position mask caches over one vocabulary (filled as positions are

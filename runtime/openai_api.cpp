@@ -149,6 +149,47 @@ check parse_content(const json& m, const std::string& param, const api_limits& l
   return std::nullopt;
 }
 
+bool valid_function_name(const json& n) {
+  if (!n.is_string()) return false;
+  const auto& s = n.get_ref<const std::string&>();
+  return !s.empty() && s.size() <= 64 && std::all_of(s.begin(), s.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-';
+  });
+}
+
+// An assistant message's earlier tool calls ({"id", "type": "function", "function": {"name",
+// "arguments": JSON text}}), rendered by the chat template; a tool message's tool_call_id.
+check parse_message_tool_calls(const json& m, const std::string& param, chat_message& msg) {
+  if (const json* id = field(m, "tool_call_id"); id && (msg.role != "tool" || !id->is_string()))
+    return bad("'" + param + ".tool_call_id' must be a string, on a 'tool' message", param + ".tool_call_id");
+  const json* tc = field(m, "tool_calls");
+  if (!tc) return std::nullopt;
+  if (msg.role != "assistant") return bad("'" + param + ".tool_calls' belongs to an 'assistant' message", param + ".tool_calls");
+  if (!tc->is_array()) return bad("'" + param + ".tool_calls' must be an array", param + ".tool_calls");
+  for (size_t k = 0; k < tc->size(); ++k) {
+    const json& c = (*tc)[k];
+    const std::string cp = param + ".tool_calls[" + std::to_string(k) + "]";
+    const json* type = c.is_object() ? field(c, "type") : nullptr;
+    const json* fn = c.is_object() ? field(c, "function") : nullptr;
+    if (!type || *type != "function" || !fn || !fn->is_object())
+      return bad("'" + cp + "' must be {\"id\", \"type\": \"function\", \"function\": {\"name\", \"arguments\"}}", cp);
+    const json* name = field(*fn, "name");
+    const json* args = field(*fn, "arguments");
+    if (!name || !valid_function_name(*name))
+      return bad("'" + cp + ".function.name' must be 1 to 64 letters, digits, '_' or '-'", cp + ".function.name");
+    if (!args || !args->is_string() || !json::accept(args->get_ref<const std::string&>()))
+      return bad("'" + cp + ".function.arguments' must be a string of JSON", cp + ".function.arguments");
+    const json* id = field(c, "id");
+    if (id && !id->is_string()) return bad("'" + cp + ".id' must be a string", cp + ".id");
+    msg.tool_calls.push_back({id ? id->get<std::string>() : "", name->get<std::string>(), args->get<std::string>()});
+  }
+  if (!msg.tool_calls.empty() && msg.content && !msg.content->empty())
+    return bad("'" + param + ".content' must be null on an assistant message with tool_calls (the chat template renders one or the other)",
+               param + ".content");
+  if (!msg.tool_calls.empty()) msg.content.reset();
+  return std::nullopt;
+}
+
 check parse_messages(const json& j, const api_limits& limits, completion_request& r) {
   const json* ms = field(j, "messages");
   if (!ms) return bad("you must provide 'messages'", "messages");
@@ -163,10 +204,9 @@ check parse_messages(const json& j, const api_limits& limits, completion_request
     if (!role || !role->is_string() ||
         std::find(roles.begin(), roles.end(), role->get_ref<const std::string&>()) == roles.end())
       return bad("'" + param + ".role' must be one of 'system', 'user', 'assistant', 'tool'", param + ".role");
-    if (const json* tc = field(m, "tool_calls"); tc && !(tc->is_array() && tc->empty()))
-      return bad("'" + param + ".tool_calls': tool calls are not supported", param + ".tool_calls");
-    chat_message msg{role->get<std::string>(), std::nullopt};
+    chat_message msg{role->get<std::string>(), std::nullopt, {}};
     if (auto e = parse_content(m, param + ".content", limits, r, msg)) return e;
+    if (auto e = parse_message_tool_calls(m, param, msg)) return e;
     r.messages.push_back(std::move(msg));
   }
   return std::nullopt;
@@ -324,12 +364,8 @@ check parse_adjustments(const json& j, const api_limits& limits, completion_requ
 // other field that is not read above is refused as unknown.
 check parse_neutral_and_unknown(const json& j, bool chat) {
   const auto empty = [](const json& v) { return (v.is_object() || v.is_array()) && v.empty(); };
-  if (const json* v = field(j, "tools"); v && !empty(*v))
-    return bad("'tools' is not supported: tool calling is not implemented", "tools");
-  if (const json* v = field(j, "tool_choice"); v && *v != "none")
-    return bad("'tool_choice' is not supported (only \"none\"): tool calling is not implemented", "tool_choice");
   if (const json* v = field(j, "functions"); v && !empty(*v))
-    return bad("'functions' is not supported: tool calling is not implemented", "functions");
+    return bad("'functions' is not supported: it is deprecated, send 'tools'", "functions");
   if (const json* v = field(j, "function_call"); v && *v != "none")
     return bad("'function_call' is not supported (only \"none\")", "function_call");
   if (const json* v = field(j, "suffix"); v && !(v->is_string() && v->get_ref<const std::string&>().empty()))
@@ -339,7 +375,7 @@ check parse_neutral_and_unknown(const json& j, bool chat) {
       "n", "stop", "stream", "stream_options", "logprobs", "top_logprobs", "echo", "best_of", "ignore_eos",
       "traffic_class", "presence_penalty", "frequency_penalty", "logit_bias", "response_format", "regex", "ebnf", "tools",
       "tool_choice", "functions", "function_call", "suffix",
-      // informational: an end-user id, and a tool option that has no effect without tools
+      // informational: an end-user id
       "user", "parallel_tool_calls"};
   for (const auto& [key, value] : j.items()) {
     if (value.is_null()) continue;  // null means absent
@@ -421,6 +457,77 @@ check parse_constraint(const json& j, completion_request& r) {
   return std::nullopt;
 }
 
+// Tool calling: "tools" (functions with JSON-schema parameters), "tool_choice" ("none",
+// "auto", "required" or {"type": "function", "function": {"name"}}; "auto" when tools are
+// given) and "parallel_tool_calls". With a choice other than none the output is constrained to
+// the DeepSeek-V3 call format (auto: calls, or content as response_format says).
+check parse_tools(const json& j, completion_request& r) {
+  const json* ts = field(j, "tools");
+  if (ts && !ts->is_array()) return bad("'tools' must be an array of {\"type\": \"function\", \"function\": {...}}", "tools");
+  if (ts && ts->size() > 128) return bad("'tools' may hold at most 128 functions, got " + std::to_string(ts->size()), "tools");
+  for (size_t i = 0; ts && i < ts->size(); ++i) {
+    const json& t = (*ts)[i];
+    const std::string p = "tools[" + std::to_string(i) + "]";
+    const json* type = t.is_object() ? field(t, "type") : nullptr;
+    const json* fn = t.is_object() ? field(t, "function") : nullptr;
+    if (!type || *type != "function" || !fn || !fn->is_object())
+      return bad("'" + p + "' must be {\"type\": \"function\", \"function\": {\"name\", \"description\", \"parameters\"}}", p);
+    for (const auto& [key, value] : fn->items())
+      if (key != "name" && key != "description" && key != "parameters" && key != "strict")
+        return bad("unrecognized field '" + p + ".function." + key + "'", p + ".function." + key);
+    const json* name = field(*fn, "name");
+    if (!name || !valid_function_name(*name))
+      return bad("'" + p + ".function.name' must be 1 to 64 letters, digits, '_' or '-'", p + ".function.name");
+    tool_function f;
+    f.name = name->get<std::string>();
+    for (const auto& g : r.tools.functions)
+      if (g.name == f.name) return bad("'" + p + ".function.name': function '" + f.name + "' is defined twice", p + ".function.name");
+    if (const json* d = field(*fn, "description")) {
+      if (!d->is_string()) return bad("'" + p + ".function.description' must be a string", p + ".function.description");
+      f.description = d->get<std::string>();
+    }
+    if (const json* st = field(*fn, "strict"); st && !st->is_boolean())
+      return bad("'" + p + ".function.strict' must be a boolean", p + ".function.strict");
+    if (const json* ps = field(*fn, "parameters")) {
+      if (!ps->is_object()) return bad("'" + p + ".function.parameters' must be a JSON schema (an object)", p + ".function.parameters");
+      f.parameters = ps->dump();
+      grammar g;
+      if (auto e = compile_json_schema(f.parameters, g))
+        return bad("'" + p + ".function.parameters' is invalid: " + e->text(), p + ".function.parameters");
+    }
+    r.tools.functions.push_back(std::move(f));
+  }
+  const bool have = !r.tools.functions.empty();
+  r.tools.mode = have ? tool_mode::auto_ : tool_mode::none;
+  if (const json* c = field(j, "tool_choice")) {
+    if (c->is_string() && (*c == "none" || *c == "auto" || *c == "required")) {
+      r.tools.mode = *c == "none" ? tool_mode::none : *c == "auto" ? tool_mode::auto_ : tool_mode::required;
+    } else if (c->is_object() && field(*c, "type") && *field(*c, "type") == "function" && field(*c, "function") &&
+               field(*c, "function")->is_object() && field(*field(*c, "function"), "name") &&
+               field(*field(*c, "function"), "name")->is_string()) {
+      r.tools.mode = tool_mode::function;
+      r.tools.function = field(*field(*c, "function"), "name")->get<std::string>();
+      if (std::none_of(r.tools.functions.begin(), r.tools.functions.end(),
+                       [&](const tool_function& f) { return f.name == r.tools.function; }))
+        return bad("'tool_choice' names function '" + r.tools.function + "', which 'tools' does not define", "tool_choice");
+    } else {
+      return bad("'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}",
+                 "tool_choice");
+    }
+    if (!have && r.tools.mode != tool_mode::none)
+      return bad("'tool_choice' is only allowed when 'tools' are given", "tool_choice");
+  }
+  if (const json* pc = field(j, "parallel_tool_calls")) {
+    if (!pc->is_boolean()) return bad("'parallel_tool_calls' must be a boolean", "parallel_tool_calls");
+    r.tools.parallel = pc->get<bool>();
+  }
+  if (!r.tools.active()) return std::nullopt;
+  r.constraint = tool_constraint(r.tools, r.constraint);
+  grammar g;
+  if (auto e = compile(r.constraint, g)) return bad("'tools' cannot be constrained: " + e->text(), "tools");
+  return std::nullopt;
+}
+
 check parse_extensions(const json& j, completion_request& r) {
   if (const json* e = field(j, "ignore_eos")) {
     if (!e->is_boolean()) return bad("'ignore_eos' must be a boolean", "ignore_eos");
@@ -434,7 +541,22 @@ check parse_extensions(const json& j, completion_request& r) {
   return std::nullopt;
 }
 
-const char* finish_string(api_finish f) { return f == api_finish::stop ? "stop" : "length"; }
+const char* finish_string(api_finish f) {
+  return f == api_finish::stop ? "stop" : f == api_finish::tool_calls ? "tool_calls" : "length";
+}
+
+ojson tool_calls_json(const std::vector<tool_call>& calls, bool indexed) {
+  ojson a = ojson::array();
+  for (size_t i = 0; i < calls.size(); ++i) {
+    ojson c;
+    if (indexed) c["index"] = i;
+    c["id"] = calls[i].id;
+    c["type"] = "function";
+    c["function"] = {{"name", calls[i].name}, {"arguments", calls[i].arguments}};
+    a.push_back(std::move(c));
+  }
+  return a;
+}
 ojson finish_json(api_finish f) { return f == api_finish::none ? ojson(nullptr) : ojson(finish_string(f)); }
 
 ojson usage_json(const usage_info& u) {
@@ -490,7 +612,8 @@ std::expected<completion_request, api_error> parse_completion_request(std::strin
   for (check e : {parse_model(j, limits, r), chat ? parse_messages(j, limits, r) : parse_prompt(j, r),
                   parse_max_tokens(j, limits, r), parse_sampling(j, r), parse_stop(j, r), parse_stream(j, r),
                   parse_unsupported(j), parse_extensions(j, r), parse_adjustments(j, limits, r),
-                  parse_neutral_and_unknown(j, chat), parse_constraint(j, r), parse_logprobs(j, chat, r)})
+                  parse_neutral_and_unknown(j, chat), parse_constraint(j, r), chat ? parse_tools(j, r) : check{},
+                  parse_logprobs(j, chat, r)})
     if (e) return std::unexpected(std::move(*e));
   return r;
 }
@@ -526,6 +649,17 @@ std::optional<api_error> check_context(int64_t prompt_tokens, int32_t max_tokens
           " in the prompt, " + std::to_string(max_tokens) +
           " for the completion). Please reduce the length of the prompt or completion.",
       "", "context_length_exceeded");
+}
+
+std::vector<chat_message> with_tools_prompt(std::vector<chat_message> messages, const std::vector<tool_function>& functions) {
+  if (functions.empty()) return messages;
+  const std::string section = tools_prompt(functions);
+  if (!messages.empty() && messages.front().role == "system" && messages.front().content) {
+    *messages.front().content += "\n\n" + section;
+  } else {
+    messages.insert(messages.begin(), chat_message{"system", section, {}});
+  }
+  return messages;
 }
 
 std::string make_response_id(bool chat, uint64_t unique) {
@@ -594,10 +728,16 @@ std::string completion_response_json(const response_meta& m, const std::string& 
 }
 
 std::string chat_completion_response_json(const response_meta& m, const std::string& content, api_finish f,
-                                          const usage_info& u, const logprob_list* lp) {
+                                          const usage_info& u, const logprob_list* lp,
+                                          const std::vector<tool_call>* calls) {
   ojson j = envelope(m, "chat.completion");
+  ojson message = {{"role", "assistant"}, {"content", content}};
+  if (calls && !calls->empty()) {
+    if (content.empty()) message["content"] = nullptr;
+    message["tool_calls"] = tool_calls_json(*calls, false);
+  }
   j["choices"] = ojson::array({{{"index", 0},
-                                {"message", {{"role", "assistant"}, {"content", content}}},
+                                {"message", std::move(message)},
                                 {"logprobs", chat_logprobs(lp)},
                                 {"finish_reason", finish_json(f)}}});
   j["usage"] = usage_json(u);
@@ -626,6 +766,9 @@ std::string chat_role_chunk_json(const response_meta& m) {
 }
 std::string chat_content_chunk_json(const response_meta& m, const std::string& content, const logprob_list* lp) {
   return chat_chunk(m, {{"content", content}}, api_finish::none, lp);
+}
+std::string chat_tool_calls_chunk_json(const response_meta& m, const std::vector<tool_call>& calls) {
+  return chat_chunk(m, {{"tool_calls", tool_calls_json(calls, true)}}, api_finish::none);
 }
 std::string chat_finish_chunk_json(const response_meta& m, api_finish f) {
   return chat_chunk(m, ojson::object(), f);

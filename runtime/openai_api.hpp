@@ -8,6 +8,7 @@
 #include "runtime/constraint.hpp"
 #include "runtime/image.hpp"
 #include "runtime/prompt_image.hpp"
+#include "runtime/tool_calls.hpp"
 #include "runtime/traffic_class.hpp"
 
 #include <cstddef>
@@ -82,7 +83,9 @@ struct completion_request {
   float frequency_penalty = 0.0f;                    // [−2, 2]
   // Structured output: response_format json_object / json_schema, or the extension fields
   // "regex" and "ebnf" (at most one of them), checked to compile.
+  // With active tools it is their tool_calls constraint, holding the content's one (auto).
   constraint_spec constraint;
+  tool_config tools;  // chat: "tools", "tool_choice", "parallel_tool_calls"
   // −1: no logprobs; n ≥ 0: each token's log probability and the n likeliest (completions:
   // "logprobs": n ≤ 5; chat: "logprobs": true with "top_logprobs": n ≤ 20).
   int32_t logprobs = -1;
@@ -113,7 +116,11 @@ std::expected<std::vector<int32_t>, api_error> expand_image_tokens(const std::ve
 // code context_length_exceeded, message with the numbers).
 std::optional<api_error> check_context(int64_t prompt_tokens, int32_t max_tokens, int64_t context_length);
 
-enum class api_finish : uint8_t { none, stop, length };  // none: still generating (JSON null)
+enum class api_finish : uint8_t { none, stop, length, tool_calls };  // none: still generating (JSON null)
+
+// The messages the chat template renders for a request with tools: the tools' description
+// (tools_prompt) appended to the first system message, or a system message of its own first.
+std::vector<chat_message> with_tools_prompt(std::vector<chat_message> messages, const std::vector<tool_function>& functions);
 
 struct usage_info {
   int64_t prompt_tokens = 0;
@@ -146,18 +153,22 @@ using logprob_list = std::vector<token_logprob>;
 // `lp`: the tokens' log probabilities when the request asked for them ("logprobs": null else).
 std::string completion_response_json(const response_meta& m, const std::string& text, api_finish f,
                                      const usage_info& u, const logprob_list* lp = nullptr);
+// `calls` (non-empty): the message's tool_calls; its content is null when `content` is empty.
 std::string chat_completion_response_json(const response_meta& m, const std::string& content,
-                                          api_finish f, const usage_info& u, const logprob_list* lp = nullptr);
+                                          api_finish f, const usage_info& u, const logprob_list* lp = nullptr,
+                                          const std::vector<tool_call>* calls = nullptr);
 
 // Streamed chunks (stream = true), each sent as sse_event(...). Completions: text chunks, the
 // last with its finish_reason. Chat: chat_role_chunk_json first (delta {role, content ""}),
-// then content deltas, then chat_finish_chunk_json (empty delta, finish_reason). With
+// then content deltas (or chat_tool_calls_chunk_json), then chat_finish_chunk_json (empty delta, finish_reason). With
 // include_usage, usage_chunk_json (choices []) goes last, before sse_done().
 std::string completion_chunk_json(const response_meta& m, const std::string& text, api_finish f,
                                   const logprob_list* lp = nullptr);
 std::string chat_role_chunk_json(const response_meta& m);
 std::string chat_content_chunk_json(const response_meta& m, const std::string& content,
                                     const logprob_list* lp = nullptr);
+// A reply's tool calls, whole, as one delta ({"tool_calls": [{"index", "id", "type", "function"}]}).
+std::string chat_tool_calls_chunk_json(const response_meta& m, const std::vector<tool_call>& calls);
 std::string chat_finish_chunk_json(const response_meta& m, api_finish f);
 std::string usage_chunk_json(const response_meta& m, bool chat, const usage_info& u);
 

@@ -12,12 +12,18 @@ missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-if [ ${#missing[@]} -eq 0 ]; then
-  exit 0
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  sudo_cmd=()
+  [ "$(id -u)" -ne 0 ] && sudo_cmd=(sudo)
+  export DEBIAN_FRONTEND=noninteractive
+  "${sudo_cmd[@]}" apt-get update -qq
+  "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
-echo "setup: installing ${missing[*]}"
-sudo_cmd=()
-[ "$(id -u)" -ne 0 ] && sudo_cmd=(sudo)
-export DEBIAN_FRONTEND=noninteractive
-"${sudo_cmd[@]}" apt-get update -qq
-"${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+# Optional: the official openai npm client for tests/actors/gateway_clients_test.cpp, where
+# npm and its registry are reachable (the pinned version of tests/clients/package-lock.json).
+clients="$(dirname "$0")/../tests/clients"
+if command -v npm > /dev/null && [ ! -f "$clients/node_modules/openai/package.json" ]; then
+  timeout 120 npm ci --prefix "$clients" --no-audit --no-fund > /dev/null 2>&1 \
+    || echo "setup: npm could not install tests/clients (the openai client test will not run)"
+fi

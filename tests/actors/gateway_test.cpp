@@ -371,6 +371,131 @@ TEST_CASE("gateway structured output: json_schema content parses and validates, 
   CHECK(ok.status == 200);
 }
 
+TEST_CASE("gateway tool calling: required and named choices return tool_calls whose arguments validate, streamed alike") {
+  cluster c(1);
+  uint16_t port = c.start_gateway(cluster::default_gateway());
+  const json params = {{"type", "object"},
+                       {"properties", {{"city", {{"type", "string"}, {"maxLength", 12}}}, {"days", {{"type", "integer"}}}}},
+                       {"required", {"city", "days"}},
+                       {"additionalProperties", false}};
+  const json none = {{"type", "object"}, {"properties", json::object()}, {"additionalProperties", false}};
+  const json tools = json::array(
+      {{{"type", "function"}, {"function", {{"name", "get_weather"}, {"description", "Forecast"}, {"parameters", params}}}},
+       {{"type", "function"}, {"function", {{"name", "ping"}, {"parameters", none}}}}});
+  auto check_call = [](const json& call, const std::string& only = "") {
+    CHECK(call["type"] == "function");
+    CHECK(call["id"].get<std::string>().starts_with("call_"));
+    const std::string name = call["function"]["name"];
+    if (!only.empty()) CHECK(name == only);
+    const json args = json::parse(call["function"]["arguments"].get<std::string>(), nullptr, false);
+    CAPTURE(call.dump());
+    REQUIRE(args.is_object());
+    if (name == "get_weather") {
+      CHECK(args.size() == 2);
+      CHECK((args["city"].is_string() && args["city"].get<std::string>().size() <= 48));
+      CHECK(args["days"].is_number_integer());
+    } else {
+      CHECK(name == "ping");
+      CHECK(args.empty());
+    }
+  };
+  json body = {{"model", "tiny"},
+               {"messages", {{{"role", "user"}, {"content", "Weather in Paris for 3 days?"}}}},
+               {"tools", tools},
+               {"tool_choice", "required"},
+               {"parallel_tool_calls", false},
+               {"max_tokens", 300}};
+  for (int seed = 0; seed < 4; ++seed) {
+    body["temperature"] = seed == 0 ? 0.0 : 1.0;
+    body["seed"] = seed;
+    auto r = post(port, "/v1/chat/completions", body);
+    REQUIRE_MESSAGE(r.status == 200, r.body);
+    const json out = parse(r.body);
+    CAPTURE(r.body);
+    CHECK(out["choices"][0]["finish_reason"] == "tool_calls");
+    const json& msg = out["choices"][0]["message"];
+    CHECK(msg["content"].is_null());
+    REQUIRE(msg["tool_calls"].size() == 1);
+    check_call(msg["tool_calls"][0]);
+  }
+  // A named function, parallel calls allowed: one call of it.
+  body["tool_choice"] = {{"type", "function"}, {"function", {{"name", "get_weather"}}}};
+  body.erase("parallel_tool_calls");
+  body["temperature"] = 0;
+  auto named = post(port, "/v1/chat/completions", body);
+  REQUIRE_MESSAGE(named.status == 200, named.body);
+  const json nj = parse(named.body);
+  REQUIRE(nj["choices"][0]["message"]["tool_calls"].size() == 1);
+  check_call(nj["choices"][0]["message"]["tool_calls"][0], "get_weather");
+  // Streamed: the role chunk, one tool_calls delta, the finish chunk; the same call.
+  body["stream"] = true;
+  auto s = post(port, "/v1/chat/completions", body);
+  REQUIRE(s.status == 200);
+  auto chunks = sse_chunks(s.body);
+  REQUIRE(chunks.size() == 3);
+  CHECK(chunks[0]["choices"][0]["delta"]["role"] == "assistant");
+  const json& delta = chunks[1]["choices"][0]["delta"];
+  REQUIRE(delta["tool_calls"].size() == 1);
+  CHECK(delta["tool_calls"][0]["index"] == 0);
+  CHECK(delta["tool_calls"][0]["function"] == nj["choices"][0]["message"]["tool_calls"][0]["function"]);
+  CHECK(chunks[2]["choices"][0]["finish_reason"] == "tool_calls");
+  // auto: text or calls, and a conversation holding earlier calls and their outputs.
+  body.erase("stream");
+  body["tool_choice"] = "auto";
+  body["messages"] = json::array(
+      {{{"role", "user"}, {"content", "Weather in Paris?"}},
+       {{"role", "assistant"},
+        {"content", nullptr},
+        {"tool_calls", {{{"id", "call_1"}, {"type", "function"},
+                         {"function", {{"name", "get_weather"}, {"arguments", R"({"city":"Paris","days":1})"}}}}}}},
+       {{"role", "tool"}, {"tool_call_id", "call_1"}, {"content", R"({"temp":21})"}},
+       {{"role", "user"}, {"content", "And Rome?"}}});
+  for (int seed = 0; seed < 3; ++seed) {
+    body["temperature"] = 1.0;
+    body["seed"] = seed;
+    auto r = post(port, "/v1/chat/completions", body);
+    REQUIRE_MESSAGE(r.status == 200, r.body);
+    const json out = parse(r.body);
+    const json& msg = out["choices"][0]["message"];
+    if (msg.contains("tool_calls")) {
+      for (const auto& call : msg["tool_calls"]) check_call(call);
+    } else {
+      CHECK(msg["content"].is_string());
+    }
+  }
+
+  // none: text only; the tool-call tokens are banned (logit bias −100).
+  body["tool_choice"] = "none";
+  for (int seed = 0; seed < 2; ++seed) {
+    body["seed"] = seed;
+    auto r = post(port, "/v1/chat/completions", body);
+    REQUIRE_MESSAGE(r.status == 200, r.body);
+    const json out = parse(r.body);
+    CHECK_FALSE(out["choices"][0]["message"].contains("tool_calls"));
+    CHECK(out["choices"][0]["message"]["content"].get<std::string>().find("tool\u2581call") == std::string::npos);
+  }
+
+  // Bad tools: each a 400 naming its field.
+  json bad = {{"model", "tiny"}, {"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"tools", tools}};
+  bad["tools"][0]["function"]["parameters"] = {{"type", "integer"}, {"maximum", 3}};
+  check_error(post(port, "/v1/chat/completions", bad), 400, "invalid_request_error", "tools[0].function.parameters");
+  bad["tools"] = tools;
+  bad["tool_choice"] = {{"type", "function"}, {"function", {{"name", "nope"}}}};
+  check_error(post(port, "/v1/chat/completions", bad), 400, "invalid_request_error", "tool_choice");
+  bad.erase("tools");
+  bad["tool_choice"] = "required";
+  check_error(post(port, "/v1/chat/completions", bad), 400, "invalid_request_error", "tool_choice");
+  bad.erase("tool_choice");
+  bad["messages"] = json::array({{{"role", "user"}, {"content", "hi"}},
+                                 {{"role", "assistant"},
+                                  {"tool_calls", {{{"id", "c"}, {"type", "function"},
+                                                   {"function", {{"name", "f"}, {"arguments", "{not json"}}}}}}}});
+  check_error(post(port, "/v1/chat/completions", bad), 400, "invalid_request_error",
+              "messages[1].tool_calls[0].function.arguments");
+  auto ok = post(port, "/v1/completions", completion_body("still serving", 2));
+  CHECK(ok.status == 200);
+}
+
 TEST_CASE("gateway lists its model and exports request metrics") {
   cluster c(1);
   uint16_t port = c.start_gateway();

@@ -1,6 +1,6 @@
 // The grammar engine: EBNF, regex and JSON-schema front ends (languages and errors with their
 // positions), the matcher (bytes, tokens, rollback, end), and the token mask against a brute
-// force over the whole vocabulary.
+// force over the whole vocabulary; tool calls in the DeepSeek-V3 format.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -15,6 +15,7 @@
 
 #include "model/tokenizer.hpp"
 #include "runtime/grammar.hpp"
+#include "runtime/tool_calls.hpp"
 #include "tests/support/process.hpp"
 
 using namespace shoal::runtime;
@@ -397,4 +398,119 @@ TEST_CASE("json schema: samples of 36 schemas, over a byte vocabulary and DeepSe
   CHECK_MESSAGE(report.find(std::to_string(written) + " of " + std::to_string(written) + " samples valid over " +
                             std::to_string(schemas.size()) + " schemas") != std::string::npos,
                 report);
+}
+
+// -- tool calls ---------------------------------------------------------------------------------
+
+namespace {
+
+std::string call_text(const std::string& name, const std::string& args) {
+  return special_token_bytes(tool_call_begin_token) + "function" + special_token_bytes(tool_sep_token) + name +
+         "\n```json\n" + args + "\n```" + special_token_bytes(tool_call_end_token);
+}
+
+std::string calls_text(const std::vector<std::string>& calls) {
+  std::string s = special_token_bytes(tool_calls_begin_token);
+  for (size_t i = 0; i < calls.size(); ++i) s += (i ? "\n" : "") + calls[i];
+  return s + special_token_bytes(tool_calls_end_token);
+}
+
+tool_config two_tools() {
+  tool_config t;
+  t.functions = {{"get_weather", "The weather in a city",
+                  R"({"type":"object","properties":{"city":{"type":"string","maxLength":12}},"required":["city"],"additionalProperties":false})"},
+                 {"add", "", R"({"type":"object","properties":{"a":{"type":"integer"},"b":{"type":"integer"}},"required":["a","b"],"additionalProperties":false})"}};
+  t.mode = tool_mode::required;
+  return t;
+}
+
+}  // namespace
+
+TEST_CASE("tool calls: the DeepSeek-V3 call format, each function's arguments held to its schema") {
+  tool_config t = two_tools();
+  const std::string weather = call_text("get_weather", R"({"city":"Paris"})");
+  const std::string add = call_text("add", R"({"a":1, "b":-2})");
+  auto g = compiled(tool_constraint(t, {}), small_vocab());
+  CHECK(matches(g, calls_text({weather})));
+  CHECK(matches(g, calls_text({weather, add, add})));
+  CHECK_FALSE(matches(g, calls_text({call_text("get_weather", R"({"town":"Paris"})")})));  // off its schema
+  CHECK_FALSE(matches(g, calls_text({call_text("add", R"({"city":"Paris"})")})));          // another's arguments
+  CHECK_FALSE(matches(g, calls_text({call_text("nope", "{}")})));
+  CHECK_FALSE(matches(g, calls_text({})));                                                  // required: one at least
+  CHECK_FALSE(matches(g, R"({"city":"Paris"})"));                                          // no plain content
+  // The tokens' text as plain UTF-8 is not the tokens.
+  CHECK_FALSE(matches(g, std::string(tool_calls_begin_token) + std::string(tool_call_begin_token)));
+  t.parallel = false;
+  auto one = compiled(tool_constraint(t, {}), small_vocab());
+  CHECK(matches(one, calls_text({add})));
+  CHECK_FALSE(matches(one, calls_text({add, add})));
+  t.mode = tool_mode::function, t.function = "add", t.parallel = true;
+  auto named = compiled(tool_constraint(t, {}), small_vocab());
+  CHECK(matches(named, calls_text({add})));
+  CHECK_FALSE(matches(named, calls_text({weather})));
+  CHECK_FALSE(matches(named, calls_text({add, add})));  // a named function: one call of it
+  t.mode = tool_mode::auto_;
+  auto free_text = compiled(tool_constraint(t, {}), small_vocab());
+  CHECK(matches(free_text, "It is sunny, no call needed."));
+  CHECK(matches(free_text, ""));
+  CHECK(matches(free_text, calls_text({weather, add})));
+  CHECK_FALSE(matches(free_text, "text then " + calls_text({weather})));  // content or calls, not both
+  auto json_content = compiled(tool_constraint(t, {constraint_kind::json_object, ""}), small_vocab());
+  CHECK(matches(json_content, R"({"x":1})"));
+  CHECK(matches(json_content, calls_text({weather})));
+  CHECK_FALSE(matches(json_content, "plain text"));
+
+  tool_config bad = two_tools();
+  bad.functions[1].parameters = R"({"type":"integer","maximum":3})";
+  CHECK(error_of(tool_constraint(bad, {})) == "unsupported keyword \"maximum\" at /functions/1/parameters /");
+  bad = two_tools();
+  bad.mode = tool_mode::function, bad.function = "zzz";
+  CHECK(error_of(tool_constraint(bad, {})) == "no function named 'zzz' at /functions");
+  CHECK(error_of({constraint_kind::tool_calls, "[]"}) == "a tool-call constraint must be an object with 'mode' and 'functions'");
+}
+
+TEST_CASE("tool calls: the mask lets the tool-call tokens through exactly where a call goes, no raw 0xFF byte ever") {
+  // A byte vocabulary (byte 0xFF among them) plus the five tool-call tokens as make_token_vocab
+  // spells added tokens.
+  std::vector<std::string> bytes;
+  for (int b = 0; b < 256; ++b) bytes.push_back(std::string(1, static_cast<char>(b)));
+  const std::vector<std::string_view> tokens = {tool_calls_begin_token, tool_calls_end_token, tool_call_begin_token,
+                                                tool_call_end_token, tool_sep_token};
+  for (auto t : tokens) bytes.push_back(special_token_bytes(t));
+  bytes.push_back("\xFF<x>\xFF");  // not a special token's spelling: never usable
+  bytes.emplace_back("<eos>");
+  std::vector<bool> special(bytes.size(), false);
+  special.back() = true;
+  auto v = std::make_shared<token_vocab>(bytes, special, static_cast<int32_t>(bytes.size() - 1));
+  const auto id_of = [&](std::string_view t) { return static_cast<int32_t>(256 + (std::find(tokens.begin(), tokens.end(), t) - tokens.begin())); };
+  auto allowed = [&](grammar_matcher& m) {
+    std::vector<uint64_t> mask((static_cast<size_t>(v->size()) + 63) / 64);
+    m.fill_mask(mask);
+    std::vector<int32_t> out;
+    for (int32_t t = 0; t < v->size(); ++t)
+      if (bit(mask, t)) out.push_back(t);
+    return out;
+  };
+  grammar_matcher m(compiled(tool_constraint(two_tools(), {}), v));
+  CHECK(allowed(m) == std::vector<int32_t>{id_of(tool_calls_begin_token)});
+  REQUIRE(m.accept_token(id_of(tool_calls_begin_token)));
+  CHECK(allowed(m) == std::vector<int32_t>{id_of(tool_call_begin_token)});
+  CHECK_FALSE(m.accept_token(0xFF));  // the raw byte cannot start spelling one out
+  grammar_matcher text(compiled(tool_constraint([] { auto t = two_tools(); t.mode = tool_mode::auto_; return t; }(), {}), v));
+  auto first = allowed(text);
+  CHECK(std::find(first.begin(), first.end(), id_of(tool_calls_begin_token)) != first.end());
+  CHECK(std::find(first.begin(), first.end(), id_of(tool_sep_token)) == first.end());
+  CHECK(std::find(first.begin(), first.end(), 0xFF) == first.end());
+  CHECK(std::find(first.begin(), first.end(), static_cast<int32_t>(bytes.size() - 2)) == first.end());
+
+  // No other front end ever takes a byte from 0xF8 up, so none can reach a tool-call token.
+  for (const constraint_spec& spec : std::vector<constraint_spec>{
+           {constraint_kind::regex, "."}, {constraint_kind::regex, "[^a]*"}, {constraint_kind::regex, "[\\s\\S]\\W"},
+           {constraint_kind::ebnf, "root ::= . [^x] \"\\xff\" [\\x00-\\U0010FFFF]"},
+           {constraint_kind::json_object, ""}, {constraint_kind::json_schema, R"({"type":"string"})"}}) {
+    grammar g;
+    REQUIRE_MESSAGE(!compile(spec, g), spec.source);
+    for (const auto& c : g.classes)
+      for (unsigned b = 0xF8; b <= 0xFF; ++b) CHECK_MESSAGE(!grammar::has(c, static_cast<uint8_t>(b)), spec.source << " byte " << b);
+  }
 }

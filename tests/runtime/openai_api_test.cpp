@@ -72,7 +72,13 @@ TEST_CASE("openai_api: bad requests are rejected with exact status, type and par
       {true, "{" + m + R"("messages": [{"role": "user", "content": [{"type": "image_url"}]}]})", 400,
        "invalid_request_error", "messages[0].content[0]"},  // a model without a vision encoder
       {true, "{" + m + R"("messages": [{"role": "assistant", "content": null, "tool_calls": [{"id": "x"}]}]})", 400,
+       "invalid_request_error", "messages[0].tool_calls[0]"},
+      {true, "{" + m + R"("messages": [{"role": "user", "content": "a", "tool_calls": []}]})", 400,
        "invalid_request_error", "messages[0].tool_calls"},
+      {true, "{" + m + R"("messages": [{"role": "assistant", "content": "a", "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": "{}"}}]}]})", 400,
+       "invalid_request_error", "messages[0].content"},
+      {true, "{" + m + R"("messages": [{"role": "user", "content": "a", "tool_call_id": "c1"}]})", 400,
+       "invalid_request_error", "messages[0].tool_call_id"},
       {false, "{" + p + R"("max_tokens": 0})", 400, "invalid_request_error", "max_tokens"},
       {false, "{" + p + R"("max_tokens": 1001})", 400, "invalid_request_error", "max_tokens"},
       {false, "{" + p + R"("max_tokens": 16.5})", 400, "invalid_request_error", "max_tokens"},
@@ -124,9 +130,26 @@ TEST_CASE("openai_api: bad requests are rejected with exact status, type and par
       {false, "{" + p + R"("regex": "(a"})", 400, "invalid_request_error", "regex"},
       {false, "{" + p + R"("ebnf": "root ::= x"})", 400, "invalid_request_error", "ebnf"},
       {false, "{" + p + R"("response_format": {"type": "json_object"}})", 400, "invalid_request_error", "response_format"},
-      {true, "{" + c + R"("tools": [{"type": "function", "function": {"name": "f"}}]})", 400, "invalid_request_error",
-       "tools"},
+      {true, "{" + c + R"("tools": {"type": "function"}})", 400, "invalid_request_error", "tools"},
+      {true, "{" + c + R"("tools": [{"type": "retrieval"}]})", 400, "invalid_request_error", "tools[0]"},
+      {true, "{" + c + R"("tools": [{"type": "function", "function": {"name": "a b"}}]})", 400, "invalid_request_error",
+       "tools[0].function.name"},
+      {true, "{" + c + R"("tools": [{"type": "function", "function": {"name": "f"}}, {"type": "function", "function": {"name": "f"}}]})",
+       400, "invalid_request_error", "tools[1].function.name"},
+      {true, "{" + c + R"("tools": [{"type": "function", "function": {"name": "f", "parameters": "{}"}}]})", 400,
+       "invalid_request_error", "tools[0].function.parameters"},
+      {true, "{" + c + R"("tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "minProperties": 1}}}]})",
+       400, "invalid_request_error", "tools[0].function.parameters"},
+      {true, "{" + c + R"("tools": [{"type": "function", "function": {"name": "f", "examples": []}}]})", 400,
+       "invalid_request_error", "tools[0].function.examples"},
+      {true, "{" + c + R"("tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "any"})", 400,
+       "invalid_request_error", "tool_choice"},
+      {true, "{" + c + R"("tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": {"type": "function", "function": {"name": "g"}}})",
+       400, "invalid_request_error", "tool_choice"},
+      {true, "{" + c + R"("tools": [{"type": "function", "function": {"name": "f"}}], "parallel_tool_calls": 1})", 400,
+       "invalid_request_error", "parallel_tool_calls"},
       {true, "{" + c + R"("tool_choice": "required"})", 400, "invalid_request_error", "tool_choice"},
+      {false, "{" + p + R"("tools": [{"type": "function", "function": {"name": "f"}}]})", 400, "invalid_request_error", "tools"},
       {true, "{" + c + R"("functions": [{"name": "f"}]})", 400, "invalid_request_error", "functions"},
       {false, "{" + p + R"("suffix": "tail"})", 400, "invalid_request_error", "suffix"},
       {false, "{" + p + R"("temprature": 0.5})", 400, "invalid_request_error", "temprature"},  // a typo is not ignored
@@ -145,7 +168,7 @@ TEST_CASE("openai_api: bad requests are rejected with exact status, type and par
     CHECK_FALSE(r.error().message.empty());
     if (*b.param) CHECK(r.error().message.find(b.param) != std::string::npos);
   }
-  CHECK(cases.size() == 74);
+  CHECK(cases.size() == 87);
 }
 
 TEST_CASE("openai_api: fields at their neutral values, informational ones and nulls are accepted") {
@@ -293,6 +316,48 @@ TEST_CASE("openai_api: completion requests parse with defaults and every field")
 
   CHECK(std::get<std::string>(parse_ok(R"({"model": "small", "prompt": ["one"]})", false).prompt) == "one");
   CHECK(parse_ok(R"({"model": "small", "prompt": "x", "stop": ["a", "b", "c", "d"]})", false).stop.size() == 4);
+}
+
+TEST_CASE("openai_api: tools and tool_choice become a tool-call constraint; calls in messages and responses") {
+  const std::string c = R"("model": "small", "messages": [{"role": "user", "content": "hi"}])";
+  const std::string tools = R"("tools": [{"type": "function", "function": {"name": "get_weather", "description": "Forecast",
+      "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}, "strict": true}},
+      {"type": "function", "function": {"name": "ping"}}])";
+  auto a = parse_ok("{" + c + ", " + tools + "}", true);
+  CHECK(a.tools.mode == tool_mode::auto_);  // the default with tools
+  REQUIRE(a.tools.functions.size() == 2);
+  CHECK(a.tools.functions[0] == tool_function{"get_weather", "Forecast",
+                                              R"({"type":"object","properties":{"city":{"type":"string"}},"required":["city"]})"});
+  CHECK(a.tools.functions[1] == tool_function{"ping", "", ""});
+  CHECK(a.constraint == tool_constraint(a.tools, {}));
+  auto j = parse_ok("{" + c + ", " + tools + R"(, "response_format": {"type": "json_object"}, "tool_choice": "auto"})", true);
+  CHECK(j.constraint == tool_constraint(j.tools, {constraint_kind::json_object, ""}));  // auto: calls or JSON content
+  auto req = parse_ok("{" + c + ", " + tools + R"(, "tool_choice": "required", "parallel_tool_calls": false})", true);
+  CHECK(req.tools.mode == tool_mode::required);
+  CHECK_FALSE(req.tools.parallel);
+  auto named = parse_ok("{" + c + ", " + tools + R"(, "tool_choice": {"type": "function", "function": {"name": "ping"}}})", true);
+  CHECK(named.tools.mode == tool_mode::function);
+  CHECK(named.tools.function == "ping");
+  auto none = parse_ok("{" + c + ", " + tools + R"(, "tool_choice": "none", "regex": "a+"})", true);
+  CHECK_FALSE(none.tools.active());
+  CHECK(none.tools.functions.size() == 2);  // still described in the prompt
+  CHECK(none.constraint == constraint_spec{constraint_kind::regex, "a+"});
+  auto m = parse_ok(R"({"model": "small", "messages": [{"role": "user", "content": "hi"},
+      {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+        "function": {"name": "ping", "arguments": "{}"}}]}, {"role": "tool", "content": "pong", "tool_call_id": "call_1"}]})", true);
+  REQUIRE(m.messages.size() == 3);
+  CHECK(m.messages[1] == chat_message{"assistant", std::nullopt, {{"call_1", "ping", "{}"}}});
+
+  response_meta meta{"chatcmpl-1", 7, "small"};
+  const std::vector<tool_call> calls = {{"call_a_0", "ping", "{}"}};
+  const json whole = json::parse(chat_completion_response_json(meta, "", api_finish::tool_calls, {}, nullptr, &calls));
+  CHECK(whole["choices"][0]["finish_reason"] == "tool_calls");
+  CHECK(whole["choices"][0]["message"] ==
+        json::parse(R"({"role":"assistant","content":null,"tool_calls":[{"id":"call_a_0","type":"function","function":{"name":"ping","arguments":"{}"}}]})"));
+  const json chunk = json::parse(chat_tool_calls_chunk_json(meta, calls));
+  CHECK(chunk["choices"][0]["delta"] ==
+        json::parse(R"({"tool_calls":[{"index":0,"id":"call_a_0","type":"function","function":{"name":"ping","arguments":"{}"}}]})"));
+  CHECK(chunk["choices"][0]["finish_reason"].is_null());
 }
 
 TEST_CASE("openai_api: chat requests parse messages and max_completion_tokens") {
