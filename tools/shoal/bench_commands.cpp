@@ -16,6 +16,7 @@ void add_bench_commands(CLI::App& app) {
   add_swa_bench(*bench);
   add_vision_bench(*bench);
   add_grammar_bench(*bench);
+  add_eplb_bench(*bench);
   add_cluster_bench(*bench);
   add_model_benches(*bench);
   add_serve_bench(*bench);
