@@ -353,8 +353,10 @@ int serve_generation(gateway_shared& g, const runtime::completion_request& r, st
     if (calls && calls->calls.empty()) calls.reset();
     if (calls && calls->complete && !last->error) fin = runtime::api_finish::tool_calls;
     if (!calls && !r.stream) whole += held;
-    if (!calls && r.stream && !held.empty())
-      client_ok = w.send(runtime::sse_event(runtime::chat_content_chunk_json(meta, held)));
+    if (!calls && r.stream && !held.empty()) {
+      client_ok = w.send(runtime::sse_event(runtime::chat_content_chunk_json(meta, held, want_logprobs ? &logprobs : nullptr)));
+      logprobs.clear();
+    }
   }
   runtime::usage_info usage{n_prompt, n_out, last->cached_tokens};
   if (!r.stream) {
@@ -365,7 +367,8 @@ int serve_generation(gateway_shared& g, const runtime::completion_request& r, st
                      : runtime::completion_response_json(meta, whole, fin, usage, lp));
     return 200;
   }
-  if (calls) w.send(runtime::sse_event(runtime::chat_tool_calls_chunk_json(meta, calls->calls)));
+  if (calls)
+    w.send(runtime::sse_event(runtime::chat_tool_calls_chunk_json(meta, calls->calls, want_logprobs ? &logprobs : nullptr)));
   if (last->error) {  // mid-stream failure: an error event, then the end of the stream
     w.send(runtime::sse_event(runtime::to_json(routing_error(*last->error))));
   } else {

@@ -767,8 +767,9 @@ std::string chat_role_chunk_json(const response_meta& m) {
 std::string chat_content_chunk_json(const response_meta& m, const std::string& content, const logprob_list* lp) {
   return chat_chunk(m, {{"content", content}}, api_finish::none, lp);
 }
-std::string chat_tool_calls_chunk_json(const response_meta& m, const std::vector<tool_call>& calls) {
-  return chat_chunk(m, {{"tool_calls", tool_calls_json(calls, true)}}, api_finish::none);
+std::string chat_tool_calls_chunk_json(const response_meta& m, const std::vector<tool_call>& calls,
+                                       const logprob_list* lp) {
+  return chat_chunk(m, {{"tool_calls", tool_calls_json(calls, true)}}, api_finish::none, lp);
 }
 std::string chat_finish_chunk_json(const response_meta& m, api_finish f) {
   return chat_chunk(m, ojson::object(), f);

@@ -167,8 +167,10 @@ std::string completion_chunk_json(const response_meta& m, const std::string& tex
 std::string chat_role_chunk_json(const response_meta& m);
 std::string chat_content_chunk_json(const response_meta& m, const std::string& content,
                                     const logprob_list* lp = nullptr);
-// A reply's tool calls, whole, as one delta ({"tool_calls": [{"index", "id", "type", "function"}]}).
-std::string chat_tool_calls_chunk_json(const response_meta& m, const std::vector<tool_call>& calls);
+// A reply's tool calls, whole, as one delta ({"tool_calls": [{"index", "id", "type", "function"}]}),
+// with the log probabilities of the tokens that wrote them when asked.
+std::string chat_tool_calls_chunk_json(const response_meta& m, const std::vector<tool_call>& calls,
+                                       const logprob_list* lp = nullptr);
 std::string chat_finish_chunk_json(const response_meta& m, api_finish f);
 std::string usage_chunk_json(const response_meta& m, bool chat, const usage_info& u);
 

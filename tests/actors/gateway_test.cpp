@@ -429,16 +429,22 @@ TEST_CASE("gateway tool calling: required and named choices return tool_calls wh
   check_call(nj["choices"][0]["message"]["tool_calls"][0], "get_weather");
   // Streamed: the role chunk, one tool_calls delta, the finish chunk; the same call.
   body["stream"] = true;
+  body["logprobs"] = true;
+  body["stream_options"] = {{"include_usage", true}};
   auto s = post(port, "/v1/chat/completions", body);
   REQUIRE(s.status == 200);
   auto chunks = sse_chunks(s.body);
-  REQUIRE(chunks.size() == 3);
+  REQUIRE(chunks.size() == 4);
+  // The log probabilities of every token of the calls ride with them.
+  CHECK(chunks[1]["choices"][0]["logprobs"]["content"].size() == chunks[3]["usage"]["completion_tokens"]);
   CHECK(chunks[0]["choices"][0]["delta"]["role"] == "assistant");
   const json& delta = chunks[1]["choices"][0]["delta"];
   REQUIRE(delta["tool_calls"].size() == 1);
   CHECK(delta["tool_calls"][0]["index"] == 0);
   CHECK(delta["tool_calls"][0]["function"] == nj["choices"][0]["message"]["tool_calls"][0]["function"]);
   CHECK(chunks[2]["choices"][0]["finish_reason"] == "tool_calls");
+  body.erase("logprobs");
+  body.erase("stream_options");
   // auto: text or calls, and a conversation holding earlier calls and their outputs.
   body.erase("stream");
   body["tool_choice"] = "auto";
