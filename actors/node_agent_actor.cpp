@@ -227,4 +227,79 @@ std::optional<membership> join_cluster(caf::actor_system& sys, const node_agent_
   return std::nullopt;
 }
 
+// -- healing -------------------------------------------------------------------------------------
+
+std::vector<rejoin_schedule::peer> rejoin_schedule::due(const membership& view, double now) {
+  std::set<std::string> present;
+  for (const node_info& n : view.nodes) {
+    if (n.name == self_) continue;
+    present.insert(n.name);
+    entry& e = known_[n.name];
+    e.p = {n.name, n.host, n.port};
+    e.lost = false;
+  }
+  std::vector<peer> out;
+  for (auto& [name, e] : known_) {
+    if (present.contains(name)) continue;
+    if (!e.lost) e.lost = true, e.next = now, e.backoff = first_;
+    if (now >= e.next) out.push_back(e.p);
+  }
+  return out;
+}
+
+void rejoin_schedule::failed(const std::string& name, double now) {
+  auto it = known_.find(name);
+  if (it == known_.end()) return;
+  it->second.next = now + it->second.backoff;
+  it->second.backoff = std::min(max_, it->second.backoff * 2);
+}
+
+std::vector<std::string> rejoin_schedule::lost() const {
+  std::vector<std::string> out;
+  for (const auto& [name, e] : known_)
+    if (e.lost) out.push_back(name);
+  return out;
+}
+
+void heal_membership(caf::actor_system& sys, const node_agent_actor& agent, std::chrono::milliseconds period,
+                     std::chrono::milliseconds timeout, const std::atomic<bool>& stop,
+                     const std::function<void(const std::string&)>& log) {
+  caf::scoped_actor self{sys};
+  std::optional<rejoin_schedule> sched;
+  std::set<std::string> reported;
+  const auto now_s = [] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  };
+  while (!stop.load()) {
+    std::optional<membership> view;
+    self->request(agent, timeout, members_atom_v).receive([&](membership& m) { view = std::move(m); }, [&](caf::error&) {});
+    if (view) {
+      node_info me;
+      for (const node_info& n : view->nodes)
+        if (n.agent == caf::actor_cast<caf::actor>(agent)) me = n;
+      if (!sched) sched.emplace(me.name);
+      for (const rejoin_schedule::peer& p : sched->due(*view, now_s())) {
+        if (reported.insert(p.name).second) log("lost " + p.name + " (" + p.host + ":" + std::to_string(p.port) + "); trying to rejoin it");
+        auto remote = sys.middleman().remote_actor<node_agent_actor>(p.host, p.port);
+        std::optional<membership> theirs;
+        if (remote)
+          self->request(*remote, timeout, join_atom_v, me).receive([&](membership& m) { theirs = std::move(m); },
+                                                                  [&](caf::error&) {});
+        if (!theirs) {
+          sched->failed(p.name, now_s());
+          continue;
+        }
+        for (const node_info& n : theirs->nodes) {
+          if (n.name == me.name) continue;
+          self->send(agent, update_atom_v, n);
+          if (n.agent) self->send(caf::actor_cast<node_agent_actor>(n.agent), update_atom_v, me);
+        }
+        reported.erase(p.name);
+        log("rejoined " + p.name + ": its view had " + std::to_string(theirs->nodes.size()) + " node(s)");
+      }
+    }
+    std::this_thread::sleep_for(period);
+  }
+}
+
 }  // namespace shoal::actors

@@ -4,6 +4,7 @@
 // the daemon provides, so the agent itself knows nothing of engines or gateways.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <map>
@@ -60,5 +61,42 @@ struct seed_address {
 std::optional<membership> join_cluster(caf::actor_system& sys, const node_agent_actor& agent,
                                        const std::vector<seed_address>& seeds,
                                        std::chrono::milliseconds timeout, std::string& error);
+
+// Healing a partition: members that left this node's view (their agent went down: a cut
+// link, a stopped or restarted process) are tried again, each with its own exponential
+// back-off, for as long as the node runs. Plain state, tested directly.
+class rejoin_schedule {
+ public:
+  struct peer {
+    std::string name, host;
+    uint16_t port = 0;
+  };
+  explicit rejoin_schedule(std::string self, double first_s = 0.5, double max_s = 8.0)
+      : self_(std::move(self)), first_(first_s), max_(max_s) {}
+  // Takes the view at `now`: its members are known (and no longer lost); a known member
+  // missing from it is lost from now on. Returns the lost members due for a try.
+  std::vector<peer> due(const membership& view, double now);
+  void failed(const std::string& name, double now);  // the try did not reach it: wait longer
+  std::vector<std::string> lost() const;
+
+ private:
+  struct entry {
+    peer p;
+    bool lost = false;
+    double next = 0, backoff = 0;
+  };
+  std::string self_;
+  double first_, max_;
+  std::map<std::string, entry> known_;
+};
+
+// The healer: every `period` reads the agent's view and rejoins each due lost member through a
+// new connection (join_atom both ways: it learns this node and tells its members; this node
+// learns its view and announces itself to each), so two views that meet again merge. Blocking
+// connects happen on the calling thread only, a thread of its own that no request waits for.
+// Runs until `stop`; `log` gets one line per member lost and per member back.
+void heal_membership(caf::actor_system& sys, const node_agent_actor& agent, std::chrono::milliseconds period,
+                     std::chrono::milliseconds timeout, const std::atomic<bool>& stop,
+                     const std::function<void(const std::string&)>& log);
 
 }  // namespace shoal::actors

@@ -161,6 +161,40 @@ TEST_CASE("membership_table: remove_agent ignores unknown agents and never self,
   CHECK(t.view().version == 6);
 }
 
+TEST_CASE("rejoin_schedule: a member missing from the view is lost and tried again with growing back-off until it is back") {
+  handles h(3);
+  actors::membership_table t(make_node("b", {"engine"}, h[0]));
+  node_info a = make_node("a", {"engine"}, h[1]);
+  a.host = "10.0.0.1", a.port = 7101;
+  REQUIRE(t.upsert(a));
+  REQUIRE(t.upsert(make_node("c", {"gateway"}, h[2])));
+  actors::rejoin_schedule s("b", 0.5, 2.0);
+  CHECK(s.due(t.view(), 0.0).empty());  // everyone there
+  CHECK(s.lost().empty());
+  REQUIRE(t.remove_agent(h[1].address()));
+  auto d = s.due(t.view(), 10.0);  // lost now: due at once
+  REQUIRE(d.size() == 1);
+  CHECK(d[0].name == "a");
+  CHECK(d[0].host == "10.0.0.1");
+  CHECK(d[0].port == 7101);
+  CHECK(s.lost() == strings{"a"});
+  s.failed("a", 10.0);
+  CHECK(s.due(t.view(), 10.4).empty());    // back-off 0.5 s
+  CHECK(s.due(t.view(), 10.5).size() == 1);
+  s.failed("a", 10.5);                      // then 1 s
+  CHECK(s.due(t.view(), 11.4).empty());
+  CHECK(s.due(t.view(), 11.5).size() == 1);
+  s.failed("a", 11.5);                      // then 2 s, the maximum
+  s.failed("a", 13.5);
+  CHECK(s.due(t.view(), 15.4).empty());
+  CHECK(s.due(t.view(), 15.5).size() == 1);
+  REQUIRE(t.upsert(a));  // back in the view: known again, not lost, and a later loss starts afresh
+  CHECK(s.due(t.view(), 16.0).empty());
+  CHECK(s.lost().empty());
+  REQUIRE(t.remove_agent(h[1].address()));
+  CHECK(s.due(t.view(), 20.0).size() == 1);
+}
+
 // -- balancers ---------------------------------------------------------------------------
 
 TEST_CASE("prefill_routing: non-draining entry engines only, the policy's choice, placements end by id") {

@@ -3,7 +3,8 @@
 // checkpoint: greedy completions and chat completions, streamed and not, equal the offline
 // engine's; the operator shell scripts a session; kill -9 of an engine node under 50
 // concurrent streams ends every request (completed or a clear error) and the survivor keeps
-// serving; SIGSTOP of a node is detected within the connection timeout.
+// serving; SIGSTOP of a node is detected within the connection timeout, and after SIGCONT
+// the node is back in every member's view (the partition heals) and the cluster serves.
 #include <doctest/doctest.h>
 
 #include <atomic>
@@ -232,6 +233,52 @@ TEST_CASE("3-process cluster: a SIGSTOPped node is detected within the connectio
   CHECK(waited_ms < 2 * connection_timeout_ms + 1000);
   // Requests still complete on the other engine node.
   auto r = c.post("/v1/completions", completion_body("still serving", 8, false));
+  REQUIRE(r);
+  CHECK_MESSAGE(r->status == 200, r->body);
+}
+
+TEST_CASE("3-process cluster: a node stopped past the connection timeout is back in every view after SIGCONT") {
+  cluster c;
+  c.start();
+  auto pids = c.pids();
+  REQUIRE(pids.contains("engine-a"));
+  struct resume {
+    pid_t pid;
+    ~resume() { kill(pid, SIGCONT); }
+  } guard{pids["engine-a"]};
+  caf::actor_system_config cfg;
+  cfg.load<caf::io::middleman>();
+  actors::add_message_types(cfg);
+  caf::actor_system sys{cfg};
+  caf::scoped_actor self{sys};
+  auto names_at = [&](uint16_t port) {
+    std::vector<std::string> out;
+    auto agent = sys.middleman().remote_actor<actors::node_agent_actor>("127.0.0.1", port);
+    if (!agent) return out;
+    self->request(*agent, 5s, members_atom_v)
+      .receive([&](const actors::membership& m) { for (const auto& n : m.nodes) out.push_back(n.name); },
+               [&](caf::error&) {});
+    return out;
+  };
+  const std::vector<std::string> all = {"engine-a", "engine-b", "gateway"};
+  REQUIRE(names_at(c.gateway_port) == all);
+  REQUIRE(kill(pids["engine-a"], SIGSTOP) == 0);
+  auto t0 = std::chrono::steady_clock::now();
+  while (names_at(c.gateway_port).size() == 3 &&
+         std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(4 * connection_timeout_ms))
+    std::this_thread::sleep_for(50ms);
+  REQUIRE(names_at(c.gateway_port) == std::vector<std::string>{"engine-b", "gateway"});
+  REQUIRE(kill(pids["engine-a"], SIGCONT) == 0);
+  auto t1 = std::chrono::steady_clock::now();
+  bool healed = false;
+  while (!healed && std::chrono::steady_clock::now() - t1 < 30s) {
+    healed = names_at(c.gateway_port) == all && names_at(c.engine_b_port) == all && names_at(c.engine_a_port) == all;
+    if (!healed) std::this_thread::sleep_for(100ms);
+  }
+  const double healed_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t1).count();
+  MESSAGE("every view holds all 3 nodes " << healed_ms << " ms after SIGCONT");
+  CHECK(healed);
+  auto r = c.post("/v1/completions", completion_body("healed", 8, false));
   REQUIRE(r);
   CHECK_MESSAGE(r->status == 200, r->body);
 }

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <mutex>
 #include <optional>
+#include <atomic>
 #include <thread>
 #include <vector>
 
@@ -614,6 +615,13 @@ int run_node(const runtime::node_config& cfg, logger& log) {
     if (!m) std::_Exit(exit_failure);
     log.info("joined the cluster: {} node(s)", m->nodes.size());
   }
+  // Partitions heal: members lost from the view are tried again, with back-off, on a thread of
+  // their own (its connects block; nothing serving a request waits for them).
+  static std::atomic<bool> healer_stop{false};
+  std::thread([&sys, agent, &log, timeout = std::min<int64_t>(cfg.request_timeout_ms, 5000)] {
+    actors::heal_membership(sys, agent, 1s, std::chrono::milliseconds(timeout), healer_stop,
+                            [&log](const std::string& line) { log.info("membership: {}", line); });
+  }).detach();
   runtime::host_port bound{cfg.listen.host, *port};
   fmt::print("shoald: listening on {}\n", runtime::to_string(bound));
   std::fflush(stdout);
