@@ -251,29 +251,15 @@ int serve_generation(gateway_shared& g, const runtime::completion_request& r, st
   runtime::logprob_list logprobs;
   int64_t text_offset = 0;
   // With active tools the reply is content or tool calls (the grammar allows one or the
-  // other): text is held until it cannot be the start of a calls block; a calls block is
-  // held whole and sent as one tool_calls delta at the end.
+  // other), decided by the first token: the calls-begin token itself (not text that spells
+  // it) opens a calls block, held whole and sent as one tool_calls delta at the end.
   enum class reply { undecided, content, calls };
   reply kind = r.chat && r.tools.active() ? reply::undecided : reply::content;
+  const int32_t calls_begin_id = g.tok->token_id(runtime::tool_calls_begin_token);
   std::string held;
   auto emit = [&](const std::string& delta, bool force = false) {
-    if (kind != reply::content) {
+    if (kind == reply::calls) {
       held += delta;
-      if (kind == reply::undecided && !held.empty()) {
-        if (held.starts_with(runtime::tool_calls_begin_token)) kind = reply::calls;
-        else if (!runtime::tool_calls_begin_token.starts_with(held)) kind = reply::content;
-      }
-      if (kind != reply::content) return;
-      std::string text = std::move(held);
-      held.clear();
-      if (text.empty() && !(force && !logprobs.empty())) return;
-      if (!r.stream) {
-        whole += text;
-        return;
-      }
-      const runtime::logprob_list* lp = want_logprobs ? &logprobs : nullptr;
-      client_ok = client_ok && w.send(runtime::sse_event(runtime::chat_content_chunk_json(meta, text, lp)));
-      logprobs.clear();
       return;
     }
     if (delta.empty() && !(force && !logprobs.empty())) return;
@@ -313,6 +299,7 @@ int serve_generation(gateway_shared& g, const runtime::completion_request& r, st
       g.metrics_set.ttft.observe(seconds_since(started), r.model);
     }
     add_logprobs(*item);
+    if (kind == reply::undecided) kind = item->token == calls_begin_id ? reply::calls : reply::content;
     emit(text.add(item->token));
     {
       std::lock_guard lock(g.mu);
@@ -348,7 +335,7 @@ int serve_generation(gateway_shared& g, const runtime::completion_request& r, st
   // A calls block: its whole calls, finish "tool_calls" when the block closed ("length" when
   // max_tokens cut it; a cut before the first whole call leaves the raw text as content).
   std::optional<runtime::tool_output> calls;
-  if (kind != reply::content) {
+  if (kind == reply::calls) {
     calls = runtime::parse_tool_calls(held, "call_" + meta.id.substr(meta.id.find('-') + 1) + "_");
     if (calls && calls->calls.empty()) calls.reset();
     if (calls && calls->complete && !last->error) fin = runtime::api_finish::tool_calls;

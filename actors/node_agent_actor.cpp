@@ -261,6 +261,25 @@ std::vector<std::string> rejoin_schedule::lost() const {
   return out;
 }
 
+namespace {
+
+// The node agent published at host:port, within `timeout`: the middleman's connect, bounded
+// (remote_actor waits as long as a connect takes: a cut link or a stopped process would hold
+// the healer, and every other lost member with it).
+std::optional<node_agent_actor> connect_agent(caf::actor_system& sys, caf::scoped_actor& self, const std::string& host,
+                                              uint16_t port, std::chrono::milliseconds timeout) {
+  std::optional<node_agent_actor> out;
+  self->request(sys.middleman().actor_handle(), timeout, caf::connect_atom::value, host, port)
+    .receive(
+      [&](caf::node_id&, caf::strong_actor_ptr& p, std::set<std::string>&) {
+        if (p) out = caf::actor_cast<node_agent_actor>(p);
+      },
+      [&](caf::error&) {});
+  return out;
+}
+
+}  // namespace
+
 void heal_membership(caf::actor_system& sys, const node_agent_actor& agent, std::chrono::milliseconds period,
                      std::chrono::milliseconds timeout, const std::atomic<bool>& stop,
                      const std::function<void(const std::string&)>& log) {
@@ -280,7 +299,7 @@ void heal_membership(caf::actor_system& sys, const node_agent_actor& agent, std:
       if (!sched) sched.emplace(me.name);
       for (const rejoin_schedule::peer& p : sched->due(*view, now_s())) {
         if (reported.insert(p.name).second) log("lost " + p.name + " (" + p.host + ":" + std::to_string(p.port) + "); trying to rejoin it");
-        auto remote = sys.middleman().remote_actor<node_agent_actor>(p.host, p.port);
+        auto remote = connect_agent(sys, self, p.host, p.port, timeout);
         std::optional<membership> theirs;
         if (remote)
           self->request(*remote, timeout, join_atom_v, me).receive([&](membership& m) { theirs = std::move(m); },

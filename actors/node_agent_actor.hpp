@@ -92,8 +92,9 @@ class rejoin_schedule {
 
 // The healer: every `period` reads the agent's view and rejoins each due lost member through a
 // new connection (join_atom both ways: it learns this node and tells its members; this node
-// learns its view and announces itself to each), so two views that meet again merge. Blocking
-// connects happen on the calling thread only, a thread of its own that no request waits for.
+// learns its view and announces itself to each), so two views that meet again merge. Each
+// connect and join waits at most `timeout`, on the calling thread only: a thread of its own
+// that no request waits for.
 // Runs until `stop`; `log` gets one line per member lost and per member back.
 void heal_membership(caf::actor_system& sys, const node_agent_actor& agent, std::chrono::milliseconds period,
                      std::chrono::milliseconds timeout, const std::atomic<bool>& stop,

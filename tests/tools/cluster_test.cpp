@@ -199,21 +199,40 @@ TEST_CASE("3-process cluster: kill -9 of an engine node under 50 streams ends ev
   CHECK(out.find("engine-b") == std::string::npos);
 }
 
+namespace {
+
+// A node of the cluster to SIGSTOP; resumed (SIGCONT) at the latest when the test ends.
+struct stoppable {
+  pid_t pid = -1;
+  stoppable(const std::map<std::string, pid_t>& pids, const std::string& name) {
+    REQUIRE(pids.contains(name));
+    pid = pids.at(name);
+  }
+  void stop() const { REQUIRE(kill(pid, SIGSTOP) == 0); }
+  void resume() const { REQUIRE(kill(pid, SIGCONT) == 0); }
+  ~stoppable() { kill(pid, SIGCONT); }
+};
+
+// The test's own actor system, to talk to the nodes' agents.
+struct client_config : caf::actor_system_config {
+  client_config() {
+    load<caf::io::middleman>();
+    actors::add_message_types(*this);
+  }
+};
+struct client_system : client_config, caf::actor_system {
+  client_system() : caf::actor_system(static_cast<client_config&>(*this)) {}
+};
+
+}  // namespace
+
 TEST_CASE("3-process cluster: a SIGSTOPped node is detected within the connection timeout") {
   cluster c;
   c.start();
-  auto pids = c.pids();
-  REQUIRE(pids.contains("engine-a"));
-  struct resume {
-    pid_t pid;
-    ~resume() { kill(pid, SIGCONT); }
-  } guard{pids["engine-a"]};
-  REQUIRE(kill(pids["engine-a"], SIGSTOP) == 0);
+  stoppable node{c.pids(), "engine-a"};
+  node.stop();
   auto t0 = std::chrono::steady_clock::now();
-  caf::actor_system_config cfg;
-  cfg.load<caf::io::middleman>();
-  actors::add_message_types(cfg);
-  caf::actor_system sys{cfg};
+  client_system sys;
   auto agent = sys.middleman().remote_actor<actors::node_agent_actor>("127.0.0.1", c.gateway_port);
   REQUIRE(agent);
   caf::scoped_actor self{sys};
@@ -240,16 +259,8 @@ TEST_CASE("3-process cluster: a SIGSTOPped node is detected within the connectio
 TEST_CASE("3-process cluster: a node stopped past the connection timeout is back in every view after SIGCONT") {
   cluster c;
   c.start();
-  auto pids = c.pids();
-  REQUIRE(pids.contains("engine-a"));
-  struct resume {
-    pid_t pid;
-    ~resume() { kill(pid, SIGCONT); }
-  } guard{pids["engine-a"]};
-  caf::actor_system_config cfg;
-  cfg.load<caf::io::middleman>();
-  actors::add_message_types(cfg);
-  caf::actor_system sys{cfg};
+  stoppable node{c.pids(), "engine-a"};
+  client_system sys;
   caf::scoped_actor self{sys};
   auto names_at = [&](uint16_t port) {
     std::vector<std::string> out;
@@ -262,13 +273,13 @@ TEST_CASE("3-process cluster: a node stopped past the connection timeout is back
   };
   const std::vector<std::string> all = {"engine-a", "engine-b", "gateway"};
   REQUIRE(names_at(c.gateway_port) == all);
-  REQUIRE(kill(pids["engine-a"], SIGSTOP) == 0);
+  node.stop();
   auto t0 = std::chrono::steady_clock::now();
   while (names_at(c.gateway_port).size() == 3 &&
          std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(4 * connection_timeout_ms))
     std::this_thread::sleep_for(50ms);
   REQUIRE(names_at(c.gateway_port) == std::vector<std::string>{"engine-b", "gateway"});
-  REQUIRE(kill(pids["engine-a"], SIGCONT) == 0);
+  node.resume();
   auto t1 = std::chrono::steady_clock::now();
   bool healed = false;
   while (!healed && std::chrono::steady_clock::now() - t1 < 30s) {
