@@ -149,7 +149,8 @@ check parse_content(const json& m, const std::string& param, const api_limits& l
   return std::nullopt;
 }
 
-bool valid_function_name(const json& n) {
+// A function's or a response schema's name: 1 to 64 letters, digits, '_' or '-'.
+bool valid_name(const json& n) {
   if (!n.is_string()) return false;
   const auto& s = n.get_ref<const std::string&>();
   return !s.empty() && s.size() <= 64 && std::all_of(s.begin(), s.end(), [](char c) {
@@ -175,7 +176,7 @@ check parse_message_tool_calls(const json& m, const std::string& param, chat_mes
       return bad("'" + cp + "' must be {\"id\", \"type\": \"function\", \"function\": {\"name\", \"arguments\"}}", cp);
     const json* name = field(*fn, "name");
     const json* args = field(*fn, "arguments");
-    if (!name || !valid_function_name(*name))
+    if (!name || !valid_name(*name))
       return bad("'" + cp + ".function.name' must be 1 to 64 letters, digits, '_' or '-'", cp + ".function.name");
     if (!args || !args->is_string() || !json::accept(args->get_ref<const std::string&>()))
       return bad("'" + cp + ".function.arguments' must be a string of JSON", cp + ".function.arguments");
@@ -425,11 +426,7 @@ check parse_constraint(const json& j, completion_request& r) {
         if (key != "name" && key != "schema" && key != "strict" && key != "description")
           return bad("unrecognized field 'response_format.json_schema." + key + "'", "response_format.json_schema." + key);
       const json* name = field(*s, "name");
-      const bool name_ok = name && name->is_string() && !name->get_ref<const std::string&>().empty() &&
-                           name->get_ref<const std::string&>().size() <= 64 &&
-                           std::all_of(name->get_ref<const std::string&>().begin(), name->get_ref<const std::string&>().end(),
-                                       [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-'; });
-      if (!name_ok)
+      if (!name || !valid_name(*name))
         return bad("'response_format.json_schema.name' must be 1 to 64 letters, digits, '_' or '-'",
                    "response_format.json_schema.name");
       if (const json* st = field(*s, "strict"); st && !st->is_boolean())
@@ -476,7 +473,7 @@ check parse_tools(const json& j, completion_request& r) {
       if (key != "name" && key != "description" && key != "parameters" && key != "strict")
         return bad("unrecognized field '" + p + ".function." + key + "'", p + ".function." + key);
     const json* name = field(*fn, "name");
-    if (!name || !valid_function_name(*name))
+    if (!name || !valid_name(*name))
       return bad("'" + p + ".function.name' must be 1 to 64 letters, digits, '_' or '-'", p + ".function.name");
     tool_function f;
     f.name = name->get<std::string>();
