@@ -233,9 +233,10 @@ forward_output forward(const model_weights& w, std::span<forward_item> items,
       out.hidden_from[i] = s.p0;
     }
     if (items[i].logits) {
-      SHOAL_ASSERT(s.p1 > s.p0);  // the last position ran through the decoder
-      const float* src = xd.data() + (s.row + s.p1 - s.p0 - 1) * d;
-      last.insert(last.end(), src, src + d);
+      const int64_t nr = items[i].logit_rows;
+      SHOAL_ASSERT(nr >= 1 && s.p1 - s.p0 >= nr);  // those positions ran through the decoder
+      const float* src = xd.data() + (s.row + s.p1 - s.p0 - nr) * d;
+      last.insert(last.end(), src, src + nr * d);
     }
   }
   int64_t n_logits = static_cast<int64_t>(last.size()) / d;
@@ -248,50 +249,102 @@ forward_output forward(const model_weights& w, std::span<forward_item> items,
   return out;
 }
 
+std::vector<std::vector<mtp_draft>> mtp_chain(const model_weights& w, std::span<const mtp_chain_item> items,
+                                              int64_t depth, const draft_chooser& choose,
+                                              const forward_options& o) {
+  const model_config& c = w.config;
+  SHOAL_ASSERT(!w.mtp.empty() && depth >= 1);
+  const int64_t d = c.hidden_size, V = c.vocab_size, modules = static_cast<int64_t>(w.mtp.size());
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  const stream_layout sl = streams_of(c);
+  // Rows: positions hidden_from … n−1 of each item; `prev` holds the previous depth's output.
+  std::vector<row_span> spans;
+  std::vector<int32_t> pos;
+  std::vector<std::vector<int32_t>> u(items.size());
+  std::vector<float> prev;
+  int64_t rows = 0;
+  for (size_t i = 0; i < items.size(); ++i) {
+    const mtp_chain_item& it = items[i];
+    const int64_t n = static_cast<int64_t>(it.tokens.size()) - 1, p0 = it.hidden_from;
+    SHOAL_ASSERT(p0 >= 0 && n - p0 >= 1 && it.cache && it.hidden);
+    spans.push_back({rows, p0, n});
+    for (int64_t p = p0; p < n; ++p) pos.push_back(static_cast<int32_t>(p));
+    prev.insert(prev.end(), it.hidden, it.hidden + (n - p0) * d);
+    u[i].assign(it.tokens.begin(), it.tokens.end());
+    rows += n - p0;
+  }
+  std::vector<std::vector<mtp_draft>> out(items.size());
+  std::vector<float> cat(static_cast<size_t>(rows * 2 * d)), x(static_cast<size_t>(rows * d));
+  std::vector<float> heads(items.size() * static_cast<size_t>(d)), logits(items.size() * static_cast<size_t>(V));
+  for (int64_t k = 0; k < depth; ++k) {
+    const int64_t module = std::min(k, modules - 1);
+    const mtp_weights& m = w.mtp[module];
+    const int64_t stream = sl.mtp(module);
+    for (size_t i = 0; i < items.size(); ++i)
+      for (int64_t p = spans[i].p0; p < spans[i].p1; ++p) {
+        const int64_t row = spans[i].row + p - spans[i].p0;
+        float* cr = cat.data() + row * 2 * d;
+        row_of(mtp_embed(w, m), u[i][static_cast<size_t>(p + k + 1)], cr);
+        kernels::rmsnorm(cr, m.enorm.data(), cr, 1, d, eps);
+        kernels::rmsnorm(prev.data() + row * d, m.hnorm.data(), cr + d, 1, d, eps);
+      }
+    apply(m.eh_proj, cat.data(), x.data(), rows, o.batch_invariant);
+    // Private views of the caches: the shared decoder blocks (read only) and this depth's own
+    // rows only (ring floor at hidden_from, so no ring entry from before is read).
+    std::vector<sequence_cache> views(items.size());
+    std::vector<forward_item> fitems(items.size());
+    for (size_t i = 0; i < items.size(); ++i) {
+      views[i].blocks = items[i].cache->blocks;
+      views[i].rings.resize(static_cast<size_t>(sl.count()));
+      views[i].ring_floor.assign(static_cast<size_t>(sl.count()), 0);
+      views[i].ring_floor[static_cast<size_t>(stream)] = spans[i].p0;
+      views[i].computed = spans[i].p0;
+      fitems[i] = {&views[i], std::span<const int32_t>(u[i]).subspan(static_cast<size_t>(spans[i].p0),
+                                                                      static_cast<size_t>(spans[i].p1 - spans[i].p0)),
+                   0, INT64_MAX, false, false, {}};
+    }
+    // deepseek_v3's MTP layer sees all its rows: a window longer than any sequence.
+    detail::layer_io io{stream, c.is_flash() ? sl.dec_kv() : 0, false, pos.data(),
+                        c.is_flash() ? 0 : (int64_t{1} << 40), moe_slot_of_layer(c, c.num_hidden_layers + module)};
+    run_layer(w, m.layer, fitems, spans, io, x.data(), rows, o);
+    for (size_t i = 0; i < items.size(); ++i)
+      kernels::rmsnorm(x.data() + (spans[i].p1 - spans[i].p0 - 1 + spans[i].row) * d, m.head_norm.data(),
+                       heads.data() + i * d, 1, d, eps);
+    apply(mtp_head(w, m), heads.data(), logits.data(), static_cast<int64_t>(items.size()), o.batch_invariant);
+    for (size_t i = 0; i < items.size(); ++i) {
+      float confidence = NAN;
+      if (c.conf_head_hidden > 0) {
+        std::vector<float> h1(static_cast<size_t>(c.conf_head_hidden)), act(h1.size()), ones(h1.size(), 1.0f);
+        kernels::matmul(heads.data() + i * d, w.conf_fc1.w.data(), h1.data(), 1, c.conf_head_hidden, d, true);
+        kernels::silu_mul(h1.data(), ones.data(), act.data(), c.conf_head_hidden);
+        float z = kernels::dot(w.conf_fc2.w.data(), act.data(), c.conf_head_hidden);
+        confidence = 1.0f / (1.0f + std::exp(-z));
+      }
+      int32_t t = choose(i, k, std::span<const float>(logits.data() + i * V, static_cast<size_t>(V)), confidence);
+      SHOAL_ASSERT(t >= 0 && t < V);
+      out[i].push_back({t, confidence});
+      u[i].push_back(t);
+    }
+    prev.swap(x);
+  }
+  return out;
+}
+
 mtp_output mtp_last(const model_weights& w, std::span<const int32_t> tokens,
                     const std::vector<float>& hidden, int64_t hidden_from,
                     const sequence_cache& cache, const forward_options& o) {
-  const model_config& c = w.config;
   SHOAL_ASSERT(!w.mtp.empty() && tokens.size() >= 2);
-  const mtp_weights& m = w.mtp[0];
-  int64_t d = c.hidden_size, n = static_cast<int64_t>(tokens.size());
-  float eps = static_cast<float>(c.rms_norm_eps);
-  // MTP rows: positions hidden_from … n−2, each pairing h_i with token t_{i+1}.
-  int64_t p0 = hidden_from, rows = n - 1 - p0;
-  SHOAL_ASSERT(rows >= 1);
-  std::vector<float> cat(static_cast<size_t>(rows * 2 * d)), x(static_cast<size_t>(rows * d));
-  std::vector<int32_t> pos(static_cast<size_t>(rows));
-  for (int64_t i = 0; i < rows; ++i) {
-    float* row = cat.data() + i * 2 * d;
-    row_of(mtp_embed(w, m), tokens[p0 + i + 1], row);
-    kernels::rmsnorm(row, m.enorm.data(), row, 1, d, eps);
-    kernels::rmsnorm(hidden.data() + i * d, m.hnorm.data(), row + d, 1, d, eps);
-    pos[i] = static_cast<int32_t>(p0 + i);
-  }
-  apply(m.eh_proj, cat.data(), x.data(), rows, o.batch_invariant);
-  // A private view of the caches: shared decoder blocks (read only) and an MTP ring from p0.
-  sequence_cache view = cache;
-  const stream_layout sl = streams_of(c);
-  view.ring_floor[sl.mtp(0)] = p0;
-  forward_item item{&view, tokens.subspan(p0, rows), 0, INT64_MAX, false, false, {}};
-  std::vector<row_span> spans = {{0, p0, p0 + rows}};
-  detail::layer_io io{sl.mtp(0), c.is_flash() ? sl.dec_kv() : 0, false, pos.data(),
-              c.is_flash() ? 0 : n + 1, moe_slot_of_layer(c, c.num_hidden_layers)};
-  run_layer(w, m.layer, std::span<forward_item>(&item, 1), spans, io, x.data(), rows, o);
+  // The MTP rows pair h_i with t_{i+1} for i = hidden_from … n−2: the chain's depth 0 with
+  // t_{n−1} as its newest token.
+  mtp_chain_item item{tokens, hidden.data(), hidden_from, &cache};
   mtp_output out;
-  std::vector<float> u(static_cast<size_t>(d));
-  kernels::rmsnorm(x.data() + (rows - 1) * d, m.head_norm.data(), u.data(), 1, d, eps);
-  out.logits.resize(static_cast<size_t>(c.vocab_size));
-  apply(mtp_head(w, m), u.data(), out.logits.data(), 1, o.batch_invariant);
-  out.confidence = NAN;
-  if (c.conf_head_hidden > 0) {
-    std::vector<float> h1(static_cast<size_t>(c.conf_head_hidden)), act(h1.size());
-    kernels::matmul(u.data(), w.conf_fc1.w.data(), h1.data(), 1, c.conf_head_hidden, d, true);
-    std::vector<float> ones(h1.size(), 1.0f);
-    kernels::silu_mul(h1.data(), ones.data(), act.data(), c.conf_head_hidden);
-    float z = kernels::dot(w.conf_fc2.w.data(), act.data(), c.conf_head_hidden);
-    out.confidence = 1.0f / (1.0f + std::exp(-z));
-  }
+  mtp_chain(w, std::span<const mtp_chain_item>(&item, 1), 1,
+            [&](size_t, int64_t, std::span<const float> logits, float confidence) {
+              out.logits.assign(logits.begin(), logits.end());
+              out.confidence = confidence;
+              return 0;
+            },
+            o);
   return out;
 }
 

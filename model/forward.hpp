@@ -61,9 +61,10 @@ struct forward_item {
   std::span<const int32_t> tokens;   // at positions cache->computed …
   int64_t dec_from = 0;              // decoder layers run at positions ≥ dec_from
   int64_t blocks_valid_until = 0;    // runs ending before this are already in the blocks (replay)
-  bool logits = false;               // last position's logits wanted
+  bool logits = false;               // logits of the run's last `logit_rows` positions wanted
   bool hidden = false;               // decoder-stack output rows wanted (pre-norm), for MTP
   std::span<const input_rows> inputs;  // may cover positions outside this run (ignored there)
+  int64_t logit_rows = 1;            // ≥ 1, ≤ the run's decoder rows (speculative verification)
 };
 
 // Routed experts of a MoE layer computed elsewhere (expert parallelism, runtime/expert_parallel).
@@ -121,7 +122,7 @@ void routed_expert(const model_weights& w, int64_t moe_slot, int64_t expert, con
                    int64_t rows, bool batch_invariant, float* out);
 
 struct forward_output {
-  std::vector<float> logits;          // (items with logits, V), in item order
+  std::vector<float> logits;          // (Σ logit_rows of items with logits, V), in item order
   std::vector<std::vector<float>> hidden;  // per item: (rows run through the decoder, d)
   std::vector<int64_t> hidden_from;   // per item: position of the first hidden row
 };
@@ -141,6 +142,31 @@ struct mtp_output {
 mtp_output mtp_last(const model_weights& w, std::span<const int32_t> tokens,
                     const std::vector<float>& hidden, int64_t hidden_from,
                     const sequence_cache& cache, const forward_options& options);
+
+// Chained MTP drafting (DSpark), for a batch of sequences. Each item's `tokens` are the
+// sequence t_0 … t_n (t_n the newest token, not yet in the caches: cache.computed = n) and
+// `hidden` the main model's hidden rows (pre-norm) of positions hidden_from … n−1. Depth k
+// (0-based) runs MTP module min(k, modules − 1) over those positions, pairing the previous
+// depth's output rows (the main model's for k = 0) with tokens u_{i+k+1}, u = tokens followed
+// by the drafts chosen so far; its attention sees its own rows from hidden_from on (and, in
+// shoal_flash, the shared decoder block cache). At the last row the depth's head gives draft
+// logits and the confidence head the draft's acceptance probability (conditional on the
+// earlier drafts; NaN without a head); choose(item, k, logits (V), confidence) returns the
+// draft token. Depth 0 with hidden_from as given equals mtp_last. The caches are only read.
+struct mtp_chain_item {
+  std::span<const int32_t> tokens;
+  const float* hidden = nullptr;  // (n − hidden_from, d)
+  int64_t hidden_from = 0;
+  const sequence_cache* cache = nullptr;
+};
+struct mtp_draft {
+  int32_t token = -1;
+  float confidence = 0.0f;
+};
+using draft_chooser = std::function<int32_t(size_t item, int64_t depth, std::span<const float> logits, float confidence)>;
+std::vector<std::vector<mtp_draft>> mtp_chain(const model_weights& w, std::span<const mtp_chain_item> items,
+                                              int64_t depth, const draft_chooser& choose,
+                                              const forward_options& options);
 
 // Convenience for tests and tools: the whole sequence in one pass over a private cache;
 // returns the last position's logits (and MTP output when the model has MTP).

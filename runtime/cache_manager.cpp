@@ -12,13 +12,21 @@
 
 namespace shoal::runtime {
 
+int64_t ring_tokens_for(const model::model_config& model, const cache_config& config) {
+  return model.is_flash() ? std::max({model::min_ring_tokens(model),
+                                      config.exact_swa ? model.window() + model.block_size : model.retained_tokens,
+                                      model.window()})
+                          : model::min_ring_tokens(model);
+}
+
+int64_t max_backtrack(const model::model_config& model, const cache_config& config) {
+  if (!model.is_flash()) return int64_t{1} << 30;
+  return ring_tokens_for(model, config) - std::max(model.window() - 1, model.ratio() - 1);
+}
+
 cache_manager::cache_manager(const model::model_config& model, const cache_config& config)
     : model_(model), config_(config), bs_(model.block_size),
-      ring_tokens_(model.is_flash()
-                       ? std::max({model::min_ring_tokens(model),
-                                   config.exact_swa ? model.window() + model.block_size : model.retained_tokens,
-                                   model.window()})
-                       : model::min_ring_tokens(model)),
+      ring_tokens_(ring_tokens_for(model, config)),
       tail_(model.is_flash() ? (config.exact_swa ? model::exact_decoder_tail(model) : model.replay_tokens) : 0),
       pool_(static_cast<int32_t>(config.num_blocks), config.payload ? model::block_floats(model) : 0),
       swa_(config.swa_slots, config.swa_snapshots, model.encoder_layers(), model.entry_dim(),
@@ -148,7 +156,7 @@ void cache_manager::commit(request& r) {
   // Window snapshot at the last computed boundary, while the ring still holds it.
   int64_t p = full * bs_;
   if (model_.is_flash() && config_.prefix_caching && !r.swa_approx && full > 0 && p > r.snapshot_at &&
-      computed - p <= ring_tokens_ - model_.window()) {
+      std::max(computed, r.spec.ring_written) - p <= ring_tokens_ - model_.window()) {
     swa_.save(r.keys[full - 1], r.cache, p);
     r.snapshot_at = p;
   }

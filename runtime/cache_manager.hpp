@@ -65,6 +65,13 @@ struct cache_stats {
   double import_read_s = 0;                   // their reads, first issued to last completed (summed)
 };
 
+// Positions of raw entries each sequence's rings hold: the window plus the retained backtrack
+// (shoal_flash; exact_swa keeps a block more); 0 for deepseek_v3, whose entries all go to blocks.
+int64_t ring_tokens_for(const model::model_config& model, const cache_config& config);
+// Tokens a sequence can move back (rejected speculative drafts) with its window intact: what
+// the ring holds beyond the window (and a compress run) the next token reads.
+int64_t max_backtrack(const model::model_config& model, const cache_config& config);
+
 class cache_manager {
  public:
   cache_manager(const model::model_config& model, const cache_config& config);

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <thread>
 
 #include <malloc.h>
@@ -32,6 +33,14 @@ engine::engine(std::shared_ptr<const model::model_weights> weights, const engine
   // returning it to the kernel, so each step does not page-fault its buffers in again.
   mallopt(M_MMAP_THRESHOLD, 32 << 20);  // the largest value glibc accepts
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  if (config_.spec.mode != spec_mode::off) {
+    // A bad spec_config is the caller's error (engine_setup and shoald validate it first).
+    SHOAL_ASSERT(!validate(config_.spec, max_backtrack(weights_->config, config_.cache)));
+    SHOAL_ASSERT(!weights_->mtp.empty() && !config_.ep && config_.role != engine_role::prefill);
+    config_.async_scheduling = false;  // see engine_config::spec
+    const model::model_config& c = weights_->config;
+    draft_context_ = config_.spec.draft_context > 0 ? config_.spec.draft_context : (c.is_flash() ? c.window() : 16);
+  }
   if (config_.ep) {
     config_.async_scheduling = false;  // see engine_config::ep
     ep_ = std::make_unique<ep_moe_exchange>(weights_, config_.ep->layout, config_.ep->transport,
@@ -330,6 +339,7 @@ void engine::dispatch(step_plan plan) {
   in_flight_step f;
   f.plan = std::move(plan);
   f.inputs.resize(f.plan.items.size());
+  f.verify_tokens.resize(f.plan.items.size());
   for (size_t k = 0; k < f.plan.items.size(); ++k) {
     auto& it = f.plan.items[k];
     request* r = it.req;
@@ -346,9 +356,18 @@ void engine::dispatch(step_plan plan) {
     fi.dec_from = r->dec_from;
     fi.blocks_valid_until = r->blocks_valid_until;
     fi.logits = it.base + it.n_tokens == r->num_tokens();
+    if (it.drafts > 0) {  // the pending token and the drafts it verifies
+      std::vector<int32_t>& vt = f.verify_tokens[k];
+      vt.push_back(r->tokens.back());
+      vt.insert(vt.end(), r->spec.drafts.begin(), r->spec.drafts.begin() + it.drafts);
+      fi.tokens = vt;
+      fi.logits = true;
+      fi.logit_rows = 1 + it.drafts;
+    }
+    fi.hidden = fi.logits && speculates(*r);
     fi.inputs = f.inputs[k];
     f.items.push_back(fi);
-    (it.n_tokens > 1 ? stats_.prefill_tokens : stats_.decode_tokens) += static_cast<uint64_t>(it.n_tokens);
+    (it.n_tokens - it.drafts > 1 ? stats_.prefill_tokens : stats_.decode_tokens) += static_cast<uint64_t>(it.n_tokens);
   }
   flight_ = std::move(f);
 }
@@ -395,50 +414,281 @@ void engine::wait_done() {
   cv_.wait(lock, [&] { return job_done_; });
 }
 
+bool engine::speculates(const request&) const { return config_.spec.mode != spec_mode::off; }
+
+// Emits `token` (drawn from the raw logits row `logits`): grammar, text, stop checks, the
+// event. True when r goes on.
+bool engine::emit(request& r, int32_t token, std::span<const float> logits, std::vector<token_event>& events) {
+  // The mask allowed only tokens the matcher takes; one it refuses would desynchronise the
+  // output from its grammar, so it ends the request (never expected).
+  const bool grammar_refused = r.matcher && !r.matcher->accept_token(token);
+  const bool grammar_done = r.matcher && !grammar_refused && r.matcher->terminated();
+  r.tokens.push_back(token);
+  std::string& text = texts_[r.id.value];
+  const size_t before = text.size();
+  if (tok_) text += tok_->decode_token(token);
+  stop_checker stop(r.params, static_cast<int32_t>(weights_->config.eos_token_id));
+  // Only the newest piece can complete a match: search from where one could start.
+  const size_t from = before >= stop.longest_stop() ? before - stop.longest_stop() + 1 : 0;
+  stop_result sr = stop.check(std::span<const int32_t>(r.tokens).subspan(static_cast<size_t>(r.prompt_len)),
+                              text, stop.longest_stop() ? from : 0);
+  if (sr.truncate_at) text.resize(*sr.truncate_at);
+  if (grammar_done && sr.reason == finish_reason::none) sr.reason = finish_reason::stop;  // nothing may follow
+  if (grammar_refused) sr.reason = finish_reason::error;
+  ++stats_.generated;
+  events.push_back({r.id, token, sr.reason != finish_reason::none, sr.reason, {}});
+  if (config_.capture_logits) events.back().logits.assign(logits.begin(), logits.end());
+  if (r.params.logprobs >= 0) events.back().logprobs = logprobs_of(logits, token, r.params.logprobs);
+  if (sr.reason != finish_reason::none) r.finish = sr.reason;
+  return sr.reason == finish_reason::none;
+}
+
+// Rows j = 0 … n_rows − 1 are the logits after the pending token and after each of the
+// first n_rows − 1 drafts. Row j decides output token j of this step: greedy takes the
+// target's token (the draft is accepted when they agree); sampling accepts the draft with
+// probability min(1, p/q) and otherwise draws from the residual; past the last verified
+// draft the token is drawn as without speculation. Stops at the first rejection or finish.
+int64_t engine::verify(request& r, std::span<const float> rows, int64_t n_rows, std::vector<token_event>& events) {
+  const int64_t V = weights_->config.vocab_size;
+  const auto& synth = config_.spec.synthetic;
+  int64_t accepted = 0;
+  for (int64_t j = 0; j < n_rows; ++j) {
+    std::span<const float> logits = rows.subspan(static_cast<size_t>(j * V), static_cast<size_t>(V));
+    std::span<const float> allowed = logits;
+    if (r.matcher) {  // structured output: refused tokens to −inf
+      masked_.assign(logits.begin(), logits.end());
+      allowed = masked_;
+      if (r.matcher->apply_mask(masked_) == 0) {  // no token of the vocabulary continues the match
+        r.finish = finish_reason::error;
+        events.push_back({r.id, -1, true, finish_reason::error, {}});
+        break;
+      }
+    }
+    const int64_t step = r.output_len();
+    const auto generated = std::span<const int32_t>(r.tokens).subspan(static_cast<size_t>(r.prompt_len));
+    const bool drafted = j < n_rows - 1;
+    int32_t token = -1;
+    bool accept = false;
+    if (!drafted) {
+      token = sample_token(allowed, r.params, r.seq_seed, step, generated);
+    } else {
+      const int32_t d = r.spec.drafts[static_cast<size_t>(j)];
+      if (synth) {  // benchmark mode: acceptance drawn from the synthetic model, not the target
+        accept = synth->accepted(r.seq_seed, step, j, r.spec.confidence[static_cast<size_t>(j)]);
+        token = accept ? d : sample_token(allowed, r.params, r.seq_seed, step, generated);
+      } else if (r.params.temperature == 0.0f) {
+        token = sample_token(allowed, r.params, r.seq_seed, step, generated);
+        accept = token == d;
+      } else {
+        const token_distribution p = distribution_of(allowed, r.params, generated);
+        const token_distribution& q = r.spec.q[static_cast<size_t>(j)];
+        accept = accept_draft(p, q, d, accept_uniform(r.seq_seed, step));
+        token = accept ? d : draw_from(residual(p, q), uniform_at(r.seq_seed, step));
+      }
+    }
+    if (accept) ++accepted;
+    const bool goes_on = emit(r, token, logits, events);
+    if (!goes_on || (drafted && !accept)) break;
+  }
+  return accepted;
+}
+
+// The next drafts of each request: the MTP chain over its last hidden rows, one batch.
+void engine::draft(std::vector<request*>& rs) {
+  const int64_t d = weights_->config.hidden_size;
+  std::vector<model::mtp_chain_item> items;
+  std::vector<request*> ready;
+  for (request* r : rs) {
+    auto& sp = r->spec;
+    sp.drafts.clear();
+    sp.confidence.clear();
+    sp.q.clear();
+    sp.drafted_at = -1;
+    const int64_t rows = static_cast<int64_t>(sp.hidden.size()) / d;
+    if (rows == 0 || sp.hidden_from + rows != r->computed() || r->computed() != r->num_tokens() - 1) continue;
+    items.push_back({r->tokens, sp.hidden.data(), sp.hidden_from, &r->cache});
+    ready.push_back(r);
+  }
+  if (items.empty()) return;
+  const auto& synth = config_.spec.synthetic;
+  model::forward_options fo{config_.batch_invariant, config_.naive_prefill, nullptr};
+  std::vector<int32_t> generated;
+  std::vector<float> draft_masked;
+  std::vector<size_t> advanced(ready.size(), 0);  // tokens each matcher took for the drafts
+  if (config_.spec.self_draft) {
+    self_draft(ready, fo, advanced);
+  } else {
+    model::mtp_chain(*weights_, items, config_.spec.nextn,
+                   [&](size_t i, int64_t k, std::span<const float> logits, float confidence) {
+                     request& r = *ready[i];
+                     const int64_t step = r.output_len() + k;  // the output index this draft would take
+                     std::span<const int32_t> gen;
+                     if (r.params.adjusts_logits()) {
+                       generated.assign(r.tokens.begin() + r.prompt_len, r.tokens.end());
+                       generated.insert(generated.end(), r.spec.drafts.begin(), r.spec.drafts.end());
+                       gen = generated;
+                     }
+                     logits = grammar_masked(r, logits, draft_masked);
+                     int32_t token;
+                     if (r.params.temperature == 0.0f || synth) {
+                       token = sample_token(logits, r.params, r.seq_seed, step, gen);
+                     } else {
+                       r.spec.q.push_back(distribution_of(logits, r.params, gen));
+                       token = draw_from(r.spec.q.back(), draft_uniform(r.seq_seed, step));
+                     }
+                     advance_grammar(r, token, advanced[i]);
+                     if (synth) confidence = synth->confidence(r.seq_seed, step, k);
+                     else if (std::isnan(confidence)) confidence = acceptance_.at(k);
+                     r.spec.drafts.push_back(token);
+                     r.spec.confidence.push_back(confidence);
+                     return token;
+                   },
+                   fo);
+  }
+  for (size_t i = 0; i < ready.size(); ++i) {
+    if (advanced[i] > 0) ready[i]->matcher->rollback(advanced[i]);  // the drafts are not output yet
+    ready[i]->spec.drafted_at = ready[i]->computed();
+  }
+  stats_.spec.drafted += static_cast<uint64_t>(ready.size()) * static_cast<uint64_t>(config_.spec.nextn);
+}
+
+// A draft's logits under the request's grammar, where the drafts so far left its matcher (the
+// logits themselves without one, or once nothing continues the match: such drafts are
+// rejected at verification).
+std::span<const float> engine::grammar_masked(request& r, std::span<const float> logits, std::vector<float>& scratch) {
+  if (!r.matcher || r.matcher->terminated()) return logits;
+  scratch.assign(logits.begin(), logits.end());
+  if (r.matcher->apply_mask(scratch) == 0) return logits;
+  return scratch;
+}
+
+void engine::advance_grammar(request& r, int32_t token, size_t& advanced) {
+  if (r.matcher && !r.matcher->terminated() && r.matcher->accept_token(token)) ++advanced;
+}
+
+// spec_config::self_draft: drafts from the target model over the whole sequence, mixed with
+// the uniform distribution (weight self_draft_noise).
+void engine::self_draft(const std::vector<request*>& rs, const model::forward_options& fo, std::vector<size_t>& advanced) {
+  const int64_t V = weights_->config.vocab_size;
+  const double noise = config_.spec.self_draft_noise;
+  std::vector<float> masked;
+  for (size_t i = 0; i < rs.size(); ++i) {
+    request* r = rs[i];
+    std::vector<int32_t> seq = r->tokens;
+    for (int64_t k = 0; k < config_.spec.nextn; ++k) {
+      const int64_t step = r->output_len() + k;
+      const std::vector<float> full = model::forward_full(*weights_, seq, fo).logits;
+      const std::span<const float> logits = grammar_masked(*r, full, masked);
+      const auto gen = std::span<const int32_t>(seq).subspan(static_cast<size_t>(r->prompt_len));
+      const double u = draft_uniform(r->seq_seed, step);
+      int32_t token;
+      if (r->params.temperature == 0.0f) {
+        token = sample_token(logits, r->params, r->seq_seed, step, gen);
+        if (u < noise)  // a uniformly drawn token instead
+          token = static_cast<int32_t>(std::min<int64_t>(V - 1, static_cast<int64_t>(uniform_at(r->seq_seed ^ 0x9b05688c2b3e6c1fULL, step) * double(V))));
+      } else {
+        const token_distribution p = distribution_of(logits, r->params, gen);
+        token_distribution q;
+        q.ids.resize(static_cast<size_t>(V));
+        q.weights.assign(static_cast<size_t>(V), static_cast<float>(noise / double(V)));
+        for (int64_t t = 0; t < V; ++t) q.ids[static_cast<size_t>(t)] = static_cast<int32_t>(t);
+        for (size_t i = 0; i < p.ids.size(); ++i)
+          q.weights[static_cast<size_t>(p.ids[i])] += static_cast<float>((1 - noise) * p.weights[i] / p.total);
+        q.total = 0;
+        for (float x : q.weights) q.total += x;
+        token = draw_from(q, u);
+        r->spec.q.push_back(std::move(q));
+      }
+      advance_grammar(*r, token, advanced[i]);
+      r->spec.drafts.push_back(token);
+      r->spec.confidence.push_back(static_cast<float>(1 - noise));
+      seq.push_back(token);
+    }
+  }
+}
+
+// Verify lengths for the plan's decodes: every draft (fixed, or adaptive below adaptive_from
+// decodes) or the policy's choice, bounded by max_tokens and by the free blocks.
+void engine::add_drafts(step_plan& plan) {
+  if (config_.spec.mode == spec_mode::off) return;
+  std::vector<size_t> at;
+  std::vector<spec_candidate> cands;
+  for (size_t i = 0; i < plan.items.size(); ++i) {
+    planned_item& it = plan.items[i];
+    request& r = *it.req;
+    if (it.n_tokens != 1 || r.computed() != r.num_tokens() - 1 || r.spec.drafted_at != r.computed()) continue;
+    const int64_t left = static_cast<int64_t>(r.params.max_tokens) - r.output_len() - 1;
+    const int64_t k = std::min<int64_t>(static_cast<int64_t>(r.spec.drafts.size()), left);
+    if (k <= 0) continue;
+    at.push_back(i);
+    cands.push_back({std::vector<float>(r.spec.confidence.begin(), r.spec.confidence.begin() + k), r.computed()});
+  }
+  if (cands.empty()) return;
+  std::vector<int64_t> k(cands.size());
+  if (config_.spec.mode == spec_mode::adaptive && static_cast<int64_t>(cands.size()) >= config_.spec.adaptive_from) {
+    k = choose_verify_lengths(cands, *config_.spec.cost, plan.tokens);
+  } else {
+    const int64_t cap = config_.spec.mode == spec_mode::fixed && config_.spec.fixed_k > 0 ? config_.spec.fixed_k : config_.spec.nextn;
+    for (size_t c = 0; c < cands.size(); ++c) k[c] = std::min(cap, static_cast<int64_t>(cands[c].confidence.size()));
+  }
+  for (size_t c = 0; c < cands.size(); ++c) {
+    planned_item& it = plan.items[at[c]];
+    request& r = *it.req;
+    const int64_t held = static_cast<int64_t>(r.blocks.size() + it.new_blocks.size());
+    int64_t n = k[c];
+    while (n > 0 && caches_.blocks_for(r.computed() + 1 + n) - held > caches_.pool().num_free()) --n;
+    if (n == 0) continue;
+    auto more = caches_.take_blocks(caches_.blocks_for(r.computed() + 1 + n) - held);
+    it.new_blocks.insert(it.new_blocks.end(), more.begin(), more.end());
+    it.drafts = n;
+    it.n_tokens += n;
+    plan.tokens += n;
+  }
+}
+
 std::vector<token_event> engine::complete() {
   std::vector<token_event> events;
   in_flight_step& f = *flight_;
-  const int64_t V = weights_->config.vocab_size;
+  const int64_t V = weights_->config.vocab_size, d = weights_->config.hidden_size;
   size_t row = 0;
+  std::vector<request*> drafting;
   for (size_t i = 0; i < f.items.size(); ++i) {
     request* r = f.plan.items[i].req;
-    bool sample = f.items[i].logits;
-    std::span<const float> logits;
-    if (sample) logits = {f.output.logits.data() + row++ * V, static_cast<size_t>(V)};
-    std::span<const float> allowed = logits;
-    if (sample && r->matcher) {  // structured output: refused tokens to −inf
-      masked_.assign(logits.begin(), logits.end());
-      allowed = masked_;
-      if (r->matcher->apply_mask(masked_) == 0) {  // no token of the vocabulary continues the match
-        sample = false;
-        r->finish = finish_reason::error;
-        events.push_back({r->id, -1, true, finish_reason::error, {}});
+    if (f.items[i].logits) {
+      const int64_t n_rows = f.items[i].logit_rows;
+      const size_t before = r->tokens.size();
+      const int64_t accepted = verify(*r, {f.output.logits.data() + row * V, static_cast<size_t>(n_rows * V)}, n_rows, events);
+      row += static_cast<size_t>(n_rows);
+      if (speculates(*r) && f.plan.items[i].n_tokens - f.plan.items[i].drafts == 1) {  // a decode step
+        ++stats_.spec.decode_steps;
+        stats_.spec.verified += static_cast<uint64_t>(n_rows - 1);
+        stats_.spec.accepted += static_cast<uint64_t>(accepted);
+        stats_.spec.emitted += static_cast<uint64_t>(r->tokens.size() - before);
+        if (!config_.spec.synthetic && n_rows > 1) acceptance_.record(n_rows - 1, accepted);
       }
     }
-    if (sample) {
-      int32_t token = sample_token(allowed, r->params, r->seq_seed, r->output_len(),
-                                   std::span<const int32_t>(r->tokens).subspan(static_cast<size_t>(r->prompt_len)));
-      // The mask allowed only tokens the matcher takes; one it refuses would desynchronise the
-      // output from its grammar, so it ends the request (never expected).
-      const bool grammar_refused = r->matcher && !r->matcher->accept_token(token);
-      const bool grammar_done = r->matcher && !grammar_refused && r->matcher->terminated();
-      r->tokens.push_back(token);
-      std::string& text = texts_[r->id.value];
-      const size_t before = text.size();
-      if (tok_) text += tok_->decode_token(token);
-      stop_checker stop(r->params, static_cast<int32_t>(weights_->config.eos_token_id));
-      // Only the newest piece can complete a match: search from where one could start.
-      const size_t from = before >= stop.longest_stop() ? before - stop.longest_stop() + 1 : 0;
-      stop_result sr = stop.check(std::span<const int32_t>(r->tokens).subspan(static_cast<size_t>(r->prompt_len)),
-                                  text, stop.longest_stop() ? from : 0);
-      if (sr.truncate_at) text.resize(*sr.truncate_at);
-      if (grammar_done && sr.reason == finish_reason::none) sr.reason = finish_reason::stop;  // nothing may follow
-      if (grammar_refused) sr.reason = finish_reason::error;
-      ++stats_.generated;
-      events.push_back({r->id, token, sr.reason != finish_reason::none, sr.reason, {}});
-      if (config_.capture_logits) events.back().logits.assign(logits.begin(), logits.end());
-      if (r->params.logprobs >= 0) events.back().logprobs = logprobs_of(logits, token, r->params.logprobs);
-      if (sr.reason != finish_reason::none) r->finish = sr.reason;
+    if (f.plan.items[i].drafts > 0) {  // roll back to the accepted tokens: rejected entries are rewritten later
+      auto& sp = r->spec;
+      sp.ring_written = std::max(sp.ring_written, r->cache.computed);
+      r->cache.computed = std::min(r->cache.computed, r->num_tokens() - 1);
+    }
+    if (f.items[i].hidden) {  // keep the last draft_context hidden rows of accepted positions
+      auto& sp = r->spec;
+      const std::vector<float>& h = f.output.hidden[i];
+      const int64_t from = f.output.hidden_from[i];
+      const int64_t end = std::min(from + static_cast<int64_t>(h.size()) / d, r->computed());
+      if (end > from) {
+        if (sp.hidden_from + static_cast<int64_t>(sp.hidden.size()) / d != from) {
+          sp.hidden.clear();
+          sp.hidden_from = from;
+        }
+        sp.hidden.insert(sp.hidden.end(), h.begin(), h.begin() + (end - from) * d);
+        const int64_t extra = static_cast<int64_t>(sp.hidden.size()) / d - draft_context_;
+        if (extra > 0) {
+          sp.hidden.erase(sp.hidden.begin(), sp.hidden.begin() + extra * d);
+          sp.hidden_from += extra;
+        }
+      }
     }
     if (r->abort_requested && r->finish == finish_reason::none) {
       r->finish = finish_reason::aborted;
@@ -449,8 +699,11 @@ std::vector<token_event> engine::complete() {
       sched_.finish(r);
     } else if (config_.role == engine_role::prefill && !r->handed_off && f.items[i].logits && r->output_len() == 1) {
       offer_handoff(*r);  // its first token is out: the rest is a decode engine's
+    } else if (f.items[i].hidden) {
+      drafting.push_back(r);
     }
   }
+  if (!drafting.empty()) draft(drafting);
   ++stats_.steps;
   flight_.reset();
   return events;
@@ -463,6 +716,7 @@ std::vector<token_event> engine::step() {
   double t0 = now_s();
   if (!flight_) {
     step_plan p = sched_.plan({});
+    add_drafts(p);
     stats_.plan_s += now_s() - t0;
     stalled_ = p.items.empty() && has_work();
     if (p.items.empty()) return {};

@@ -23,6 +23,7 @@
 #include "runtime/handoff.hpp"
 #include "runtime/transport.hpp"
 #include "runtime/scheduler.hpp"
+#include "runtime/speculative.hpp"
 
 namespace shoal::runtime {
 
@@ -53,6 +54,11 @@ struct engine_config {
     ep_frame_limits limits;
   };
   std::optional<ep_config> ep;
+  // DSpark speculative decoding (MTP drafts verified each step). Needs a model with MTP
+  // modules and a config that passes validate(spec, max_backtrack(model, cache)); not with
+  // expert parallelism or role prefill (node_config refuses those). Forces
+  // async_scheduling off: the next step depends on how many drafts were accepted.
+  spec_config spec;
 };
 
 struct token_event {
@@ -86,6 +92,7 @@ struct engine_stats {
   // (the engine encoded those images itself).
   uint64_t image_rows_read = 0, image_row_read_failures = 0;
   embedding_cache_stats image_cache;
+  spec_stats spec;
 };
 
 struct completion {
@@ -183,6 +190,7 @@ class engine {
     std::vector<model::forward_item> items;
     std::vector<std::vector<model::input_rows>> inputs;  // per item: image rows of its run
     std::vector<embedding_cache::rows> rows;             // keeps those rows alive
+    std::vector<std::vector<int32_t>> verify_tokens;     // per item: t_c ++ drafts (speculation)
     model::forward_output output;
   };
   embedding_cache::rows image_rows(const prompt_image& im);
@@ -200,6 +208,16 @@ class engine {
   // Settles the reads that are over and queues the requests none of whose reads is still out.
   void poll_rows();
   void dispatch(step_plan plan);
+  // Speculation: verify lengths for the plan's decodes (more blocks taken for them), the
+  // verification of one item's logits rows, and the next drafts of the step's requests.
+  bool speculates(const request& r) const;
+  void add_drafts(step_plan& plan);
+  int64_t verify(request& r, std::span<const float> rows, int64_t n_rows, std::vector<token_event>& events);
+  bool emit(request& r, int32_t token, std::span<const float> logits, std::vector<token_event>& events);
+  void draft(std::vector<request*>& rs);
+  void self_draft(const std::vector<request*>& rs, const model::forward_options& fo, std::vector<size_t>& advanced);
+  std::span<const float> grammar_masked(request& r, std::span<const float> logits, std::vector<float>& scratch);
+  void advance_grammar(request& r, int32_t token, size_t& advanced);
   std::vector<token_event> step_ep();
   std::vector<token_event> fail_step(const std::string& why);
   std::vector<token_event> complete();
@@ -236,6 +254,8 @@ class engine {
   std::expected<std::shared_ptr<grammar_matcher>, std::string> make_matcher(const sampling_params& params,
                                                                            std::span<const int32_t> output);
   std::vector<awaiting_rows> awaiting_rows_;
+  acceptance_estimate acceptance_;
+  int64_t draft_context_ = 0;
 
   // compute thread (async scheduling)
   std::thread worker_;

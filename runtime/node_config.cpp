@@ -41,7 +41,8 @@ const std::vector<schema_section>& schema() {
   static const std::vector<schema_section> sections = {
       {"node", {"name", "listen", "roles", "model_dir", "drain_timeout_ms", "metrics_listen", "cpus"}},
       {"engine", {"ranks", "threads", "cache_mib", "expert_parallel", "kv_storage", "role", "transport", "handoff_timeout_ms",
-                  "cost_model", "step_ms", "swa_slots", "swa_timeout_ms"}},
+                  "cost_model", "step_ms", "swa_slots", "swa_timeout_ms", "speculative", "spec_nextn",
+                  "spec_adaptive_from", "spec_cost_model"}},
       {"gateway", {"listen", "auth_token_file", "prefill_policy", "decode_policy", "balancer_round_ms", "tier_bounds",
                    "balancer_cost_model"}},
       {"cluster", {"seeds", "heartbeat_interval_ms", "connection_timeout_ms", "request_timeout_ms"}},
@@ -475,6 +476,14 @@ void read_sections(error_sink& sink, const sections& f, const fs::path& base, no
   if (auto ms = read_integer(sink, f.engine, "step_ms", 1, 60'000)) c.step_ms = *ms;
   if (auto n = read_integer(sink, f.engine, "swa_slots", 0, 1 << 20)) c.swa_slots = *n;
   if (auto ms = read_integer(sink, f.engine, "swa_timeout_ms", 1, hour_ms)) c.swa_timeout_ms = *ms;
+  if (std::optional<std::string> v = read_string(sink, f.engine, "speculative")) {
+    if (*v == "off" || *v == "fixed" || *v == "adaptive") c.speculative = *v;
+    else sink.fail(config_errc::bad_value, f.engine.pos("speculative"), f.engine.path("speculative"),
+                   "expected \"off\", \"fixed\" or \"adaptive\", got \"" + *v + "\"");
+  }
+  if (auto n = read_integer(sink, f.engine, "spec_nextn", 1, 8)) c.spec_nextn = *n;
+  if (auto n = read_integer(sink, f.engine, "spec_adaptive_from", 0, 1 << 20)) c.spec_adaptive_from = *n;
+  c.spec_cost_model = read_path(sink, f.engine, "spec_cost_model", base);
   c.http_listen = read_host_port(sink, f.gateway, "listen", true);
   c.auth_token_file = read_path(sink, f.gateway, "auth_token_file", base);
   read_balancers(sink, f.gateway, base, c);
@@ -545,6 +554,19 @@ void check_consistency(error_sink& sink, const sections& f, const node_config& c
     sink.fail(config_errc::bad_value, f.engine.pos("role"), "engine.role",
               std::string("\"") + to_string(c.disagg_role) +
                 "\" engines run without expert parallelism in this version (engine.expert_parallel = true)");
+  if (c.speculative != "off" && c.expert_parallel)
+    sink.fail(config_errc::bad_value, f.engine.pos("speculative"), "engine.speculative",
+              "speculative decoding runs without expert parallelism in this version (engine.expert_parallel = true)");
+  if (c.speculative != "off" && c.disagg_role == engine_role::prefill)
+    sink.fail(config_errc::bad_value, f.engine.pos("speculative"), "engine.speculative",
+              "prefill engines hand every request off after its first token: nothing to speculate on");
+  if (c.speculative == "adaptive" && !c.spec_cost_model)
+    sink.fail(config_errc::missing_key, f.engine.pos("speculative"), "engine.spec_cost_model",
+              "required with engine.speculative = \"adaptive\" (shoal bench fit-cost --decode)");
+  for (const char* key : {"spec_nextn", "spec_adaptive_from", "spec_cost_model"})
+    if (c.speculative == "off" && f.engine.get(key))
+      sink.fail(config_errc::bad_value, f.engine.pos(key), f.engine.path(key),
+                "only used with engine.speculative = \"fixed\" or \"adaptive\"");
   if (!c.cost_model && f.engine.get("step_ms"))
     sink.fail(config_errc::bad_value, f.engine.pos("step_ms"), "engine.step_ms",
               "a step time budget needs engine.cost_model (the fitted model that predicts step times)");

@@ -57,6 +57,11 @@ struct node_config {
   int64_t step_ms = 50;                         // step time budget with cost_model
   int64_t swa_slots = 256;                      // shoal_flash: the machine's SWA slot store (0 = none)
   int64_t swa_timeout_ms = 2'000;               // a request waits this long for another machine's slot
+  // DSpark speculative decoding (runtime/speculative.hpp): "off", "fixed" or "adaptive".
+  std::string speculative = "off";
+  int64_t spec_nextn = 5;                        // MTP drafts per step
+  int64_t spec_adaptive_from = 16;               // adaptive below this many decodes verifies every draft
+  std::optional<std::filesystem::path> spec_cost_model;  // decode cost model (shoal bench fit-cost --decode), adaptive
 
   // [ve] (only with the ve role): the vision-encoder worker
   std::string ve_transport = "tcp;ofi_rxm";  // libfabric provider the prefill engines read the rows over

@@ -53,6 +53,19 @@ struct request {
   bool swa_checked = false;      // other machines' SWA stores were asked (once per request)
   std::shared_ptr<grammar_matcher> matcher;  // structured output: where the output is in its grammar
   bool abort_requested = false;  // aborted while its step was computing: finishes after it
+  // Speculative decoding: the drafts proposed after tokens.back() (for the cache at `drafted_at`
+  // positions), their confidences and, when sampling, their distributions; the main model's
+  // hidden rows of positions hidden_from … computed − 1 the next drafts start from; and how
+  // far the rings were written (a rejected draft's entries lie past computed until rewritten).
+  struct speculation {
+    std::vector<int32_t> drafts;
+    std::vector<float> confidence;
+    std::vector<token_distribution> q;
+    int64_t drafted_at = -1;
+    std::vector<float> hidden;
+    int64_t hidden_from = 0;
+    int64_t ring_written = 0;
+  } spec;
 
   int64_t num_tokens() const { return static_cast<int64_t>(tokens.size()); }
   int64_t computed() const { return cache.computed; }

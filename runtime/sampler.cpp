@@ -112,17 +112,6 @@ void apply_top_p(std::vector<candidate>& c, float top_p) {
   }
 }
 
-// Inverse CDF over the candidates in their current order; u in [0, 1).
-int32_t draw(const std::vector<candidate>& c, double u) {
-  double target = u * total_weight(c);
-  double mass = 0;
-  for (const auto& x : c) {
-    mass += x.value;
-    if (mass > target) return x.id;
-  }
-  return c.back().id;  // unreachable unless rounding put target at the very top
-}
-
 std::string format_float(float v) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%g", double(v));
@@ -195,32 +184,69 @@ double uniform_at(uint64_t seq_seed, int64_t step) {
   return double(h >> 11) * 0x1.0p-53;
 }
 
+std::span<const float> adjusted_logits(std::span<const float> logits, const sampling_params& p,
+                                       std::span<const int32_t> generated, std::vector<float>& adjusted) {
+  if (!p.adjusts_logits()) return logits;
+  adjusted.assign(logits.begin(), logits.end());
+  for (const auto& [id, bias] : p.logit_bias) adjusted[static_cast<size_t>(id)] += bias;
+  if (p.presence_penalty != 0 || p.frequency_penalty != 0) {
+    std::vector<int32_t> seen(generated.begin(), generated.end());
+    std::sort(seen.begin(), seen.end());
+    for (size_t i = 0; i < seen.size();) {
+      size_t j = i;
+      while (j < seen.size() && seen[j] == seen[i]) ++j;
+      if (seen[i] >= 0 && static_cast<size_t>(seen[i]) < adjusted.size())
+        adjusted[static_cast<size_t>(seen[i])] -= p.frequency_penalty * static_cast<float>(j - i) + p.presence_penalty;
+      i = j;
+    }
+  }
+  return adjusted;
+}
+
+double token_distribution::prob(int32_t id) const {
+  for (size_t i = 0; i < ids.size(); ++i)
+    if (ids[i] == id) return total > 0 ? weights[i] / total : 0.0;
+  return 0.0;
+}
+
+token_distribution distribution_of(std::span<const float> logits, const sampling_params& p,
+                                   std::span<const int32_t> generated) {
+  SHOAL_ASSERT(!logits.empty() && p.temperature > 0 && p.top_p > 0 && p.top_p <= 1 && p.top_k >= 0);
+  std::vector<float> scratch;
+  std::vector<candidate> c = gather_candidates(adjusted_logits(logits, p, generated, scratch), p.top_k);
+  to_weights(c, p.temperature);
+  if (p.top_p < 1.0f) apply_top_p(c, p.top_p);
+  token_distribution d;
+  d.ids.reserve(c.size());
+  d.weights.reserve(c.size());
+  for (const auto& x : c) {
+    d.ids.push_back(x.id);
+    d.weights.push_back(x.value);
+  }
+  d.total = total_weight(c);
+  return d;
+}
+
+int32_t draw_from(const token_distribution& d, double u) {
+  SHOAL_ASSERT(!d.ids.empty());
+  double target = u * d.total;
+  double mass = 0;
+  for (size_t i = 0; i < d.ids.size(); ++i) {
+    mass += d.weights[i];
+    if (mass > target) return d.ids[i];
+  }
+  return d.ids.back();  // unreachable unless rounding put target at the very top
+}
+
 int32_t sample_token(std::span<const float> logits, const sampling_params& p, uint64_t seq_seed,
                      int64_t step, std::span<const int32_t> generated) {
   SHOAL_ASSERT(!logits.empty());
-  std::vector<float> adjusted;
-  if (p.adjusts_logits()) {
-    adjusted.assign(logits.begin(), logits.end());
-    for (const auto& [id, bias] : p.logit_bias) adjusted[static_cast<size_t>(id)] += bias;
-    if (p.presence_penalty != 0 || p.frequency_penalty != 0) {
-      std::vector<int32_t> seen(generated.begin(), generated.end());
-      std::sort(seen.begin(), seen.end());
-      for (size_t i = 0; i < seen.size();) {
-        size_t j = i;
-        while (j < seen.size() && seen[j] == seen[i]) ++j;
-        if (seen[i] >= 0 && static_cast<size_t>(seen[i]) < adjusted.size())
-          adjusted[static_cast<size_t>(seen[i])] -= p.frequency_penalty * static_cast<float>(j - i) + p.presence_penalty;
-        i = j;
-      }
-    }
-    logits = adjusted;
-  }
   SHOAL_ASSERT(p.temperature >= 0 && p.top_p > 0 && p.top_p <= 1 && p.top_k >= 0);
-  if (p.temperature == 0.0f) return argmax(logits);
-  std::vector<candidate> c = gather_candidates(logits, p.top_k);
-  to_weights(c, p.temperature);
-  if (p.top_p < 1.0f) apply_top_p(c, p.top_p);
-  return draw(c, uniform_at(seq_seed, step));
+  if (p.temperature == 0.0f) {
+    std::vector<float> scratch;
+    return argmax(adjusted_logits(logits, p, generated, scratch));
+  }
+  return draw_from(distribution_of(logits, p, generated), uniform_at(seq_seed, step));
 }
 
 const char* to_string(finish_reason r) {

@@ -65,6 +65,24 @@ double uniform_at(uint64_t seq_seed, int64_t step);
 int32_t sample_token(std::span<const float> logits, const sampling_params& p, uint64_t seq_seed,
                      int64_t step, std::span<const int32_t> generated = {});
 
+// The distribution sample_token draws from at temperature > 0, after the logit adjustments,
+// top-k, temperature and top-p: token ids with unnormalised weights, in draw order (see
+// sample_token). Speculative sampling compares a target's and a draft's.
+struct token_distribution {
+  std::vector<int32_t> ids;
+  std::vector<float> weights;
+  double total = 0;  // Σ weights, summed in order
+  double prob(int32_t id) const;  // normalised; 0 outside the support
+};
+token_distribution distribution_of(std::span<const float> logits, const sampling_params& p,
+                                   std::span<const int32_t> generated = {});
+// Inverse CDF over the distribution's order at u in [0, 1) (sample_token's draw).
+int32_t draw_from(const token_distribution& d, double u);
+// The logits after sampling_params' adjustments (bias, penalties over `generated`); `logits`
+// itself when the params adjust nothing (then `scratch` is untouched).
+std::span<const float> adjusted_logits(std::span<const float> logits, const sampling_params& p,
+                                       std::span<const int32_t> generated, std::vector<float>& scratch);
+
 // The log-softmax of `logits` at `token`, and the n likeliest tokens with theirs (most likely
 // first, ties to the lower id). NaN logits count as −inf.
 struct token_logprobs {

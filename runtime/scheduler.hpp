@@ -34,6 +34,7 @@ struct planned_item {
   int64_t n_tokens = 0;               // positions [base, base + n) of the request
   std::vector<block_id> new_blocks;   // attached at dispatch
   int64_t base = -1;                  // request's computed position, set at dispatch
+  int64_t drafts = 0;                 // speculative drafts verified after its next token (in n_tokens)
 };
 
 struct step_plan {

@@ -17,11 +17,7 @@ using namespace shoal::runtime;
 
 namespace {
 
-std::shared_ptr<const model::tokenizer> byte_tokenizer() {
-  auto tok = model::tokenizer::parse(model::byte_level_tokenizer_json({"<eos>"}), "generated");
-  REQUIRE(tok);
-  return std::make_shared<const model::tokenizer>(std::move(*tok));
-}
+using test::byte_tokenizer;
 
 completion run(engine& e, const std::vector<int32_t>& prompt, const sampling_params& p) {
   auto id = e.add_request(prompt, p);

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "model/generate.hpp"
+#include "model/tokenizer.hpp"
 #include "model/weights.hpp"
 #include "runtime/engine.hpp"
 
@@ -37,6 +38,13 @@ inline std::shared_ptr<model::model_weights> tiny_model(const std::string& prese
   if (tweak) tweak(w->config);
   model::init_random(*w, seed);
   return w;
+}
+
+// The byte-level tokenizer with one special token, <eos> (id 256 of the test vocabulary).
+inline std::shared_ptr<const model::tokenizer> byte_tokenizer() {
+  auto tok = model::tokenizer::parse(model::byte_level_tokenizer_json({"<eos>"}), "generated");
+  REQUIRE(tok);
+  return std::make_shared<const model::tokenizer>(std::move(*tok));
 }
 
 // An engine config for exact comparisons: `blocks` cache blocks, fp32 window snapshots,

@@ -17,6 +17,7 @@ void add_bench_commands(CLI::App& app) {
   add_vision_bench(*bench);
   add_grammar_bench(*bench);
   add_eplb_bench(*bench);
+  add_spec_bench(*bench);
   add_cluster_bench(*bench);
   add_model_benches(*bench);
   add_serve_bench(*bench);

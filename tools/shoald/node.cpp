@@ -374,6 +374,32 @@ int run_node(const runtime::node_config& cfg, logger& log) {
       ecfg.sched.step_time_budget_s = static_cast<double>(cfg.step_ms) / 1000.0;
       log.info("prefill chunks from cost model {} (step budget {} ms)", cfg.cost_model->string(), cfg.step_ms);
     }
+    if (cfg.speculative != "off") {  // DSpark: MTP drafts verified each decode step
+      if (weights->mtp.empty()) {
+        log.error("key 'engine.speculative': the model in {} has no MTP module (num_nextn_predict_layers = 0) to draft with",
+                  cfg.model_dir.string());
+        return exit_failure;
+      }
+      ecfg.spec.mode = *runtime::spec_mode_from(cfg.speculative);
+      ecfg.spec.nextn = cfg.spec_nextn;
+      ecfg.spec.adaptive_from = cfg.spec_adaptive_from;
+      if (cfg.spec_cost_model) {
+        std::ifstream f(*cfg.spec_cost_model);
+        std::string text((std::istreambuf_iterator<char>(f)), {});
+        auto cm = f ? runtime::cost_model::from_json(text, cfg.spec_cost_model->string())
+                    : std::unexpected("cannot read " + cfg.spec_cost_model->string());
+        if (!cm) {
+          log.error("key 'engine.spec_cost_model': {}", cm.error());
+          return exit_failure;
+        }
+        ecfg.spec.cost = *cm;
+      }
+      if (auto bad = runtime::validate(ecfg.spec, runtime::max_backtrack(weights->config, ecfg.cache))) {
+        log.error("key 'engine.speculative': {}", *bad);
+        return exit_failure;
+      }
+      log.info("speculative decoding: {} with {} MTP drafts per step", cfg.speculative, cfg.spec_nextn);
+    }
     const bool swa_tier = weights->config.is_flash() && cfg.swa_slots > 0;
     const bool vision = weights->config.vision.present;  // reads rows the VE workers encoded
     if (!weights->config.is_flash()) {  // keys that only shoal_flash models use: said, not silently dropped

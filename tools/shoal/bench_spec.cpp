@@ -1,0 +1,192 @@
+// `shoal bench spec`: DSpark speculative decoding on the real engine. Random weights give
+// meaningless acceptance, so drafts come from the model's MTP chain (their real cost) while
+// acceptance follows the synthetic model matching MISSION.md's production statistics
+// (fixed-5 accepts 3.29 per step). Per concurrency it first measures the decode step time
+// against verified tokens (t = a + b·tokens, least squares over fixed-k steps, k = 0…5),
+// hands that cost model to the adaptive policy, then runs off / fixed-5 / adaptive and
+// reports decode tokens/s, verified and accepted drafts per step. The concurrency from which
+// adaptive beats fixed is the measured threshold (engine spec_config::adaptive_from).
+#include <CLI/CLI.hpp>
+#include <fmt/core.h>
+
+#include "model/generate.hpp"
+#include "runtime/engine.hpp"
+#include "runtime/engine_setup.hpp"
+#include "tools/shoal/bench_util.hpp"
+#include "tools/shoal/commands.hpp"
+
+namespace shoal::tools {
+
+namespace {
+
+struct spec_args {
+  std::string preset = "tiny";
+  std::string model_dir;
+  std::vector<int> concurrency = {1, 4, 16, 60};
+  int prompt = 64;
+  int tokens = 40;
+  int draft_context = 0;
+  std::string out = "bench/results/spec.jsonl";
+};
+
+struct run_figures {
+  double tokens_per_s = 0, step_s = 0, verified = 0, accepted = 0, tokens_per_step = 0;
+  double forward_share = 0;  // of decode step time: the forward pass (the rest drafts, verifies, plans)
+  std::vector<std::pair<int64_t, double>> steps;  // (tokens in the step, step seconds)
+};
+
+run_figures run_mode(const std::shared_ptr<const model::model_weights>& w, runtime::spec_config spec, int concurrency,
+                     const spec_args& a) {
+  runtime::engine_config cfg = runtime::default_engine_config(w->config, 256);
+  cfg.sched.max_running = std::max(concurrency, 1);
+  cfg.cache.prefix_caching = false;
+  cfg.spec = std::move(spec);
+  runtime::engine e(w, cfg);
+  for (int i = 0; i < concurrency; ++i) {
+    runtime::sampling_params p;
+    p.max_tokens = a.tokens;
+    p.ignore_eos = true;
+    std::vector<int32_t> prompt(static_cast<size_t>(a.prompt));
+    for (size_t t = 0; t < prompt.size(); ++t)
+      prompt[t] = static_cast<int32_t>(splitmix64(static_cast<uint64_t>(i) * 100003 + t) % 250);
+    if (!e.add_request(prompt, p)) throw std::runtime_error("request refused");
+  }
+  run_figures f;
+  int64_t emitted = 0;
+  double decode_s = 0, forward_s = 0;
+  uint64_t steps = 0;
+  while (e.has_work()) {
+    const auto before = e.stats();
+    const double t0 = now_s();
+    auto events = e.step();
+    const double dt = now_s() - t0;
+    const auto after = e.stats();
+    if (after.prefill_tokens != before.prefill_tokens) continue;  // prefill steps are not decode speed
+    int64_t n = 0;
+    for (const auto& ev : events) n += ev.token >= 0;
+    emitted += n;
+    decode_s += dt;
+    forward_s += after.forward_s - before.forward_s;
+    ++steps;
+    f.steps.emplace_back(static_cast<int64_t>(after.decode_tokens - before.decode_tokens), dt);
+  }
+  const auto s = e.stats();
+  f.tokens_per_s = decode_s > 0 ? double(emitted) / decode_s : 0;
+  f.step_s = steps ? decode_s / double(steps) : 0;
+  f.forward_share = decode_s > 0 ? forward_s / decode_s : 0;
+  f.verified = s.spec.verified_per_step();
+  f.accepted = s.spec.accepted_per_step();
+  f.tokens_per_step = s.spec.decode_steps ? s.spec.tokens_per_step() : 1.0;
+  return f;
+}
+
+// Least squares t = a + b·n over the measured decode steps.
+runtime::cost_model fit_linear(const std::vector<std::pair<int64_t, double>>& pts) {
+  double n = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
+  for (auto [x, y] : pts) {
+    n += 1, sx += double(x), sy += y, sxx += double(x) * double(x), sxy += double(x) * y;
+  }
+  const double den = n * sxx - sx * sx;
+  const double b = den > 0 ? (n * sxy - sx * sy) / den : 0;
+  const double a0 = n > 0 ? (sy - b * sx) / n : 0;
+  return runtime::cost_model(std::max(a0, 0.0), std::max(b, 0.0), 0, 0);
+}
+
+int run_spec_bench(const spec_args& a) {
+  std::shared_ptr<const model::model_weights> w;
+  if (!a.model_dir.empty()) {
+    auto m = runtime::load_model_dir(a.model_dir, true);
+    if (!m) {
+      fmt::print(stderr, "shoal bench spec: {}\n", m.error().message);
+      return 2;
+    }
+    w = m->weights;
+  } else {
+    auto mw = std::make_shared<model::model_weights>();
+    auto c = model::preset_config(a.preset);
+    if (!c) {
+      fmt::print(stderr, "shoal bench spec: {}\n", c.error().message);
+      return 2;
+    }
+    mw->config = *c;
+    mw->config.vocab_size = a.preset == "small" || a.preset == "v3-small" ? 129280 : 300;
+    mw->config.eos_token_id = 1;
+    model::init_random(*mw, 0);
+    w = mw;
+  }
+  if (w->mtp.empty()) {
+    fmt::print(stderr, "shoal bench spec: the model has no MTP module to draft with\n");
+    return 2;
+  }
+  const nlohmann::json machine = machine_facts();
+  fmt::print("model {}, prompt {} tokens, {} generated per request, nextn 5, draft context {}, synthetic acceptance "
+             "(fixed-5 accepts 3.30), CPU {}\n",
+             a.model_dir.empty() ? a.preset : a.model_dir, a.prompt, a.tokens,
+             a.draft_context ? std::to_string(a.draft_context) : "default", machine.value("cpu", std::string("?")));
+  fmt::print("{:>5} {:>9} {:>11} {:>9} {:>9} {:>9} {:>10} {:>8}\n", "conc", "mode", "tok/s", "s/step", "verified", "accepted",
+             "tok/step", "forward");
+  std::optional<int> threshold;
+  for (int conc : a.concurrency) {
+    runtime::spec_config base;
+    base.nextn = 5;
+    base.draft_context = a.draft_context;
+    base.synthetic = runtime::production_acceptance();
+    // Decode step time against the step's tokens, 5 drafts made every step (their cost is in
+    // the fixed part) and k = 1, 3, 5 verified.
+    std::vector<std::pair<int64_t, double>> pts;
+    for (int64_t k = 1; k <= 5; k += 2) {
+      runtime::spec_config s = base;
+      s.mode = runtime::spec_mode::fixed;
+      s.fixed_k = k;
+      s.synthetic = runtime::synthetic_acceptance{{0.15}};  // mostly rejected: every step verifies k
+      auto f = run_mode(w, s, conc, a);
+      pts.insert(pts.end(), f.steps.begin(), f.steps.end());
+    }
+    const runtime::cost_model cost = fit_linear(pts);
+    fmt::print("{:>5} step cost model: t = {:.3g} s + {:.3g} s/token\n", conc, cost.a(), cost.b());
+    std::map<std::string, run_figures> res;
+    for (auto mode : {runtime::spec_mode::off, runtime::spec_mode::fixed, runtime::spec_mode::adaptive}) {
+      runtime::spec_config s = base;
+      s.mode = mode;
+      s.cost = cost;
+      s.adaptive_from = 0;  // measured here, not assumed
+      run_figures f = run_mode(w, s, conc, a);
+      res[to_string(mode)] = f;
+      fmt::print("{:>5} {:>9} {:>11.1f} {:>9.4f} {:>9.2f} {:>9.2f} {:>10.2f} {:>7.0f}%\n", conc, to_string(mode), f.tokens_per_s,
+                 f.step_s, f.verified, f.accepted, f.tokens_per_step, 100 * f.forward_share);
+      append_jsonl(a.out, {{"kind", "spec"}, {"model", a.model_dir.empty() ? a.preset : a.model_dir},
+                           {"concurrency", conc}, {"mode", to_string(mode)}, {"nextn", 5}, {"draft_context", a.draft_context},
+                           {"tokens_per_s", f.tokens_per_s}, {"step_s", f.step_s},
+                           {"verified_per_step", f.verified}, {"accepted_per_step", f.accepted},
+                           {"tokens_per_step", f.tokens_per_step}, {"counting", "actual"},
+                           {"tau", 1 + f.accepted}, {"forward_share", f.forward_share},
+                           {"cost_a", cost.a()}, {"cost_b", cost.b()},
+                           {"machine", machine}});
+    }
+    const double gain = res["adaptive"].tokens_per_s / std::max(res["fixed"].tokens_per_s, 1e-12);
+    fmt::print("{:>5} adaptive / fixed = {:.3f}, fixed / off = {:.3f}\n", conc, gain,
+               res["fixed"].tokens_per_s / std::max(res["off"].tokens_per_s, 1e-12));
+    if (gain > 1.0 && !threshold) threshold = conc;
+    if (gain <= 1.0) threshold.reset();
+  }
+  if (threshold) fmt::print("adaptive beats fixed from {} concurrent sequences on (spec_config::adaptive_from)\n", *threshold);
+  else fmt::print("adaptive did not beat fixed at the largest concurrency run\n");
+  return 0;
+}
+
+}  // namespace
+
+void add_spec_bench(CLI::App& bench) {
+  auto a = std::make_shared<spec_args>();
+  auto* c = bench.add_subcommand("spec", "DSpark speculative decoding: off / fixed-5 / adaptive tokens/s per concurrency");
+  c->add_option("--preset", a->preset, "random-weight preset (without --model)")->capture_default_str();
+  c->add_option("--model", a->model_dir, "a checkpoint directory instead of a preset");
+  c->add_option("--concurrency", a->concurrency, "concurrent sequences")->capture_default_str();
+  c->add_option("--prompt", a->prompt, "prompt tokens")->capture_default_str();
+  c->add_option("--tokens", a->tokens, "generated tokens per request")->capture_default_str();
+  c->add_option("--draft-context", a->draft_context, "MTP rows per draft depth (0: the model's default)")->capture_default_str();
+  c->add_option("--out", a->out, "JSONL records")->capture_default_str();
+  c->callback([a] { set_exit_code(run_spec_bench(*a)); });
+}
+
+}  // namespace shoal::tools
