@@ -636,6 +636,14 @@ void engine::add_drafts(step_plan& plan) {
     request& r = *it.req;
     const int64_t held = static_cast<int64_t>(r.blocks.size() + it.new_blocks.size());
     int64_t n = k[c];
+    const model::model_config& mc = weights_->config;
+    if (mc.is_flash() && config_.cache.prefix_caching) {
+      // A window snapshot is taken at a block boundary p while the ring still holds [p − W, p):
+      // a run may pass p by at most ring − W positions, so it stops there.
+      const int64_t slack = caches_.ring_tokens() - mc.window(), end = r.computed() + 1 + n;
+      const int64_t p = end / mc.block_size * mc.block_size;
+      if (p > r.computed() && end - p > slack) n = std::max<int64_t>(0, p + slack - r.computed() - 1);
+    }
     while (n > 0 && caches_.blocks_for(r.computed() + 1 + n) - held > caches_.pool().num_free()) --n;
     if (n == 0) continue;
     auto more = caches_.take_blocks(caches_.blocks_for(r.computed() + 1 + n) - held);

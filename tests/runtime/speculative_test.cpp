@@ -262,6 +262,39 @@ TEST_CASE("structured output under speculation: the grammar masks each verified 
   }
 }
 
+TEST_CASE("blocks and window snapshots written under speculation are exact: a later prompt that extends the output hits them") {
+  for (const char* preset : {"tiny", "v3-tiny"}) {
+    CAPTURE(preset);
+    auto w = test::tiny_model(preset);
+    auto cfg = spec_config(spec_mode::fixed, 5, true, 0.4);
+    cfg.sched.max_chunk = 16;
+    engine e(w, cfg), cold(w, test::exact_engine_config(512));
+    sampling_params p;
+    p.max_tokens = 40;
+    p.ignore_eos = true;
+    const auto prompt = test::random_tokens(37, 5);
+    std::vector<int32_t> out;
+    for (auto& ev : test::run_alone(e, prompt, p)) out.push_back(ev.token);
+    REQUIRE(out.size() == 40);
+    CHECK(e.stats().spec.verified > e.stats().spec.accepted);  // rejections rolled the caches back
+    auto second = prompt;
+    second.insert(second.end(), out.begin(), out.begin() + 35);
+    const auto extra = test::random_tokens(9, 6);
+    second.insert(second.end(), extra.begin(), extra.end());
+    p.max_tokens = 6;
+    const uint64_t hits_before = e.stats().cache.hit_tokens;
+    auto hit = test::run_alone(e, second, p);
+    auto ref = test::run_alone(cold, second, p);
+    CHECK(e.stats().cache.hit_tokens - hits_before >= 64);  // the blocks of prompt + output
+    CHECK(e.stats().cache.replays == 0);  // every boundary's window snapshot was taken
+    REQUIRE(hit.size() == ref.size());
+    for (size_t i = 0; i < hit.size(); ++i) {
+      CHECK(hit[i].token == ref[i].token);
+      CHECK(hit[i].logits == ref[i].logits);
+    }
+  }
+}
+
 TEST_CASE("rejection sampling reproduces the target distribution exactly (analytic)") {
   runtime::token_distribution p{{0, 1, 2, 3}, {0.5f, 0.25f, 0.15f, 0.10f}, 1.0};
   runtime::token_distribution q{{0, 1, 2, 3, 4}, {0.1f, 0.5f, 0.2f, 0.1f, 0.1f}, 1.0};
