@@ -26,6 +26,11 @@ int64_t visible_runs(int64_t t, int64_t window, int64_t m) {
   return start > 0 ? start / m : 0;
 }
 
+// Compressed runs a layer sees: none for a layer without a compressed cache (comp_layer < 0).
+int64_t runs_seen(const layer_io& io, int64_t t, int64_t window, int64_t m) {
+  return io.comp_layer < 0 ? 0 : visible_runs(t, window, m);
+}
+
 int64_t window_start(const sequence_cache& cache, const layer_io& io, int64_t t, int64_t W) {
   return std::max({cache.ring_floor[io.stream], t - W + 1, int64_t{0}});
 }
@@ -45,7 +50,7 @@ void collect(const model_config& c, const sequence_cache& cache, const layer_io&
     out.segments.push_back({data, count, stride});
     out.total += count;
   };
-  int64_t runs = visible_runs(t_last, W, m);
+  int64_t runs = runs_seen(io, t_last, W, m);
   for (int64_t r0 = 0; r0 < runs; r0 += per_block) {
     int64_t b = r0 / per_block;
     add(cache.blocks[b] + io.comp_layer * per_block * dim, std::min(per_block, runs - r0), dim);
@@ -76,7 +81,7 @@ void attend_tile(const model_config& c, const layer_weights& l, const sequence_c
   int64_t m = c.ratio(), W = io.window > 0 ? io.window : c.window();
   visible_set vs;
   collect(c, cache, io, s, chunk_entries, t0, t1 - 1, vs);
-  int64_t n_keys = vs.total, T = t1 - t0, n_comp = visible_runs(t1 - 1, W, m);
+  int64_t n_keys = vs.total, T = t1 - t0, n_comp = runs_seen(io, t1 - 1, W, m);
   int64_t raw_lo = window_start(cache, io, t0, W);
   buf.resize(static_cast<size_t>(n_keys * dim + T * H * dim + T * H * n_keys));
   float* keys = buf.data();             // (n_keys, dim)
@@ -94,7 +99,7 @@ void attend_tile(const model_config& c, const layer_weights& l, const sequence_c
   for (int64_t i = 0; i < T; ++i) {
     // Query t sees keys [0, comp) (compressed) and [b0, b1) (its raw window); the rest of the
     // tile's union is masked to probability 0.
-    int64_t t = t0 + i, comp = visible_runs(t, W, m), lo = window_start(cache, io, t, W);
+    int64_t t = t0 + i, comp = runs_seen(io, t, W, m), lo = window_start(cache, io, t, W);
     int64_t b0 = n_comp + lo - raw_lo, b1 = n_comp + t - raw_lo + 1;
     for (int64_t h = 0; h < H; ++h) {
       float* row = scores + (i * H + h) * n_keys;

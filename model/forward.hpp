@@ -168,6 +168,34 @@ std::vector<std::vector<mtp_draft>> mtp_chain(const model_weights& w, std::span<
                                               int64_t depth, const draft_chooser& choose,
                                               const forward_options& options);
 
+// Incremental chained drafting: each depth keeps its own ring of MTP entries, so a step
+// computes per depth only the rows that became final since the last step (their tokens are
+// all accepted now) and the few that still depend on drafts — about accepted + depth rows
+// instead of a whole window. Depth k at position i pairs the previous depth's output there
+// with token u_{i+k+1} as mtp_chain does, and attends to its own entries from the state's
+// floor on within `window` positions (shoal_flash: the model's window plus the shared decoder
+// block cache; deepseek_v3: the last `window` entries, no compressed part). With a window
+// covering every position since the floor, the drafts equal mtp_chain's from that floor.
+struct mtp_state {
+  bool valid = false;
+  int64_t ring_tokens = 0, window = 0;
+  std::vector<std::vector<float>> rings;  // per depth: (ring_tokens, entry_dim + 1)
+  std::vector<int64_t> floor;             // per depth: no entry below this position is read
+  std::vector<int64_t> frontier;          // per depth: its entries below this are final
+  std::vector<std::vector<float>> out;    // per depth: output rows of final positions [out_from, frontier)
+  std::vector<int64_t> out_from;
+};
+struct mtp_step_item {
+  std::span<const int32_t> tokens;  // t_0 … t_n, t_n the newest (cache.computed = n)
+  const float* hidden = nullptr;    // main-model rows of positions hidden_from … n − 1
+  int64_t hidden_from = 0;
+  const sequence_cache* cache = nullptr;
+  mtp_state* state = nullptr;       // reset (floor = hidden_from) when invalid or out of reach
+};
+std::vector<std::vector<mtp_draft>> mtp_chain_step(const model_weights& w, std::span<const mtp_step_item> items,
+                                                   int64_t depth, int64_t window, const draft_chooser& choose,
+                                                   const forward_options& options);
+
 // Convenience for tests and tools: the whole sequence in one pass over a private cache;
 // returns the last position's logits (and MTP output when the model has MTP).
 struct full_result {

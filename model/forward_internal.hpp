@@ -16,7 +16,7 @@ struct row_span {
 
 struct layer_io {
   int64_t stream;          // ring this layer's raw entries go to
-  int64_t comp_layer;      // cache layer whose compressed entries it attends to
+  int64_t comp_layer;      // cache layer whose compressed entries it attends to (−1: none)
   bool writes_comp;        // encoder layers write their own compressed runs
   const int32_t* positions;  // (rows)
   int64_t window = 0;        // 0 = the model's window; MTP of deepseek_v3 sees all its rows

@@ -39,7 +39,7 @@ engine::engine(std::shared_ptr<const model::model_weights> weights, const engine
     SHOAL_ASSERT(!weights_->mtp.empty() && !config_.ep && config_.role != engine_role::prefill);
     config_.async_scheduling = false;  // see engine_config::spec
     const model::model_config& c = weights_->config;
-    draft_context_ = config_.spec.draft_context > 0 ? config_.spec.draft_context : (c.is_flash() ? c.window() : 16);
+    draft_context_ = config_.spec.draft_context > 0 ? config_.spec.draft_context : (c.is_flash() ? c.window() : 64);
   }
   if (config_.ep) {
     config_.async_scheduling = false;  // see engine_config::ep
@@ -496,7 +496,7 @@ int64_t engine::verify(request& r, std::span<const float> rows, int64_t n_rows, 
 // The next drafts of each request: the MTP chain over its last hidden rows, one batch.
 void engine::draft(std::vector<request*>& rs) {
   const int64_t d = weights_->config.hidden_size;
-  std::vector<model::mtp_chain_item> items;
+  std::vector<model::mtp_step_item> items;
   std::vector<request*> ready;
   for (request* r : rs) {
     auto& sp = r->spec;
@@ -506,7 +506,7 @@ void engine::draft(std::vector<request*>& rs) {
     sp.drafted_at = -1;
     const int64_t rows = static_cast<int64_t>(sp.hidden.size()) / d;
     if (rows == 0 || sp.hidden_from + rows != r->computed() || r->computed() != r->num_tokens() - 1) continue;
-    items.push_back({r->tokens, sp.hidden.data(), sp.hidden_from, &r->cache});
+    items.push_back({r->tokens, sp.hidden.data(), sp.hidden_from, &r->cache, &sp.mtp});
     ready.push_back(r);
   }
   if (items.empty()) return;
@@ -518,7 +518,8 @@ void engine::draft(std::vector<request*>& rs) {
   if (config_.spec.self_draft) {
     self_draft(ready, fo, advanced);
   } else {
-    model::mtp_chain(*weights_, items, config_.spec.nextn,
+    const int64_t window = weights_->config.is_flash() ? weights_->config.window() : draft_context_;
+    model::mtp_chain_step(*weights_, items, config_.spec.nextn, window,
                    [&](size_t i, int64_t k, std::span<const float> logits, float confidence) {
                      request& r = *ready[i];
                      const int64_t step = r.output_len() + k;  // the output index this draft would take

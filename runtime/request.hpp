@@ -65,6 +65,7 @@ struct request {
     std::vector<float> hidden;
     int64_t hidden_from = 0;
     int64_t ring_written = 0;
+    model::mtp_state mtp;  // the MTP depths' own rings (incremental drafting)
   } spec;
 
   int64_t num_tokens() const { return static_cast<int64_t>(tokens.size()); }

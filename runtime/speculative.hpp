@@ -41,8 +41,8 @@ struct spec_config {
   int64_t nextn = 5;           // drafts per step: chained MTP depths (the last module reused
                                // past the checkpoint's modules), 1 … 8
   int64_t fixed_k = 0;         // fixed mode: verify the first min(fixed_k, nextn) drafts (0 = all)
-  int64_t draft_context = 0;   // main-model rows each MTP depth attends over (0: the model's
-                               // sliding window for shoal_flash, 16 for deepseek_v3)
+  int64_t draft_context = 0;   // deepseek_v3: the MTP entries each depth attends over (0: 64);
+                               // shoal_flash's MTP layers use the model's sliding window
   // adaptive: below this many decoding requests in the step every draft is verified (the
   // selection costs more than it saves there; measured with `shoal bench spec`).
   int64_t adaptive_from = 16;

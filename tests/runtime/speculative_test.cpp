@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <random>
 
 #include "runtime/engine.hpp"
 #include "runtime/speculative.hpp"
@@ -293,6 +294,62 @@ TEST_CASE("blocks and window snapshots written under speculation are exact: a la
       CHECK(hit[i].logits == ref[i].logits);
     }
   }
+}
+
+TEST_CASE("incremental MTP drafting equals the chain recomputed over the whole sequence (deepseek_v3)") {
+  auto w = test::tiny_model("v3-tiny");
+  const model::model_config& c = w->config;
+  std::vector<int32_t> tokens = test::random_tokens(9, 3);
+  model::sequence_cache cache;
+  cache.init(c, std::max<int64_t>(model::min_ring_tokens(c), 1));
+  std::vector<std::vector<float>> storage;
+  std::vector<float> hidden;  // main-model rows of positions 0 … computed − 1
+  const model::forward_options fo{true, false, nullptr};
+  model::mtp_state state;
+  std::mt19937 rng(4);
+  auto argmax = [](std::span<const float> l) { return static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin()); };
+  int64_t last_n = 0;
+  for (int step = 0; step < 10; ++step) {
+    CAPTURE(step);
+    const int64_t n = static_cast<int64_t>(tokens.size()) - 1;  // the newest token stays out of the caches
+    last_n = n;
+    while (static_cast<int64_t>(cache.blocks.size()) * c.block_size < n) {
+      storage.emplace_back(model::block_floats(c));
+      cache.blocks.push_back(storage.back().data());
+    }
+    model::forward_item it{&cache, std::span<const int32_t>(tokens).subspan(static_cast<size_t>(cache.computed),
+                                                                             static_cast<size_t>(n - cache.computed)),
+                           0, 0, false, true, {}};
+    auto res = model::forward(*w, std::span<model::forward_item>(&it, 1), fo);
+    hidden.insert(hidden.end(), res.hidden[0].begin(), res.hidden[0].end());
+    std::vector<std::vector<float>> whole, step_logits;
+    model::mtp_chain_item a{tokens, hidden.data(), 0, &cache};
+    auto da = model::mtp_chain(*w, std::span<const model::mtp_chain_item>(&a, 1), 4,
+                               [&](size_t, int64_t, std::span<const float> l, float) {
+                                 whole.emplace_back(l.begin(), l.end());
+                                 return argmax(l);
+                               }, fo);
+    model::mtp_step_item b{tokens, hidden.data(), 0, &cache, &state};
+    auto db = model::mtp_chain_step(*w, std::span<const model::mtp_step_item>(&b, 1), 4, 1000,
+                                    [&](size_t, int64_t, std::span<const float> l, float) {
+                                      step_logits.emplace_back(l.begin(), l.end());
+                                      return argmax(l);
+                                    }, fo);
+    REQUIRE(da[0].size() == 4);
+    REQUIRE(db[0].size() == 4);
+    for (size_t k = 0; k < 4; ++k) {
+      CAPTURE(k);
+      CHECK(db[0][k].token == da[0][k].token);
+      CHECK(test::rel_diff(step_logits[k], whole[k]) < 1e-5);
+    }
+    // Accept 0–3 drafts and a correction, as verification would.
+    const size_t accepted = rng() % 4;
+    for (size_t j = 0; j < accepted; ++j) tokens.push_back(da[0][j].token);
+    tokens.push_back(static_cast<int32_t>(rng() % 256));
+  }
+  // Depth k's entries are final below n − k, the last n the chain saw.
+  CHECK(state.frontier[0] == last_n);
+  CHECK(state.frontier[3] == last_n - 3);
 }
 
 TEST_CASE("rejection sampling reproduces the target distribution exactly (analytic)") {
