@@ -312,14 +312,7 @@ std::vector<std::vector<mtp_draft>> mtp_chain(const model_weights& w, std::span<
                        heads.data() + i * d, 1, d, eps);
     apply(mtp_head(w, m), heads.data(), logits.data(), static_cast<int64_t>(items.size()), o.batch_invariant);
     for (size_t i = 0; i < items.size(); ++i) {
-      float confidence = NAN;
-      if (c.conf_head_hidden > 0) {
-        std::vector<float> h1(static_cast<size_t>(c.conf_head_hidden)), act(h1.size()), ones(h1.size(), 1.0f);
-        kernels::matmul(heads.data() + i * d, w.conf_fc1.w.data(), h1.data(), 1, c.conf_head_hidden, d, true);
-        kernels::silu_mul(h1.data(), ones.data(), act.data(), c.conf_head_hidden);
-        float z = kernels::dot(w.conf_fc2.w.data(), act.data(), c.conf_head_hidden);
-        confidence = 1.0f / (1.0f + std::exp(-z));
-      }
+      const float confidence = detail::draft_confidence(w, heads.data() + i * d);
       int32_t t = choose(i, k, std::span<const float>(logits.data() + i * V, static_cast<size_t>(V)), confidence);
       SHOAL_ASSERT(t >= 0 && t < V);
       out[i].push_back({t, confidence});

@@ -45,6 +45,9 @@ void ffn(const model_weights& w, const layer_weights& l, const float* x, int64_t
 // out (rows, d) = SwiGLU_e(xn (rows, d)).
 void swiglu(const expert_weights& e, const float* xn, int64_t rows, int64_t d, bool invariant,
             float* out);
+// The confidence head (DSpark) on an MTP depth's head-normed last row (d): the predicted
+// probability that its draft is accepted; NaN when the model has no confidence head.
+float draft_confidence(const model_weights& w, const float* head_row);
 // Projects the shoal_flash shared decoder cache from the encoder output h_E (rows, d).
 void decoder_cache(const model_weights& w, std::span<forward_item> items,
                    const std::vector<row_span>& spans, const float* h_e, int64_t rows,

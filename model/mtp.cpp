@@ -120,13 +120,7 @@ std::vector<std::vector<mtp_draft>> mtp_chain_step(const model_weights& w, std::
     }
     apply(mtp_head(w, m), heads.data(), logits.data(), static_cast<int64_t>(n_items), o.batch_invariant);
     for (size_t i = 0; i < n_items; ++i) {
-      float confidence = NAN;
-      if (c.conf_head_hidden > 0) {
-        std::vector<float> h1(static_cast<size_t>(c.conf_head_hidden)), act(h1.size()), ones(h1.size(), 1.0f);
-        kernels::matmul(heads.data() + i * d, w.conf_fc1.w.data(), h1.data(), 1, c.conf_head_hidden, d, true);
-        kernels::silu_mul(h1.data(), ones.data(), act.data(), c.conf_head_hidden);
-        confidence = 1.0f / (1.0f + std::exp(-kernels::dot(w.conf_fc2.w.data(), act.data(), c.conf_head_hidden)));
-      }
+      const float confidence = detail::draft_confidence(w, heads.data() + i * d);
       const int32_t t = choose(i, k, std::span<const float>(logits.data() + i * V, static_cast<size_t>(V)), confidence);
       SHOAL_ASSERT(t >= 0 && t < V);
       out[i].push_back({t, confidence});
@@ -156,5 +150,18 @@ std::vector<std::vector<mtp_draft>> mtp_chain_step(const model_weights& w, std::
   }
   return out;
 }
+
+namespace detail {
+
+float draft_confidence(const model_weights& w, const float* head_row) {
+  const model_config& c = w.config;
+  if (c.conf_head_hidden <= 0) return NAN;
+  std::vector<float> h1(static_cast<size_t>(c.conf_head_hidden)), act(h1.size()), ones(h1.size(), 1.0f);
+  kernels::matmul(head_row, w.conf_fc1.w.data(), h1.data(), 1, c.conf_head_hidden, c.hidden_size, true);
+  kernels::silu_mul(h1.data(), ones.data(), act.data(), c.conf_head_hidden);
+  return 1.0f / (1.0f + std::exp(-kernels::dot(w.conf_fc2.w.data(), act.data(), c.conf_head_hidden)));
+}
+
+}  // namespace detail
 
 }  // namespace shoal::model

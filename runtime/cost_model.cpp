@@ -385,16 +385,20 @@ std::string cost_model_path(const std::string& dir, const std::string& preset,
   return (std::filesystem::path(dir) / name).string();
 }
 
-std::expected<cost_model, std::string> load_cost_model(const std::string& dir,
-                                                       const std::string& preset,
-                                                       const std::string& machine) {
-  const std::string path = cost_model_path(dir, preset, machine);
+std::expected<cost_model, std::string> read_cost_model_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return std::unexpected(path + ": cannot open: " + errno_text());
   std::ostringstream text;
   text << in.rdbuf();
   if (in.bad()) return std::unexpected(path + ": read failed");
-  auto model = cost_model::from_json(text.str(), path);
+  return cost_model::from_json(text.str(), path);
+}
+
+std::expected<cost_model, std::string> load_cost_model(const std::string& dir,
+                                                       const std::string& preset,
+                                                       const std::string& machine) {
+  const std::string path = cost_model_path(dir, preset, machine);
+  auto model = read_cost_model_file(path);
   if (!model) return model;
   if (model->preset() != preset)
     return std::unexpected(path + ": field \"preset\" is \"" + model->preset() + "\", expected \"" +

@@ -105,6 +105,9 @@ std::string machine_id();
 std::string cost_model_path(const std::string& dir, const std::string& preset,
                             const std::string& machine);
 
+// Reads a model file (to_json's format); errors start with the path.
+std::expected<cost_model, std::string> read_cost_model_file(const std::string& path);
+
 // Reads the model for (preset, machine); the file's own "preset" and "machine" fields must
 // equal the requested ones (sanitizing can map two names onto one file).
 std::expected<cost_model, std::string> load_cost_model(const std::string& dir,

@@ -156,13 +156,7 @@ std::expected<profile, std::string> parse_profile(std::string_view text, const s
 }
 
 std::expected<void, std::string> apply_fitted(profile& p, const std::string& prefill_file, const std::string& decode_file) {
-  auto load = [](const std::string& path) -> std::expected<runtime::cost_model, std::string> {
-    std::ifstream f(path, std::ios::binary);
-    if (!f) return std::unexpected(path + ": cannot read");
-    std::stringstream ss;
-    ss << f.rdbuf();
-    return runtime::cost_model::from_json(ss.str(), path);
-  };
+  auto load = [](const std::string& path) { return runtime::read_cost_model_file(path); };
   for (auto [pool, file] : {std::pair{&p.prefill, &prefill_file}, std::pair{&p.decode, decode_file.empty() ? &prefill_file : &decode_file}}) {
     if (!pool->fitted || file->empty()) continue;
     auto m = load(*file);

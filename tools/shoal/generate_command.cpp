@@ -34,11 +34,9 @@ int run_generate(const generate_args& a) {
   runtime::engine_config cfg = runtime::default_engine_config(m->weights->config, a.cache_mib);
   cfg.batch_invariant = a.invariant;
   if (!a.cost_model.empty()) {
-    std::ifstream f(a.cost_model);
-    std::string text((std::istreambuf_iterator<char>(f)), {});
-    auto cm = runtime::cost_model::from_json(text, a.cost_model);
-    if (!f || !cm) {
-      fmt::print(stderr, "shoal generate: {}\n", cm ? "cannot read " + a.cost_model : cm.error());
+    auto cm = runtime::read_cost_model_file(a.cost_model);
+    if (!cm) {
+      fmt::print(stderr, "shoal generate: {}\n", cm.error());
       return 2;
     }
     cfg.sched.cost = *cm;

@@ -359,10 +359,7 @@ int run_node(const runtime::node_config& cfg, logger& log) {
     runtime::engine_config ecfg = engine_config_for(weights->config, static_cast<double>(cfg.cache_mib));
     me.engine_role = runtime::to_string(cfg.disagg_role);
     if (cfg.cost_model) {  // prefill chunks sized so a step takes about engine.step_ms
-      std::ifstream f(*cfg.cost_model);
-      std::string text((std::istreambuf_iterator<char>(f)), {});
-      auto cm = f ? runtime::cost_model::from_json(text, cfg.cost_model->string())
-                  : std::unexpected("cannot read " + cfg.cost_model->string());
+      auto cm = runtime::read_cost_model_file(cfg.cost_model->string());
       if (!cm) {
         log.error("key 'engine.cost_model': {}", cm.error());
         return exit_failure;
@@ -384,10 +381,7 @@ int run_node(const runtime::node_config& cfg, logger& log) {
       ecfg.spec.nextn = cfg.spec_nextn;
       ecfg.spec.adaptive_from = cfg.spec_adaptive_from;
       if (cfg.spec_cost_model) {
-        std::ifstream f(*cfg.spec_cost_model);
-        std::string text((std::istreambuf_iterator<char>(f)), {});
-        auto cm = f ? runtime::cost_model::from_json(text, cfg.spec_cost_model->string())
-                    : std::unexpected("cannot read " + cfg.spec_cost_model->string());
+        auto cm = runtime::read_cost_model_file(cfg.spec_cost_model->string());
         if (!cm) {
           log.error("key 'engine.spec_cost_model': {}", cm.error());
           return exit_failure;
@@ -545,10 +539,7 @@ int run_node(const runtime::node_config& cfg, logger& log) {
     bo.prefill.block_size = mcfg->block_size;
     bo.decode_policy = cfg.decode_policy;
     if (cfg.balancer_cost_model) {
-      std::ifstream f(*cfg.balancer_cost_model);
-      std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-      auto cm = f ? runtime::cost_model::from_json(text, cfg.balancer_cost_model->string())
-                  : std::unexpected("cannot read " + cfg.balancer_cost_model->string());
+      auto cm = runtime::read_cost_model_file(cfg.balancer_cost_model->string());
       if (!cm) {
         log.error("key 'gateway.balancer_cost_model': {}", cm.error());
         return exit_failure;
