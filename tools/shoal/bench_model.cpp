@@ -98,13 +98,24 @@ double time_decode(const model::model_weights& w, int64_t batch, int64_t p, int 
   return median(t);
 }
 
-int run_fit_cost(const std::string& preset, const std::string& dir, int reps, bool decode, int threads, bool blas) {
+// The weights to time: the checkpoint in `model_dir` as shoald loads it (its linears in the
+// precision the file stores, so the fit times the kernels a node serving it runs), else the
+// preset's shape with random fp32 weights.
+std::shared_ptr<model::model_weights> fit_weights(const std::string& preset, const std::string& model_dir) {
+  if (model_dir.empty()) return preset_weights(preset);
+  auto w = model::load_weights(model_dir, model::print_load_progress);
+  if (!w) throw std::runtime_error(w.error().message);
+  return std::make_shared<model::model_weights>(std::move(*w));
+}
+
+int run_fit_cost(const std::string& preset, const std::string& model_dir, const std::string& dir, int reps, bool decode,
+                 int threads, bool blas) {
   if (threads > 0) kernels::set_num_threads(threads);  // the fit's machine id says how many
   // shoald always runs the batch-invariant kernels (tools/shoald/engine_options.hpp): fit
   // those unless asked for the BLAS ones of the offline engine, a different cost model.
   model::forward_options fo;
   fo.batch_invariant = !blas;
-  auto w = preset_weights(preset);
+  auto w = fit_weights(preset, model_dir);
   std::vector<runtime::cost_sample> samples;
   if (decode) {  // samples (n = batch, p = context): t = a + b·B + c·B·p + d·B², ΣKV = B·p
     std::vector<int64_t> bs = {1, 4, 16}, ps = {64, 512, 1024};
@@ -207,12 +218,19 @@ int run_replay(const std::string& preset, int prompts, const std::string& out) {
 void add_model_benches(CLI::App& bench) {
   auto* fit = bench.add_subcommand("fit-cost", "fit the prefill chunk cost model for this machine");
   auto preset = std::make_shared<std::string>("small");
+  auto model_dir = std::make_shared<std::string>();
   auto dir = std::make_shared<std::string>("bench/cost-models");
   auto reps = std::make_shared<int>(3);
   auto decode = std::make_shared<bool>(false);
   auto threads = std::make_shared<int>(0);
   auto blas = std::make_shared<bool>(false);
-  fit->add_option("--preset", *preset, "tiny | small | v3-tiny");
+  fit->add_option("--preset", *preset,
+                  "tiny | small | v3-tiny: the shape (random fp32 weights) and the name of the fit; with --model, the "
+                  "name only");
+  fit->add_option("--model", *model_dir,
+                  "time this checkpoint as shoald loads it (bf16 / FP8 linears stay so) instead of the preset's random "
+                  "fp32 weights")
+      ->check(CLI::ExistingDirectory);
   fit->add_flag("--decode", *decode,
                 "fit decode steps instead (n = batch, p = context: cost-<preset>-decode-<machine>.json), the "
                 "simulator's decode profile");
@@ -225,7 +243,7 @@ void add_model_benches(CLI::App& bench) {
                 "instead of the batch-invariant ones every shoald engine runs");
   fit->callback([=] {
     try {
-      set_exit_code(run_fit_cost(*preset, *dir, *reps, *decode, *threads, *blas));
+      set_exit_code(run_fit_cost(*preset, *model_dir, *dir, *reps, *decode, *threads, *blas));
     } catch (const std::exception& e) {
       fmt::print(stderr, "shoal bench fit-cost: {}\n", e.what());
       set_exit_code(1);
