@@ -7,7 +7,8 @@ pkgs=(build-essential cmake ninja-build ccache pkg-config git
       libtomlplusplus-dev nlohmann-json3-dev libre2-dev libreadline-dev libfmt-dev libspdlog-dev
       libcli11-dev libxxhash-dev libbenchmark-dev libopenblas-dev libboost-dev libboost-system-dev
       libssl-dev libpng-dev libjpeg62-turbo-dev libpcre2-dev curl python3 python3-numpy python3-jsonschema
-      prometheus)  # promtool checks the metrics endpoints' exposition format in the tests
+      prometheus  # promtool checks the metrics endpoints' exposition format in the tests
+      clang-16 libclang-rt-16-dev)  # the fuzzers' build (libFuzzer, ASan, UBSan): scripts/fuzz.sh
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

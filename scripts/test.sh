@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
-# The whole test suite: set-up, build (RelWithDebInfo, all targets), then every ctest except
-# benchmarks. Extra arguments go to ctest (e.g. -R tokenizer, -L cluster).
+# The whole test suite: set-up; the sanitizer build (clang, ASan + UBSan) with its unit, actor
+# and sim suites and a short run of every fuzzer (scripts/sanitize.sh); then the build
+# (RelWithDebInfo, all targets) and every ctest except benchmarks. Extra arguments go to the
+# last ctest (e.g. -R tokenizer, -L cluster); SHOAL_TEST_SANITIZE=0 skips the sanitizer part.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # ccache hits across clones in different folders (CI clones afresh each run)
 export CCACHE_BASEDIR="$PWD"
 ./scripts/setup.sh
+if [ "${SHOAL_TEST_SANITIZE:-1}" != 0 ]; then
+  ./scripts/sanitize.sh
+fi
 build=${SHOAL_TEST_BUILD_DIR:-build-test}
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo ${SHOAL_CMAKE_ARGS:-} > "$build.configure.log" 2>&1 \
   || { cat "$build.configure.log"; exit 1; }

@@ -121,7 +121,7 @@ TEST_CASE("gateway completions match a plain engine, streamed or not") {
   }
   CHECK(chunks.back()["choices"][0]["finish_reason"] == "length");
   CHECK(text == want);
-  CHECK(text == j["choices"][0]["text"]);
+  CHECK(text == j["choices"][0]["text"].get<std::string>());
 
   // Token ids as the prompt: the same tokens (the text prompt's ids, BOS included).
   json ib = completion_body(prompt, n);
