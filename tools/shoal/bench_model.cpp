@@ -225,8 +225,8 @@ void add_model_benches(CLI::App& bench) {
   auto threads = std::make_shared<int>(0);
   auto blas = std::make_shared<bool>(false);
   fit->add_option("--preset", *preset,
-                  "tiny | small | v3-tiny: the shape (random fp32 weights) and the name of the fit; with --model, the "
-                  "name only");
+                  "tiny | small | v3-tiny: the shape (random fp32 weights), the sample sizes and the name of the fit; "
+                  "with --model, the sample sizes and the name only");
   fit->add_option("--model", *model_dir,
                   "time this checkpoint as shoald loads it (bf16 / FP8 linears stay so) instead of the preset's random "
                   "fp32 weights")
