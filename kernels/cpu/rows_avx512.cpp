@@ -5,8 +5,10 @@
 #include <immintrin.h>
 
 // GCC 12 warns inside its own AVX-512 headers (the _mm512_undefined_* seeds of the
-// conversion intrinsics) at -O2; nothing here is uninitialised.
+// conversion intrinsics) at -O2; nothing here is uninitialised. (clang has no such warning.)
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 
 #include "kernels/cpu/variants.hpp"
 

@@ -35,7 +35,7 @@ json image_chat(const std::string& url, int32_t max_tokens) {
 
 }  // namespace
 
-TEST_CASE("gateway image chat equals a plain engine with the image; a repeated image is a prefix hit, another is not") {
+TEST_CASE("gateway image chat equals a plain engine with the image, a repeated image is a prefix hit, another is not") {
   cluster c(1);
   uint16_t port = c.start_gateway();
   const int32_t n = 12;

@@ -231,7 +231,7 @@ TEST_CASE("gateway stop string truncates the text with finish reason stop") {
   CHECK(st.blocks_free == st.blocks_total);
 }
 
-TEST_CASE("gateway logit_bias and penalties reach the engine; a bias outside the vocabulary is a 400") {
+TEST_CASE("gateway logit_bias and penalties reach the engine, a bias outside the vocabulary is a 400") {
   cluster c(1);
   actors::gateway_config g = cluster::default_gateway();
   g.vocab_size = tiny_checkpoint().model.weights->config.vocab_size;

@@ -197,7 +197,7 @@ TEST_CASE("SWA tier actors: a holder that takes the request and never answers fa
   caf::anon_send_exit(dir, caf::exit_reason::user_shutdown);
 }
 
-TEST_CASE("SWA tier: an engine whose slot holder never answers keeps serving its other requests; the waiting one replays") {
+TEST_CASE("SWA tier: an engine whose slot holder never answers keeps serving its other requests, the waiting one replays") {
   swa_config cfg;
   caf::actor_system sys{cfg};
   auto silent = silent_store(sys);

@@ -41,7 +41,7 @@ TEST_CASE("vision: one row of hidden_size per patch, deterministic, invariant ke
   }
 }
 
-TEST_CASE("vision: image rows change the logits; chunked prefill splitting the image equals whole") {
+TEST_CASE("vision: image rows change the logits, chunked prefill splitting the image equals whole") {
   auto w = test::tiny_model("tiny", 1, test::with_vision);
   const int64_t width = 56, height = 28, n = model::image_tokens(w->config.vision, width, height);
   REQUIRE(n == 8);

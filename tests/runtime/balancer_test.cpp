@@ -118,7 +118,7 @@ TEST_CASE("prefill balancer: earliest predicted finish with prefix locality, tie
   CHECK(b.cached_tokens(req(7, 64, prefix), 1) == 63);
 }
 
-TEST_CASE("prefill balancer: an engine's death returns its requests in placement order; it gets nothing more") {
+TEST_CASE("prefill balancer: an engine's death returns its requests in placement order, it gets nothing more") {
   prefill_balancer_config c;
   c.policy = prefill_policy::round_robin;
   prefill_balancer b(c);
@@ -274,7 +274,7 @@ TEST_CASE("prefill balancer: equal finishes go to the engine whose EP group is q
   CHECK(b.place(req(4, 100), 0) == 1);  // the only one left finishing at 0.1 s
 }
 
-TEST_CASE("decode placements: least KV; the decode balancer weighed by a decode step cost model") {
+TEST_CASE("decode placements: least KV, the decode balancer weighed by a decode step cost model") {
   std::vector<decode_candidate> es = {{0, 1, 9000, 100, false}, {1, 8, 1000, 100, false}};
   decode_ask ask{200, 0, 2};
   CHECK(least_kv_placement().choose(ask, es, {}) == 1);  // fewest KV tokens, though busiest

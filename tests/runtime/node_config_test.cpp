@@ -95,7 +95,7 @@ TEST_CASE("node_config: config/local-3node/ is 1 gateway node and 2 engine nodes
   }
 }
 
-TEST_CASE("node_config: config/local-disagg/ is a gateway, 2 prefill and 2 decode engine nodes over tcp;ofi_rxm") {
+TEST_CASE("node_config: config/local-disagg/ is a gateway, 2 prefill and 2 decode engine nodes over tcp/ofi_rxm") {
   const node_config gw = load_sample("config/local-disagg/gateway.toml");
   CHECK(gw.roles == (std::vector<role>{role::gateway, role::directory}));
   CHECK(gw.listen == host_port{"127.0.0.1", 7200});

@@ -192,7 +192,7 @@ TEST_CASE("openai_api: fields at their neutral values, informational ones and nu
   CHECK(a.frequency_penalty == 1.5f);
 }
 
-TEST_CASE("openai_api: response_format, regex and ebnf become the request's constraint; errors say where") {
+TEST_CASE("openai_api: response_format, regex and ebnf become the request's constraint, errors say where") {
   const std::string c = R"("model": "small", "messages": [{"role": "user", "content": "hi"}])";
   auto js = parse_ok("{" + c + R"(, "response_format": {"type": "json_schema", "json_schema": {"name": "person",
       "strict": true, "schema": {"type": "object", "properties": {"z": {"type": "string"}, "a": {"type": "integer"}},
@@ -318,7 +318,7 @@ TEST_CASE("openai_api: completion requests parse with defaults and every field")
   CHECK(parse_ok(R"({"model": "small", "prompt": "x", "stop": ["a", "b", "c", "d"]})", false).stop.size() == 4);
 }
 
-TEST_CASE("openai_api: tools and tool_choice become a tool-call constraint; calls in messages and responses") {
+TEST_CASE("openai_api: tools and tool_choice become a tool-call constraint, calls in messages and responses") {
   const std::string c = R"("model": "small", "messages": [{"role": "user", "content": "hi"}])";
   const std::string tools = R"("tools": [{"type": "function", "function": {"name": "get_weather", "description": "Forecast",
       "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}, "strict": true}},

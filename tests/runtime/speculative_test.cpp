@@ -232,7 +232,7 @@ TEST_CASE("seeded speculative sampling is batch-invariant (fixed verify length, 
   }
 }
 
-TEST_CASE("structured output under speculation: the grammar masks each verified position; greedy output unchanged") {
+TEST_CASE("structured output under speculation: the grammar masks each verified position, greedy output unchanged") {
   auto w = test::tiny_model("tiny");
   auto tok = test::byte_tokenizer();
   const std::string schema = R"({"type":"object","properties":{"a":{"type":"integer"},"b":{"enum":["x","yz"]}},

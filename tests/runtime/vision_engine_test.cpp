@@ -64,7 +64,7 @@ TEST_CASE("vision engine: first-token logits equal the whole-prompt forward with
   CHECK(events[0].logits != plain.logits);  // the image mattered
 }
 
-TEST_CASE("vision engine: a repeated image hits the prefix cache, after other text the embedding cache; another image neither") {
+TEST_CASE("vision engine: a repeated image hits the prefix cache, after other text the embedding cache, another image neither") {
   auto w = test::tiny_model("tiny", 1, test::with_vision);
   auto cfg = test::exact_engine_config(64);
   cfg.sched.max_chunk = 16;  // chunk boundaries leave window snapshots: the hit is exact

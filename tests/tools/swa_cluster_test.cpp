@@ -104,7 +104,7 @@ std::vector<int32_t> concat(std::vector<int32_t> a, const std::vector<int32_t>& 
 
 }  // namespace
 
-TEST_CASE("SWA tier cluster: a slot from another node's store restores the window exactly; holder killed; directory restarted") {
+TEST_CASE("SWA tier cluster: a slot from another node's store restores the window exactly, holder killed, directory restarted") {
   swa_cluster c;
   std::string out;
   REQUIRE_MESSAGE(c.shoal({"up", "--config", c.config_dir.string(), "--state-dir", c.state_dir.string(), "--timeout",
@@ -167,7 +167,8 @@ TEST_CASE("SWA tier cluster: a slot from another node's store restores the windo
   CHECK(c.swa_stat("engine-b", "fetches") == 1);
 
   // 4. The directory dies and comes back; engine-a comes back empty. engine-b's full report
-  // rebuilds the directory, and engine-a (first by name again) fetches engine-b's slot.
+  // rebuilds the directory, and engine-a fetches engine-b's slot (engine-b drains, its store
+  // still serving: the prefill balancer would otherwise send p2 where its prefix is cached).
   REQUIRE(kill(pids.at("directory"), SIGKILL) == 0);
   std::this_thread::sleep_for(3s);
   std::vector<std::unique_ptr<test::child_process>> restarted;  // killed when the test ends
@@ -184,6 +185,8 @@ TEST_CASE("SWA tier cluster: a slot from another node's store restores the windo
               s.find("engine-a/swa_store") != std::string::npos;
   }
   REQUIRE_MESSAGE(rebuilt, c.shell("swa"));
+  c.shell("drain engine-b");
+  std::this_thread::sleep_for(1s);
   got = c.complete(p2, n);
   CHECK(got.first == ref_p2_again.first);
   CHECK(got.second == ref_p2_again.second);

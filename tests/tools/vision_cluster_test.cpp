@@ -127,7 +127,7 @@ struct vision_cluster : test::cli_cluster {
 
 }  // namespace
 
-TEST_CASE("vision cluster: an image chat through a VE worker equals the colocated engine; a killed worker's jobs are re-placed") {
+TEST_CASE("vision cluster: an image chat through a VE worker equals the colocated engine, a killed worker's jobs are re-placed") {
   vision_cluster c(31);
   c.start();
   const int32_t n = 10;

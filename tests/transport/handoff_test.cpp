@@ -98,7 +98,7 @@ void check_equal(const handoff_run& got, const std::vector<runtime::token_event>
 
 }  // namespace
 
-TEST_CASE("handoff: the decode engine continues exactly where a colocated engine would (shm, tcp;ofi_rxm)") {
+TEST_CASE("handoff: the decode engine continues exactly where a colocated engine would (shm, tcp/ofi_rxm)") {
   for (const std::string provider : {"shm", "tcp;ofi_rxm"})
     for (const std::string preset : {"v3-tiny", "tiny"}) {
       CAPTURE(provider);
