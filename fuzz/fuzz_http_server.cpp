@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "actors/http_server.hpp"
 #include "runtime/openai_api.hpp"
@@ -76,6 +77,20 @@ int connect_to(uint16_t port) {
 }
 
 }  // namespace
+
+// libFuzzer's leak check after each input (-detect_leaks) scans while the server's detached
+// connection threads are mid-read and once reported a Beast read buffer, live on such a
+// thread, as leaked (not reproducible from that input alone). The per-input check is off here;
+// LeakSanitizer still checks the whole process when the run ends.
+extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
+  static std::vector<char*> args;
+  args.assign(*argv, *argv + *argc);
+  static char off[] = "-detect_leaks=0";
+  args.insert(args.begin() + 1, off);  // a -detect_leaks given on the command line comes later and wins
+  *argc = static_cast<int>(args.size());
+  *argv = args.data();
+  return 0;
+}
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const int fd = connect_to(server_port());

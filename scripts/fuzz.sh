@@ -10,6 +10,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/sanitize.sh --build
 build=${SHOAL_SAN_BUILD_DIR:-build-san}
+symbolizer=$(command -v llvm-symbolizer-16 || command -v llvm-symbolizer || true)
+[ -n "$symbolizer" ] && export ASAN_SYMBOLIZER_PATH="$symbolizer"
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1:suppressions=$PWD/tests/sanitizers/ubsan.supp}
 case "${1:-}" in
   --seeds)
     "$build/fuzz/make_seeds" fuzz/corpus
