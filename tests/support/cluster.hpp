@@ -220,10 +220,11 @@ struct stream_outcome {
 };
 
 // One streaming greedy completion per prompt (`n` tokens), all at once over `post`, and a
-// SIGKILL of `victim` once every stream has `chunks` SSE events, or as soon as the first
-// stream ends (so the kill lands while streams are in flight also where prompts arrive
-// slowly and decoding is quick), or after 60 s; with chunks 0: `kill_after` from the first
-// request. Returns when every stream ended.
+// SIGKILL of `victim` once every stream has `chunks` SSE events, or as soon as one stream is
+// halfway through its `n` tokens (so the kill lands while streams are in flight also where
+// prompts arrive slowly and decoding is quick: an engine's batch finishes its requests in the
+// same step, so waiting for the first stream to end could find them all ended), or after 60 s;
+// with chunks 0: `kill_after` from the first request. Returns when every stream ended.
 template <class Post>
 stream_outcome streams_with_kill(const Post& post, const std::vector<std::string>& prompts, int32_t n, int chunks,
                                  pid_t victim, std::chrono::milliseconds kill_after = std::chrono::milliseconds(0)) {
@@ -233,7 +234,7 @@ stream_outcome streams_with_kill(const Post& post, const std::vector<std::string
   out.texts.resize(streams);
   out.errors.resize(streams);
   out.done.assign(streams, 0);
-  std::atomic<size_t> started{0}, ended{0};
+  std::atomic<size_t> started{0}, halfway{0};
   std::vector<std::thread> clients;
   const auto t0 = std::chrono::steady_clock::now();
   for (size_t i = 0; i < streams; ++i)
@@ -244,7 +245,7 @@ stream_outcome streams_with_kill(const Post& post, const std::vector<std::string
       o.on_body = [&](std::string_view piece) {
         for (size_t at = piece.find("data:"); at != std::string_view::npos; at = piece.find("data:", at + 1))
           if (++seen == chunks) ++started;
-        if (piece.find("[DONE]") != std::string_view::npos) ++ended;
+          else if (seen == chunks + n / 2) ++halfway;
       };
       auto r = post("/v1/completions", completion_body(prompts[i], n, true), o);
       if (!r) {
@@ -256,7 +257,7 @@ stream_outcome streams_with_kill(const Post& post, const std::vector<std::string
       out.done[i] = d;
     });
   const auto deadline = chunks > 0 ? std::chrono::steady_clock::now() + 60s : t0 + kill_after;
-  while ((chunks <= 0 || (started < streams && ended == 0)) && std::chrono::steady_clock::now() < deadline)
+  while ((chunks <= 0 || (started < streams && halfway == 0)) && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(1ms);
   out.kill_at_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const int killed = kill(victim, SIGKILL);
