@@ -357,6 +357,14 @@ result string_method(const std::string& s, const std::string& name, const std::v
 class evaluator {
  public:
   explicit evaluator(value_map globals) { scopes_.push_back(std::move(globals)); }
+  // A template may store a namespace in an attribute of itself or of another namespace
+  // (`{% set ns.x = ns %}`): a shared_ptr cycle. Every namespace this render made is emptied
+  // when it ends, so none outlives it (none can escape: a render returns text).
+  ~evaluator() {
+    for (const auto& ns : namespaces_) ns->attrs.clear();
+  }
+  evaluator(const evaluator&) = delete;
+  evaluator& operator=(const evaluator&) = delete;
 
   std::expected<void, std::string> exec(const std::vector<stmt>& body, std::string& out) {
     for (const stmt& s : body) {
@@ -464,6 +472,7 @@ class evaluator {
       if (n_positional != 0) return fail("namespace() takes keyword arguments only", e.offset);
       auto ns = std::make_shared<namespace_object>();
       for (size_t i = 0; i < args.size(); ++i) ns->attrs.emplace_back(e.kwarg_names[i], std::move(args[i]));
+      namespaces_.push_back(ns);
       return value{std::move(ns)};
     }
     if (callee.kind == expr_kind::name && callee.text == "raise_exception") {
@@ -543,6 +552,7 @@ class evaluator {
   }
 
   std::vector<value_map> scopes_;
+  std::vector<std::shared_ptr<namespace_object>> namespaces_;  // made by this render (see ~evaluator)
 };
 
 }  // namespace
