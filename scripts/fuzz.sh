@@ -10,8 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/sanitize.sh --build
 build=${SHOAL_SAN_BUILD_DIR:-build-san}
-symbolizer=$(command -v llvm-symbolizer-16 || command -v llvm-symbolizer || true)
-[ -n "$symbolizer" ] && export ASAN_SYMBOLIZER_PATH="$symbolizer"
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1:suppressions=$PWD/tests/sanitizers/ubsan.supp}
 case "${1:-}" in
   --seeds)
@@ -22,20 +21,8 @@ case "${1:-}" in
     for t in "$build"/fuzz/fuzz_*; do
       name=$(basename "$t")
       [ -n "${3:-}" ] && [ "$name" != "fuzz_$3" ] && continue
-      work="$build/fuzz/long/${name#fuzz_}"
-      mkdir -p "$work/corpus"
       echo "== $name: $runs executions"
-      set +e
-      ASAN_OPTIONS=detect_leaks=1 "$t" -runs="$runs" -timeout=10 -rss_limit_mb=2048 -max_len=65536 \
-        -print_final_stats=1 -artifact_prefix="$work/" "$work/corpus" "fuzz/corpus/${name#fuzz_}" > "$work/log" 2>&1
-      rc=$?
-      set -e
-      grep -E '^(stat::number_of_executed_units|stat::new_units_added|stat::peak_rss_mb|Done )' "$work/log" || true
-      if [ $rc -ne 0 ]; then
-        tail -n 40 "$work/log"
-        echo "$name failed (exit $rc): inputs in $work"
-        exit 1
-      fi
+      bash fuzz/run_fuzzer.sh "$t" "fuzz/corpus/${name#fuzz_}" "$build/fuzz/long/${name#fuzz_}" -runs="$runs"
     done
     ;;
   *)
