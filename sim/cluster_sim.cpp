@@ -59,7 +59,13 @@ class sim_clock final : public runtime::clock {
   double t_ = 0;
 };
 
-enum class ev { arrive, step_end, fetch_done, handoff_done };
+enum class ev {
+  arrive, step_end, fetch_done, handoff_done,
+  // faults (sim/faults.hpp): a node fault begins / ends (a = its index in the schedule); a hang
+  // outlasts the heartbeat timeout; a hung group may step again; a handoff read is given up;
+  // a parked request's wait for any prefill engine runs out
+  fault_start, fault_end, declare_down, wake, handoff_timeout, park_deadline
+};
 
 struct event {
   double t;
@@ -88,6 +94,15 @@ class sim_storage final : public runtime::remote_blocks {
     while (n < keys.size()) {
       auto it = index_.find(keys[n]);
       if (it == index_.end() || it->second.ready_s > now) break;
+      if (it->second.damaged) {
+        if (!skip_checksum) {  // the checksum fails: a miss from here on, and the chunk is dropped
+          ++damaged_caught;
+          lru_.erase(it->second.pos);
+          index_.erase(it);
+          break;
+        }
+        ++wrong_blocks;  // planted bug: served as if intact
+      }
       lru_.splice(lru_.begin(), lru_, it->second.pos);
       ++n;
     }
@@ -103,34 +118,64 @@ class sim_storage final : public runtime::remote_blocks {
   }
   bool store_async(const runtime::block_key& key, std::span<const float>, runtime::traffic_class) override {
     if (m_.capacity_blocks <= 0) return true;
+    if (faults && (clock_.now_s() < full_until || faults->fire(runtime::fault_point::disk_full))) {
+      ++dropped_writes;  // no space: the write is dropped, the block stays computed where it is
+      return false;
+    }
     auto it = index_.find(key);
     if (it != index_.end()) {
       lru_.splice(lru_.begin(), lru_, it->second.pos);
       return true;
     }
     lru_.push_front(key);
-    index_.emplace(key, entry{lru_.begin(), clock_.now_s() + m_.write_delay_s});
+    index_.emplace(key, entry{lru_.begin(), clock_.now_s() + m_.write_delay_s,
+                              faults && faults->fire(runtime::fault_point::storage_corrupt)});
     while (static_cast<int64_t>(index_.size()) > m_.capacity_blocks) {
       index_.erase(lru_.back());
       lru_.pop_back();
     }
     return true;
   }
-  // Completes fetch `id`; returns the group of the rank that started it.
-  size_t complete(int64_t id) {
+  // Completes fetch `id`; returns the group of the rank that started it (none: the fetch
+  // was failed when its node went down).
+  std::optional<size_t> complete(int64_t id) {
     auto it = pending_.find(id);
+    if (it == pending_.end()) return std::nullopt;
     it->second.fetch->complete(it->second.blocks, it->second.blocks);
     const size_t g = it->second.group;
     pending_.erase(it);
     return g;
   }
+  // The node of group g crashed: its reads end now, as failures (its cache manager goes).
+  void fail_group(size_t g) {
+    for (auto it = pending_.begin(); it != pending_.end();)
+      if (it->second.group == g) {
+        it->second.fetch->complete(it->second.blocks, 0, "reader crashed");
+        it = pending_.erase(it);
+      } else {
+        ++it;
+      }
+  }
+  // Damages about `n` stored chunks after their checksums were taken (a corrupt fault).
+  void damage(int64_t n) {
+    if (index_.empty() || !faults) return;
+    const double p = std::min(1.0, static_cast<double>(n) / static_cast<double>(index_.size()));
+    for (const auto& key : lru_)
+      if (faults->uniform(runtime::fault_point::storage_corrupt) < p) index_.at(key).damaged = true;
+  }
   uint64_t lookups = 0, hit_blocks = 0;
   size_t current_group = 0;  // the group whose ranks plan now (set by the event loop)
+  // Faults: the run's injector (null: none), a full disk until, the planted bug, counts.
+  runtime::fault_injector* faults = nullptr;
+  double full_until = -1;
+  bool skip_checksum = false;
+  int64_t wrong_blocks = 0, damaged_caught = 0, dropped_writes = 0;
 
  private:
   struct entry {
     std::list<runtime::block_key>::iterator pos;
     double ready_s;
+    bool damaged = false;  // bytes changed after the checksum was taken
   };
   struct pending {
     std::shared_ptr<runtime::remote_fetch> fetch;
@@ -171,13 +216,20 @@ struct group_state {
   double step_start = 0, work_left = 0, since = 0;
   bool counted = false;
   uint64_t epoch = 0;  // bumped whenever the step's end is rescheduled
+  // Faults: down (crashed, partitioned or declared dead; a count, as faults may overlap),
+  // hung until, step-time multiplier, when the step in flight ends.
+  int down = 0;
+  double hung_until = 0, slow = 1, step_end_s = 0;
 };
 
 struct live {
   std::unique_ptr<runtime::request> req;
-  int32_t rank = -1;            // where it runs now
+  int32_t rank = -1;            // where it runs now (global rank index; −1: parked, no engine up)
   std::unique_ptr<runtime::request> moving;  // handoff: the decode rank's copy
-  int32_t to_rank = -1;
+  int32_t to_rank = -1;         // decode pool index
+  bool want_handoff = true;     // hand off after its next token on a prefill rank
+  uint64_t handoff_epoch = 0;   // a handoff's completion or timeout of an older epoch is stale
+  uint64_t park_epoch = 0;
 };
 
 struct pool_acc {
@@ -226,9 +278,17 @@ class cluster {
     bcfg.block_size = prof_.model.block_size;
     balancer_ = std::make_unique<runtime::prefill_balancer>(bcfg);
     const double block_bytes = prof_.kv_bytes_per_token * static_cast<double>(prof_.model.block_size);
-    if (prof_.storage.capacity_blocks > 0)
+    if (c.faults.enabled) {
+      runtime::fault_plan plan = c.faults.messages;
+      plan.seed = c.seed;
+      inject_ = std::make_unique<runtime::fault_injector>(plan);
+    }
+    if (prof_.storage.capacity_blocks > 0) {
       storage_ = std::make_shared<sim_storage>(prof_.storage, block_bytes, clock_, c.seed,
                                                [this](double t, int64_t id) { push(t, ev::fetch_done, id); });
+      storage_->faults = inject_.get();
+      storage_->skip_checksum = c.faults.planted == planted_bug::skip_checksum;
+    }
     build_pool(true, c.prefill_ranks, c.prefill_ep);
     build_pool(false, c.decode_ranks, c.decode_ep);
     for (const rank_state& r : ranks_)
@@ -245,6 +305,13 @@ class cluster {
       records_[i].input = work_[i].input_len;
       push(work_[i].arrival_s, ev::arrive, static_cast<int64_t>(i));
     }
+    if (c_.faults.enabled) {
+      const double span = work_.empty() ? 0 : last_arrival_ - work_.front().arrival_s;
+      fo_.schedule = make_fault_schedule(c_.seed, c_.faults.node_faults, span, static_cast<int32_t>(groups_.size()));
+      for (size_t i = 0; i < fo_.schedule.size(); ++i)
+        push((work_.empty() ? 0 : work_.front().arrival_s) + fo_.schedule[i].start_s, ev::fault_start,
+             static_cast<int64_t>(i));
+    }
     while (!events_.empty()) {
       event e = events_.top();
       events_.pop();
@@ -255,11 +322,19 @@ class cluster {
           if (e.epoch == groups_[static_cast<size_t>(e.a)].epoch) end_step(static_cast<size_t>(e.a));
           break;
         case ev::fetch_done: {
-          const size_t g = storage_->complete(e.a);  // the waiting request's group steps again
-          if (!groups_[g].stepping) start_step(g);
+          auto g = storage_->complete(e.a);  // the waiting request's group steps again
+          if (g && !groups_[*g].stepping) start_step(*g);
           break;
         }
-        case ev::handoff_done: handoff_done(e.a); break;
+        case ev::handoff_done: handoff_done(e.a, e.epoch); break;
+        case ev::fault_start: fault_start(static_cast<size_t>(e.a)); break;
+        case ev::fault_end: fault_end(static_cast<size_t>(e.a)); break;
+        case ev::declare_down: take_down(static_cast<size_t>(fo_.schedule[static_cast<size_t>(e.a)].group), false); break;
+        case ev::wake:
+          if (!groups_[static_cast<size_t>(e.a)].stepping) start_step(static_cast<size_t>(e.a));
+          break;
+        case ev::handoff_timeout: handoff_timeout(e.a, e.epoch); break;
+        case ev::park_deadline: park_deadline(e.a, e.epoch); break;
       }
     }
     sim_result out;
@@ -288,6 +363,7 @@ class cluster {
       if (r.tier >= 0) ++out.prefill_per_tier[static_cast<size_t>(r.tier)];
     for (const auto& [bucket, acc] : timeline_)
       out.decode_timeline.emplace_back(static_cast<double>(bucket) * c_.timeline_s, acc.first / acc.second);
+    if (c_.faults.enabled) out.faults = check_faults();
     out.state_hash = hash(out);
     out.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count();
     return out;
@@ -331,7 +407,6 @@ class cluster {
   }
 
   void build_pool(bool prefill, int64_t n, int64_t ep) {
-    const pool_profile& pp = prefill ? prof_.prefill : prof_.decode;
     for (int64_t g = 0; g < n / ep; ++g) {
       group_state gs;
       gs.prefill = prefill;
@@ -341,25 +416,34 @@ class cluster {
         r.prefill = prefill;
         r.group = static_cast<int32_t>(groups_.size());
         r.index = static_cast<int32_t>(g * ep + k);
-        runtime::cache_config cc;
-        cc.num_blocks = pp.kv_blocks;
-        cc.payload = false;
-        cc.swa_slots = pp.max_running + 8;
-        cc.swa_snapshots = 128;
-        cc.time = std::shared_ptr<const runtime::clock>(&clock_, [](const runtime::clock*) {});
-        if (prefill && storage_) cc.remote = storage_, cc.remote_timeout_s = prof_.storage.timeout_s;
-        r.caches = std::make_unique<runtime::cache_manager>(prof_.model, cc);
-        runtime::scheduler_config sc;
-        sc.token_budget = pp.token_budget;
-        sc.max_running = pp.max_running;
-        sc.step_time_budget_s = pp.step_time_budget_s;
-        sc.cost = pp.step;
-        r.sched = std::make_unique<runtime::scheduler>(sc, *r.caches);
+        fresh_engine(r);
         gs.ranks.push_back(static_cast<int32_t>(ranks_.size()));
         ranks_.push_back(std::move(r));
       }
       groups_.push_back(std::move(gs));
     }
+  }
+
+  // A rank's cache manager and scheduler as a (re)started engine has them: empty.
+  void fresh_engine(rank_state& r) {
+    const pool_profile& pp = r.prefill ? prof_.prefill : prof_.decode;
+    r.sched.reset();
+    runtime::cache_config cc;
+    cc.num_blocks = pp.kv_blocks;
+    cc.payload = false;
+    cc.swa_slots = pp.max_running + 8;
+    cc.swa_snapshots = 128;
+    cc.time = std::shared_ptr<const runtime::clock>(&clock_, [](const runtime::clock*) {});
+    if (r.prefill && storage_) cc.remote = storage_, cc.remote_timeout_s = prof_.storage.timeout_s;
+    r.caches = std::make_unique<runtime::cache_manager>(prof_.model, cc);
+    runtime::scheduler_config sc;
+    sc.token_budget = pp.token_budget;
+    sc.max_running = pp.max_running;
+    sc.step_time_budget_s = pp.step_time_budget_s;
+    sc.cost = pp.step;
+    r.sched = std::make_unique<runtime::scheduler>(sc, *r.caches);
+    r.plan = {};
+    r.load = 0;
   }
 
   rank_state& prefill_rank(int64_t index) { return ranks_[static_cast<size_t>(index)]; }
@@ -372,16 +456,33 @@ class cluster {
     r->tokens = prompt_tokens(w, prof_.model.vocab_size);
     r->prompt_len = w.input_len;
     r->params.max_tokens = static_cast<int32_t>(w.output_len);
-    runtime::prefill_request pr{r->id, w.input_len, runtime::chain_keys(r->tokens, static_cast<int>(prof_.model.block_size))};
-    auto e = balancer_->place(pr, clock_.now_s());
     records_[i].tier = balancer_->tier_of(w.input_len);
-    if (!e) return;  // no prefill rank: cannot happen with ranks > 0
-    rank_state& rk = prefill_rank(*e);
-    records_[i].prefill_rank = static_cast<int32_t>(*e);
-    rk.sched->add(r.get());
     live& l = live_[w.id];
-    l.rank = static_cast<int32_t>(*e);
     l.req = std::move(r);
+    route(w.id);
+  }
+
+  // The relay places request `id` (its tokens so far) on a prefill engine, or parks it until
+  // one is up again.
+  void route(int64_t id) {
+    live& l = live_.at(id);
+    runtime::request& r = *l.req;
+    runtime::prefill_request pr{r.id, r.num_tokens(), runtime::chain_keys(r.tokens, static_cast<int>(prof_.model.block_size))};
+    auto e = balancer_->place(pr, clock_.now_s());
+    request_record& rec = records_[static_cast<size_t>(id)];
+    if (!e) {  // every prefill engine is down
+      l.rank = -1;
+      parked_.push_back(id);
+      push(clock_.now_s() + c_.faults.request_timeout_s, ev::park_deadline, id, ++l.park_epoch);
+      return;
+    }
+    rank_state& rk = prefill_rank(*e);
+    if (groups_[static_cast<size_t>(rk.group)].down) ++fo_.placed_on_dead;
+    ++rec.attempts;
+    rec.prefill_rank = static_cast<int32_t>(*e);
+    l.rank = static_cast<int32_t>(*e);
+    l.want_handoff = true;
+    rk.sched->add(l.req.get());
     if (!groups_[static_cast<size_t>(rk.group)].stepping) start_step(static_cast<size_t>(rk.group));
   }
 
@@ -389,6 +490,11 @@ class cluster {
     group_state& gs = groups_[g];
     const pool_profile& pp = gs.prefill ? prof_.prefill : prof_.decode;
     const double now = clock_.now_s();
+    if (gs.down) return;
+    if (now < gs.hung_until) {  // hung: it steps again when the hang ends
+      push(gs.hung_until, ev::wake, static_cast<int64_t>(g));
+      return;
+    }
     const bool shared = shared_cores(gs) > 0;
     if (shared) advance_shared(gs, now);
     bool any = false;
@@ -417,6 +523,7 @@ class cluster {
     }
     double dt = longest;
     if (prof_.step_noise > 0) dt *= std::max(0.5, 1.0 + prof_.step_noise * normal_(gs.rng));
+    dt *= gs.slow;
     gs.stepping = true;
     gs.step_start = now;
     gs.counted = now >= c_.warmup_s && now < last_arrival_;
@@ -437,6 +544,7 @@ class cluster {
       gs.work_left = dt, gs.since = now;
       reschedule_shared(gs, now);
     } else {
+      gs.step_end_s = now + dt;
       push(now + dt, ev::step_end, static_cast<int64_t>(g), ++gs.epoch);
     }
   }
@@ -459,20 +567,15 @@ class cluster {
         request_record& rec = records_[static_cast<size_t>(r->id.value)];
         if (sampled) {
           r->tokens.push_back(output_token(r->id.value, r->output_len(), prof_.model.vocab_size));
-          if (r->output_len() == 1) {
+          if (r->output_len() == 1 && rec.first_token_s < 0) {
             rec.first_token_s = now;
             rec.cached_tokens = r->cached_tokens;
           }
         }
         rk.caches->commit(*r);
         if (r->output_len() >= r->params.max_tokens) {
-          rec.finish_s = now;
-          rec.output = r->output_len();
-          rec.preemptions += r->preemptions;
-          rk.sched->finish(r);
-          if (rk.prefill && !r->handed_off) balancer_->done(r->id, now);
-          live_.erase(r->id.value);
-        } else if (rk.prefill && sampled && r->output_len() == 1 && !r->handed_off) {
+          finished(rk, *r, now);
+        } else if (rk.prefill && sampled && live_.at(r->id.value).want_handoff) {
           hand_off(rk, *r);
         }
       }
@@ -481,8 +584,26 @@ class cluster {
     start_step(g);
   }
 
+  void finished(rank_state& rk, runtime::request& r, double now) {
+    request_record& rec = records_[static_cast<size_t>(r.id.value)];
+    if (rec.finish_s >= 0) ++fo_.duplicates;  // finished once already
+    rec.finish_s = now;
+    rec.output = r.output_len();
+    rec.preemptions += r.preemptions;
+    // The output is the one token sequence expected: none lost or repeated across re-routes.
+    for (int64_t j = 0; j < r.output_len(); ++j)
+      if (r.tokens[static_cast<size_t>(r.prompt_len + j)] != output_token(r.id.value, j, prof_.model.vocab_size)) {
+        ++fo_.wrong_outputs;
+        break;
+      }
+    rk.sched->finish(&r);
+    if (rk.prefill) balancer_->done(r.id, now);
+    live_.erase(r.id.value);
+  }
+
   void hand_off(rank_state& from, runtime::request& r) {
     r.handed_off = true;
+    live_.at(r.id.value).want_handoff = false;
     balancer_->done(r.id, clock_.now_s());
     const int64_t context = r.num_tokens();
     runtime::decode_ask ask{context, r.params.max_tokens - r.output_len(), from.caches->blocks_for(context) + 1};
@@ -491,11 +612,17 @@ class cluster {
       rank_state& d = decode_rank(i);
       int64_t kv = d.pending_kv;
       for (const runtime::request* q : d.sched->running_requests()) kv += q->computed();
+      if (groups_[static_cast<size_t>(d.group)].down && c_.faults.planted != planted_bug::place_on_dead) continue;
       cands.push_back({i, static_cast<int64_t>(d.sched->running() + d.sched->waiting()) + d.pending, kv,
                        d.caches->pool().num_free(), false});
     }
     auto chosen = decode_policy_->choose(ask, cands, {});
     live& l = live_.at(r.id.value);
+    if (chosen && groups_[static_cast<size_t>(decode_rank(*chosen).group)].down) {
+      ++fo_.placed_on_dead;  // (planted bug only) nobody answers there: it decodes here
+      ++kept_;
+      return;
+    }
     if (chosen) {
       rank_state& d = decode_rank(*chosen);
       auto copy = std::make_unique<runtime::request>();
@@ -514,8 +641,23 @@ class cluster {
         l.to_rank = static_cast<int32_t>(*chosen);
         records_[static_cast<size_t>(r.id.value)].decode_rank = l.to_rank;
         const double bytes = static_cast<double>(r.computed()) * prof_.kv_bytes_per_token;
-        push(clock_.now_s() + prof_.handoff_latency_s + bytes * 8 / (prof_.handoff_gbps * 1e9), ev::handoff_done,
-             r.id.value);
+        double t = prof_.handoff_latency_s + bytes * 8 / (prof_.handoff_gbps * 1e9);
+        const uint64_t epoch = ++l.handoff_epoch;
+        bool failed = false;
+        if (inject_) {
+          failed = inject_->fire(runtime::fault_point::kv_handoff);
+          if (!failed && inject_->fire(runtime::fault_point::kv_handoff_delay))
+            t += 3 * c_.faults.handoff_timeout_s * inject_->uniform(runtime::fault_point::kv_handoff_delay);
+          failed = failed || t > c_.faults.handoff_timeout_s;  // too late: given up at the deadline
+        }
+        const double now = clock_.now_s();
+        if (failed) {
+          push(now + c_.faults.handoff_timeout_s, ev::handoff_timeout, r.id.value, epoch);
+        } else {
+          push(now + t, ev::handoff_done, r.id.value, epoch);
+          if (inject_ && inject_->fire(runtime::fault_point::message_dup))  // delivered twice
+            push(now + t + 0.5 * inject_->uniform(runtime::fault_point::message_dup), ev::handoff_done, r.id.value, epoch);
+        }
         ++handoffs_;
         return;
       }
@@ -523,8 +665,14 @@ class cluster {
     ++kept_;  // no decode rank has room: it decodes here
   }
 
-  void handoff_done(int64_t id) {
-    live& l = live_.at(id);
+  void handoff_done(int64_t id, uint64_t epoch) {
+    auto it = live_.find(id);
+    if (it == live_.end() || it->second.handoff_epoch != epoch) return;  // stale: the request moved on
+    live& l = it->second;
+    if (!l.moving) {  // this handoff completed already: a duplicate delivery, ignored
+      ++fo_.handoff_duplicates;
+      return;
+    }
     rank_state& from = prefill_rank(l.rank);
     from.sched->finish(l.req.get());
     rank_state& d = decode_rank(l.to_rank);
@@ -534,6 +682,237 @@ class cluster {
     l.req = std::move(l.moving);
     l.rank = static_cast<int32_t>(c_.prefill_ranks + l.to_rank);
     if (!groups_[static_cast<size_t>(d.group)].stepping) start_step(static_cast<size_t>(d.group));
+  }
+
+  // ---- faults (sim/faults.hpp) ----
+
+  void fault_start(size_t i) {
+    const fault_event& f = fo_.schedule[i];
+    const double now = clock_.now_s();
+    switch (f.kind) {
+      case fault_kind::crash:
+        take_down(static_cast<size_t>(f.group), true);
+        push(now + f.duration_s, ev::fault_end, static_cast<int64_t>(i));
+        break;
+      case fault_kind::partition:
+        take_down(static_cast<size_t>(f.group), false);
+        push(now + f.duration_s, ev::fault_end, static_cast<int64_t>(i));
+        break;
+      case fault_kind::hang: {
+        group_state& gs = groups_[static_cast<size_t>(f.group)];
+        gs.hung_until = std::max(gs.hung_until, now + f.duration_s);
+        if (gs.stepping) {  // the step in flight ends that much later
+          gs.step_end_s += f.duration_s;
+          push(gs.step_end_s, ev::step_end, f.group, ++gs.epoch);
+        }
+        if (f.duration_s > c_.faults.detect_s) {  // heartbeats stop: declared down, back when it wakes
+          push(now + c_.faults.detect_s, ev::declare_down, static_cast<int64_t>(i));
+          push(now + f.duration_s, ev::fault_end, static_cast<int64_t>(i));
+        }
+        break;
+      }
+      case fault_kind::slow:
+        groups_[static_cast<size_t>(f.group)].slow *= f.factor;
+        push(now + f.duration_s, ev::fault_end, static_cast<int64_t>(i));
+        break;
+      case fault_kind::disk_full:
+        if (storage_) storage_->full_until = std::max(storage_->full_until, now + f.duration_s);
+        break;
+      case fault_kind::corrupt:
+        if (storage_) storage_->damage(static_cast<int64_t>(f.factor));
+        break;
+    }
+  }
+
+  void fault_end(size_t i) {
+    const fault_event& f = fo_.schedule[i];
+    switch (f.kind) {
+      case fault_kind::crash: bring_up(static_cast<size_t>(f.group), true); break;
+      case fault_kind::partition:
+      case fault_kind::hang: bring_up(static_cast<size_t>(f.group), false); break;
+      case fault_kind::slow: groups_[static_cast<size_t>(f.group)].slow /= f.factor; break;
+      default: break;
+    }
+  }
+
+  // Group g goes down (crash: its engines lose everything; partition or a hang past the
+  // heartbeat timeout: cut off from the cluster, caches kept). Its step in flight is lost; the
+  // balancers stop placing there; its requests are re-routed by the relay, and handoffs that
+  // touch it end as DISAGG.md says (the decode side dead: re-route; the prefill side dead
+  // while the decode side reads: the decode side recomputes from the tokens it was given).
+  void take_down(size_t g, bool crash) {
+    group_state& gs = groups_[g];
+    if (gs.down++ > 0) {
+      if (crash) wipe(g);  // crashed while cut off: its caches go too
+      return;
+    }
+    if (gs.stepping) gs.stepping = false, ++gs.epoch;
+    for (int32_t ri : gs.ranks)
+      if (ranks_[static_cast<size_t>(ri)].prefill) balancer_->remove_engine(ranks_[static_cast<size_t>(ri)].index);
+    auto in_group = [&](int32_t global) { return global >= 0 && static_cast<size_t>(ranks_[static_cast<size_t>(global)].group) == g; };
+    std::vector<int64_t> hit;
+    for (const auto& [id, l] : live_)
+      if (in_group(l.rank) || (l.moving && in_group(static_cast<int32_t>(c_.prefill_ranks + l.to_rank)))) hit.push_back(id);
+    std::sort(hit.begin(), hit.end());  // the map's order is not the run's
+    std::vector<size_t> wake;
+    for (int64_t id : hit) {
+      live& l = live_.at(id);
+      if (c_.faults.planted == planted_bug::lose_on_crash && crash) {
+        live_.erase(id);  // planted bug: dropped, neither finished nor failed
+        continue;
+      }
+      if (l.moving) {
+        rank_state& from = ranks_[static_cast<size_t>(l.rank)];
+        rank_state& d = decode_rank(l.to_rank);
+        ++l.handoff_epoch;  // its completion or timeout in flight is stale now
+        --d.pending;
+        d.pending_kv -= l.moving->num_tokens();
+        from.sched->finish(l.req.get());  // the prefill side unpins
+        d.caches->release(*l.moving);     // the decode side's reservation goes
+        if (in_group(static_cast<int32_t>(c_.prefill_ranks + l.to_rank))) {
+          l.moving.reset();
+          reroute(id, "decode engine down during the handoff");
+        } else {
+          ++fo_.handoff_failures;
+          recompute_on_decode(id);
+          wake.push_back(static_cast<size_t>(d.group));
+        }
+      } else {
+        ranks_[static_cast<size_t>(l.rank)].sched->finish(l.req.get());
+        reroute(id, crash ? "engine crashed" : "engine unreachable");
+      }
+    }
+    for (int32_t ri : gs.ranks) ranks_[static_cast<size_t>(ri)].plan = {}, ranks_[static_cast<size_t>(ri)].load = 0;
+    if (crash) wipe(g);
+    for (size_t w : wake)
+      if (!groups_[w].stepping) start_step(w);
+  }
+
+  void wipe(size_t g) {
+    if (storage_) storage_->fail_group(g);
+    for (int32_t ri : groups_[g].ranks) fresh_engine(ranks_[static_cast<size_t>(ri)]);
+  }
+
+  // Group g is back (restarted, healed, awake): in the balancers' views again, and the
+  // requests parked for want of any prefill engine go out.
+  void bring_up(size_t g, bool) {
+    group_state& gs = groups_[g];
+    if (gs.down == 0 || --gs.down > 0) return;
+    for (int32_t ri : gs.ranks) {
+      const rank_state& r = ranks_[static_cast<size_t>(ri)];
+      if (r.prefill) balancer_->add_engine(r.index, prof_.prefill.step, r.group);
+    }
+    std::vector<int64_t> parked = std::exchange(parked_, {});
+    for (int64_t id : parked)
+      if (auto it = live_.find(id); it != live_.end() && it->second.rank < 0) route(id);
+    if (!gs.stepping) start_step(g);
+  }
+
+  // The relay sends request `id` again (its tokens so far: those streamed are not repeated),
+  // or fails it with a clear error after max_attempts placements.
+  void reroute(int64_t id, const char* why) {
+    live& l = live_.at(id);
+    ++fo_.rerouted;
+    const request_record& rec = records_[static_cast<size_t>(id)];
+    balancer_->done(request_id{id}, clock_.now_s());
+    if (rec.attempts >= c_.faults.max_attempts) {
+      fail(id, "lost its engine " + std::to_string(rec.attempts) + " times (last: " + why + ")");
+      return;
+    }
+    l.req = restarted(*l.req);
+    l.to_rank = -1;
+    route(id);
+  }
+
+  // A copy of r that computes again from its tokens (prompt and the outputs so far).
+  static std::unique_ptr<runtime::request> restarted(const runtime::request& r) {
+    auto c = std::make_unique<runtime::request>();
+    c->id = r.id;
+    c->tokens = r.tokens;
+    c->prompt_len = r.prompt_len;
+    c->params = r.params;
+    c->cached_tokens = r.cached_tokens;
+    c->handed_off = r.handed_off;
+    return c;
+  }
+
+  // The decode side of a failed handoff recomputes from the tokens it was given.
+  void recompute_on_decode(int64_t id) {
+    live& l = live_.at(id);
+    rank_state& d = decode_rank(l.to_rank);
+    l.req = restarted(*l.moving);
+    l.moving.reset();
+    l.rank = static_cast<int32_t>(c_.prefill_ranks + l.to_rank);
+    d.sched->add(l.req.get());
+  }
+
+  void handoff_timeout(int64_t id, uint64_t epoch) {
+    auto it = live_.find(id);
+    if (it == live_.end() || it->second.handoff_epoch != epoch || !it->second.moving) return;
+    live& l = it->second;
+    ++l.handoff_epoch;  // a completion arriving after the deadline is stale
+    ++fo_.handoff_failures;
+    rank_state& from = prefill_rank(l.rank);
+    rank_state& d = decode_rank(l.to_rank);
+    --d.pending;
+    d.pending_kv -= l.moving->num_tokens();
+    from.sched->finish(l.req.get());  // the prefill side's lease ends: unpinned
+    d.caches->release(*l.moving);     // the reservation goes, and it recomputes there
+    recompute_on_decode(id);
+    if (!groups_[static_cast<size_t>(d.group)].stepping) start_step(static_cast<size_t>(d.group));
+  }
+
+  void park_deadline(int64_t id, uint64_t epoch) {
+    auto it = live_.find(id);
+    if (it == live_.end() || it->second.rank >= 0 || it->second.park_epoch != epoch) return;
+    std::erase(parked_, id);
+    fail(id, "no prefill engine up for " + std::to_string(static_cast<int64_t>(c_.faults.request_timeout_s)) + " s");
+  }
+
+  void fail(int64_t id, std::string why) {
+    request_record& rec = records_[static_cast<size_t>(id)];
+    rec.error = std::move(why);
+    fo_.errors.push_back("request " + std::to_string(id) + ": " + rec.error);
+    live_.erase(id);
+  }
+
+  // The invariants, once the run is over.
+  fault_outcome check_faults() {
+    fault_outcome o = std::move(fo_);
+    if (storage_) o.wrong_blocks = storage_->wrong_blocks, o.damaged_caught = storage_->damaged_caught,
+                  o.dropped_writes = storage_->dropped_writes;
+    std::vector<int64_t> lost;
+    for (const auto& r : records_) {
+      if (r.finish_s >= 0 && r.output == work_[static_cast<size_t>(r.id)].output_len) ++o.completed;
+      else if (r.finish_s >= 0) ++o.wrong_outputs;  // finished short or long
+      else if (!r.error.empty()) ++o.errored;
+      else lost.push_back(r.id);
+    }
+    o.lost = static_cast<int64_t>(lost.size());
+    auto fail = [&](std::string v) { o.violations.push_back(std::move(v)); };
+    if (!lost.empty()) {
+      std::string ids;
+      for (size_t i = 0; i < lost.size() && i < 8; ++i) ids += (i ? ", " : "") + std::to_string(lost[i]);
+      fail(std::to_string(lost.size()) + " requests lost (neither completed nor failed): " + ids + (lost.size() > 8 ? ", ..." : ""));
+    }
+    if (o.wrong_blocks > 0) fail(std::to_string(o.wrong_blocks) + " damaged blocks served as good");
+    if (o.placed_on_dead > 0) fail(std::to_string(o.placed_on_dead) + " placements on a node that was down");
+    if (o.duplicates > 0) fail(std::to_string(o.duplicates) + " requests finished twice");
+    if (o.wrong_outputs > 0) fail(std::to_string(o.wrong_outputs) + " outputs differ from the expected tokens");
+    for (size_t g = 0; g < groups_.size(); ++g)
+      if (groups_[g].down) fail("group " + std::to_string(g) + " still down at the end");
+    for (const rank_state& r : ranks_) {
+      o.leaked_blocks += r.caches->pool().num_blocks() - r.caches->pool().num_free();
+      if (r.pending != 0 || r.pending_kv != 0) fail("a decode rank still expects handoffs at the end");
+    }
+    if (o.leaked_blocks > 0) fail(std::to_string(o.leaked_blocks) + " blocks still held at the end");
+    const auto views = balancer_->engines();
+    if (static_cast<int64_t>(views.size()) != c_.prefill_ranks)
+      fail("the prefill balancer sees " + std::to_string(views.size()) + " of " + std::to_string(c_.prefill_ranks) + " engines");
+    for (const auto& v : views)
+      if (v.in_flight != 0) fail("the prefill balancer counts requests in flight on engine " + std::to_string(v.engine));
+    if (!live_.empty()) fail(std::to_string(live_.size()) + " requests still live when the events ran out");
+    return o;
   }
 
   uint64_t hash(const sim_result& out) const {
@@ -547,6 +926,17 @@ class cluster {
     }
     const double sums[4] = {out.prefill.busy_s, out.decode.busy_s, out.prefill.tokens, out.decode.tokens};
     XXH3_64bits_update(s, sums, sizeof sums);
+    if (c_.faults.enabled) {
+      const fault_outcome& f = out.faults;
+      const int64_t n[13] = {f.completed, f.errored, f.lost, f.wrong_blocks, f.placed_on_dead, f.duplicates,
+                             f.wrong_outputs, f.leaked_blocks, f.rerouted, f.handoff_failures, f.handoff_duplicates,
+                             f.dropped_writes, f.damaged_caught};
+      XXH3_64bits_update(s, n, sizeof n);
+      for (const auto& r : out.requests) {
+        XXH3_64bits_update(s, &r.attempts, sizeof r.attempts);
+        XXH3_64bits_update(s, r.error.data(), r.error.size());
+      }
+    }
     const uint64_t h = XXH3_64bits_digest(s);
     XXH3_freeState(s);
     return h;
@@ -573,6 +963,9 @@ class cluster {
   std::normal_distribution<double> normal_;
   uint64_t handoffs_ = 0, kept_ = 0;
   double last_arrival_ = 0;
+  std::unique_ptr<runtime::fault_injector> inject_;  // faults on: the run's message faults
+  fault_outcome fo_;
+  std::vector<int64_t> parked_;                      // requests waiting for any prefill engine
 };
 
 }  // namespace
@@ -586,6 +979,13 @@ std::expected<sim_result, std::string> run_cluster(const sim_config& c, const st
   if (c.prof.prefill.fitted || c.prof.decode.fitted)
     return std::unexpected("profile '" + c.prof.name + "' takes its step model from a fitted cost model (--cost-model FILE)");
   if (!runtime::make_decode_placement(policy.decode)) return std::unexpected("unknown decode placement '" + policy.decode + "'");
+  if (c.faults.enabled && (c.prof.host_cores > 0 || c.prof.prefill.cores > 0 || c.prof.decode.cores > 0))
+    return std::unexpected("faults run on profiles whose ranks have cores of their own (profile '" + c.prof.name +
+                           "' shares cores)");
+  for (size_t i = 0; i < work.size(); ++i)
+    if (work[i].id != static_cast<int64_t>(i))
+      return std::unexpected("workload ids must be 0, 1, ... in order (request " + std::to_string(i) + " has id " +
+                             std::to_string(work[i].id) + ")");
   const int64_t bs = c.prof.model.block_size;
   for (const auto& w : work) {
     const int64_t need = (w.input_len + w.output_len + bs) / bs + 1;

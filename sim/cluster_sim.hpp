@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "runtime/prefill_balancer.hpp"
+#include "sim/faults.hpp"
 #include "sim/profile.hpp"
 #include "sim/workload.hpp"
 
@@ -57,6 +58,7 @@ struct sim_config {
   // start in [warmup_s, the last arrival) — not the ramp-up, not the drain after the last
   // request arrived, when a few long requests are all that is left to balance.
   double warmup_s = 0;
+  fault_options faults;    // off by default (sim/faults.hpp)
 };
 
 struct request_record {
@@ -65,6 +67,8 @@ struct request_record {
   int64_t input = 0, output = 0, cached_tokens = 0;
   int32_t prefill_rank = -1, decode_rank = -1, tier = -1;  // decode −1: decoded on its prefill rank
   int64_t preemptions = 0;
+  int32_t attempts = 0;    // placements on a prefill engine (1 without faults)
+  std::string error;       // the clear error it got instead of completing (faults only)
 };
 
 struct pool_summary {
@@ -89,7 +93,8 @@ struct sim_result {
   std::vector<std::pair<double, double>> decode_timeline;  // (bucket start, mean balance ratio)
   std::vector<int64_t> decode_per_rank;                    // requests placed per decode rank
   std::vector<int64_t> prefill_per_tier;                   // requests per tier
-  uint64_t state_hash = 0;            // xxh3 over every request's record and the pool sums
+  fault_outcome faults;               // with sim_config::faults.enabled: what was injected, what held
+  uint64_t state_hash = 0;            // xxh3 over every request's record, the pool sums and the fault outcome
 };
 
 // Runs `work` through a fresh cluster under `policy`. Errors: a configuration that cannot run

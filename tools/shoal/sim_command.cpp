@@ -4,10 +4,12 @@
 // run's own speed goes to stderr and the JSONL records.
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include "sim/campaign.hpp"
 #include "sim/cluster_sim.hpp"
 #include "sim/report.hpp"
 #include "tools/shoal/bench_util.hpp"
@@ -112,9 +114,79 @@ int run_sim(const sim_args& a) {
   return 0;
 }
 
+struct faults_args {
+  std::string profile = "config/sim/gpu-h800.json", planted = "none";
+  uint64_t seed = 0, from = 1;
+  int64_t runs = 1000;
+};
+
+// The fault campaign (sim/campaign.hpp): one seed, replayed and described, or `runs` seeds
+// from `from` with a line per failing seed and the totals.
+int run_sim_faults(const faults_args& a) {
+  auto bug = sim::planted_bug_named(a.planted);
+  if (!bug) {
+    fmt::print(stderr, "shoal sim-faults: {}\n", bug.error());
+    return 2;
+  }
+  const uint64_t first = a.seed ? a.seed : a.from;
+  const int64_t runs = a.seed ? 1 : a.runs;
+  sim::fault_outcome total;
+  int64_t failed = 0, faults = 0;
+  std::map<std::string, int64_t> kinds;
+  for (int64_t i = 0; i < runs; ++i) {
+    const uint64_t seed = first + static_cast<uint64_t>(i);
+    auto fc = sim::make_fault_campaign(a.profile, seed, *bug);
+    if (!fc) {
+      fmt::print(stderr, "shoal sim-faults: {}\n", fc.error());
+      return 2;
+    }
+    auto r = sim::run_cluster(fc->config, fc->work, fc->policy);
+    if (!r) {
+      fmt::print(stderr, "shoal sim-faults: {}\n", r.error());
+      return 2;
+    }
+    const sim::fault_outcome& f = r->faults;
+    if (!f.ok() || a.seed) fmt::print("{}\n", sim::describe_faults(seed, f));
+    if (a.seed) {
+      fmt::print("state_hash {:016x}\n", r->state_hash);
+      for (const auto& e : f.errors) fmt::print("  error: {}\n", e);
+    }
+    failed += f.ok() ? 0 : 1;
+    faults += static_cast<int64_t>(f.schedule.size());
+    for (const auto& e : f.schedule) ++kinds[sim::fault_kind_name(e.kind)];
+    total.completed += f.completed, total.errored += f.errored, total.lost += f.lost;
+    total.wrong_blocks += f.wrong_blocks, total.wrong_outputs += f.wrong_outputs, total.duplicates += f.duplicates;
+    total.placed_on_dead += f.placed_on_dead, total.leaked_blocks += f.leaked_blocks;
+    total.rerouted += f.rerouted, total.handoff_failures += f.handoff_failures;
+    total.handoff_duplicates += f.handoff_duplicates, total.dropped_writes += f.dropped_writes;
+    total.damaged_caught += f.damaged_caught;
+  }
+  std::string mix;
+  for (const auto& [k, n] : kinds) mix += fmt::format("{}{} {}", mix.empty() ? "" : ", ", n, k);
+  fmt::print("runs {} (seeds {}..{}), failed {}; node faults {} ({})\n", runs, first, first + static_cast<uint64_t>(runs) - 1,
+             failed, faults, mix);
+  fmt::print("requests: completed {}, errored {}, lost {}; wrong blocks served {}, wrong outputs {}, duplicates {}, "
+             "placements on down nodes {}, blocks leaked {}\n",
+             total.completed, total.errored, total.lost, total.wrong_blocks, total.wrong_outputs, total.duplicates,
+             total.placed_on_dead, total.leaked_blocks);
+  fmt::print("reactions: re-routed {}, handoff reads failed or late {}, duplicate handoff deliveries ignored {}, "
+             "writes dropped (disk full) {}, damaged chunks caught {}\n",
+             total.rerouted, total.handoff_failures, total.handoff_duplicates, total.dropped_writes, total.damaged_caught);
+  return failed == 0 ? 0 : 1;
+}
+
 }  // namespace
 
 void add_sim_command(CLI::App& app) {
+  auto fa = std::make_shared<faults_args>();
+  auto* f = app.add_subcommand("sim-faults", "the simulator's fault campaign: seeded runs with faults, invariants checked");
+  f->add_option("--seed", fa->seed, "replay this one seed and describe it");
+  f->add_option("--runs", fa->runs, "seeds to run (without --seed)")->capture_default_str();
+  f->add_option("--from", fa->from, "first seed (without --seed)")->capture_default_str();
+  f->add_option("--profile", fa->profile, "GPU step-time profile")->capture_default_str();
+  f->add_option("--planted", fa->planted, "tests only: none, place_on_dead, skip_checksum, lose_on_crash")->capture_default_str();
+  f->callback([fa] { set_exit_code(run_sim_faults(*fa)); });
+
   auto a = std::make_shared<sim_args>();
   a->trace = conversation_trace_path();
   auto* s = app.add_subcommand("sim", "deterministic cluster simulation of the balancers on a trace");

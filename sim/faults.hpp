@@ -1,0 +1,79 @@
+// Faults in the simulator. A run with faults on draws, from its seed, a schedule of node
+// faults over the workload's span (crash and restart, hang, partition and heal, a slow group,
+// a full disk on the storage tier, damaged chunks) and injects message faults at the named
+// fault points of runtime/fault_points.hpp (a KV handoff read that fails, is late or is
+// delivered twice; a write that finds the disk full; a chunk damaged after its checksum).
+// The cluster reacts as DISAGG.md's failure table says the real one does: the relay re-routes
+// a request whose engine went down (tokens already streamed are kept), the decode side
+// recomputes when a handoff read fails or times out, a damaged chunk is a miss, a full disk
+// drops the write. After the run the invariants are checked (fault_outcome::violations):
+// - no request lost: each one completed with exactly its tokens, or got a clear error;
+// - no wrong bytes served: no block read from the tier differs from what was written;
+// - no placement on a node that is down (prefill balancer and decode placement);
+// - no duplicate: a request finishes once, its output is the one token sequence expected;
+// - convergence: at the end every node is up and back in the balancers' views, no block is
+//   held by a request on any rank, no handoff is pending, the balancer has nothing in flight.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "runtime/fault_points.hpp"
+
+namespace shoal::sim {
+
+// Test-only switches that break the reaction to a fault on purpose: the campaign must catch
+// each of them with some seed (tests/sim).
+enum class planted_bug {
+  none,
+  place_on_dead,   // decode placement is offered ranks that are down
+  skip_checksum,   // the storage tier serves a damaged chunk instead of a miss
+  lose_on_crash,   // requests on a crashed node are dropped instead of re-routed
+};
+
+enum class fault_kind { crash, hang, partition, slow, disk_full, corrupt };
+const char* fault_kind_name(fault_kind k);
+
+struct fault_event {
+  fault_kind kind = fault_kind::crash;
+  int32_t group = -1;        // the EP group hit (storage faults: -1)
+  double start_s = 0;        // virtual time
+  double duration_s = 0;     // until restart / heal / the end of the slowness or the full disk
+  double factor = 1;         // slow: step-time multiplier; corrupt: chunks damaged
+};
+
+struct fault_options {
+  bool enabled = false;
+  int node_faults = 4;              // drawn over the workload's span
+  double detect_s = 2.0;            // heartbeat timeout: a longer hang is a node down
+  double handoff_timeout_s = 1.0;   // the decode side gives up a handoff read and recomputes
+  double request_timeout_s = 120;   // a request with no engine to go to this long gets an error
+  int max_attempts = 4;             // placements of one request before it gets an error
+  // Per-message points (the seed is replaced by the run's): kv_handoff, kv_handoff_delay,
+  // message_dup, disk_full, storage_corrupt.
+  runtime::fault_plan messages = default_messages();
+  planted_bug planted = planted_bug::none;
+
+  static runtime::fault_plan default_messages();
+};
+
+struct fault_outcome {
+  std::vector<fault_event> schedule;
+  int64_t completed = 0, errored = 0, lost = 0;
+  int64_t wrong_blocks = 0;          // blocks served that differ from what was written
+  int64_t placed_on_dead = 0;
+  int64_t duplicates = 0;            // requests finished a second time
+  int64_t wrong_outputs = 0;         // outputs that are not the expected token sequence
+  int64_t leaked_blocks = 0;         // held at the end on some rank
+  int64_t rerouted = 0, handoff_failures = 0, handoff_duplicates = 0, dropped_writes = 0, damaged_caught = 0;
+  std::vector<std::string> errors;   // the clear errors requests got (one per errored request)
+  std::vector<std::string> violations;
+  bool ok() const { return violations.empty(); }
+};
+
+// The node-fault schedule of a run: `count` faults over [0, span_s) on groups [0, groups),
+// a function of the seed.
+std::vector<fault_event> make_fault_schedule(uint64_t seed, int count, double span_s, int32_t groups);
+
+}  // namespace shoal::sim
