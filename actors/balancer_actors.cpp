@@ -10,6 +10,7 @@
 #include <caf/typed_event_based_actor.hpp>
 
 #include "runtime/block_pool.hpp"
+#include "runtime/fault_points.hpp"
 
 namespace shoal::actors {
 
@@ -238,7 +239,11 @@ void poll_decoders(decode_pointer self) {
   for (const engine_ref& e : st.routing->decode_engines()) {
     caf::actor a = e.actor;
     self->request(caf::actor_cast<engine_actor>(a), decode_poll_interval * 5, stats_atom_v)
-      .then([self, a](const engine_stats_snapshot& s) { self->state.routing->observe(a, s.blocks_free, s.kv_tokens); },
+      .then([self, a](const engine_stats_snapshot& s) {
+              // Fault point balancer_message: the report is lost; the last view of the engine stands.
+              if (runtime::inject(runtime::fault_point::balancer_message)) return;
+              self->state.routing->observe(a, s.blocks_free, s.kv_tokens);
+            },
             [](const caf::error&) {});  // gone: the next membership drops it
   }
   self->delayed_send(self, decode_poll_interval, tick_atom_v);

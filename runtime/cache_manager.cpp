@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "kernels/assert.hpp"
+#include "runtime/fault_points.hpp"
 
 namespace shoal::runtime {
 
@@ -209,6 +210,10 @@ void cache_manager::poll_slots(std::vector<request*>& ready) {
       if (!w.fetch->error().empty()) ++stats_.swa_fetch_failures;
       continue;
     }
+    if (inject(fault_point::swa_fetch)) {  // fault point: the slot is lost on its way (replay)
+      ++stats_.swa_fetch_failures;
+      continue;
+    }
     const bool stored = i < static_cast<int64_t>(w.keys.size()) &&
                         swa_.put_encoded(w.keys[static_cast<size_t>(i)], (w.base + i + 1) * bs_, w.fetch->bytes());
     if (!stored) {  // a slot of another shape (another model or snapshot format): replay
@@ -376,7 +381,9 @@ std::vector<std::pair<request*, bool>> cache_manager::poll_imports() {
   std::vector<std::pair<request*, bool>> out;
   for (auto& w : imports_) {
     if (!std::all_of(w.reads.begin(), w.reads.end(), [](const auto& t) { return t->done(); })) continue;
-    const bool ok = std::all_of(w.reads.begin(), w.reads.end(), [](const auto& t) { return t->ok(); });
+    // Fault point kv_handoff (off unless a plan is installed): the reads fail as a lost owner's would.
+    const bool ok = std::all_of(w.reads.begin(), w.reads.end(), [](const auto& t) { return t->ok(); }) &&
+                    !(w.r && inject(fault_point::kv_handoff));
     if (ok && w.r) {
       auto last = w.started;
       for (const auto& t : w.reads) last = std::max(last, t->finished_at());

@@ -9,8 +9,8 @@ namespace shoal::runtime {
 namespace {
 
 constexpr std::array<const char*, fault_point_count> names = {
-    "storage_read", "storage_write", "disk_full",        "storage_corrupt", "kv_handoff",
-    "kv_handoff_delay", "swa_fetch", "ep_exchange", "balancer_message", "heartbeat", "message_dup"};
+    "storage_read", "storage_write", "disk_full",        "storage_corrupt",  "kv_handoff",
+    "swa_fetch",    "balancer_message", "kv_handoff_delay", "message_dup"};
 
 // SplitMix64's finaliser: a bijection of 64 bits with full avalanche.
 uint64_t mix(uint64_t x) {
@@ -41,6 +41,10 @@ const char* fault_point_name(fault_point p) {
   return i < names.size() ? names[i] : "?";
 }
 
+bool fault_point_in_daemons(fault_point p) {
+  return p != fault_point::kv_handoff_delay && p != fault_point::message_dup;
+}
+
 std::optional<fault_point> fault_point_named(std::string_view name) {
   for (size_t i = 0; i < names.size(); ++i)
     if (name == names[i]) return static_cast<fault_point>(i);
@@ -53,7 +57,7 @@ bool fault_plan::any() const {
   return false;
 }
 
-std::expected<fault_plan, std::string> fault_plan::parse(std::string_view text) {
+std::expected<fault_plan, std::string> fault_plan::parse(std::string_view text, bool daemon) {
   fault_plan plan;
   while (!text.empty()) {
     const size_t comma = text.find(',');
@@ -78,6 +82,8 @@ std::expected<fault_plan, std::string> fault_plan::parse(std::string_view text) 
       for (const char* n : names) known += std::string(known.empty() ? "" : ", ") + n;
       return std::unexpected("unknown fault point '" + std::string(name) + "' (known: " + known + ")");
     }
+    if (daemon && !fault_point_in_daemons(*point))
+      return std::unexpected("fault point " + std::string(name) + " is reached in the simulator only");
     double p = 0;
     auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), p);
     if (ec != std::errc{} || end != value.data() + value.size() || !(p >= 0 && p <= 1))

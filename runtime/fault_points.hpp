@@ -1,6 +1,6 @@
 // Named fault points (BUGGIFY style): the places where the outside world can fail a request
-// (a storage read or write, a full disk, a KV handoff read, an SWA slot fetch, an EP exchange,
-// a balancer message, a node agent's heartbeat) ask `inject(point)` whether to fail now. Off
+// (a storage read or write, a full disk, a KV handoff read, an SWA slot fetch, a balancer's
+// load report) ask `inject(point)` whether to fail now. Off
 // unless a plan is installed, which production configs never do: then the question costs one
 // atomic load. Tests and the simulator install a plan (a probability per point and a seed);
 // each visit of a point draws from a counter-based generator over (seed, point, visit number),
@@ -24,22 +24,24 @@
 namespace shoal::runtime {
 
 enum class fault_point : uint8_t {
-  storage_read,      // a chunk read on a storage node fails (I/O error)
-  storage_write,     // a chunk write fails (I/O error)
-  disk_full,         // a chunk write finds no space
-  storage_corrupt,   // a stored chunk's bytes are damaged after its checksum was taken
-  kv_handoff,        // a KV handoff read fails (the decode side recomputes)
-  kv_handoff_delay,  // a KV handoff read completes late
-  swa_fetch,         // an SWA slot fetch fails (bounded replay)
-  ep_exchange,       // an EP dispatch/combine frame is delayed
-  balancer_message,  // a load report to a balancer is dropped
-  heartbeat,         // a node agent's heartbeat is dropped
-  message_dup,       // a message is delivered twice
+  // Reached in the daemons (and in the simulator where it has the same step):
+  storage_read,      // storage/chunk_store: reading a chunk file fails (EIO)
+  storage_write,     // storage/chunk_store: writing a chunk file fails (EIO)
+  disk_full,         // storage/chunk_store: writing finds no space (ENOSPC); sim: the tier drops the write
+  storage_corrupt,   // storage/chunk_store: bytes read are damaged before the crc check; sim: a stored chunk
+  kv_handoff,        // runtime/cache_manager: a finished KV handoff read is failed (the decode side recomputes)
+  swa_fetch,         // runtime/cache_manager: a fetched SWA slot is lost (bounded replay)
+  balancer_message,  // actors/balancer_actors: an engine's load report to the decode balancer is dropped
+  // Reached in the simulator only (a daemon's plan may not name them):
+  kv_handoff_delay,  // a KV handoff read completes late (past the timeout: given up)
+  message_dup,       // a handoff completion is delivered twice
   count_
 };
 inline constexpr size_t fault_point_count = static_cast<size_t>(fault_point::count_);
 
 const char* fault_point_name(fault_point p);
+// False for the points only the simulator reaches.
+bool fault_point_in_daemons(fault_point p);
 std::optional<fault_point> fault_point_named(std::string_view name);
 
 struct fault_plan {
@@ -49,8 +51,9 @@ struct fault_plan {
   bool any() const;
   double& operator[](fault_point p) { return probability[static_cast<size_t>(p)]; }
   double operator[](fault_point p) const { return probability[static_cast<size_t>(p)]; }
-  // "seed=N,point=p,..." (spaces allowed around items; "" is the empty plan).
-  static std::expected<fault_plan, std::string> parse(std::string_view text);
+  // "seed=N,point=p,..." (spaces allowed around items; "" is the empty plan). `daemon`: a
+  // point the daemons never reach is an error (it would be accepted and do nothing).
+  static std::expected<fault_plan, std::string> parse(std::string_view text, bool daemon = false);
   std::string to_string() const;  // parse(to_string()) gives the plan back
 };
 

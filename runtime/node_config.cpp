@@ -50,6 +50,7 @@ const std::vector<schema_section>& schema() {
                    "ttl_agent_s", "ttl_chat_s", "bulk_port"}},
       {"ve", {"transport", "cache_mib"}},
       {"log", {"level", "file"}},
+      {"faults", {"plan"}},
   };
   return sections;
 }
@@ -402,10 +403,11 @@ bool valid_node_name(std::string_view name) {
 
 struct sections {
   section node{"node"}, engine{"engine"}, gateway{"gateway"}, cluster{"cluster"}, storage{"storage"}, ve{"ve"},
-      log{"log"};
+      log{"log"}, faults{"faults"};
 
   explicit sections(const toml::table& root) {
-    for (section* s : {&node, &engine, &gateway, &cluster, &storage, &ve, &log}) s->table = root[s->name].as_table();
+    for (section* s : {&node, &engine, &gateway, &cluster, &storage, &ve, &log, &faults})
+      s->table = root[s->name].as_table();
   }
 };
 
@@ -499,6 +501,10 @@ void read_sections(error_sink& sink, const sections& f, const fs::path& base, no
   read_storage(sink, f.storage, base, c);
   if (std::optional<log_level> l = read_log_level(sink, f.log)) c.level = *l;
   c.log_file = read_path(sink, f.log, "file", base);
+  if (std::optional<std::string> plan = read_string(sink, f.faults, "plan")) {
+    if (auto p = fault_plan::parse(*plan, true)) c.faults = *p;
+    else sink.fail(config_errc::bad_value, f.faults.pos("plan"), f.faults.path("plan"), p.error());
+  }
 }
 
 void check_required(error_sink& sink, const sections& f) {

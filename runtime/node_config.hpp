@@ -12,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include "runtime/fault_points.hpp"
 #include "runtime/handoff.hpp"
 
 namespace shoal::runtime {
@@ -97,6 +98,10 @@ struct node_config {
   // [log]
   log_level level = log_level::info;
   std::optional<std::filesystem::path> log_file;  // nullopt = stderr only
+
+  // [faults] (tests only): plan = "seed=N,point=probability,..." (runtime/fault_points.hpp);
+  // absent = no fault is ever injected.
+  fault_plan faults;
 
   bool has_role(role r) const;
 };

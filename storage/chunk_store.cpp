@@ -15,6 +15,7 @@
 #include <limits>
 
 #include "kernels/assert.hpp"
+#include "runtime/fault_points.hpp"
 
 namespace shoal::storage {
 
@@ -77,6 +78,10 @@ store_result<chunk_header> read_chunk_file(const std::string& path, const chunk_
   std::vector<std::byte>& body = payload ? *payload : local;
   body.resize(h->payload_bytes);
   if (const int e = read_all(f.fd, body); e != 0) return std::unexpected(sys_error("read", path, e));
+  // Fault points (off unless a plan is installed): the read fails, or the bytes read are
+  // damaged and the crc check below must catch it.
+  if (runtime::inject(runtime::fault_point::storage_read)) return std::unexpected(sys_error("read", path, EIO));
+  if (!body.empty() && runtime::inject(runtime::fault_point::storage_corrupt)) body[body.size() / 2] ^= std::byte{0x40};
   if (crc32c(body) != h->payload_crc) return corrupt("payload crc mismatch");
   if (file_bytes) *file_bytes = uint64_t(st.st_size);
   return *h;
@@ -273,6 +278,9 @@ store_result<void> chunk_store::write_temp(const std::string& tmp, std::span<con
       allowed = opts_.simulated_disk_bytes > used ? opts_.simulated_disk_bytes - used : 0;
     }
   }
+  // Fault points (off unless a plan is installed): no space, or an I/O error, on this write.
+  if (runtime::inject(runtime::fault_point::disk_full)) return std::unexpected(sys_error("write", tmp, ENOSPC));
+  if (runtime::inject(runtime::fault_point::storage_write)) return std::unexpected(sys_error("write", tmp, EIO));
   for (const auto part : {header, payload}) {
     const auto n = std::min<uint64_t>(part.size(), allowed);
     if (const int e = write_all(f.fd, part.first(n)); e != 0)

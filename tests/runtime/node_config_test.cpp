@@ -164,6 +164,16 @@ TEST_CASE("node_config: config/local-vision/ is a gateway, 2 VE workers, a prefi
   }
 }
 
+TEST_CASE("node_config: a [faults] plan is read, and without it nothing is injected") {
+  const auto c = parse_node_config(base + "[faults]\nplan = \"seed=9, storage_read=0.5\"\n", "");
+  REQUIRE_MESSAGE(c.has_value(), (c ? std::string() : to_string(c.error())));
+  CHECK(c->faults.seed == 9);
+  CHECK(c->faults[fault_point::storage_read] == 0.5);
+  const auto d = parse_node_config(base, "");
+  REQUIRE(d.has_value());
+  CHECK(!d->faults.any());
+}
+
 TEST_CASE("node_config: optional keys take their defaults") {
   const auto c = parse_node_config(base, "");
   REQUIRE_MESSAGE(c.has_value(), (c ? std::string() : to_string(c.error())));
@@ -370,6 +380,13 @@ TEST_CASE("node_config: every bad input names its line and key") {
        "must be ≥ 0, got -1"},
       {"handoff timeout of 0", base + "[engine]\nrole = \"decode\"\nhandoff_timeout_ms = 0\n",
        config_errc::bad_value, 8, "engine.handoff_timeout_ms", "got 0"},
+      {"an unknown fault point", base + "[faults]\nplan = \"seed=1,disk_ful=0.1\"\n", config_errc::bad_value, 7,
+       "faults.plan", "unknown fault point 'disk_ful'"},
+      {"a fault probability above 1", base + "[faults]\nplan = \"kv_handoff=2\"\n", config_errc::bad_value, 7,
+       "faults.plan", "not a number in [0, 1]"},
+      {"a simulator-only fault point", base + "[faults]\nplan = \"message_dup=0.1\"\n", config_errc::bad_value, 7,
+       "faults.plan", "simulator only"},
+      {"a fault key that is not plan", base + "[faults]\nseed = 1\n", config_errc::unknown_key, 7, "faults.seed", ""},
   };
   for (const bad_case& bc : cases) {
     CAPTURE(bc.what);

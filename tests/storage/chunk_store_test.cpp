@@ -9,11 +9,13 @@
 #include <atomic>
 #include <thread>
 
+#include "runtime/fault_points.hpp"
 #include "storage/chunk_file.hpp"
 #include "tests/storage/store_fixture.hpp"
 
 using namespace shoal::storage;
 using namespace shoal::storage::test;
+namespace runtime = shoal::runtime;
 
 TEST_CASE("chunk file header round trips and rejects a flipped bit") {
   chunk_header h{chunk_key{{.lo = 0xfedcba9876543210ull, .hi = 0x0123456789abcdefull}, 7}, traffic_class::chat,
@@ -299,4 +301,44 @@ TEST_CASE("concurrent puts gets removes and gc keep the index consistent") {
   auto r = open_ok(options_for(d, c, 64 * 200));
   CHECK(r->stats().chunks == before.chunks);
   CHECK(r->usage_bytes() == before.usage_bytes);
+}
+
+TEST_CASE("fault points: a full disk and a failed write leave nothing behind, a failed or damaged read is an error, the damaged chunk dropped") {
+  temp_dir d;
+  fake_clock c;
+  auto s = open_ok(options_for(d, c, 1 << 20));
+  const auto a = key_of(1), b = key_of(2);
+  REQUIRE(s->put(a, payload_of(a, 0, 300), traffic_class::agent));
+  auto with = [](runtime::fault_point p) {
+    runtime::fault_plan plan;
+    plan.seed = 3;
+    plan[p] = 1.0;
+    runtime::install_faults(plan);
+  };
+  for (auto [point, code] : {std::pair{runtime::fault_point::disk_full, store_errc::disk_full},
+                             std::pair{runtime::fault_point::storage_write, store_errc::io}}) {
+    with(point);
+    auto r = s->put(b, payload_of(b, 0, 200), traffic_class::agent);
+    runtime::install_faults({});
+    REQUIRE(!r);
+    CHECK(r.error().code == code);
+    CHECK(r.error().detail.find("write") != std::string::npos);
+    CHECK(count_files(d.path, ".tmp-") == 0);  // no partial file
+    CHECK(s->usage_bytes() == 300);
+    CHECK(s->exists(std::vector<chunk_key>{b}) == std::vector<bool>{false});
+    s->check_invariants();
+  }
+  with(runtime::fault_point::storage_read);
+  auto r = s->get(a);
+  runtime::install_faults({});
+  REQUIRE(!r);
+  CHECK(r.error().code == store_errc::io);
+  CHECK(*s->get(a) == payload_of(a, 0, 300));  // an I/O error does not drop the chunk
+  with(runtime::fault_point::storage_corrupt);
+  r = s->get(a);
+  runtime::install_faults({});
+  REQUIRE(!r);
+  CHECK(r.error().code == store_errc::corrupt);  // the crc check caught the damaged bytes
+  CHECK(s->exists(std::vector<chunk_key>{a}) == std::vector<bool>{false});  // dropped: an erasure now
+  s->check_invariants();
 }

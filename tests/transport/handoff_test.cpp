@@ -10,6 +10,7 @@
 #include <map>
 #include <thread>
 
+#include "runtime/fault_points.hpp"
 #include "runtime/engine.hpp"
 #include "tests/support/tiny_models.hpp"
 #include "transport/fabric_transport.hpp"
@@ -126,6 +127,24 @@ TEST_CASE("handoff: a read that fails its checksum is recomputed on the decode e
     CHECK(got.decode_stats.cache.imports == 0);
     CHECK(got.decode_stats.cache.import_failures == 1);
   }
+}
+
+TEST_CASE("handoff: the kv_handoff fault point fails the reads, the decode engine recomputes, same output") {
+  auto w = test::tiny_model("v3-tiny");
+  auto prompt = test::random_tokens(50, 6);
+  runtime::engine colocated(w, config_for("v3-tiny", runtime::engine_role::both, nullptr));
+  const auto ref = test::run_alone(colocated, prompt, sampling(8));
+  runtime::fault_plan plan;
+  plan.seed = 1;
+  plan[runtime::fault_point::kv_handoff] = 1.0;
+  runtime::install_faults(plan);
+  auto got = through("v3-tiny", prompt, 8, [](runtime::handoff_state&) {});
+  const uint64_t fired = runtime::process_faults()->fired(runtime::fault_point::kv_handoff);
+  runtime::install_faults({});
+  check_equal(got, ref);
+  CHECK(fired == 1);
+  CHECK(got.decode_stats.cache.imports == 0);
+  CHECK(got.decode_stats.cache.import_failures == 1);
 }
 
 TEST_CASE("handoff: no room is said before anything is reserved, a refused handoff continues colocated") {

@@ -7,6 +7,7 @@
 #include <fmt/core.h>
 
 #include <csignal>
+#include <cstdlib>
 #include <cstdio>
 
 #include <pthread.h>
@@ -50,6 +51,20 @@ int main(int argc, char** argv) {
     return exit_usage;
   }
   log.info("cpu kernels: {}", kernels::isa_summary());
+  // Fault injection (tests only): the config's [faults] plan, or SHOAL_FAULTS over it.
+  runtime::fault_plan faults = cfg->faults;
+  if (const char* env = std::getenv("SHOAL_FAULTS"); env && *env) {
+    auto p = runtime::fault_plan::parse(env, true);
+    if (!p) {
+      fmt::print(stderr, "shoald: SHOAL_FAULTS: {}\n", p.error());
+      return exit_usage;
+    }
+    faults = *p;
+  }
+  if (faults.any()) {
+    runtime::install_faults(faults);
+    log.warn("fault injection is ON ({}): for tests only", faults.to_string());
+  }
   // Block the stop signals before any thread exists, so every thread inherits the mask and
   // the main thread's sigwait is the only receiver. A client that leaves mid-stream must not
   // kill the daemon with SIGPIPE.
