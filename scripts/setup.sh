@@ -8,7 +8,8 @@ pkgs=(build-essential cmake ninja-build ccache pkg-config git
       libcli11-dev libxxhash-dev libbenchmark-dev libopenblas-dev libboost-dev libboost-system-dev
       libssl-dev libpng-dev libjpeg62-turbo-dev libpcre2-dev curl python3 python3-numpy python3-jsonschema
       prometheus  # promtool checks the metrics endpoints' exposition format in the tests
-      clang-16 libclang-rt-16-dev)  # the fuzzers' build (libFuzzer, ASan, UBSan): scripts/fuzz.sh
+      clang-16 libclang-rt-16-dev  # the fuzzers' build (libFuzzer, ASan, UBSan): scripts/fuzz.sh
+      iproute2)  # ip netns: the cluster test across network namespaces (tests/tools/netns_cluster_test.cpp)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -220,14 +220,16 @@ struct stream_outcome {
 };
 
 // One streaming greedy completion per prompt (`n` tokens), all at once over `post`, and a
-// SIGKILL of `victim` once every stream has `chunks` SSE events, or as soon as one stream is
-// halfway through its `n` tokens (so the kill lands while streams are in flight also where
-// prompts arrive slowly and decoding is quick: an engine's batch finishes its requests in the
-// same step, so waiting for the first stream to end could find them all ended), or after 60 s;
-// with chunks 0: `kill_after` from the first request. Returns when every stream ended.
-template <class Post>
-stream_outcome streams_with_kill(const Post& post, const std::vector<std::string>& prompts, int32_t n, int chunks,
-                                 pid_t victim, std::chrono::milliseconds kill_after = std::chrono::milliseconds(0)) {
+// fault (`inject`: a SIGKILL, a link cut, ...) once every stream has `chunks` SSE events, or as
+// soon as one stream is halfway through its `n` tokens (so the fault lands while streams are in
+// flight also where prompts arrive slowly and decoding is quick: an engine's batch finishes its
+// requests in the same step, so waiting for the first stream to end could find them all ended),
+// or after 60 s; with chunks 0: `after` from the first request. Returns when every stream ended
+// (each client gives up after `client_timeout`).
+template <class Post, class Inject>
+stream_outcome streams_with_fault(const Post& post, const std::vector<std::string>& prompts, int32_t n, int chunks,
+                                  const Inject& inject, std::chrono::milliseconds after = std::chrono::milliseconds(0),
+                                  std::chrono::milliseconds client_timeout = std::chrono::milliseconds(120'000)) {
   using namespace std::chrono_literals;
   const size_t streams = prompts.size();
   stream_outcome out;
@@ -240,7 +242,7 @@ stream_outcome streams_with_kill(const Post& post, const std::vector<std::string
   for (size_t i = 0; i < streams; ++i)
     clients.emplace_back([&, i] {
       actors::http_call_options o;
-      o.timeout = 120s;
+      o.timeout = client_timeout;
       int seen = 0;
       o.on_body = [&](std::string_view piece) {
         for (size_t at = piece.find("data:"); at != std::string_view::npos; at = piece.find("data:", at + 1))
@@ -256,15 +258,22 @@ stream_outcome streams_with_kill(const Post& post, const std::vector<std::string
       out.texts[i] = stream_text(r->body, false, d, &out.errors[i]);
       out.done[i] = d;
     });
-  const auto deadline = chunks > 0 ? std::chrono::steady_clock::now() + 60s : t0 + kill_after;
+  const auto deadline = chunks > 0 ? std::chrono::steady_clock::now() + 60s : t0 + after;
   while ((chunks <= 0 || (started < streams && halfway == 0)) && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(1ms);
   out.kill_at_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  const int killed = kill(victim, SIGKILL);
+  const bool injected = inject();
   for (auto& t : clients) t.join();
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  REQUIRE(killed == 0);
+  REQUIRE(injected);
   return out;
+}
+
+// streams_with_fault with a SIGKILL of `victim` as the fault.
+template <class Post>
+stream_outcome streams_with_kill(const Post& post, const std::vector<std::string>& prompts, int32_t n, int chunks,
+                                 pid_t victim, std::chrono::milliseconds kill_after = std::chrono::milliseconds(0)) {
+  return streams_with_fault(post, prompts, n, chunks, [victim] { return kill(victim, SIGKILL) == 0; }, kill_after);
 }
 
 }  // namespace shoal::test
