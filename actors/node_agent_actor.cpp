@@ -16,6 +16,8 @@
 #include <caf/system_messages.hpp>
 #include <caf/typed_event_based_actor.hpp>
 
+#include "actors/cluster_tls.hpp"
+
 namespace shoal::actors {
 
 // -- membership_table ---------------------------------------------------------------------------
@@ -197,9 +199,9 @@ std::optional<membership> join_cluster(caf::actor_system& sys, const node_agent_
   error.clear();
   for (const seed_address& seed : seeds) {
     std::string where = seed.host + ":" + std::to_string(seed.port);
-    auto seed_agent = sys.middleman().remote_actor<node_agent_actor>(seed.host, seed.port);
+    auto seed_agent = connect_agent(sys, seed.host, seed.port, timeout);
     if (!seed_agent) {
-      error += (error.empty() ? "" : "; ") + where + ": " + sys.render(seed_agent.error());
+      error += (error.empty() ? "" : "; ") + where + ": " + seed_agent.error();
       continue;
     }
     std::optional<membership> view;
@@ -213,12 +215,12 @@ std::optional<membership> join_cluster(caf::actor_system& sys, const node_agent_
         // A direct connection to that member; the handle in the view then routes over it.
         // Unreachable directly: still a member (its handle routes through the seed, which
         // also told it of this node).
-        auto direct = sys.middleman().remote_actor<node_agent_actor>(n.host, n.port);
+        auto direct = connect_agent(sys, n.host, n.port, timeout);
         if (direct)
           self->send(*direct, update_atom_v, me);
         else
           error += (error.empty() ? "" : "; ") + n.name + " (" + n.host + ":" + std::to_string(n.port) +
-                   "): " + sys.render(direct.error());
+                   "): " + direct.error();
       }
       self->send(agent, update_atom_v, n);
     }
@@ -261,25 +263,6 @@ std::vector<std::string> rejoin_schedule::lost() const {
   return out;
 }
 
-namespace {
-
-// The node agent published at host:port, within `timeout`: the middleman's connect, bounded
-// (remote_actor waits as long as a connect takes: a cut link or a stopped process would hold
-// the healer, and every other lost member with it).
-std::optional<node_agent_actor> connect_agent(caf::actor_system& sys, caf::scoped_actor& self, const std::string& host,
-                                              uint16_t port, std::chrono::milliseconds timeout) {
-  std::optional<node_agent_actor> out;
-  self->request(sys.middleman().actor_handle(), timeout, caf::connect_atom::value, host, port)
-    .receive(
-      [&](caf::node_id&, caf::strong_actor_ptr& p, std::set<std::string>&) {
-        if (p) out = caf::actor_cast<node_agent_actor>(p);
-      },
-      [&](caf::error&) {});
-  return out;
-}
-
-}  // namespace
-
 void heal_membership(caf::actor_system& sys, const node_agent_actor& agent, std::chrono::milliseconds period,
                      std::chrono::milliseconds timeout, const std::atomic<bool>& stop,
                      const std::function<void(const std::string&)>& log) {
@@ -299,7 +282,9 @@ void heal_membership(caf::actor_system& sys, const node_agent_actor& agent, std:
       if (!sched) sched.emplace(me.name);
       for (const rejoin_schedule::peer& p : sched->due(*view, now_s())) {
         if (reported.insert(p.name).second) log("lost " + p.name + " (" + p.host + ":" + std::to_string(p.port) + "); trying to rejoin it");
-        auto remote = connect_agent(sys, self, p.host, p.port, timeout);
+        // Bounded (a cut link or a stopped process would hold the healer, and every other lost
+        // member with it), and through TLS when the cluster has it.
+        auto remote = connect_agent(sys, p.host, p.port, timeout);
         std::optional<membership> theirs;
         if (remote)
           self->request(*remote, timeout, join_atom_v, me).receive([&](membership& m) { theirs = std::move(m); },

@@ -6,10 +6,12 @@
 // read until it closes. Every response the server writes is a well-formed status line.
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -70,8 +72,21 @@ int connect_to(uint16_t port) {
   a.sin_port = htons(port);
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-    std::perror("fuzz_http_server: connect");
-    std::abort();
+    // libFuzzer's timers interrupt a connect now and then (EINTR): it goes on in the kernel;
+    // wait until it is done and read its outcome.
+    int err = errno;
+    if (err == EINTR || err == EINPROGRESS) {
+      pollfd p{fd, POLLOUT, 0};
+      while (poll(&p, 1, 5000) < 0 && errno == EINTR) {
+      }
+      socklen_t len = sizeof err;
+      if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
+    }
+    if (err != 0) {
+      errno = err;
+      std::perror("fuzz_http_server: connect");
+      std::abort();
+    }
   }
   return fd;
 }
@@ -98,13 +113,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
   for (size_t done = 0; done < size;) {
     const ssize_t n = send(fd, data + done, size - done, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;  // the server may close early (413, 400) before reading everything
     done += static_cast<size_t>(n);
   }
   shutdown(fd, SHUT_WR);
   std::string answer;
   char buf[4096];
-  for (ssize_t n; (n = recv(fd, buf, sizeof buf, 0)) > 0;) answer.append(buf, static_cast<size_t>(n));
+  for (;;) {
+    const ssize_t n = recv(fd, buf, sizeof buf, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    answer.append(buf, static_cast<size_t>(n));
+  }
   close(fd);
   // Whatever it answered (possibly nothing, for a connection that sent no whole request)
   // begins with a status line.

@@ -45,7 +45,8 @@ const std::vector<schema_section>& schema() {
                   "spec_adaptive_from", "spec_cost_model"}},
       {"gateway", {"listen", "auth_token_file", "prefill_policy", "decode_policy", "balancer_round_ms", "tier_bounds",
                    "balancer_cost_model"}},
-      {"cluster", {"seeds", "heartbeat_interval_ms", "connection_timeout_ms", "request_timeout_ms"}},
+      {"cluster", {"seeds", "heartbeat_interval_ms", "connection_timeout_ms", "request_timeout_ms", "tls_certificate",
+                   "tls_key", "tls_ca_file"}},
       {"storage", {"dir", "nodes", "capacity_mib", "high_watermark_pct", "low_watermark_pct", "fsync",
                    "ttl_agent_s", "ttl_chat_s", "bulk_port"}},
       {"ve", {"transport", "cache_mib"}},
@@ -498,6 +499,9 @@ void read_sections(error_sink& sink, const sections& f, const fs::path& base, no
   if (auto ms = read_integer(sink, cl, "heartbeat_interval_ms", 1, hour_ms)) c.heartbeat_interval_ms = *ms;
   if (auto ms = read_integer(sink, cl, "connection_timeout_ms", 1, day_ms)) c.connection_timeout_ms = *ms;
   if (auto ms = read_integer(sink, cl, "request_timeout_ms", 1, day_ms)) c.request_timeout_ms = *ms;
+  c.tls_certificate = read_path(sink, cl, "tls_certificate", base);
+  c.tls_key = read_path(sink, cl, "tls_key", base);
+  c.tls_ca_file = read_path(sink, cl, "tls_ca_file", base);
   read_storage(sink, f.storage, base, c);
   if (std::optional<log_level> l = read_log_level(sink, f.log)) c.level = *l;
   c.log_file = read_path(sink, f.log, "file", base);
@@ -547,6 +551,13 @@ void check_consistency(error_sink& sink, const sections& f, const node_config& c
   if (!gateway && !engine && !ve && f.node.get("model_dir"))
     sink.fail(config_errc::bad_value, f.node.pos("model_dir"), "node.model_dir",
               "only the gateway, engine and ve roles use a model");
+  // Cluster TLS: the three files together (a certificate without its key or CA is no credential).
+  const int tls_keys = (c.tls_certificate ? 1 : 0) + (c.tls_key ? 1 : 0) + (c.tls_ca_file ? 1 : 0);
+  if (tls_keys > 0 && tls_keys < 3)
+    for (const char* key : {"tls_certificate", "tls_key", "tls_ca_file"})
+      if (!f.cluster.get(key))
+        sink.fail(config_errc::missing_key, f.cluster.pos(), f.cluster.path(key),
+                  "cluster TLS needs tls_certificate, tls_key and tls_ca_file together");
   if (c.connection_timeout_ms <= c.heartbeat_interval_ms) {
     const bool blame_timeout = f.cluster.get("connection_timeout_ms") != nullptr;
     const std::string other = blame_timeout ? "heartbeat_interval_ms" : "connection_timeout_ms";

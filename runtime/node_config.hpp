@@ -94,6 +94,11 @@ struct node_config {
   int64_t heartbeat_interval_ms = 1'000;      // middleman.heartbeat-interval
   int64_t connection_timeout_ms = 5'000;      // middleman.connection-timeout, > heartbeat
   int64_t request_timeout_ms = 60'000;        // every request to another actor
+  // Authenticated cluster traffic (CAF's OpenSSL module): this node's certificate and key (PEM)
+  // and the cluster CA that signed every member's; all three or none. With them, every
+  // connection between nodes (and from the shell) is TLS with both sides' certificates
+  // verified against the CA; a node without a certificate of that CA cannot join or send.
+  std::optional<std::filesystem::path> tls_certificate, tls_key, tls_ca_file;
 
   // [log]
   log_level level = log_level::info;

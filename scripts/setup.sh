@@ -9,6 +9,7 @@ pkgs=(build-essential cmake ninja-build ccache pkg-config git
       libssl-dev libpng-dev libjpeg62-turbo-dev libpcre2-dev curl python3 python3-numpy python3-jsonschema
       prometheus  # promtool checks the metrics endpoints' exposition format in the tests
       clang-16 libclang-rt-16-dev  # the fuzzers' build (libFuzzer, ASan, UBSan): scripts/fuzz.sh
+      openssl  # scripts/make-cluster-certs.sh: the cluster CA and node certificates (TLS tests)
       iproute2)  # ip netns: the cluster test across network namespaces (tests/tools/netns_cluster_test.cpp)
 missing=()
 for p in "${pkgs[@]}"; do

@@ -174,6 +174,19 @@ TEST_CASE("node_config: a [faults] plan is read, and without it nothing is injec
   CHECK(!d->faults.any());
 }
 
+TEST_CASE("node_config: config/local-tls/ is the 3-node cluster with cluster TLS, paths beside the files") {
+  for (const std::string name : {"gateway", "engine-a", "engine-b"}) {
+    CAPTURE(name);
+    const node_config c = load_sample("config/local-tls/" + name + ".toml");
+    const fs::path dir = source_dir() / "config/local-tls";
+    REQUIRE(c.tls_certificate);
+    CHECK(*c.tls_certificate == (dir / "certs" / (name + ".pem")).lexically_normal());
+    CHECK(*c.tls_key == (dir / "certs" / (name + ".key")).lexically_normal());
+    CHECK(*c.tls_ca_file == (dir / "certs/ca.pem").lexically_normal());
+  }
+  CHECK(!load_sample("config/local-3node/gateway.toml").tls_certificate);
+}
+
 TEST_CASE("node_config: optional keys take their defaults") {
   const auto c = parse_node_config(base, "");
   REQUIRE_MESSAGE(c.has_value(), (c ? std::string() : to_string(c.error())));
@@ -387,6 +400,10 @@ TEST_CASE("node_config: every bad input names its line and key") {
       {"a simulator-only fault point", base + "[faults]\nplan = \"message_dup=0.1\"\n", config_errc::bad_value, 7,
        "faults.plan", "simulator only"},
       {"a fault key that is not plan", base + "[faults]\nseed = 1\n", config_errc::unknown_key, 7, "faults.seed", ""},
+      {"a TLS certificate without its key and CA", base + "[cluster]\ntls_certificate = \"node.pem\"\n",
+       config_errc::missing_key, 6, "cluster.tls_key", "tls_certificate, tls_key and tls_ca_file together"},
+      {"an empty TLS key path", base + "[cluster]\ntls_key = \"\"\n", config_errc::bad_value, 7, "cluster.tls_key",
+       "must not be empty"},
   };
   for (const bad_case& bc : cases) {
     CAPTURE(bc.what);

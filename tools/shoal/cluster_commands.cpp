@@ -25,6 +25,7 @@
 #include <caf/io/middleman.hpp>
 #include <caf/scoped_actor.hpp>
 
+#include "actors/cluster_tls.hpp"
 #include "actors/interfaces.hpp"
 #include "runtime/node_config.hpp"
 #include "tools/shoal/commands.hpp"
@@ -133,12 +134,16 @@ bool wait_membership(const node_entry& first, size_t expected, clock_type::time_
   caf::actor_system_config cfg;
   cfg.load<caf::io::middleman>();
   actors::add_message_types(cfg);
+  // A cluster with TLS: this process presents the first node's credential.
+  const runtime::node_config& nc = first.config;
+  if (nc.tls_certificate && nc.tls_key && nc.tls_ca_file)
+    actors::use_tls(cfg, {nc.tls_certificate->string(), nc.tls_key->string(), nc.tls_ca_file->string()});
   caf::actor_system sys{cfg};
   bool complete = false;
   std::string host = first.config.listen.host;
   uint16_t port = first.config.listen.port;
   if (port == 0) return true;  // an OS-chosen port cannot be looked up from here
-  if (auto agent = sys.middleman().remote_actor<actors::node_agent_actor>(host, port)) {
+  if (auto agent = actors::connect_agent(sys, host, port, 10s)) {
     caf::scoped_actor self{sys};
     while (!complete && clock_type::now() < deadline) {
       self->request(*agent, 5s, members_atom_v)

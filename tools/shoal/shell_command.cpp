@@ -24,6 +24,7 @@
 #include <caf/io/middleman.hpp>
 #include <caf/scoped_actor.hpp>
 
+#include "actors/cluster_tls.hpp"
 #include "actors/interfaces.hpp"
 #include "tools/shoal/commands.hpp"
 
@@ -35,12 +36,13 @@ using namespace std::chrono_literals;
 constexpr auto ask_timeout = 10s;
 
 struct shell_config : caf::actor_system_config {
-  shell_config() {
+  explicit shell_config(const actors::tls_files& tls) {
     load<caf::io::middleman>();
     actors::add_message_types(*this);
     set("middleman.heartbeat-interval", caf::timespan{std::chrono::milliseconds(500)});
     set("middleman.connection-timeout", caf::timespan{std::chrono::seconds(5)});
     set("middleman.enable-automatic-connections", true);
+    if (tls.enabled()) actors::use_tls(*this, tls);
   }
 };
 
@@ -491,7 +493,7 @@ int interactive(shell& sh) {
   return 0;
 }
 
-int run_shell(const std::string& connect, const std::string& script) {
+int run_shell(const std::string& connect, const std::string& script, const actors::tls_files& tls) {
   auto colon = connect.rfind(':');
   if (colon == std::string::npos) {
     fmt::print(stderr, "shoal shell: --connect wants HOST:PORT, got '{}'\n", connect);
@@ -499,11 +501,20 @@ int run_shell(const std::string& connect, const std::string& script) {
   }
   std::string host = connect.substr(0, colon);
   uint16_t port = static_cast<uint16_t>(std::atoi(connect.c_str() + colon + 1));
-  shell_config cfg;
+  if (tls.enabled() != !tls.key.empty() || tls.enabled() != !tls.ca_file.empty()) {
+    fmt::print(stderr, "shoal shell: --tls-cert, --tls-key and --tls-ca go together\n");
+    return 2;
+  }
+  if (tls.enabled())
+    if (std::string bad = actors::check_tls_files(tls); !bad.empty()) {
+      fmt::print(stderr, "shoal shell: {}\n", bad);
+      return 2;
+    }
+  shell_config cfg(tls);
   caf::actor_system sys{cfg};
-  auto agent = sys.middleman().remote_actor<actors::node_agent_actor>(host, port);
+  auto agent = actors::connect_agent(sys, host, port, std::chrono::seconds(10));
   if (!agent) {
-    fmt::print(stderr, "shoal shell: cannot reach a shoal node at {}: {}\n", connect, sys.render(agent.error()));
+    fmt::print(stderr, "shoal shell: cannot reach a shoal node at {}: {}\n", connect, agent.error());
     std::fflush(stderr);
     std::_Exit(1);
   }
@@ -528,9 +539,13 @@ int run_shell(const std::string& connect, const std::string& script) {
 void add_shell_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("shell", "interactive shell connected to a shoal node");
   static std::string connect = "127.0.0.1:7100", script;
+  static actors::tls_files tls;
   cmd->add_option("--connect", connect, "HOST:PORT of any node's node.listen")->capture_default_str();
   cmd->add_option("-c", script, "run these ';'-separated commands and exit (exit code 1 when one failed)");
-  cmd->callback([] { set_exit_code(run_shell(connect, script)); });
+  cmd->add_option("--tls-cert", tls.certificate, "a certificate of the cluster CA (clusters with [cluster] tls_*)");
+  cmd->add_option("--tls-key", tls.key, "its private key");
+  cmd->add_option("--tls-ca", tls.ca_file, "the cluster CA");
+  cmd->callback([] { set_exit_code(run_shell(connect, script, tls)); });
 }
 
 }  // namespace shoal::tools

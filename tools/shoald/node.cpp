@@ -23,6 +23,7 @@
 #include <caf/scoped_actor.hpp>
 #include <caf/send.hpp>
 
+#include "actors/cluster_tls.hpp"
 #include "actors/engine_actor.hpp"
 #include "kernels/cpu/thread_pool.hpp"
 #include "actors/gateway_actor.hpp"
@@ -65,6 +66,11 @@ struct node_parts {
   std::optional<actors::ve_worker_actor> ve_worker;          // ve role
 };
 
+actors::tls_files tls_of(const runtime::node_config& cfg) {
+  if (!cfg.tls_certificate || !cfg.tls_key || !cfg.tls_ca_file) return {};
+  return {cfg.tls_certificate->string(), cfg.tls_key->string(), cfg.tls_ca_file->string()};
+}
+
 struct system_config : caf::actor_system_config {
   explicit system_config(const runtime::node_config& cfg) {
     load<caf::io::middleman>();
@@ -76,6 +82,7 @@ struct system_config : caf::actor_system_config {
     // default parks idle workers in 10 ms sleeps, which every remote round trip then waits out
     // (storage puts through 12 storage shoalds: 50 blocks/s → see the storage cluster test).
     set("scheduler.policy", caf::atom("sharing"));
+    if (const actors::tls_files tls = tls_of(cfg); tls.enabled()) actors::use_tls(*this, tls);
   }
 };
 
@@ -350,6 +357,13 @@ int run_node(const runtime::node_config& cfg, logger& log) {
     tok = std::make_shared<const model::tokenizer>(std::move(*t));
   }
 
+  if (const actors::tls_files tls = tls_of(cfg); tls.enabled()) {
+    if (std::string bad = actors::check_tls_files(tls); !bad.empty()) {
+      log.error("[cluster] {}", bad);
+      return exit_failure;
+    }
+    log.info("cluster traffic is TLS: certificate {}, CA {}", tls.certificate, tls.ca_file);
+  }
   system_config sys_cfg(cfg);
   caf::actor_system sys{sys_cfg};
   node_parts parts;
@@ -610,9 +624,9 @@ int run_node(const runtime::node_config& cfg, logger& log) {
   }
 
   auto agent = actors::spawn_node_agent(sys, me, make_hooks(sys, parts, log));
-  auto port = caf::io::publish(agent, cfg.listen.port, cfg.listen.host.c_str(), true);
+  auto port = actors::publish_agent(sys, agent, cfg.listen.host, cfg.listen.port);
   if (!port) {
-    log.error("cannot listen on {}: {}", runtime::to_string(cfg.listen), sys.render(port.error()));
+    log.error("cannot listen on {}: {}", runtime::to_string(cfg.listen), port.error());
     std::_Exit(exit_failure);
   }
   me.port = *port;
