@@ -625,13 +625,7 @@ class cluster {
     }
     if (chosen) {
       rank_state& d = decode_rank(*chosen);
-      auto copy = std::make_unique<runtime::request>();
-      copy->id = r.id;
-      copy->tokens = r.tokens;
-      copy->prompt_len = r.prompt_len;
-      copy->params = r.params;
-      copy->cached_tokens = r.cached_tokens;
-      copy->handed_off = true;
+      auto copy = restarted(r);  // its caches come with the handoff (adopt)
       if (d.caches->adopt(*copy, r.computed())) {
         from.sched->detach(&r);
         ++d.pending;

@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include <caf/actor_registry.hpp>
 #include <caf/actor_system.hpp>
 #include <caf/actor_system_config.hpp>
 #include <caf/after.hpp>
@@ -654,6 +655,18 @@ TEST_CASE("expert parallelism across two actor systems: tokens equal a plain eng
   auto rank_b = actors::spawn_rank(b, ep_b, engine_b);
   stop_on_exit stop{{caf::actor_cast<caf::actor>(engine_a), caf::actor_cast<caf::actor>(engine_b),
                      caf::actor_cast<caf::actor>(rank_a), caf::actor_cast<caf::actor>(rank_b)}};
+  // Both systems live in this process. CAF 0.17 keeps a local actor that was sent to the other
+  // system in this system's registry until that system's proxy reports it gone, and b's
+  // teardown can close the connection before that report leaves: a's destructor then waits
+  // forever for its detached engine (seen once under the sanitizer build's load). The
+  // registrations go when the test ends (a daemon's exit makes them moot).
+  struct forget_registrations {
+    caf::actor_system& sys;
+    std::vector<caf::actor_id> ids;
+    ~forget_registrations() {
+      for (caf::actor_id id : ids) sys.registry().erase(id);
+    }
+  } forget_a{a, {engine_a.id(), rank_a.id()}}, forget_b{b, {engine_b.id(), rank_b.id()}};
 
   // b's rank actor as a proxy in a; a's membership names both ranks and goes to both rank
   // actors, to b's over the wire (rank_a arrives there as a proxy, rank_b as itself).
