@@ -15,7 +15,7 @@ set +e
   -artifact_prefix="$work/" "$work/corpus" "$seeds" > "$work/log" 2>&1
 rc=$?
 set -e
-grep -E '^(stat::number_of_executed_units|stat::new_units_added|stat::peak_rss_mb|Done )' "$work/log" || true
+grep -a -E '^(stat::number_of_executed_units|stat::new_units_added|stat::peak_rss_mb|Done )' "$work/log" || true
 if [ $rc -ne 0 ]; then
   tail -n 60 "$work/log"
   echo "fuzzer $(basename "$bin") failed (exit $rc); replay: $bin $work/crash-* (or leak-/timeout-/oom-)"
