@@ -721,9 +721,9 @@ class cluster {
   void fault_end(size_t i) {
     const fault_event& f = fo_.schedule[i];
     switch (f.kind) {
-      case fault_kind::crash: bring_up(static_cast<size_t>(f.group), true); break;
+      case fault_kind::crash:  // restarted (its engines were emptied at the crash)
       case fault_kind::partition:
-      case fault_kind::hang: bring_up(static_cast<size_t>(f.group), false); break;
+      case fault_kind::hang: bring_up(static_cast<size_t>(f.group)); break;
       case fault_kind::slow: groups_[static_cast<size_t>(f.group)].slow /= f.factor; break;
       default: break;
     }
@@ -789,7 +789,7 @@ class cluster {
 
   // Group g is back (restarted, healed, awake): in the balancers' views again, and the
   // requests parked for want of any prefill engine go out.
-  void bring_up(size_t g, bool) {
+  void bring_up(size_t g) {
     group_state& gs = groups_[g];
     if (gs.down == 0 || --gs.down > 0) return;
     for (int32_t ri : gs.ranks) {
