@@ -1,11 +1,17 @@
-// Static-partition worker pool behind parallel_for. Workers sleep on a condition variable
-// between jobs; the calling thread takes range 0 itself, so a pool of n threads has n−1
-// workers.
+// Static-partition worker pool behind parallel_for. Between jobs a worker spins for a short
+// while (spin_budget) on the job counter, then sleeps on a condition variable; the caller
+// waits for the parts the same way. A decode step is a chain of small products a few µs
+// apart: a futex wake-up per product cost as much as reading a 1 MB expert matrix. The
+// calling thread takes range 0 itself, so a pool of n threads has n−1 workers.
 #include "kernels/cpu/thread_pool.hpp"
 
 #include <sched.h>
 
+#include <immintrin.h>
+
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cerrno>
 #include <condition_variable>
 #include <cstring>
@@ -23,6 +29,23 @@ namespace {
 // True while this thread runs a part of a parallel_for (worker or caller): nested calls then
 // run inline instead of re-entering the pool.
 thread_local bool in_parallel = false;
+
+// How long a worker (or a caller waiting for its parts) spins before it sleeps: a few
+// products' worth, so a chain of them keeps the workers awake and an idle pool sleeps.
+constexpr auto spin_budget = std::chrono::microseconds(100);
+
+// Spins until done() or the budget is spent; whether done() held.
+template <class Done>
+bool spin_until(const Done& done) {
+  const auto until = std::chrono::steady_clock::now() + spin_budget;
+  for (;;) {
+    for (int i = 0; i < 64; ++i) {
+      if (done()) return true;
+      _mm_pause();
+    }
+    if (std::chrono::steady_clock::now() >= until) return done();
+  }
+}
 
 class pool {
  public:
@@ -44,19 +67,22 @@ class pool {
     // One job at a time: callers on several threads (engines of the ranks of an EP group in
     // one process) take turns instead of overwriting each other's job.
     std::lock_guard turn(run_mu_);
-    std::unique_lock lock(mu_);
-    job_ = &fn;
-    job_n_ = n;
-    job_parts_ = parts;
-    pending_ = parts - 1;
-    ++generation_;
-    lock.unlock();
+    {
+      std::lock_guard lock(mu_);
+      job_ = &fn;
+      job_n_ = n;
+      job_parts_ = parts;
+      pending_.store(parts - 1, std::memory_order_relaxed);
+      generation_.fetch_add(1, std::memory_order_release);
+    }
     cv_.notify_all();
     in_parallel = true;
     fn(0, range_end(0));
     in_parallel = false;
-    lock.lock();
-    done_cv_.wait(lock, [&] { return pending_ == 0; });
+    const auto finished = [&] { return pending_.load(std::memory_order_acquire) == 0; };
+    spin_until(finished);
+    std::unique_lock lock(mu_);
+    done_cv_.wait(lock, finished);
     job_ = nullptr;
     job_parts_ = 0;
   }
@@ -68,7 +94,7 @@ class pool {
     stopping_ = false;
     // New workers start from the current generation: a job that ended before they existed
     // is not theirs to run.
-    for (int i = 1; i < n; ++i) workers_.emplace_back([this, i, g = generation_] { work(i, g); });
+    for (int i = 1; i < n; ++i) workers_.emplace_back([this, i, g = generation_.load()] { work(i, g); });
   }
   void stop() {
     {
@@ -82,6 +108,9 @@ class pool {
   void work(int index, uint64_t seen) {
     in_parallel = true;
     for (;;) {
+      spin_until([&] {
+        return stopping_.load(std::memory_order_relaxed) || generation_.load(std::memory_order_acquire) != seen;
+      });
       std::unique_lock lock(mu_);
       cv_.wait(lock, [&] { return stopping_ || generation_ != seen; });
       if (stopping_) return;
@@ -91,8 +120,11 @@ class pool {
       int64_t begin = job_n_ * index / job_parts_, end = range_end(index);
       lock.unlock();
       (*fn)(begin, end);
-      lock.lock();
-      if (--pending_ == 0) done_cv_.notify_one();
+      if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+        // Under the lock: a caller between its check and its wait cannot miss this.
+        std::lock_guard done(mu_);
+        done_cv_.notify_one();
+      }
     }
   }
 
@@ -103,9 +135,10 @@ class pool {
   const std::function<void(int64_t, int64_t)>* job_ = nullptr;
   int64_t job_n_ = 0;
   int job_parts_ = 0;
-  int pending_ = 0;
-  uint64_t generation_ = 0;
-  bool stopping_ = false;
+  // Written under mu_; read without it by spinning threads.
+  std::atomic<int> pending_{0};
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<bool> stopping_{false};
 };
 
 int default_threads() { return available_cpus(); }
