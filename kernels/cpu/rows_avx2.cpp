@@ -243,7 +243,7 @@ void gemv_fp8(const float* x, const uint8_t* w, const float* scales, const int32
 }  // namespace
 
 const row_kernels& avx2_kernels() {
-  static const row_kernels k{dot_f32, dot_bf16, dot_fp8, widen_bf16, widen_fp8, gemv_bf16, gemv_fp8};
+  static const row_kernels k{dot_f32, dot_bf16, dot_fp8, widen_bf16, widen_fp8, gemv_bf16, gemv_fp8, nullptr};
   return k;
 }
 

@@ -26,6 +26,10 @@ struct row_kernels {
   void (*gemv_bf16)(const float* x, const uint16_t* w, int64_t k, int64_t cols, float* y);
   void (*gemv_fp8)(const float* x, const uint8_t* w, const float* scales, const int32_t* row_scales, int64_t block,
                    int64_t k, int64_t cols, float* y);
+  // y (m × cols, rows ldy apart) = x (m × k) · wᵀ for `cols` bf16 weight rows of k values, each
+  // output bit for bit dot_bf16's for its row (batch invariance). Null where the variant has
+  // none (matmul_bf16 then goes through dot_bf16, four rows of x at a time).
+  void (*gemm_bf16)(const float* x, int64_t m, const uint16_t* w, int64_t k, int64_t cols, float* y, int64_t ldy);
 };
 
 const row_kernels& avx2_kernels();
