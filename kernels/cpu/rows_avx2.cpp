@@ -120,9 +120,9 @@ inline float fp8_value(uint8_t c) {
 
 // dst[i] = value of code src[i] · scales[i / block] (a row of an fp8_matrix, n values).
 void widen_fp8(const uint8_t* src, const float* scales, int64_t block, float* dst, int64_t n) {
-  for (int64_t b0 = 0; b0 < n; b0 += block) {
+  for (int64_t b0 = 0, bi = 0; b0 < n; b0 += block, ++bi) {
     const int64_t b1 = std::min(n, b0 + block);
-    const float s = scales[b0 / block];
+    const float s = scales[bi];
     const __m256 sv = _mm256_set1_ps(s);
     int64_t i = b0;
     const __m256 sv16 = _mm256_set1_ps(s * fp8_scale_fold);
@@ -145,9 +145,9 @@ void dot_fp8(const float* const* a, int rows, const uint8_t* b, const float* sca
   __m256 tot[4][2];
   float tail[4] = {0, 0, 0, 0};
   for (auto& r : tot) r[0] = r[1] = _mm256_setzero_ps();
-  for (int64_t b0 = 0; b0 < n; b0 += block) {
+  for (int64_t b0 = 0, bi = 0; b0 < n; b0 += block, ++bi) {
     const int64_t b1 = std::min(n, b0 + block);
-    const float s = scales[b0 / block];
+    const float s = scales[bi];
     __m256 acc[4][2];
     for (auto& r : acc) r[0] = r[1] = _mm256_setzero_ps();
     int64_t i = b0;
@@ -211,7 +211,7 @@ void gemv_fp8(const float* x, const uint8_t* w, const float* scales, const int32
     __m256 tot[4][2];
     float tail[4] = {0, 0, 0, 0};
     for (auto& r : tot) r[0] = r[1] = _mm256_setzero_ps();
-    for (int64_t b0 = 0; b0 < k; b0 += block) {
+    for (int64_t b0 = 0, bi = 0; b0 < k; b0 += block, ++bi) {
       const int64_t b1 = std::min(k, b0 + block);
       __m256 acc[4][2];
       for (auto& r : acc) r[0] = r[1] = _mm256_setzero_ps();
@@ -226,7 +226,7 @@ void gemv_fp8(const float* x, const uint8_t* w, const float* scales, const int32
         }
       }
       for (int c = 0; c < 4; ++c) {
-        const float sc = s[c][b0 / block];
+        const float sc = s[c][bi];
         const __m256 sv = _mm256_set1_ps(sc * fp8_scale_fold);
         tot[c][0] = _mm256_fmadd_ps(acc[c][0], sv, tot[c][0]);
         tot[c][1] = _mm256_fmadd_ps(acc[c][1], sv, tot[c][1]);
