@@ -171,20 +171,36 @@ void dot_fp8(const float* const* a, int rows, const uint8_t* b, const float* sca
   for (int r = 0; r < rows; ++r) out[r] = hsum(_mm256_add_ps(tot[r][0], tot[r][1])) + tail[r];
 }
 
+// The GEMVs read four rows at a time from four far-apart parts of [0, cols) (`part` rows
+// each), each part walked row after row, stream c starting c rows in (and wrapping once):
+// long sequential streams the prefetchers follow, not all in one cache set when parts are a
+// multiple of 4 KiB apart (as the avx512 variant's eight). Row pointers of step j, and of
+// step j + 1 to prefetch.
+template <class T>
+void rows_of_streams(const T* w, int64_t k, int64_t part, int64_t j, const T** rows, const T** next) {
+  for (int c = 0; c < 4; ++c) {
+    rows[c] = w + (c * part + (j + c) % part) * k;
+    next[c] = w + (c * part + (j + 1 + c) % part) * k;
+  }
+}
+
 // y[j] = x · row j of w (k values) for j < cols, four rows at a time (eight independent
 // accumulator chains, x loaded once for four rows); each row in dot_bf16's exact order.
 void gemv_bf16(const float* x, const uint16_t* w, int64_t k, int64_t cols, float* y) {
-  int64_t j = 0;
-  for (; j + 4 <= cols; j += 4) {
-    const uint16_t* b[4] = {w + j * k, w + (j + 1) * k, w + (j + 2) * k, w + (j + 3) * k};
+  const int64_t part = cols / 4;
+  for (int64_t j = 0; j < part; ++j) {
+    const uint16_t* b[4];
+    const uint16_t* next[4];
+    rows_of_streams(w, k, part, j, b, next);
+    const bool ahead = j + 1 < part;
     __m256 acc[4][2];
     for (auto& r : acc) r[0] = r[1] = _mm256_setzero_ps();
     int64_t i = 0;
     for (; i + 16 <= k; i += 16) {
       const __m256 x0 = _mm256_loadu_ps(x + i), x1 = _mm256_loadu_ps(x + i + 8);
-      // the next four rows, one cache line of each per 32 values, ahead of their use
-      if ((i & 31) == 0 && j + 8 <= cols)
-        for (int c = 0; c < 4; ++c) _mm_prefetch(reinterpret_cast<const char*>(b[c] + 4 * k + i), _MM_HINT_T0);
+      // each stream's next row, one cache line per 32 values, ahead of its use
+      if ((i & 31) == 0 && ahead)
+        for (int c = 0; c < 4; ++c) _mm_prefetch(reinterpret_cast<const char*>(next[c] + i), _MM_HINT_T0);
       for (int c = 0; c < 4; ++c) {
         acc[c][0] = _mm256_fmadd_ps(x0, load_bf16(b[c] + i), acc[c][0]);
         acc[c][1] = _mm256_fmadd_ps(x1, load_bf16(b[c] + i + 8), acc[c][1]);
@@ -193,21 +209,24 @@ void gemv_bf16(const float* x, const uint16_t* w, int64_t k, int64_t cols, float
     for (int c = 0; c < 4; ++c) {
       float t = hsum(_mm256_add_ps(acc[c][0], acc[c][1]));
       for (int64_t q = i; q < k; ++q) t += x[q] * bf16_value(b[c][q]);
-      y[j + c] = t;
+      y[(b[c] - w) / k] = t;
     }
   }
-  for (; j < cols; ++j) dot_bf16(&x, 1, w + j * k, k, y + j);
+  for (int64_t j = 4 * part; j < cols; ++j) dot_bf16(&x, 1, w + j * k, k, y + j);
 }
 
 // As gemv_bf16 for FP8 rows (row_scales[j]: offset in scales of row j's scale row); each row
 // in dot_fp8's exact order.
 void gemv_fp8(const float* x, const uint8_t* w, const float* scales, const int32_t* row_scales, int64_t block,
               int64_t k, int64_t cols, float* y) {
-  int64_t j = 0;
-  for (; j + 4 <= cols; j += 4) {
-    const uint8_t* b[4] = {w + j * k, w + (j + 1) * k, w + (j + 2) * k, w + (j + 3) * k};
-    const float* s[4] = {scales + row_scales[j], scales + row_scales[j + 1], scales + row_scales[j + 2],
-                         scales + row_scales[j + 3]};
+  const int64_t part = cols / 4;
+  for (int64_t j = 0; j < part; ++j) {
+    const uint8_t* b[4];
+    const uint8_t* next[4];
+    rows_of_streams(w, k, part, j, b, next);
+    const float* s[4];
+    for (int c = 0; c < 4; ++c) s[c] = scales + row_scales[(b[c] - w) / k];
+    const bool ahead = j + 1 < part;
     __m256 tot[4][2];
     float tail[4] = {0, 0, 0, 0};
     for (auto& r : tot) r[0] = r[1] = _mm256_setzero_ps();
@@ -218,6 +237,8 @@ void gemv_fp8(const float* x, const uint8_t* w, const float* scales, const int32
       int64_t i = b0;
       for (; i + 16 <= b1; i += 16) {
         const __m256 x0 = _mm256_loadu_ps(x + i), x1 = _mm256_loadu_ps(x + i + 8);
+        if (ahead && (i & 63) == 0)
+          for (int c = 0; c < 4; ++c) _mm_prefetch(reinterpret_cast<const char*>(next[c] + i), _MM_HINT_T0);
         for (int c = 0; c < 4; ++c) {
           __m256 w0, w1;
           load_fp8x16(b[c] + i, w0, w1);
@@ -235,9 +256,9 @@ void gemv_fp8(const float* x, const uint8_t* w, const float* scales, const int32
         tail[c] += t * sc;
       }
     }
-    for (int c = 0; c < 4; ++c) y[j + c] = hsum(_mm256_add_ps(tot[c][0], tot[c][1])) + tail[c];
+    for (int c = 0; c < 4; ++c) y[(b[c] - w) / k] = hsum(_mm256_add_ps(tot[c][0], tot[c][1])) + tail[c];
   }
-  for (; j < cols; ++j) dot_fp8(&x, 1, w + j * k, scales + row_scales[j], block, k, y + j);
+  for (int64_t j = 4 * part; j < cols; ++j) dot_fp8(&x, 1, w + j * k, scales + row_scales[j], block, k, y + j);
 }
 
 }  // namespace
