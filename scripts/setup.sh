@@ -10,6 +10,7 @@ pkgs=(build-essential cmake ninja-build ccache pkg-config git
       prometheus  # promtool checks the metrics endpoints' exposition format in the tests
       clang-16 libclang-rt-16-dev  # the fuzzers' build (libFuzzer, ASan, UBSan): scripts/fuzz.sh
       openssl  # scripts/make-cluster-certs.sh: the cluster CA and node certificates (TLS tests)
+      libdnnl-dev  # oneDNN: bench engine sets its bf16 GEMM beside matmul_bf16 (bench_onednn.cpp)
       iproute2)  # ip netns: the cluster test across network namespaces (tests/tools/netns_cluster_test.cpp)
 missing=()
 for p in "${pkgs[@]}"; do

@@ -181,11 +181,23 @@ int run_engine_bench(const engine_args& a) {
                          {rows / 4, 2 * c.moe_intermediate_size, c.hidden_size},
                          {rows, 2 * c.intermediate_size, c.hidden_size}})
     peak = std::max(peak, gemm_gflops(m, n, k, kernels::num_threads()));
-  double bf16_peak = 0;  // bf16 weights at the same shapes
-  for (auto [m, n, k] : {std::tuple{rows, c.hidden_size, c.hidden_size}, {rows, 2 * c.intermediate_size, c.hidden_size}})
-    bf16_peak = std::max(bf16_peak, engine_bf16_gemm_gflops(m, n, k));
-  fmt::print("GEMM peak (OpenBLAS sgemm, {} threads): {:.1f} GFLOP/s; bf16 weights (matmul_bf16): {:.1f} GFLOP/s\n",
-             kernels::num_threads(), peak, bf16_peak);
+  // bf16 weights at the same shapes: the engine's kernel and the library's, the faster is the peak.
+  double ours = 0;
+  std::optional<library_gemm> lib;
+  for (auto [m, n, k] : {std::tuple{rows, c.hidden_size, c.hidden_size}, {rows, 2 * c.intermediate_size, c.hidden_size}}) {
+    ours = std::max(ours, engine_bf16_gemm_gflops(m, n, k));
+    if (auto l = onednn_bf16_gemm_gflops(m, n, k, kernels::num_threads()); l && (!lib || l->gflops > lib->gflops))
+      lib = std::move(l);
+  }
+  const double bf16_peak = std::max(ours, lib ? lib->gflops : 0.0);
+  fmt::print("GEMM peak (OpenBLAS sgemm, {} threads): {:.1f} GFLOP/s; bf16 weights: matmul_bf16 {:.1f} GFLOP/s, {}; "
+             "bf16 GEMM peak {:.1f} ({})\n",
+             kernels::num_threads(), peak, ours,
+             lib ? fmt::format("{} {:.1f} GFLOP/s", lib->impl, lib->gflops) : std::string("no library bf16 GEMM in this build"),
+             bf16_peak, lib && lib->gflops > ours ? "the library's" : "matmul_bf16");
+  limits.update({{"point", "bf16_gemm"}, {"matmul_bf16_gflops", ours}, {"library_bf16_gflops", lib ? lib->gflops : 0.0},
+                 {"library_bf16_impl", lib ? lib->impl : ""}, {"bf16_gemm_gflops", bf16_peak}});
+  append_jsonl(a.out, limits);
   // Prefill, batch 1.
   auto cfg = runtime::default_engine_config(c, 1024);
   cfg.cache.prefix_caching = false;

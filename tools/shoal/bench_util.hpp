@@ -2,7 +2,9 @@
 // the same run, and JSONL output (one record per point, MEASURE.md).
 #pragma once
 
+#include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -22,9 +24,16 @@ uint64_t splitmix64(uint64_t x);
 // OpenBLAS sgemm GFLOP/s at (m, n, k) with OpenBLAS's own threading over `threads`: median of `reps`.
 double gemm_gflops(int64_t m, int64_t n, int64_t k, int threads, int reps = 5);
 // bf16 GEMM GFLOP/s at (m, n, k), x (m, k) · w (n, k)ᵀ through the engine's matmul_bf16 (x
-// fp32, w bf16 widened; the pool's threads). Debian's OpenBLAS 0.3.21 is built without
-// BUILD_BFLOAT16 (no cblas_sbgemm symbol), so there is no library bf16 GEMM to set beside it.
+// fp32, w bf16; the pool's threads).
 double engine_bf16_gemm_gflops(int64_t m, int64_t n, int64_t k, int reps = 5);
+// A library's bf16 GEMM at the same shape: Debian's OpenBLAS 0.3.21 is built without
+// BUILD_BFLOAT16 (no cblas_sbgemm), so oneDNN's matmul (bf16 x bf16 -> fp32) on `threads`
+// OpenMP threads; its implementation's name in `impl`. Nothing when the build has no oneDNN.
+struct library_gemm {
+  double gflops = 0;
+  std::string impl;
+};
+std::optional<library_gemm> onednn_bf16_gemm_gflops(int64_t m, int64_t n, int64_t k, int threads, int reps = 5);
 // Memory bandwidth on the pool's threads over buffers far larger than the caches, GB/s
 // (10^9 bytes): a read-only streaming sum, and a triad a = b + s·c counted as 12 bytes per
 // element (STREAM's convention: the write-allocate read is not counted). Medians of `reps`.
