@@ -6,6 +6,7 @@
 
 #include <algorithm>
 
+#include "kernels/assert.hpp"
 #include "kernels/cpu/ops.hpp"
 #include "kernels/cpu/thread_pool.hpp"
 #include "model/forward_internal.hpp"
@@ -14,6 +15,9 @@ namespace shoal::model::detail {
 
 void swiglu(const expert_weights& e, const float* xn, int64_t rows, int64_t d, bool invariant,
             float* out) {
+  // An expert-parallel rank holds only its own routed experts (expert_reader): computing
+  // another is a bug in who computes what, not something to run on empty weights.
+  SHOAL_ASSERT(!e.gate_up.empty() && !e.down.empty());
   int64_t width = e.gate_up.out / 2;
   std::vector<float> gu(static_cast<size_t>(rows * 2 * width)), h(static_cast<size_t>(rows * width));
   apply(e.gate_up, xn, gu.data(), rows, invariant);

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <map>
 
+#include "kernels/assert.hpp"
 #include "kernels/cpu/ops.hpp"
 #include "model/safetensors.hpp"
 
@@ -49,6 +50,17 @@ void swiglu(const visit_fn& fn, expert_weights& e, const std::string& prefix, in
   lin(fn, e.down, prefix + "down_proj.weight", d, width, true);
 }
 
+// Routed expert e of (MoE) layer `layer`, its slots tagged with their MoE slot and expert.
+void routed_swiglu(const model_config& c, const visit_fn& fn, expert_weights& x, int64_t layer, int64_t e) {
+  const int64_t moe_slot = layer - c.first_k_dense_replace;
+  swiglu([&](const tensor_slot& t) {
+    tensor_slot tagged = t;
+    tagged.moe_slot = moe_slot, tagged.expert = e;
+    fn(tagged);
+  }, x, "model.layers." + std::to_string(layer) + ".mlp.experts." + std::to_string(e) + ".",
+         c.moe_intermediate_size, c.hidden_size);
+}
+
 // kind: 0 encoder/v3 layer, 1 decoder layer, 2 MTP layer.
 void visit_layer(const model_config& c, layer_weights& l, int64_t index, int kind,
                  const visit_fn& fn) {
@@ -83,8 +95,7 @@ void visit_layer(const model_config& c, layer_weights& l, int64_t index, int kin
   lin(fn, f.router, p + "mlp.gate.weight", E, d);
   vec(fn, f.router_bias, p + "mlp.gate.e_score_correction_bias", E, init_kind::bias);
   f.experts.resize(static_cast<size_t>(E));
-  for (int64_t e = 0; e < E; ++e)
-    swiglu(fn, f.experts[e], p + "mlp.experts." + std::to_string(e) + ".", c.moe_intermediate_size, d);
+  for (int64_t e = 0; e < E; ++e) routed_swiglu(c, fn, f.experts[e], index, e);
   if (c.n_shared_experts > 0)
     swiglu(fn, f.shared, p + "mlp.shared_experts.", c.moe_intermediate_size * c.n_shared_experts, d);
 }
@@ -267,35 +278,31 @@ void print_load_progress(size_t done, size_t total) {
   if (done == total) std::fprintf(stderr, "\n");
 }
 
-result<model_weights> load_weights(const std::string& dir, void (*progress)(size_t, size_t)) {
-  auto config = load_config(dir);
-  if (!config) return std::unexpected(config.error());
-  auto ckpt = checkpoint::open(dir, progress);
-  if (!ckpt) return std::unexpected(ckpt.error());
-  model_weights w;
-  w.config = *config;
-  std::optional<error> first_error;
-  ckpt->set_fp8_block(w.config.quantization.block_rows, w.config.quantization.block_cols);
-  // The parts of each narrowable linear read so far (name, shape, offset, dtype). A linear
-  // whose parts are all bf16 (or all FP8) is filled as stored; one that mixes dtypes is read
-  // again as fp32 once its last part is known.
-  struct part { std::string name; std::vector<int64_t> shape; int64_t offset; dtype type; };
-  std::map<const linear*, std::vector<part>> parts;
-  visit_tensors(w, [&](const tensor_slot& t) {
-    if (first_error) return;
-    if (t.shared && !ckpt->has(t.name)) return;  // left empty: the main model's is read
-    auto fail_with = [&](const error& e) { first_error = e; };
+namespace {
+
+// Reads tensor slots from a checkpoint into their destinations, keeping bf16 and FP8 linears
+// as stored; a linear whose parts mix dtypes is read again as fp32 once its last part is
+// known. The first error stops it.
+class slot_reader {
+ public:
+  explicit slot_reader(const checkpoint& ckpt) : ckpt_(ckpt) {}
+  const std::optional<error>& failed() const { return first_error_; }
+
+  void read(const tensor_slot& t) {
+    if (first_error_) return;
+    if (t.shared && !ckpt_.has(t.name)) return;  // left empty: the main model's is read
+    auto fail_with = [&](const error& e) { first_error_ = e; };
     linear* l = t.narrowable;
-    const tensor_info* info = ckpt->find(t.name);
+    const tensor_info* info = ckpt_.find(t.name);
     if (!l || !info || (info->type != dtype::bf16 && info->type != dtype::f8_e4m3)) {
-      auto values = ckpt->read_f32(t.name, t.shape);
+      auto values = ckpt_.read_f32(t.name, t.shape);
       if (!values) return fail_with(values.error());
       std::copy(values->begin(), values->end(), slot_storage(t));
     } else if (info->type == dtype::bf16) {
       if (l->w_bf16.empty()) l->w_bf16.resize(static_cast<size_t>(l->out * l->in));
-      if (auto r = ckpt->read_bf16(t.name, t.shape, l->w_bf16.data() + t.offset); !r) return fail_with(r.error());
+      if (auto r = ckpt_.read_bf16(t.name, t.shape, l->w_bf16.data() + t.offset); !r) return fail_with(r.error());
     } else {
-      auto q = ckpt->read_fp8(t.name, t.shape);
+      auto q = ckpt_.read_fp8(t.name, t.shape);
       if (!q) return fail_with(q.error());
       fp8_weights& f = l->w_fp8;  // stacked after the parts read before (gate, then up)
       const auto base = static_cast<int32_t>(f.scales.size());
@@ -305,11 +312,11 @@ result<model_weights> load_weights(const std::string& dir, void (*progress)(size
       for (int64_t r = 0; r < q->rows; ++r)
         f.row_scales.push_back(base + static_cast<int32_t>((r / q->block_rows) * q->scale_cols));
     }
-    ckpt->release(t.name);
+    ckpt_.release(t.name);
     if (!l) return;
     int64_t numel = 1;
     for (int64_t v : t.shape) numel *= v;
-    auto& seen = parts[l];
+    auto& seen = parts_[l];
     seen.push_back({t.name, t.shape, t.offset, info ? info->type : dtype::f32});
     if (t.offset + numel != l->out * l->in) return;  // gate_up: after up_proj
     bool same = true;
@@ -319,14 +326,81 @@ result<model_weights> load_weights(const std::string& dir, void (*progress)(size
     l->w_bf16.clear(), l->w_fp8 = {};
     l->w.assign(static_cast<size_t>(l->out * l->in), 0.0f);
     for (const part& p : seen) {
-      auto values = ckpt->read_f32(p.name, p.shape);
+      auto values = ckpt_.read_f32(p.name, p.shape);
       if (!values) return fail_with(values.error());
       std::copy(values->begin(), values->end(), l->w.data() + p.offset);
     }
+  }
+
+ private:
+  struct part { std::string name; std::vector<int64_t> shape; int64_t offset; dtype type; };
+  const checkpoint& ckpt_;
+  std::map<const linear*, std::vector<part>> parts_;  // the parts of each linear read so far
+  std::optional<error> first_error_;
+};
+
+}  // namespace
+
+result<model_weights> load_weights(const std::string& dir, void (*progress)(size_t, size_t),
+                                   const load_options& options) {
+  auto config = load_config(dir);
+  if (!config) return std::unexpected(config.error());
+  auto ckpt = checkpoint::open(dir, progress);
+  if (!ckpt) return std::unexpected(ckpt.error());
+  model_weights w;
+  w.config = *config;
+  ckpt->set_fp8_block(w.config.quantization.block_rows, w.config.quantization.block_cols);
+  slot_reader reader(*ckpt);
+  visit_tensors(w, [&](const tensor_slot& t) {
+    if (t.expert >= 0 && options.keep_routed_expert && !options.keep_routed_expert(t.moe_slot, t.expert)) return;
+    reader.read(t);
   });
-  if (first_error) return std::unexpected(*first_error);
+  if (reader.failed()) return std::unexpected(*reader.failed());
   derive(w);
   return w;
+}
+
+expert_weights& routed_expert_weights(model_weights& w, int64_t moe_slot, int64_t expert) {
+  const model_config& c = w.config;
+  SHOAL_ASSERT(moe_slot >= 0 && c.first_k_dense_replace + moe_slot < c.num_hidden_layers + c.num_nextn_predict_layers);
+  const int64_t layer = c.first_k_dense_replace + moe_slot;
+  ffn_weights& f = layer < c.num_hidden_layers ? w.layers[layer].ffn : w.mtp[layer - c.num_hidden_layers].layer.ffn;
+  SHOAL_ASSERT(f.moe && expert >= 0 && expert < static_cast<int64_t>(f.experts.size()));
+  return f.experts[expert];
+}
+
+struct expert_reader::impl {
+  checkpoint ckpt;
+};
+
+result<expert_reader> expert_reader::open(const std::string& dir) {
+  auto config = load_config(dir);
+  if (!config) return std::unexpected(config.error());
+  auto ckpt = checkpoint::open(dir, nullptr);
+  if (!ckpt) return std::unexpected(ckpt.error());
+  ckpt->set_fp8_block(config->quantization.block_rows, config->quantization.block_cols);
+  return expert_reader(std::make_shared<const impl>(impl{std::move(*ckpt)}));
+}
+
+result<void> expert_reader::read(model_weights& w, int64_t moe_slot, int64_t expert) const {
+  const model_config& c = w.config;
+  expert_weights& x = routed_expert_weights(w, moe_slot, expert);
+  slot_reader reader(impl_->ckpt);
+  routed_swiglu(c, [&](const tensor_slot& t) { reader.read(t); }, x, c.first_k_dense_replace + moe_slot, expert);
+  if (reader.failed()) {
+    drop(w, moe_slot, expert);  // nothing half-read stays
+    return std::unexpected(*reader.failed());
+  }
+  return {};
+}
+
+void expert_reader::drop(model_weights& w, int64_t moe_slot, int64_t expert) {
+  expert_weights& x = routed_expert_weights(w, moe_slot, expert);
+  for (linear* l : {&x.gate_up, &x.down}) {
+    std::vector<float>().swap(l->w);
+    std::vector<uint16_t>().swap(l->w_bf16);
+    l->w_fp8 = {};
+  }
 }
 
 }  // namespace shoal::model

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -166,6 +167,8 @@ struct tensor_slot {
   linear* narrowable = nullptr;
   std::vector<float>* storage = nullptr;  // what slot_storage() sizes for a non-narrowable shared slot
   int64_t offset = 0;
+  // A routed expert's tensor: its MoE slot (model/forward.hpp) and expert id; −1 otherwise.
+  int64_t moe_slot = -1, expert = -1;
 };
 
 // dest of `t`, allocating a shared slot's own storage first.
@@ -182,8 +185,36 @@ void derive(model_weights& w);
 // 64 MiB and more (small ones load too fast to be worth a line).
 void print_load_progress(size_t done, size_t total);
 
+// Which routed experts a load reads: keep_routed_expert(moe_slot, expert); all when unset.
+// An expert left out stays empty (its linears hold nothing, nothing of it is read or mapped):
+// an expert-parallel rank reads its own later (expert_reader).
+struct load_options {
+  std::function<bool(int64_t moe_slot, int64_t expert)> keep_routed_expert;
+};
+
 // Loads config.json + safetensors from `dir`. Errors name the file and tensor.
 result<model_weights> load_weights(const std::string& dir,
-                                   void (*progress)(size_t done, size_t total) = nullptr);
+                                   void (*progress)(size_t done, size_t total) = nullptr,
+                                   const load_options& options = {});
+
+// The routed experts of `w` (a model loaded from `dir`) read or dropped one at a time, for
+// an expert-parallel rank whose layout changes. Not thread-safe; the caller makes sure no
+// forward pass reads an expert while it is read or dropped.
+class expert_reader {
+ public:
+  static result<expert_reader> open(const std::string& dir);
+  // Reads expert `expert` of `moe_slot` into w as load_weights would have (same precision).
+  result<void> read(model_weights& w, int64_t moe_slot, int64_t expert) const;
+  // Frees its memory (it becomes empty).
+  static void drop(model_weights& w, int64_t moe_slot, int64_t expert);
+
+ private:
+  struct impl;
+  explicit expert_reader(std::shared_ptr<const impl> p) : impl_(std::move(p)) {}
+  std::shared_ptr<const impl> impl_;
+};
+
+// The weights of routed expert `expert` of `moe_slot` (model/forward.hpp's numbering).
+expert_weights& routed_expert_weights(model_weights& w, int64_t moe_slot, int64_t expert);
 
 }  // namespace shoal::model

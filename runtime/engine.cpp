@@ -4,6 +4,7 @@
 #include "runtime/engine.hpp"
 
 #include "model/vision.hpp"
+#include "runtime/expert_residency.hpp"
 #include "runtime/grammar.hpp"
 #include "runtime/image.hpp"
 
@@ -57,6 +58,7 @@ engine::engine(std::shared_ptr<const model::model_weights> weights, const engine
 }
 
 engine::~engine() {
+  if (config_.experts) config_.experts->release(this);
   for (auto& [hash, rr] : rows_reads_) rr->t->wait();  // their buffers are the reads' destinations
   if (worker_.joinable()) {
     {
@@ -547,6 +549,18 @@ std::vector<token_event> engine::step_ep() {
   step_plan p = sched_.plan({});
   stats_.plan_s += now_s() - t0;
   stalled_ = p.items.empty() && has_work();
+  if (config_.experts) {  // this layout's experts in memory before any of them is computed
+    const expert_range want = owned_experts(ep_->layout(), weights_->config.n_routed_experts);
+    if (!held_experts_ || held_experts_->first != want.first || held_experts_->last != want.last) {
+      if (auto held = config_.experts->hold(this, want); !held) {
+        // This rank cannot compute its experts: its requests fail (its peers' exchanges
+        // with it time out).
+        if (!p.items.empty()) dispatch(std::move(p));
+        return fail_step("EP rank " + std::to_string(ep_->layout().rank) + ": " + held.error());
+      }
+      held_experts_ = want;
+    }
+  }
   ep_->begin_step();
   if (!p.items.empty()) {
     dispatch(std::move(p));

@@ -26,6 +26,10 @@
 #include "runtime/speculative.hpp"
 
 namespace shoal::runtime {
+class expert_residency;  // runtime/expert_residency.hpp
+}  // namespace shoal::runtime
+
+namespace shoal::runtime {
 
 class token_vocab;
 struct compiled_grammar;
@@ -54,6 +58,11 @@ struct engine_config {
     ep_frame_limits limits;
   };
   std::optional<ep_config> ep;
+  // With ep: the process's routed experts in memory, when its weights were loaded without
+  // them (expert_residency.hpp). Before each lockstep step the engine holds the experts of
+  // its current layout (read from the checkpoint when the layout changed). Null: the weights
+  // hold every expert.
+  std::shared_ptr<expert_residency> experts;
   // DSpark speculative decoding (MTP drafts verified each step). Needs a model with MTP
   // modules and a config that passes validate(spec, max_backtrack(model, cache)); not with
   // expert parallelism or role prefill (node_config refuses those). Forces
@@ -242,6 +251,7 @@ class engine {
   std::optional<in_flight_step> flight_;
   engine_stats stats_;
   std::unique_ptr<ep_moe_exchange> ep_;
+  std::optional<expert_range> held_experts_;  // what config_.experts holds for this engine
   std::string last_error_;
   embedding_cache images_;
   std::map<embedding_cache::key, std::shared_ptr<rows_read>> rows_reads_;

@@ -2,8 +2,9 @@
 #include "runtime/engine_setup.hpp"
 
 namespace shoal::runtime {
-model::result<loaded_model> load_model_dir(const std::string& dir, bool show_progress) {
-  auto w = model::load_weights(dir, show_progress ? model::print_load_progress : nullptr);
+model::result<loaded_model> load_model_dir(const std::string& dir, bool show_progress,
+                                          const model::load_options& options) {
+  auto w = model::load_weights(dir, show_progress ? model::print_load_progress : nullptr, options);
   if (!w) return std::unexpected(w.error());
   auto tok = model::tokenizer::load(dir + "/tokenizer.json");
   if (!tok) return std::unexpected(tok.error());

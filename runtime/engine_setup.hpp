@@ -18,7 +18,9 @@ struct loaded_model {
 };
 
 // Reads DIR/config.json, the safetensors and DIR/tokenizer.json. Errors name file and field.
-model::result<loaded_model> load_model_dir(const std::string& dir, bool show_progress);
+// `options` as model::load_weights (an expert-parallel node reads no routed experts here).
+model::result<loaded_model> load_model_dir(const std::string& dir, bool show_progress,
+                                          const model::load_options& options = {});
 
 // Engine defaults for a model: cache blocks from `cache_mib` of block memory (at least
 // enough for one max-length request of 4,096 tokens), SWA slots = max_running.

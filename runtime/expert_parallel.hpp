@@ -20,8 +20,9 @@ namespace shoal::runtime {
 
 // Place of one rank in its EP group. Expert ownership is contiguous blocks: expert e of a
 // MoE layer with E routed experts is owned by the rank r with e in [r·E/size, (r+1)·E/size)
-// (integer division; with size > E some ranks own none). Every rank holds the full weights
-// today and uses only its own experts, so a new layout needs no weight movement.
+// (integer division; with size > E some ranks own none). A rank computes only its own
+// experts; with partitioned weights (expert_residency.hpp) its process holds only those, and
+// a new layout reads the ones it gains from the checkpoint between steps.
 struct ep_layout {
   int32_t rank = 0;
   int32_t size = 1;

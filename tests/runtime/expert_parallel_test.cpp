@@ -8,11 +8,15 @@
 #include <algorithm>
 #include <barrier>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <thread>
 
+#include "model/generate.hpp"
+#include "model/safetensors.hpp"
 #include "runtime/engine.hpp"
+#include "runtime/expert_residency.hpp"
 #include "runtime/expert_parallel.hpp"
 #include "tests/support/tiny_models.hpp"
 
@@ -315,6 +319,122 @@ TEST_CASE("ep engines in lockstep sample what one engine samples, one rank idle,
     check_against(events, ids, reference(w, jobs));
     CHECK(engines[0]->steps_started() == engines[1]->steps_started());
   }
+}
+
+TEST_CASE("ep partitioned weights: each rank reads only its own experts, reads more when the group shrinks, "
+          "samples what full weights sample") {
+  for (const char* preset : {"tiny", "v3-tiny"}) {
+    CAPTURE(preset);
+    const auto dir = std::filesystem::temp_directory_path() / (std::string("shoal_ep_partitioned_") + preset);
+    std::filesystem::remove_all(dir);
+    model::generate_options o;
+    o.preset = preset, o.seed = 5, o.out_dir = dir.string();
+    REQUIRE(model::generate_checkpoint(o).has_value());
+    auto full = model::load_weights(dir.string());
+    REQUIRE(full.has_value());
+    auto full_w = std::make_shared<model::model_weights>(std::move(*full));
+    const int64_t E = full_w->config.n_routed_experts, slots = model::moe_slot_count(full_w->config);
+    REQUIRE(E >= 4);
+    int64_t all_expert_bytes = 0;
+    for (int64_t s = 0; s < slots; ++s)
+      for (int64_t e = 0; e < E; ++e) {
+        const auto& x = model::routed_expert_weights(*full_w, s, e);
+        all_expert_bytes += static_cast<int64_t>(x.gate_up.bytes() + x.down.bytes());
+      }
+
+    // Four ranks as four processes: each its own weights, loaded without routed experts.
+    model::load_options none;
+    none.keep_routed_expert = [](int64_t, int64_t) { return false; };
+    local_ep_hub hub(4, 10s);
+    std::vector<std::shared_ptr<runtime::expert_residency>> held;
+    std::vector<std::unique_ptr<engine>> engines;
+    for (int32_t r = 0; r < 4; ++r) {
+      auto part = model::load_weights(dir.string(), nullptr, none);
+      REQUIRE(part.has_value());
+      for (int64_t e = 0; e < E; ++e) CHECK(model::routed_expert_weights(*part, 0, e).gate_up.empty());
+      auto w = std::make_shared<const model::model_weights>(std::move(*part));
+      auto residency = runtime::expert_residency::open(dir.string(), w);
+      REQUIRE(residency.has_value());
+      CHECK((*residency)->resident_experts() == 0);
+      engine_config c = ep_config(hub, r);
+      c.experts = *residency;
+      held.push_back(*residency);
+      engines.push_back(std::make_unique<engine>(w, c));
+    }
+    std::vector<std::vector<job>> jobs;
+    std::vector<std::map<int64_t, size_t>> ids;
+    for (int32_t r = 0; r < 4; ++r) {
+      jobs.push_back(jobs_for(r, 3, 1));
+      ids.push_back(add_jobs(*engines[r], jobs[r]));
+    }
+    auto events = run_lockstep({engines[0].get(), engines[1].get(), engines[2].get(), engines[3].get()});
+    check_against(events, ids, reference(full_w, jobs));
+    int64_t bytes = 0;
+    for (int32_t r = 0; r < 4; ++r) {
+      CAPTURE(r);
+      CHECK(engines[r]->last_error() == "");
+      const auto own = runtime::owned_experts({r, 4}, E);
+      CHECK(held[r]->resident_experts() == own.last - own.first);  // the idle rank 1 too
+      bytes += held[r]->resident_bytes();
+    }
+    CHECK(bytes == all_expert_bytes);  // every expert once across the group
+
+    // Ranks 2 and 3 leave: 0 and 1 take their experts, read from the checkpoint.
+    local_ep_hub pair(2, 10s);
+    jobs.clear();
+    ids.clear();
+    for (int32_t r = 0; r < 2; ++r) {
+      engines[r]->set_ep_group({r, 2}, pair.transport(r));
+      jobs.push_back(jobs_for(r, 41, -1));
+      ids.push_back(add_jobs(*engines[r], jobs[r]));
+    }
+    engines.resize(2);  // ranks 2 and 3 end: their residencies drop their experts
+    CHECK(held[2]->resident_experts() == 0);
+    events = run_lockstep({engines[0].get(), engines[1].get()});
+    check_against(events, ids, reference(full_w, jobs));
+    for (int32_t r = 0; r < 2; ++r) {
+      const auto own = runtime::owned_experts({r, 2}, E);
+      CHECK(held[r]->resident_experts() == own.last - own.first);
+    }
+    CHECK(held[0]->resident_bytes() + held[1]->resident_bytes() == all_expert_bytes);
+    std::filesystem::remove_all(dir);
+  }
+}
+
+TEST_CASE("ep partitioned weights: an expert the checkpoint cannot give is an error naming its tensor, nothing half-read stays") {
+  const auto dir = std::filesystem::temp_directory_path() / "shoal_ep_partitioned_bad";
+  std::filesystem::remove_all(dir);
+  model::generate_options o;
+  o.preset = "v3-tiny", o.seed = 5, o.out_dir = dir.string();
+  REQUIRE(model::generate_checkpoint(o).has_value());
+  model::load_options none;
+  none.keep_routed_expert = [](int64_t, int64_t) { return false; };
+  auto part = model::load_weights(dir.string(), nullptr, none);
+  REQUIRE(part.has_value());
+  auto w = std::make_shared<const model::model_weights>(std::move(*part));
+  // In the reader's place a checkpoint with the same config whose one file has routed expert
+  // 0's gate of the wrong shape (and nothing else).
+  const auto other = std::filesystem::temp_directory_path() / "shoal_ep_partitioned_other";
+  std::filesystem::remove_all(other);
+  std::filesystem::create_directories(other);
+  std::filesystem::copy_file(dir / "config.json", other / "config.json");
+  const model::model_config& c = w->config;
+  const std::string gate =
+    "model.layers." + std::to_string(c.first_k_dense_replace) + ".mlp.experts.0.gate_proj.weight";
+  std::vector<float> values(static_cast<size_t>(c.moe_intermediate_size * (c.hidden_size + 1)), 0.5f);
+  REQUIRE(model::write_safetensors((other / "model.safetensors").string(),
+                                   {{gate, {c.moe_intermediate_size, c.hidden_size + 1}, values.data()}})
+            .has_value());
+  auto residency = runtime::expert_residency::open(other.string(), w);
+  REQUIRE(residency.has_value());
+  auto r = (*residency)->hold(nullptr, {0, 1});
+  REQUIRE_FALSE(r.has_value());
+  CHECK(r.error().find("routed expert 0") != std::string::npos);
+  CAPTURE(r.error());
+  CHECK(r.error().find(gate) != std::string::npos);
+  CHECK((*residency)->resident_experts() == 0);  // nothing half-read stays
+  std::filesystem::remove_all(dir);
+  std::filesystem::remove_all(other);
 }
 
 TEST_CASE("ep failure: a lost or silent rank fails its peers' steps, survivors regroup") {

@@ -68,16 +68,6 @@ double weight_bytes_per_token(const model::model_weights& w) {
   return bytes + static_cast<double>(w.lm_head.bytes()) + static_cast<double>(c.hidden_size) * sizeof(float);
 }
 
-// Bytes of the checkpoint's *.safetensors files in `dir` (0 without a directory).
-int64_t checkpoint_bytes(const std::string& dir) {
-  int64_t total = 0;
-  std::error_code ec;
-  if (dir.empty()) return 0;
-  for (const auto& e : std::filesystem::directory_iterator(dir, ec))
-    if (e.path().extension() == ".safetensors") total += static_cast<int64_t>(e.file_size(ec));
-  return total;
-}
-
 // Multiply-adds ×2 of one token through a layer's projections and FFN (GEMM work).
 double layer_gemm_flops(const model::model_config& c, int64_t layer, bool compresses) {
   double d = c.hidden_size, H = c.num_attention_heads, qk = c.qk_head_dim(), f = 0;

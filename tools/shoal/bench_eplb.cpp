@@ -9,12 +9,17 @@
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <cstdio>
 #include <filesystem>
 #include <numeric>
 #include <sstream>
 
+#include "model/weights.hpp"
 #include "runtime/eplb.hpp"
+#include "runtime/expert_residency.hpp"
 #include "tools/shoal/bench_util.hpp"
 #include "tools/shoal/commands.hpp"
 
@@ -135,9 +140,88 @@ int run_eplb_bench(const eplb_args& a) {
   return 0;
 }
 
+struct ep_memory_args {
+  std::string model_dir;
+  std::vector<int32_t> sizes{1, 2, 4};
+  std::string out = "bench/results/ep_memory.jsonl";
+};
+
+// One rank of an EP group of `size` in a child process: the weights without routed experts,
+// then rank 0's experts held as a rank of a shoald does; its figures as one JSON line on `fd`.
+[[noreturn]] void ep_memory_child(const std::string& dir, int32_t size, int fd) {
+  nlohmann::json r;
+  model::load_options none;
+  none.keep_routed_expert = [](int64_t, int64_t) { return false; };
+  auto w = model::load_weights(dir, nullptr, none);
+  if (!w) {
+    r["error"] = w.error().message;
+  } else {
+    const int64_t E = w->config.n_routed_experts;
+    auto shared = std::make_shared<const model::model_weights>(std::move(*w));
+    const int64_t base = peak_rss_bytes();
+    auto residency = runtime::expert_residency::open(dir, shared);
+    const runtime::expert_range own = runtime::owned_experts({0, size}, E);
+    auto held = residency ? (*residency)->hold(&r, own) : std::expected<void, std::string>(std::unexpected(residency.error()));
+    if (!held) {
+      r["error"] = held.error();
+    } else {
+      r = {{"experts", own.last - own.first}, {"of_experts", E}, {"expert_bytes", (*residency)->resident_bytes()},
+           {"rss_without_experts", base}, {"peak_rss_bytes", peak_rss_bytes()}};
+    }
+  }
+  const std::string line = r.dump() + "\n";
+  (void)!::write(fd, line.data(), line.size());
+  std::_Exit(0);
+}
+
+int run_ep_memory_bench(const ep_memory_args& a) {
+  const int64_t ckpt = checkpoint_bytes(a.model_dir);
+  fmt::print("EP rank 0's memory, {} ({:.3f} GB of safetensors); one process per size\n", a.model_dir, ckpt / 1e9);
+  fmt::print("{:>4} {:>12} {:>16} {:>20} {:>14} {:>12}\n", "EP", "experts", "expert GB", "RSS w/o experts GB",
+             "peak RSS GB", "/ checkpoint");
+  for (int32_t size : a.sizes) {
+    int fds[2];
+    if (::pipe(fds) != 0) return 1;
+    std::fflush(stdout);
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::close(fds[0]);
+      ep_memory_child(a.model_dir, size, fds[1]);
+    }
+    ::close(fds[1]);
+    std::string text;
+    char buf[4096];
+    for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;) text.append(buf, static_cast<size_t>(n));
+    ::close(fds[0]);
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    auto r = nlohmann::json::parse(text, nullptr, false);
+    if (r.is_discarded() || r.contains("error")) {
+      fmt::print(stderr, "shoal bench ep-memory: EP {}: {}\n", size, r.is_discarded() ? "the child process failed" : r["error"].get<std::string>());
+      return 1;
+    }
+    const int64_t peak = r["peak_rss_bytes"];
+    fmt::print("{:>4} {:>5} of {:>4} {:>16.3f} {:>20.3f} {:>14.3f} {:>12.2f}\n", size, r["experts"].get<int64_t>(),
+               r["of_experts"].get<int64_t>(), r["expert_bytes"].get<int64_t>() / 1e9,
+               r["rss_without_experts"].get<int64_t>() / 1e9, peak / 1e9, static_cast<double>(peak) / static_cast<double>(ckpt));
+    nlohmann::json rec = machine_facts();
+    rec.update(r);
+    rec.update({{"bench", "ep_memory"}, {"model", a.model_dir}, {"ep", size}, {"rank", 0}, {"checkpoint_bytes", ckpt}});
+    append_jsonl(a.out, rec);
+  }
+  return 0;
+}
+
 }  // namespace
 
 void add_eplb_bench(CLI::App& bench) {
+  auto m = std::make_shared<ep_memory_args>();
+  auto* mem = bench.add_subcommand("ep-memory", "per-rank memory with partitioned expert weights, EP 1/2/4");
+  mem->add_option("--model", m->model_dir, "checkpoint directory")->required();
+  mem->add_option("--sizes", m->sizes, "EP group sizes")->capture_default_str();
+  mem->add_option("--out", m->out, "JSONL records")->capture_default_str();
+  mem->callback([m] { set_exit_code(run_ep_memory_bench(*m)); });
+
   auto a = std::make_shared<eplb_args>();
   auto* c = bench.add_subcommand("eplb", "expert-parallel load imbalance on real routing: EPLB and the refined placement");
   c->add_option("--dir", a->dir, "the esft-expert-routing traces")->capture_default_str();

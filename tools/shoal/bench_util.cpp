@@ -127,6 +127,15 @@ memory_bandwidth measure_bandwidth(int64_t bytes, int reps) {
   return {median(read), median(triad)};
 }
 
+int64_t checkpoint_bytes(const std::string& dir) {
+  int64_t total = 0;
+  std::error_code ec;
+  if (dir.empty()) return 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec))
+    if (e.path().extension() == ".safetensors") total += static_cast<int64_t>(e.file_size(ec));
+  return total;
+}
+
 int64_t peak_rss_bytes() {
   rusage u{};
   getrusage(RUSAGE_SELF, &u);

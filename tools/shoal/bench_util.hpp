@@ -41,6 +41,8 @@ struct memory_bandwidth {
   double read_gbs = 0, triad_gbs = 0;
 };
 memory_bandwidth measure_bandwidth(int64_t bytes = int64_t{512} << 20, int reps = 5);
+// Bytes of the checkpoint's *.safetensors files in `dir` (0 without a directory).
+int64_t checkpoint_bytes(const std::string& dir);
 // The process's peak resident set so far, bytes (getrusage).
 int64_t peak_rss_bytes();
 // cores, ISA, BLAS core, git commit.

@@ -37,6 +37,7 @@
 #include "actors/storage_node_actor.hpp"
 #include "model/config.hpp"
 #include "runtime/engine_setup.hpp"
+#include "runtime/expert_residency.hpp"
 #include "runtime/metrics.hpp"
 #include "tools/shoald/engine_options.hpp"
 #include "transport/fabric_transport.hpp"
@@ -332,7 +333,11 @@ int run_node(const runtime::node_config& cfg, logger& log) {
   std::optional<model::model_config> mcfg;
   if (cfg.has_role(runtime::role::engine) || cfg.has_role(runtime::role::ve)) {
     log.info("loading model {}", cfg.model_dir.string());
-    auto m = runtime::load_model_dir(cfg.model_dir.string(), false);
+    // Expert-parallel ranks read their routed experts when they adopt a group (expert_residency).
+    model::load_options options;
+    if (cfg.has_role(runtime::role::engine) && cfg.expert_parallel)
+      options.keep_routed_expert = [](int64_t, int64_t) { return false; };
+    auto m = runtime::load_model_dir(cfg.model_dir.string(), false, options);
     if (!m) {
       log.error("cannot load model dir {}: {}", cfg.model_dir.string(), m.error().message);
       return exit_failure;
@@ -475,6 +480,15 @@ int run_node(const runtime::node_config& cfg, logger& log) {
     // A silent peer fails an expert-parallel exchange after this long at the latest (a dead
     // one sooner: the membership change interrupts it).
     auto ep_timeout = std::chrono::milliseconds(std::max<int64_t>(2 * cfg.connection_timeout_ms, 5000));
+    if (cfg.expert_parallel) {
+      auto residency = runtime::expert_residency::open(cfg.model_dir.string(), weights);
+      if (!residency) {
+        log.error("cannot open model dir {} for its routed experts: {}", cfg.model_dir.string(), residency.error());
+        return exit_failure;
+      }
+      ecfg.experts = *residency;
+      log.info("routed experts: each rank reads its own when it joins a group (none read yet)");
+    }
     for (int32_t r = 0; r < cfg.ranks; ++r) {
       std::shared_ptr<actors::caf_ep_transport> ep;
       if (cfg.expert_parallel) ep = std::make_shared<actors::caf_ep_transport>(ep_timeout);
