@@ -239,6 +239,8 @@ node_metrics add_node_metrics(metrics_registry& r) {
       r.add_counter("shoal_prefill_balancer_tier_placements_total", "Requests the prefill balancer placed, by context tier.", "tier"),
       r.add_counter("shoal_decode_balancer_placements_total", "Handoffs the decode balancer placed on a decode engine.", "engine"),
       r.add_gauge("shoal_decode_balancer_balance_ratio", "Mean over max of the decode engines' (requests, KV) load.", "window"),
+      r.add_gauge("shoal_engine_experts_resident", "Routed experts this process holds in memory (partitioned expert weights).", a),
+      r.add_gauge("shoal_engine_experts_resident_bytes", "Bytes of the routed experts this process holds.", a),
   };
 }
 

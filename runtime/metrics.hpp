@@ -111,6 +111,10 @@ struct node_metrics {
   // shoal_decode_balancer_placements_total{engine}, shoal_decode_balancer_balance_ratio{window}.
   counter prefill_placements, prefill_tier_placements, decode_placements;
   gauge decode_balance;
+  // Expert-parallel engine nodes with partitioned weights (runtime/expert_residency.hpp):
+  // shoal_engine_experts_resident{actor="node"} routed experts in memory (an expert id counts
+  // once for all its layers), shoal_engine_experts_resident_bytes their bytes.
+  gauge experts_resident, experts_resident_bytes;
 };
 node_metrics add_node_metrics(metrics_registry& r);
 

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <chrono>
 #include <map>
+#include <regex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -23,6 +24,7 @@
 
 #include "actors/http_client.hpp"
 #include "actors/interfaces.hpp"
+#include "model/forward.hpp"
 #include "runtime/chat_template.hpp"
 #include "runtime/engine_setup.hpp"
 #include "tests/support/cluster.hpp"
@@ -46,6 +48,7 @@ struct cluster {
   temp_dir dir;
   fs::path model_dir, config_dir, state_dir;
   uint16_t gateway_port = 0, http_port = 0, engine_a_port = 0, engine_b_port = 0;
+  uint16_t metrics_a_port = 0, metrics_b_port = 0;  // the engine nodes' node.metrics_listen
   std::optional<runtime::loaded_model> model;
   bool up = false;
 
@@ -59,17 +62,20 @@ struct cluster {
     http_port = test::free_port();
     engine_a_port = test::free_port();
     engine_b_port = test::free_port();
+    metrics_a_port = test::free_port();
+    metrics_b_port = test::free_port();
     write_text(config_dir / "gateway.toml", node_toml("gateway", gateway_port, "[\"gateway\"]",
                                                       "[gateway]\nlisten = \"127.0.0.1:" + std::to_string(http_port) +
                                                         "\"\n", false));
     std::string engine = "[engine]\nranks = 2\nexpert_parallel = true\ncache_mib = 64\n";
-    write_text(config_dir / "engine-a.toml", node_toml("engine-a", engine_a_port, "[\"engine\"]", engine, true));
-    write_text(config_dir / "engine-b.toml", node_toml("engine-b", engine_b_port, "[\"engine\"]", engine, true));
+    write_text(config_dir / "engine-a.toml", node_toml("engine-a", engine_a_port, "[\"engine\"]", engine, true, metrics_a_port));
+    write_text(config_dir / "engine-b.toml", node_toml("engine-b", engine_b_port, "[\"engine\"]", engine, true, metrics_b_port));
   }
 
   std::string node_toml(const std::string& name, uint16_t port, const std::string& roles, const std::string& extra,
-                        bool seeded) const {
+                        bool seeded, uint16_t metrics_port = 0) const {
     return "[node]\nname = \"" + name + "\"\nlisten = \"127.0.0.1:" + std::to_string(port) + "\"\nroles = " + roles +
+           (metrics_port ? "\nmetrics_listen = \"127.0.0.1:" + std::to_string(metrics_port) + "\"" : std::string()) +
            "\nmodel_dir = \"" + model_dir.string() + "\"\ndrain_timeout_ms = 10000\n\n" + extra +
            "\n[cluster]\nseeds = [" + (seeded ? "\"127.0.0.1:" + std::to_string(gateway_port) + "\"" : "") +
            "]\nheartbeat_interval_ms = 300\nconnection_timeout_ms = " + std::to_string(connection_timeout_ms) +
@@ -141,6 +147,31 @@ TEST_CASE("3-process cluster: completions and chat, streamed and not, equal the 
   CHECK(out.find("gateway/decode_balancer  (balancer)") != std::string::npos);
   CHECK(out.find("rank1: running=0 steps=") != std::string::npos);
   CHECK_MESSAGE(out.find("steps=0 ") == std::string::npos, out);
+  // Partitioned weights: each engine process holds only its two ranks' half of the routed
+  // experts (ranks 0-1 on engine-a, 2-3 on engine-b), every expert once in the group.
+  {
+    const model::model_weights& w = *c.model->weights;
+    const int64_t E = w.config.n_routed_experts, slots = model::moe_slot_count(w.config);
+    double all_bytes = 0;
+    for (int64_t s = 0; s < slots; ++s)
+      for (int64_t e = 0; e < E; ++e) {
+        const auto& x = model::routed_expert_weights(const_cast<model::model_weights&>(w), s, e);
+        all_bytes += static_cast<double>(x.gate_up.bytes() + x.down.bytes());
+      }
+    double bytes = 0;
+    for (uint16_t port : {c.metrics_a_port, c.metrics_b_port}) {
+      auto r = actors::http_call("127.0.0.1", port, "GET", "/metrics", "");
+      REQUIRE_MESSAGE(r, r.error());
+      auto value = [&](const std::string& series) {
+        std::smatch m;
+        REQUIRE_MESSAGE(std::regex_search(r->body, m, std::regex(series + " ([0-9.e+-]+)\\n")), series << "\n" << r->body);
+        return std::stod(m[1]);
+      };
+      CHECK(value("shoal_engine_experts_resident\\{actor=\"node\"\\}") == static_cast<double>(E / 2));
+      bytes += value("shoal_engine_experts_resident_bytes\\{actor=\"node\"\\}");
+    }
+    CHECK(bytes == all_bytes);
+  }
   CHECK(out.find("0 request(s) in flight") != std::string::npos);
   CHECK(out.find("[length]") != std::string::npos);
   CHECK(out.find("engine-b: draining") != std::string::npos);

@@ -65,6 +65,7 @@ struct node_parts {
   std::optional<actors::swa_store_actor> swa_store;    // this machine's
   std::optional<actors::swa_directory_actor> swa_directory;  // directory role
   std::optional<actors::ve_worker_actor> ve_worker;          // ve role
+  std::shared_ptr<runtime::expert_residency> experts;        // engine.expert_parallel: the ranks' routed experts
 };
 
 actors::tls_files tls_of(const runtime::node_config& cfg) {
@@ -173,6 +174,10 @@ void scrape(caf::actor_system& sys, const node_parts& parts, node_metrics_server
     m.decode_tokens.advance_to(static_cast<double>(st->decode_tokens), a);
     m.images_encoded.advance_to(static_cast<double>(st->images_encoded), a);
     m.image_cache_hits.advance_to(static_cast<double>(st->image_cache_hits), a);
+  }
+  if (parts.experts) {
+    s.m.experts_resident.set(static_cast<double>(parts.experts->resident_experts()), "node");
+    s.m.experts_resident_bytes.set(static_cast<double>(parts.experts->resident_bytes()), "node");
   }
   for (size_t i = 0; i < parts.storage.size(); ++i) {
     auto st = ask<actors::storage_node_actor, actors::storage_stats_snapshot>(sys, parts.storage[i], 2s, stats_atom_v);
@@ -487,6 +492,7 @@ int run_node(const runtime::node_config& cfg, logger& log) {
         return exit_failure;
       }
       ecfg.experts = *residency;
+      parts.experts = *residency;
       log.info("routed experts: each rank reads its own when it joins a group (none read yet)");
     }
     for (int32_t r = 0; r < cfg.ranks; ++r) {
