@@ -1,11 +1,18 @@
 // The library bf16 GEMM that bench engine sets beside matmul_bf16: oneDNN's matmul, bf16
 // activations × bf16 weights → fp32 (Debian's OpenBLAS 0.3.21 has no sbgemm). Its own header
-// stays in this file.
+// stays in this file, and it runs in a child process: its OpenMP threads keep spinning after a
+// call and would take the cores from the engine's pool for the rest of the bench.
 #include "tools/shoal/bench_util.hpp"
 
 #ifdef SHOAL_HAVE_DNNL
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
+
+#include <nlohmann/json.hpp>
 
 #include <oneapi/dnnl/dnnl.hpp>
 
@@ -15,8 +22,10 @@ extern "C" void omp_set_num_threads(int n);
 
 namespace shoal::tools {
 
-std::optional<library_gemm> onednn_bf16_gemm_gflops(int64_t m, int64_t n, int64_t k, int threads, int reps) {
 #ifdef SHOAL_HAVE_DNNL
+namespace {
+
+library_gemm measure(int64_t m, int64_t n, int64_t k, int threads, int reps) {
   try {
     omp_set_num_threads(threads);
     dnnl::engine eng(dnnl::engine::kind::cpu, 0);
@@ -40,10 +49,39 @@ std::optional<library_gemm> onednn_bf16_gemm_gflops(int64_t m, int64_t n, int64_
       double t = now_s() - t0;
       if (r > 0) rates.push_back(2.0 * m * n * k / t / 1e9);
     }
-    return library_gemm{median(rates), std::string("oneDNN ") + pd.impl_info_str()};
+    return {median(rates), std::string("oneDNN ") + pd.impl_info_str()};
   } catch (const dnnl::error& e) {
-    return library_gemm{0, std::string("oneDNN failed: ") + e.what()};
+    return {0, std::string("oneDNN failed: ") + e.what()};
   }
+}
+
+}  // namespace
+#endif
+
+std::optional<library_gemm> onednn_bf16_gemm_gflops(int64_t m, int64_t n, int64_t k, int threads, int reps) {
+#ifdef SHOAL_HAVE_DNNL
+  int fds[2];
+  if (::pipe(fds) != 0) return library_gemm{0, "oneDNN not run: pipe failed"};
+  std::fflush(stdout);
+  std::fflush(stderr);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(fds[0]);
+    const library_gemm g = measure(m, n, k, threads, reps);
+    const std::string line = nlohmann::json{{"gflops", g.gflops}, {"impl", g.impl}}.dump();
+    (void)!::write(fds[1], line.data(), line.size());
+    std::_Exit(0);
+  }
+  ::close(fds[1]);
+  std::string text;
+  char buf[1024];
+  for (ssize_t got; (got = ::read(fds[0], buf, sizeof buf)) > 0;) text.append(buf, static_cast<size_t>(got));
+  ::close(fds[0]);
+  int status = 0;
+  if (pid > 0) ::waitpid(pid, &status, 0);
+  const auto j = nlohmann::json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.contains("gflops")) return library_gemm{0, "oneDNN not run: its child process failed"};
+  return library_gemm{j["gflops"].get<double>(), j["impl"].get<std::string>()};
 #else
   (void)m, (void)n, (void)k, (void)threads, (void)reps;
   return std::nullopt;
