@@ -1,0 +1,565 @@
+// The messages shoal's actors exchange: plain structs with their CAF inspect functions, the
+// error codes and the strong ids' wire form. Listed in the type-ID block of
+// actors/interfaces.hpp (which includes this); only light CAF headers here.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <caf/fwd.hpp>
+#include <caf/meta/type_name.hpp>
+#include <caf/replies_to.hpp>
+#include <caf/type_id.hpp>
+#include <caf/typed_actor.hpp>
+
+#include "runtime/block_key.hpp"
+#include "runtime/handoff.hpp"
+#include "runtime/ids.hpp"
+#include "runtime/sampler.hpp"
+#include "runtime/traffic_class.hpp"
+
+// -- strong ids on the wire ---------------------------------------------------------------
+
+namespace shoal {
+
+// request_id, block_id, ...: serialised as their integer value.
+template <class Inspector, class Tag, class Rep>
+typename Inspector::result_type inspect(Inspector& f, strong_id<Tag, Rep>& x) {
+  return f(caf::meta::type_name("strong_id"), x.value);
+}
+
+}  // namespace shoal
+
+namespace shoal::runtime {
+
+// The block key's one wire form: its two halves, hi first (as in the chunk files and the bulk
+// frames).
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, block_key& x) {
+  return f(caf::meta::type_name("block_key"), x.hi, x.lo);
+}
+
+// A registered range on the wire (a handoff's blocks and rings): the owner's transport
+// address, then address, key, length and checksum. The receiver validates it before reading.
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, remote_memory& x) {
+  return f(caf::meta::type_name("remote_memory"), x.owner, x.addr, x.key, x.length, x.crc32c);
+}
+
+}  // namespace shoal::runtime
+
+namespace shoal::actors {
+
+// -- errors -------------------------------------------------------------------------------
+
+// Operating errors an actor reports back (as caf::error of category "shoal", see
+// make_error / to_error_reply). Codes start at 1: CAF reserves 0 for "no error".
+enum class errc : uint8_t {
+  invalid_request = 1,  // add_request refused it (empty prompt, bad token, bad params, too long)
+  duplicate_request,    // a request with this id is still running on this engine
+  no_sink,              // no actor to stream tokens to (anonymous sender, invalid handle)
+  timed_out,            // the request's timeout expired; the peer may still have acted on it
+  unreachable,          // the peer is down or its node disconnected
+  unknown,              // any other caf::error
+  draining,             // the engine or node is draining: no new requests (retry elsewhere)
+  no_engine,            // a balancer knows no engine that could take the request
+  not_found,            // a named actor, node or chunk does not exist
+  corrupt,              // a stored chunk failed its checksum (removed, never served)
+  storage_full,         // a storage node cannot take the chunk (capacity or disk full)
+  no_room,              // a decode engine cannot reserve the blocks of a handoff (ask another)
+};
+
+const char* to_string(errc e);
+
+// The payload of every error reply: a code and a message naming the bad field.
+struct error_reply {
+  errc code = errc::unknown;
+  std::string message;
+  friend bool operator==(const error_reply&, const error_reply&) = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, error_reply& x) {
+  return f(caf::meta::type_name("error_reply"), x.code, x.message);
+}
+
+// Wraps `r` as a caf::error (category "shoal", code r.code, context = r) for a response.
+caf::error make_error(error_reply r);
+caf::error make_error(errc code, std::string message);
+
+// Reads any caf::error back as an error_reply: shoal errors unchanged, CAF's request_timeout
+// → timed_out, remote/down errors → unreachable, the rest → unknown with CAF's rendering.
+error_reply to_error_reply(const caf::error& e);
+
+// -- generation -----------------------------------------------------------------------------
+
+// runtime::sampling_params on the wire (std::optional<uint64_t> seed → has_seed + seed).
+struct sampling_options {
+  float temperature = 0.0f;  // 0 = greedy
+  int32_t top_k = 0;         // 0 = off
+  float top_p = 1.0f;        // in (0, 1]; 1 = off
+  int32_t max_tokens = 16;   // generated tokens, ≥ 1
+  std::vector<int32_t> stop_token_ids;
+  std::vector<std::string> stop_strings;
+  bool ignore_eos = false;
+  bool has_seed = false;
+  uint64_t seed = 0;         // meaningful only with has_seed
+  std::vector<int32_t> bias_tokens;  // logit_bias: token ids and their biases, pairwise
+  std::vector<float> bias_values;
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  uint8_t constraint_kind = 0;  // runtime::constraint_kind (structured output); 0: none
+  std::string constraint;       // its schema, regex or grammar text
+  int32_t logprobs = -1;        // runtime::sampling_params::logprobs
+  friend bool operator==(const sampling_options&, const sampling_options&) = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, sampling_options& x) {
+  return f(caf::meta::type_name("sampling_options"), x.temperature, x.top_k, x.top_p, x.max_tokens,
+           x.stop_token_ids, x.stop_strings, x.ignore_eos, x.has_seed, x.seed, x.bias_tokens, x.bias_values,
+           x.presence_penalty, x.frequency_penalty, x.constraint_kind, x.constraint, x.logprobs);
+}
+
+sampling_options to_sampling_options(const runtime::sampling_params& p);
+runtime::sampling_params to_sampling_params(const sampling_options& o);
+
+// One image of a prompt on the wire: its placeholder tokens, content hash and pixels (fit to
+// the encoder's patches), and where a vision-encoder worker holds its encoder rows (an empty
+// owner when none does: the engine encodes). It comes from another process: the engine that
+// takes it checks it against the prompt and the encoder, recomputes the hash
+// (runtime::check_prompt_images) and checks the rows' length and checksum when it reads them.
+struct image_payload {
+  int64_t pos = 0, count = 0;
+  uint64_t hash_lo = 0, hash_hi = 0;
+  int64_t width = 0, height = 0;
+  std::vector<uint8_t> rgb;
+  runtime::remote_memory rows = {};
+  friend bool operator==(const image_payload&, const image_payload&) = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, image_payload& x) {
+  return f(caf::meta::type_name("image_payload"), x.pos, x.count, x.hash_lo, x.hash_hi, x.width, x.height, x.rgb,
+           x.rows);
+}
+
+std::vector<image_payload> to_payloads(const std::vector<runtime::prompt_image>& images);
+std::vector<runtime::prompt_image> from_payloads(const std::vector<image_payload>& images);
+
+// One generation request. `id` is chosen by the caller (the gateway makes it unique in the
+// cluster); token events and cancel refer to it.
+struct generation_request {
+  request_id id;
+  std::vector<int32_t> prompt;  // (n_prompt,) token ids, BOS included when the model wants one
+  sampling_options sampling;
+  runtime::traffic_class cls = runtime::traffic_class::chat;  // storage TTL of the blocks it writes back
+  std::vector<image_payload> images = {};  // of the prompt, in order
+  friend bool operator==(const generation_request&, const generation_request&) = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, generation_request& x) {
+  return f(caf::meta::type_name("generation_request"), x.id, x.prompt, x.sampling, x.cls, x.images);
+}
+
+// One generated token of a request, streamed to the request's sink in generation order. The
+// last event of a request has finished = true; a cancelled request ends with token -1 and
+// reason aborted.
+struct token_event {
+  request_id id;
+  int32_t token = -1;
+  bool finished = false;
+  runtime::finish_reason reason = runtime::finish_reason::none;  // on the wire: its integer
+  int32_t cached_tokens = 0;  // on the last event: prompt tokens served from the prefix cache
+  // With sampling logprobs ≥ 0 (has_logprobs): the token's log probability and the likeliest
+  // tokens with theirs (top_ids and top_logprobs pairwise).
+  bool has_logprobs = false;
+  float logprob = 0;
+  std::vector<int32_t> top_ids = {};
+  std::vector<float> top_logprobs = {};
+  friend bool operator==(const token_event&, const token_event&) = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, token_event& x) {
+  return f(caf::meta::type_name("token_event"), x.id, x.token, x.finished, x.reason, x.cached_tokens, x.has_logprobs,
+           x.logprob, x.top_ids, x.top_logprobs);
+}
+
+// A snapshot of an engine's counters (runtime::engine_stats plus the actor's own).
+struct engine_stats_snapshot {
+  uint64_t steps = 0;
+  uint64_t prefill_tokens = 0;
+  uint64_t decode_tokens = 0;
+  uint64_t generated = 0;
+  uint64_t prefix_hit_tokens = 0;
+  int64_t requests_running = 0;  // submitted, not yet finished or cancelled
+  int64_t blocks_free = 0;
+  int64_t blocks_total = 0;
+  int64_t waiting_for_remote = 0;      // requests whose prefix is being read from storage
+  uint64_t remote_hit_tokens = 0;      // of prefix_hit_tokens: read from the storage cluster
+  uint64_t remote_timeouts = 0;        // reads given up at their deadline (recomputed)
+  uint64_t remote_lookups = 0;         // requests that asked the storage cluster
+  uint64_t remote_fetch_failures = 0;  // reads that brought fewer blocks than the lookup listed
+  std::string remote_last_error;       // the latest such read's reason
+  std::string role = "both";           // runtime::engine_role
+  uint64_t handoffs_offered = 0;       // prefill: requests lent to a decode engine
+  uint64_t handoffs_placed = 0;        // prefill: of those, taken by a decode engine
+  uint64_t handoffs_kept = 0;          // prefill: of those, decoded here (no decode engine had room)
+  uint64_t handoffs_taken = 0;         // decode: handoffs read from a prefill engine
+  uint64_t handoff_failures = 0;       // decode: of those, recomputed (read failed or timed out)
+  uint64_t swa_restores = 0;           // shoal_flash: windows restored from a slot (local or fetched)
+  uint64_t swa_replays = 0;            // windows recomputed instead (bounded replay, or exact hits cut back)
+  uint64_t swa_lookups = 0;            // requests that asked other machines for a slot
+  uint64_t swa_fetches = 0;            // of those, a slot arrived
+  uint64_t swa_fetch_failures = 0;     // of those, the holder failed, died, timed out or sent a bad slot
+  double swa_fetch_p50_ms = 0, swa_fetch_p99_ms = 0;  // of the last ≤ 1024 fetches that arrived
+  int64_t kv_tokens = 0;               // cache positions of its running requests
+  int64_t waiting = 0;                 // queued, not yet admitted
+  uint64_t prefix_lookups = 0;         // admissions that looked up the prefix cache
+  double forward_s = 0;                // seconds in forward passes
+  uint64_t images_encoded = 0;         // images run through the vision encoder here
+  uint64_t image_patches_encoded = 0;  // their patches
+  uint64_t image_cache_hits = 0;       // images whose rows came from the embedding cache
+  uint64_t image_rows_read = 0;        // images whose rows were read from a vision-encoder worker
+  uint64_t image_row_read_failures = 0;  // of those reads, failed (encoded here instead)
+  friend bool operator==(const engine_stats_snapshot&, const engine_stats_snapshot&) = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, engine_stats_snapshot& x) {
+  return f(caf::meta::type_name("engine_stats_snapshot"), x.steps, x.prefill_tokens, x.decode_tokens,
+           x.generated, x.prefix_hit_tokens, x.requests_running, x.blocks_free, x.blocks_total, x.waiting_for_remote,
+           x.remote_hit_tokens, x.remote_timeouts, x.remote_lookups, x.remote_fetch_failures,
+           x.remote_last_error, x.role, x.handoffs_offered, x.handoffs_placed, x.handoffs_kept,
+           x.handoffs_taken, x.handoff_failures, x.swa_restores, x.swa_replays, x.swa_lookups, x.swa_fetches,
+           x.swa_fetch_failures, x.swa_fetch_p50_ms, x.swa_fetch_p99_ms, x.kv_tokens, x.waiting,
+           x.prefix_lookups, x.forward_s, x.images_encoded, x.image_patches_encoded, x.image_cache_hits,
+           x.image_rows_read, x.image_row_read_failures);
+}
+
+
+// A piece of generated text for an operator's `submit` (the shell): the gateway decodes
+// tokens incrementally (never splitting a UTF-8 character) and streams the new text.
+struct text_event {
+  request_id id;
+  std::string text;
+  bool finished = false;
+  std::string finish_reason;  // "stop", "length", "aborted", or "error: <message>"; set when finished
+  friend bool operator==(const text_event&, const text_event&) = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, text_event& x) {
+  return f(caf::meta::type_name("text_event"), x.id, x.text, x.finished, x.finish_reason);
+}
+
+// -- disaggregation --------------------------------------------------------------------------
+
+// A prefill engine's offer of one request to a decode engine (runtime::handoff_state on the
+// wire, DISAGG.md steps 3-4). The prefill engine sends it to the request's sink (the gateway's
+// relay) after streaming the first token; the relay places it on a decode engine, which reads
+// the ranges with its transport and releases the prefill engine's lease when the reads are
+// over. Every field comes from another process: the decode engine validates it
+// (runtime::engine::add_handoff) before reserving anything.
+struct handoff_offer {
+  request_id id;               // the caller's id (the relay's)
+  caf::actor prefill;          // the engine actor holding the lease
+  int64_t blocks_needed = 0;   // decode blocks to take it and decode one token
+  request_id source;           // the request's id on the prefill engine
+  std::vector<int32_t> tokens; // prompt ++ output so far
+  int64_t prompt_len = 0;
+  std::vector<image_payload> images;  // of the prompt (a failed read recomputes with them)
+  sampling_options sampling;
+  uint64_t seq_seed = 0;
+  runtime::traffic_class cls = runtime::traffic_class::chat;
+  std::string text;
+  int64_t computed = 0, dec_from = 0, ring_tokens = 0;
+  std::vector<int64_t> ring_floor;
+  int64_t cached_tokens = 0;
+  bool swa_approx = false;
+  int64_t snapshot_at = -1;
+  std::vector<runtime::remote_memory> blocks, rings;
+  friend bool operator==(const handoff_offer&, const handoff_offer&) = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, handoff_offer& x) {
+  return f(caf::meta::type_name("handoff_offer"), x.id, x.prefill, x.blocks_needed, x.source, x.tokens, x.prompt_len,
+           x.images, x.sampling, x.seq_seed, x.cls, x.text, x.computed, x.dec_from, x.ring_tokens, x.ring_floor, x.cached_tokens,
+           x.swa_approx, x.snapshot_at, x.blocks, x.rings);
+}
+
+handoff_offer to_handoff_offer(const runtime::handoff_state& s, request_id id, caf::actor prefill,
+                               int64_t blocks_needed);
+runtime::handoff_state to_handoff_state(const handoff_offer& o);
+
+// -- the vision-encoder pool -------------------------------------------------------------------
+
+// A vision-encoder worker's counters (shell `ve`).
+struct ve_worker_stats {
+  std::string node;
+  uint64_t jobs = 0;               // encode requests answered
+  uint64_t images_encoded = 0;     // images run through the encoder
+  uint64_t patches_encoded = 0;
+  uint64_t cache_hits = 0;         // images whose rows were already held (encoder skipped)
+  int64_t cache_entries = 0, cache_bytes = 0, cache_capacity = 0;  // registered rows held
+  double encode_s = 0;             // seconds in the encoder
+  friend bool operator==(const ve_worker_stats&, const ve_worker_stats&) = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, ve_worker_stats& x) {
+  return f(caf::meta::type_name("ve_worker_stats"), x.node, x.jobs, x.images_encoded, x.patches_encoded,
+           x.cache_hits, x.cache_entries, x.cache_bytes, x.cache_capacity, x.encode_s);
+}
+
+// One worker as the VE balancer sees it (runtime::ve_worker_load with its node's name).
+struct ve_worker_row {
+  std::string node;
+  bool draining = false;
+  int64_t jobs = 0, patches = 0;   // outstanding: the queue depth in patches
+  int64_t placed = 0, completed = 0, given_back = 0;
+  friend bool operator==(const ve_worker_row&, const ve_worker_row&) = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, ve_worker_row& x) {
+  return f(caf::meta::type_name("ve_worker_row"), x.node, x.draining, x.jobs, x.patches, x.placed, x.completed,
+           x.given_back);
+}
+
+struct ve_report {
+  std::vector<ve_worker_row> workers;
+  uint64_t jobs = 0;          // encode requests taken
+  uint64_t replaced = 0;      // placements made again (worker died, drained or failed the job)
+  uint64_t failed = 0;        // answered with an error (no worker left, bad image)
+  friend bool operator==(const ve_report&, const ve_report&) = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, ve_report& x) {
+  return f(caf::meta::type_name("ve_report"), x.workers, x.jobs, x.replaced, x.failed);
+}
+
+// -- KV-cache storage ------------------------------------------------------------------------
+
+// One erasure-coded chunk of a KV block (storage/erasure.hpp frames it, crc included): block
+// key (the prefix hash chain's 128-bit key) + chunk index, and the traffic class (0 agent,
+// 1 chat) whose TTL the storage node applies.
+struct chunk_put {
+  runtime::block_key key;
+  int32_t index = 0;
+  runtime::traffic_class cls = runtime::traffic_class::agent;  // wire form: its byte (validated)
+  std::vector<uint8_t> bytes;
+  friend bool operator==(const chunk_put&, const chunk_put&) = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, chunk_put& x) {
+  return f(caf::meta::type_name("chunk_put"), x.key, x.index, x.cls, x.bytes);
+}
+
+// Which of a list of chunks a storage node holds: a block key and a chunk index each; the
+// answer has one byte (0/1) per chunk.
+struct chunk_query {
+  std::vector<runtime::block_key> keys;  // (n)
+  std::vector<int32_t> indices;          // (n)
+  friend bool operator==(const chunk_query&, const chunk_query&) = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, chunk_query& x) {
+  return f(caf::meta::type_name("chunk_query"), x.keys, x.indices);
+}
+
+// A storage node's state for the shell and the benches.
+struct storage_stats_snapshot {
+  uint64_t chunks = 0, usage_bytes = 0, capacity_bytes = 0;
+  int32_t high_watermark_pct = 0, low_watermark_pct = 0;
+  uint64_t puts = 0, put_failures = 0, gets = 0, get_hits = 0;
+  uint64_t gc_runs = 0, evicted_chunks = 0, sweeps = 0, expired_chunks = 0, corrupt_removed = 0;
+  double put_seconds = 0, get_seconds = 0;  // summed over successful puts / get hits (latency = / count)
+  friend bool operator==(const storage_stats_snapshot&, const storage_stats_snapshot&) = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, storage_stats_snapshot& x) {
+  return f(caf::meta::type_name("storage_stats_snapshot"), x.chunks, x.usage_bytes, x.capacity_bytes,
+           x.high_watermark_pct, x.low_watermark_pct, x.puts, x.put_failures, x.gets, x.get_hits, x.gc_runs,
+           x.evicted_chunks, x.sweeps, x.expired_chunks, x.corrupt_removed, x.put_seconds, x.get_seconds);
+}
+
+// -- the SWA-cache tier -------------------------------------------------------------------------
+
+// A machine's store tells the directory what it holds: everything (`full`, after the store
+// or the directory started) or what changed since its last report (evictions applied first).
+struct swa_report {
+  std::string node;                    // the store's node name
+  caf::actor store;                    // its swa_store_actor
+  bool full = false;
+  std::vector<runtime::block_key> added, evicted;
+  friend bool operator==(const swa_report&, const swa_report&) = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, swa_report& x) {
+  return f(caf::meta::type_name("swa_report"), x.node, x.store, x.full, x.added, x.evicted);
+}
+
+// The directory's answer to a lookup: the deepest of the asked keys some store holds.
+struct swa_hit {
+  int32_t index = -1;                  // into the asked keys; −1: none
+  caf::actor store;                    // the holder's swa_store_actor
+  std::string node;
+  friend bool operator==(const swa_hit&, const swa_hit&) = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, swa_hit& x) {
+  return f(caf::meta::type_name("swa_hit"), x.index, x.store, x.node);
+}
+
+// The directory's state for the shell: keys known, slots per store, lookups and hits.
+struct swa_directory_stats {
+  int64_t entries = 0;
+  std::vector<std::string> nodes;      // one per store
+  std::vector<int64_t> slots;          // (nodes) keys registered by each
+  uint64_t lookups = 0, hits = 0, reports = 0, full_reports = 0;
+  friend bool operator==(const swa_directory_stats&, const swa_directory_stats&) = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, swa_directory_stats& x) {
+  return f(caf::meta::type_name("swa_directory_stats"), x.entries, x.nodes, x.slots, x.lookups, x.hits, x.reports,
+           x.full_reports);
+}
+
+// One machine's store for the shell.
+struct swa_store_stats {
+  int64_t slots = 0, capacity = 0;
+  uint64_t slot_bytes = 0, puts = 0, evictions = 0, served = 0;
+  friend bool operator==(const swa_store_stats&, const swa_store_stats&) = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, swa_store_stats& x) {
+  return f(caf::meta::type_name("swa_store_stats"), x.slots, x.capacity, x.slot_bytes, x.puts, x.evictions, x.served);
+}
+
+// -- cluster membership ---------------------------------------------------------------------
+
+// One rank of an engine node: its engine replica and, with expert parallelism, the rank
+// actor that exchanges expert activations with the other ranks of its group. Handles are
+// caf::actor on the wire (typed handles are cast back by the receiver) so that the structs
+// below do not depend on the interfaces declared after them.
+// One engine as a balancer sees it (shell `balancers`).
+struct balancer_engine_row {
+  std::string engine;             // "node/rank"
+  int32_t tier = -1;              // prefill: its tier (−1 serves every tier); decode: −1
+  int64_t in_flight = 0;          // requests placed there and not done
+  int64_t kv_tokens = 0;          // decode: KV tokens as last polled; prefill: prompt tokens in flight
+  double predicted_finish_s = 0;  // prefill: seconds from now until its predicted queue end
+  int64_t placed = 0;             // requests placed there since start
+  friend bool operator==(const balancer_engine_row&, const balancer_engine_row&) = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, balancer_engine_row& x) {
+  return f(caf::meta::type_name("balancer_engine_row"), x.engine, x.tier, x.in_flight, x.kv_tokens,
+           x.predicted_finish_s, x.placed);
+}
+
+struct balancer_report {
+  std::string kind;                    // "prefill" or "decode"
+  std::string policy;
+  std::vector<balancer_engine_row> engines;
+  std::vector<int64_t> tier_bounds;    // prefill
+  std::vector<int64_t> tier_placements;  // prefill: requests placed per tier
+  double balance_now = 1;              // decode: mean / max of (requests, KV) load now
+  double balance_window = 1;           // decode: mean of the polls over the last minute
+  friend bool operator==(const balancer_report&, const balancer_report&) = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, balancer_report& x) {
+  return f(caf::meta::type_name("balancer_report"), x.kind, x.policy, x.engines, x.tier_bounds, x.tier_placements,
+           x.balance_now, x.balance_window);
+}
+
+struct rank_info {
+  int32_t index = 0;    // rank number on its node, 0-based
+  caf::actor engine;    // an engine_actor
+  caf::actor rank;      // a rank_actor; invalid when the node runs without expert parallelism
+  friend bool operator==(const rank_info&, const rank_info&) = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, rank_info& x) {
+  return f(caf::meta::type_name("rank_info"), x.index, x.engine, x.rank);
+}
+
+// What a node announces about itself when it joins (and again whenever it changes).
+struct node_info {
+  std::string name;                // node.name, unique in the cluster
+  std::string host;                // node.listen host
+  uint16_t port = 0;               // node.listen port (the bound one when 0 was asked)
+  std::vector<std::string> roles;  // "gateway", "engine", "storage"
+  caf::actor agent;                // the node's node_agent_actor
+  std::vector<rank_info> ranks;    // engine role: one per rank, by index
+  std::vector<caf::actor> storage; // storage role: its storage_node_actors, by index
+  bool draining = false;           // SIGTERM or `drain`: takes no new requests
+  std::vector<uint16_t> storage_ports;  // storage role: each storage node's bulk port on `host`
+  std::string engine_role = "both";     // engine role: "both", "prefill" or "decode" (every rank)
+  caf::actor swa_store;                 // shoal_flash engine nodes: the machine's swa_store_actor
+  caf::actor swa_directory;             // directory role: the swa_directory_actor
+  std::vector<caf::actor> balancers;    // gateway role: its prefill_balancer_actor, decode_balancer_actor, ve_balancer_actor
+  caf::actor ve_worker;                 // ve role: the node's ve_worker_actor
+  friend bool operator==(const node_info&, const node_info&) = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, node_info& x) {
+  return f(caf::meta::type_name("node_info"), x.name, x.host, x.port, x.roles, x.agent, x.ranks,
+           x.storage, x.draining, x.storage_ports, x.engine_role, x.swa_store, x.swa_directory, x.balancers,
+           x.ve_worker);
+}
+
+// The nodes one node agent knows to be up, sorted by name. version grows with every change
+// that agent saw (it is local: two agents may number the same view differently).
+struct membership {
+  uint64_t version = 0;
+  std::vector<node_info> nodes;
+  friend bool operator==(const membership&, const membership&) = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, membership& x) {
+  return f(caf::meta::type_name("membership"), x.version, x.nodes);
+}
+
+// -- expert parallelism ---------------------------------------------------------------------
+
+// One payload of the expert-parallel collective (runtime::expert_transport) from rank
+// `source` of group `group` (a hash of the group's member list, so frames of an older or a
+// newer group are never mixed with the current one): the dispatch (phase 0) or combine
+// (phase 1) bytes of MoE slot `slot` in lockstep step `step`. The bytes are msgpack-framed
+// tensors (runtime/expert_parallel.hpp) and are validated by the receiver.
+struct ep_frame {
+  uint64_t group = 0;
+  uint64_t step = 0;
+  int32_t slot = 0;
+  int32_t phase = 0;
+  int32_t source = 0;
+  std::vector<uint8_t> bytes;
+  friend bool operator==(const ep_frame&, const ep_frame&) = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, ep_frame& x) {
+  return f(caf::meta::type_name("ep_frame"), x.group, x.step, x.slot, x.phase, x.source, x.bytes);
+}
+
+}  // namespace shoal::actors

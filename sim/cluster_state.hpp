@@ -1,0 +1,244 @@
+// The simulator's state types (sim/cluster_sim.cpp's event loop is their one user): the
+// virtual clock, the event queue, the storage tier, and the state of ranks, groups, requests
+// and pools. Internal to sim/.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <list>
+#include <memory>
+#include <queue>
+#include <random>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "runtime/cache_manager.hpp"
+#include "runtime/clock.hpp"
+#include "runtime/decode_placement.hpp"
+#include "runtime/metrics.hpp"
+#include "runtime/remote_blocks.hpp"
+#include "runtime/scheduler.hpp"
+#include "sim/cluster_sim.hpp"
+
+namespace shoal::sim::detail {
+
+class sim_clock final : public runtime::clock {
+ public:
+  double now_s() const override { return t_; }
+  void set(double t) { t_ = t; }
+
+ private:
+  double t_ = 0;
+};
+
+enum class ev {
+  arrive, step_end, fetch_done, handoff_done,
+  // faults (sim/faults.hpp): a node fault begins / ends (a = its index in the schedule); a hang
+  // outlasts the heartbeat timeout; a hung group may step again; a handoff read is given up;
+  // a parked request's wait for any prefill engine runs out
+  fault_start, fault_end, declare_down, wake, handoff_timeout, park_deadline
+};
+
+struct event {
+  double t;
+  uint64_t seq;
+  ev kind;
+  int64_t a;
+  uint64_t epoch = 0;  // step_end: the group's epoch it was scheduled in (a later one supersedes it)
+  bool operator>(const event& o) const { return t != o.t ? t > o.t : seq > o.seq; }
+};
+
+using event_queue = std::priority_queue<event, std::vector<event>, std::greater<event>>;
+
+// The storage tier: one LRU over the cluster's capacity; a fetch finds the leading run of
+// keys it holds (written at least write_delay_s ago) and completes after latency + bytes /
+// bandwidth, times a seeded log-normal jitter.
+class sim_storage final : public runtime::remote_blocks {
+ public:
+  sim_storage(const storage_model& m, double block_bytes, const sim_clock& clock, uint64_t seed,
+              std::function<void(double, int64_t)> schedule)
+      : m_(m), block_bytes_(block_bytes), clock_(clock), rng_(seed ^ 0x5707a6e5ull), schedule_(std::move(schedule)) {}
+
+  std::shared_ptr<runtime::remote_fetch> start_fetch(std::vector<runtime::block_key> keys,
+                                                     std::vector<std::span<float>>) override {
+    const double now = clock_.now_s();
+    size_t n = 0;
+    while (n < keys.size()) {
+      auto it = index_.find(keys[n]);
+      if (it == index_.end() || it->second.ready_s > now) break;
+      if (it->second.damaged) {
+        if (!skip_checksum) {  // the checksum fails: a miss from here on, and the chunk is dropped
+          ++damaged_caught;
+          lru_.erase(it->second.pos);
+          index_.erase(it);
+          break;
+        }
+        ++wrong_blocks;  // planted bug: served as if intact
+      }
+      lru_.splice(lru_.begin(), lru_, it->second.pos);
+      ++n;
+    }
+    ++lookups;
+    hit_blocks += n;
+    double t = m_.read_latency_s + static_cast<double>(n) * block_bytes_ * 8 / (m_.read_gbps * 1e9);
+    if (m_.jitter > 0) t *= std::exp(m_.jitter * normal_(rng_));
+    auto f = std::make_shared<runtime::remote_fetch>();
+    const int64_t id = next_id_++;
+    pending_.emplace(id, pending{f, n, current_group});
+    schedule_(now + t, id);
+    return f;
+  }
+  bool store_async(const runtime::block_key& key, std::span<const float>, runtime::traffic_class) override {
+    if (m_.capacity_blocks <= 0) return true;
+    if (faults && (clock_.now_s() < full_until || faults->fire(runtime::fault_point::disk_full))) {
+      ++dropped_writes;  // no space: the write is dropped, the block stays computed where it is
+      return false;
+    }
+    auto it = index_.find(key);
+    if (it != index_.end()) {
+      lru_.splice(lru_.begin(), lru_, it->second.pos);
+      return true;
+    }
+    lru_.push_front(key);
+    index_.emplace(key, entry{lru_.begin(), clock_.now_s() + m_.write_delay_s,
+                              faults && faults->fire(runtime::fault_point::storage_corrupt)});
+    while (static_cast<int64_t>(index_.size()) > m_.capacity_blocks) {
+      index_.erase(lru_.back());
+      lru_.pop_back();
+    }
+    return true;
+  }
+  // Completes fetch `id`; returns the group of the rank that started it (none: the fetch
+  // was failed when its node went down).
+  std::optional<size_t> complete(int64_t id) {
+    auto it = pending_.find(id);
+    if (it == pending_.end()) return std::nullopt;
+    it->second.fetch->complete(it->second.blocks, it->second.blocks);
+    const size_t g = it->second.group;
+    pending_.erase(it);
+    return g;
+  }
+  // The node of group g crashed: its reads end now, as failures (its cache manager goes).
+  void fail_group(size_t g) {
+    for (auto it = pending_.begin(); it != pending_.end();)
+      if (it->second.group == g) {
+        it->second.fetch->complete(it->second.blocks, 0, "reader crashed");
+        it = pending_.erase(it);
+      } else {
+        ++it;
+      }
+  }
+  // Damages about `n` stored chunks after their checksums were taken (a corrupt fault).
+  void damage(int64_t n) {
+    if (index_.empty() || !faults) return;
+    const double p = std::min(1.0, static_cast<double>(n) / static_cast<double>(index_.size()));
+    for (const auto& key : lru_)
+      if (faults->uniform(runtime::fault_point::storage_corrupt) < p) index_.at(key).damaged = true;
+  }
+  uint64_t lookups = 0, hit_blocks = 0;
+  size_t current_group = 0;  // the group whose ranks plan now (set by the event loop)
+  // Faults: the run's injector (null: none), a full disk until, the planted bug, counts.
+  runtime::fault_injector* faults = nullptr;
+  double full_until = -1;
+  bool skip_checksum = false;
+  int64_t wrong_blocks = 0, damaged_caught = 0, dropped_writes = 0;
+
+ private:
+  struct entry {
+    std::list<runtime::block_key>::iterator pos;
+    double ready_s;
+    bool damaged = false;  // bytes changed after the checksum was taken
+  };
+  struct pending {
+    std::shared_ptr<runtime::remote_fetch> fetch;
+    size_t blocks;
+    size_t group;
+  };
+  storage_model m_;
+  double block_bytes_;
+  const sim_clock& clock_;
+  std::mt19937_64 rng_;
+  std::normal_distribution<double> normal_;
+  std::function<void(double, int64_t)> schedule_;
+  std::list<runtime::block_key> lru_;  // front = most recent
+  std::unordered_map<runtime::block_key, entry, runtime::block_key_hash> index_;
+  std::unordered_map<int64_t, pending> pending_;
+  int64_t next_id_ = 0;
+};
+
+struct rank_state {
+  bool prefill = true;
+  int32_t group = 0;
+  int32_t index = 0;  // within its pool
+  std::unique_ptr<runtime::cache_manager> caches;
+  std::unique_ptr<runtime::scheduler> sched;
+  runtime::step_plan plan;
+  double load = 0;                       // this step's compute beyond the fixed part
+  int64_t pending = 0, pending_kv = 0;   // handoffs on their way here
+  int64_t placed = 0;
+};
+
+struct group_state {
+  bool prefill = true;
+  std::vector<int32_t> ranks;  // indices into the sim's ranks
+  bool stepping = false;
+  std::mt19937_64 rng;
+  // The step in flight: when it began, whether it falls in the measured window, and, on shared
+  // cores, the seconds of full-speed compute it still needs as of `since`.
+  double step_start = 0, work_left = 0, since = 0;
+  bool counted = false;
+  uint64_t epoch = 0;  // bumped whenever the step's end is rescheduled
+  // Faults: down (crashed, partitioned or declared dead; a count, as faults may overlap),
+  // hung until, step-time multiplier, when the step in flight ends.
+  int down = 0;
+  double hung_until = 0, slow = 1, step_end_s = 0;
+};
+
+struct live {
+  std::unique_ptr<runtime::request> req;
+  int32_t rank = -1;            // where it runs now (global rank index; −1: parked, no engine up)
+  std::unique_ptr<runtime::request> moving;  // handoff: the decode rank's copy
+  int32_t to_rank = -1;         // decode pool index
+  bool want_handoff = true;     // hand off after its next token on a prefill rank
+  uint64_t handoff_epoch = 0;   // a handoff's completion or timeout of an older epoch is stale
+  uint64_t park_epoch = 0;
+};
+
+struct pool_acc {
+  int64_t steps = 0;
+  double busy = 0, sum_ratio = 0, ideal = 0, actual = 0, tokens = 0;
+  int64_t all_steps = 0;  // every step of the run, and their wall time
+  double all_busy = 0;
+  std::vector<double> ratios;
+  // `group`: the stepping group's ranks' loads; `pool`: every rank of the pool.
+  void add(double a, std::span<const double> group, std::span<const double> pool) {
+    ++steps;
+    double sum = 0, mx = 0;
+    for (double l : group) sum += l, mx = std::max(mx, l);
+    const double mean = group.empty() ? 0 : sum / static_cast<double>(group.size());
+    const double ratio = runtime::balance_ratio(pool);
+    sum_ratio += ratio;
+    ratios.push_back(ratio);
+    ideal += a + mean;
+    actual += a + mx;
+  }
+  pool_summary summary() {
+    pool_summary s;
+    s.steps = steps;
+    s.busy_s = busy;
+    s.tokens = tokens;
+    s.all_steps = all_steps;
+    s.all_busy_s = all_busy;
+    if (steps > 0) {
+      s.balance_mean = sum_ratio / static_cast<double>(steps);
+      s.balance_p10 = runtime::percentile(ratios, 0.10);
+      s.pct_of_perfect = actual > 0 ? 100.0 * ideal / actual : 100.0;
+    }
+    return s;
+  }
+};
+
+}  // namespace shoal::sim::detail
