@@ -280,6 +280,22 @@ void check_against(const std::vector<std::vector<token_event>>& events,
   }
 }
 
+// Gives each of the first `n` engines (ranks of one group) the jobs of jobs_for(rank, salt,
+// idle), steps them in lockstep and checks every rank's tokens and logits against one engine
+// on `w` running the same jobs.
+void serve_and_check(const std::vector<std::unique_ptr<engine>>& engines, size_t n, uint32_t salt, int32_t idle,
+                     const std::shared_ptr<model::model_weights>& w) {
+  std::vector<std::vector<job>> jobs;
+  std::vector<std::map<int64_t, size_t>> ids;
+  std::vector<engine*> group;
+  for (size_t r = 0; r < n; ++r) {
+    jobs.push_back(jobs_for(static_cast<int32_t>(r), salt, idle));
+    ids.push_back(add_jobs(*engines[r], jobs[r]));
+    group.push_back(engines[r].get());
+  }
+  check_against(run_lockstep(group), ids, reference(w, jobs));
+}
+
 }  // namespace
 
 TEST_CASE("ep engines in lockstep sample what one engine samples, one rank idle, then 4 to 2 ranks") {
@@ -289,14 +305,7 @@ TEST_CASE("ep engines in lockstep sample what one engine samples, one rank idle,
     local_ep_hub hub(4, 10s);
     std::vector<std::unique_ptr<engine>> engines;
     for (int32_t r = 0; r < 4; ++r) engines.push_back(std::make_unique<engine>(w, ep_config(hub, r)));
-    std::vector<std::vector<job>> jobs;
-    std::vector<std::map<int64_t, size_t>> ids;
-    for (int32_t r = 0; r < 4; ++r) {
-      jobs.push_back(jobs_for(r, 1, 3));
-      ids.push_back(add_jobs(*engines[r], jobs[r]));
-    }
-    auto events = run_lockstep({engines[0].get(), engines[1].get(), engines[2].get(), engines[3].get()});
-    check_against(events, ids, reference(w, jobs));
+    serve_and_check(engines, 4, 1, 3, w);
     uint64_t steps = engines[0]->steps_started();
     CHECK(steps > 0);
     for (auto& e : engines) {
@@ -307,16 +316,11 @@ TEST_CASE("ep engines in lockstep sample what one engine samples, one rank idle,
 
     // The group shrinks to ranks 0 and 1: a new layout, the step counter restarts.
     local_ep_hub pair(2, 10s);
-    jobs.clear();
-    ids.clear();
     for (int32_t r = 0; r < 2; ++r) {
       engines[r]->set_ep_group({r, 2}, pair.transport(r));
       CHECK(engines[r]->steps_started() == 0);
-      jobs.push_back(jobs_for(r, 77, -1));
-      ids.push_back(add_jobs(*engines[r], jobs[r]));
     }
-    events = run_lockstep({engines[0].get(), engines[1].get()});
-    check_against(events, ids, reference(w, jobs));
+    serve_and_check(engines, 2, 77, -1, w);
     CHECK(engines[0]->steps_started() == engines[1]->steps_started());
   }
 }
@@ -361,14 +365,7 @@ TEST_CASE("ep partitioned weights: each rank reads only its own experts, reads m
       held.push_back(*residency);
       engines.push_back(std::make_unique<engine>(w, c));
     }
-    std::vector<std::vector<job>> jobs;
-    std::vector<std::map<int64_t, size_t>> ids;
-    for (int32_t r = 0; r < 4; ++r) {
-      jobs.push_back(jobs_for(r, 3, 1));
-      ids.push_back(add_jobs(*engines[r], jobs[r]));
-    }
-    auto events = run_lockstep({engines[0].get(), engines[1].get(), engines[2].get(), engines[3].get()});
-    check_against(events, ids, reference(full_w, jobs));
+    serve_and_check(engines, 4, 3, 1, full_w);
     int64_t bytes = 0;
     for (int32_t r = 0; r < 4; ++r) {
       CAPTURE(r);
@@ -381,17 +378,10 @@ TEST_CASE("ep partitioned weights: each rank reads only its own experts, reads m
 
     // Ranks 2 and 3 leave: 0 and 1 take their experts, read from the checkpoint.
     local_ep_hub pair(2, 10s);
-    jobs.clear();
-    ids.clear();
-    for (int32_t r = 0; r < 2; ++r) {
-      engines[r]->set_ep_group({r, 2}, pair.transport(r));
-      jobs.push_back(jobs_for(r, 41, -1));
-      ids.push_back(add_jobs(*engines[r], jobs[r]));
-    }
+    for (int32_t r = 0; r < 2; ++r) engines[r]->set_ep_group({r, 2}, pair.transport(r));
     engines.resize(2);  // ranks 2 and 3 end: their residencies drop their experts
     CHECK(held[2]->resident_experts() == 0);
-    events = run_lockstep({engines[0].get(), engines[1].get()});
-    check_against(events, ids, reference(full_w, jobs));
+    serve_and_check(engines, 2, 41, -1, full_w);
     for (int32_t r = 0; r < 2; ++r) {
       const auto own = runtime::owned_experts({r, 2}, E);
       CHECK(held[r]->resident_experts() == own.last - own.first);

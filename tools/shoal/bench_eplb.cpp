@@ -9,9 +9,6 @@
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <cstdio>
 #include <filesystem>
 #include <numeric>
@@ -146,9 +143,10 @@ struct ep_memory_args {
   std::string out = "bench/results/ep_memory.jsonl";
 };
 
-// One rank of an EP group of `size` in a child process: the weights without routed experts,
-// then rank 0's experts held as a rank of a shoald does; its figures as one JSON line on `fd`.
-[[noreturn]] void ep_memory_child(const std::string& dir, int32_t size, int fd) {
+// One rank of an EP group of `size` (run in a child process: its own peak RSS): the weights
+// without routed experts, then rank 0's experts held as a rank of a shoald does; its figures
+// as JSON.
+std::string ep_memory_child(const std::string& dir, int32_t size) {
   nlohmann::json r;
   model::load_options none;
   none.keep_routed_expert = [](int64_t, int64_t) { return false; };
@@ -169,9 +167,7 @@ struct ep_memory_args {
            {"rss_without_experts", base}, {"peak_rss_bytes", peak_rss_bytes()}};
     }
   }
-  const std::string line = r.dump() + "\n";
-  (void)!::write(fd, line.data(), line.size());
-  std::_Exit(0);
+  return r.dump();
 }
 
 int run_ep_memory_bench(const ep_memory_args& a) {
@@ -180,22 +176,8 @@ int run_ep_memory_bench(const ep_memory_args& a) {
   fmt::print("{:>4} {:>12} {:>16} {:>20} {:>14} {:>12}\n", "EP", "experts", "expert GB", "RSS w/o experts GB",
              "peak RSS GB", "/ checkpoint");
   for (int32_t size : a.sizes) {
-    int fds[2];
-    if (::pipe(fds) != 0) return 1;
-    std::fflush(stdout);
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      ::close(fds[0]);
-      ep_memory_child(a.model_dir, size, fds[1]);
-    }
-    ::close(fds[1]);
-    std::string text;
-    char buf[4096];
-    for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;) text.append(buf, static_cast<size_t>(n));
-    ::close(fds[0]);
-    int status = 0;
-    ::waitpid(pid, &status, 0);
-    auto r = nlohmann::json::parse(text, nullptr, false);
+    const auto text = run_in_child([&] { return ep_memory_child(a.model_dir, size); });
+    auto r = nlohmann::json::parse(text.value_or(""), nullptr, false);
     if (r.is_discarded() || r.contains("error")) {
       fmt::print(stderr, "shoal bench ep-memory: EP {}: {}\n", size, r.is_discarded() ? "the child process failed" : r["error"].get<std::string>());
       return 1;

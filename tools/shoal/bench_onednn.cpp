@@ -5,11 +5,7 @@
 #include "tools/shoal/bench_util.hpp"
 
 #ifdef SHOAL_HAVE_DNNL
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cstdio>
 #include <cstring>
 
 #include <nlohmann/json.hpp>
@@ -60,26 +56,12 @@ library_gemm measure(int64_t m, int64_t n, int64_t k, int threads, int reps) {
 
 std::optional<library_gemm> onednn_bf16_gemm_gflops(int64_t m, int64_t n, int64_t k, int threads, int reps) {
 #ifdef SHOAL_HAVE_DNNL
-  int fds[2];
-  if (::pipe(fds) != 0) return library_gemm{0, "oneDNN not run: pipe failed"};
-  std::fflush(stdout);
-  std::fflush(stderr);
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::close(fds[0]);
+  const auto text = run_in_child([&] {
     const library_gemm g = measure(m, n, k, threads, reps);
-    const std::string line = nlohmann::json{{"gflops", g.gflops}, {"impl", g.impl}}.dump();
-    (void)!::write(fds[1], line.data(), line.size());
-    std::_Exit(0);
-  }
-  ::close(fds[1]);
-  std::string text;
-  char buf[1024];
-  for (ssize_t got; (got = ::read(fds[0], buf, sizeof buf)) > 0;) text.append(buf, static_cast<size_t>(got));
-  ::close(fds[0]);
-  int status = 0;
-  if (pid > 0) ::waitpid(pid, &status, 0);
-  const auto j = nlohmann::json::parse(text, nullptr, false);
+    return nlohmann::json{{"gflops", g.gflops}, {"impl", g.impl}}.dump();
+  });
+  if (!text) return library_gemm{0, "oneDNN not run: its child process failed"};
+  const auto j = nlohmann::json::parse(*text, nullptr, false);
   if (j.is_discarded() || !j.contains("gflops")) return library_gemm{0, "oneDNN not run: its child process failed"};
   return library_gemm{j["gflops"].get<double>(), j["impl"].get<std::string>()};
 #else

@@ -12,6 +12,8 @@
 
 #include <immintrin.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cblas.h>
 #include <fmt/core.h>
@@ -134,6 +136,34 @@ int64_t checkpoint_bytes(const std::string& dir) {
   for (const auto& e : std::filesystem::directory_iterator(dir, ec))
     if (e.path().extension() == ".safetensors") total += static_cast<int64_t>(e.file_size(ec));
   return total;
+}
+
+std::optional<std::string> run_in_child(const std::function<std::string()>& fn) {
+  int fds[2];
+  if (::pipe(fds) != 0) return std::nullopt;
+  std::fflush(stdout);
+  std::fflush(stderr);
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    ::close(fds[0]);
+    ::close(fds[1]);
+    return std::nullopt;
+  }
+  if (pid == 0) {
+    ::close(fds[0]);
+    const std::string text = fn();
+    const bool written = ::write(fds[1], text.data(), text.size()) == static_cast<ssize_t>(text.size());
+    std::_Exit(written ? 0 : 1);
+  }
+  ::close(fds[1]);
+  std::string text;
+  char buf[4096];
+  for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;) text.append(buf, static_cast<size_t>(n));
+  ::close(fds[0]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) return std::nullopt;
+  return text;
 }
 
 int64_t peak_rss_bytes() {

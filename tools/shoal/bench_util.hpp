@@ -43,6 +43,10 @@ struct memory_bandwidth {
 memory_bandwidth measure_bandwidth(int64_t bytes = int64_t{512} << 20, int reps = 5);
 // Bytes of the checkpoint's *.safetensors files in `dir` (0 without a directory).
 int64_t checkpoint_bytes(const std::string& dir);
+// Runs `fn` in a forked child process (its own memory and threads: a peak RSS of its own, a
+// library's threads that outlive the call) and returns the text it returned, written back
+// over a pipe; nothing when the child died first.
+std::optional<std::string> run_in_child(const std::function<std::string()>& fn);
 // The process's peak resident set so far, bytes (getrusage).
 int64_t peak_rss_bytes();
 // cores, ISA, BLAS core, git commit.
