@@ -551,7 +551,7 @@ std::vector<token_event> engine::step_ep() {
   stalled_ = p.items.empty() && has_work();
   if (config_.experts) {  // this layout's experts in memory before any of them is computed
     const expert_range want = owned_experts(ep_->layout(), weights_->config.n_routed_experts);
-    if (!held_experts_ || held_experts_->first != want.first || held_experts_->last != want.last) {
+    if (held_experts_ != want) {
       if (auto held = config_.experts->hold(this, want); !held) {
         // This rank cannot compute its experts: its requests fail (its peers' exchanges
         // with it time out).

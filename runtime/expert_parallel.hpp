@@ -30,6 +30,7 @@ struct ep_layout {
 
 struct expert_range {
   int64_t first = 0, last = 0;  // [first, last)
+  bool operator==(const expert_range&) const = default;
 };
 expert_range owned_experts(const ep_layout& layout, int64_t n_experts);
 int32_t expert_owner(int64_t expert, int64_t n_experts, int32_t size);

@@ -29,18 +29,13 @@ std::expected<void, std::string> expert_residency::hold(const void* holder, expe
   std::vector<int64_t> read;
   for (int64_t e = range.first; e < range.last; ++e) {
     if (resident_[e]) continue;
-    for (int64_t s = 0; s < slots_; ++s) {
+    read.push_back(e);
+    for (int64_t s = 0; s < slots_; ++s)
       if (auto r = reader_.read(mutable_weights_, s, e); !r) {
-        for (int64_t t = 0; t < s; ++t) model::expert_reader::drop(mutable_weights_, t, e);
-        for (int64_t x : read) {
-          for (int64_t t = 0; t < slots_; ++t) model::expert_reader::drop(mutable_weights_, t, x);
-          resident_[x] = false;
-        }
+        for (int64_t x : read) drop(x);  // what this call read, e's slots so far included
         return std::unexpected("reading routed expert " + std::to_string(e) + ": " + r.error().message);
       }
-    }
     resident_[e] = true;
-    read.push_back(e);
   }
   held_[holder] = range;
   drop_unheld();
@@ -53,14 +48,16 @@ void expert_residency::release(const void* holder) {
   drop_unheld();
 }
 
+void expert_residency::drop(int64_t expert) {
+  for (int64_t s = 0; s < slots_; ++s) model::expert_reader::drop(mutable_weights_, s, expert);
+  resident_[expert] = false;
+}
+
 void expert_residency::drop_unheld() {
   for (int64_t e = 0; e < experts_; ++e) {
-    if (!resident_[e]) continue;
     bool held = false;
     for (const auto& [h, r] : held_) held = held || (e >= r.first && e < r.last);
-    if (held) continue;
-    for (int64_t s = 0; s < slots_; ++s) model::expert_reader::drop(mutable_weights_, s, e);
-    resident_[e] = false;
+    if (resident_[e] && !held) drop(e);
   }
 }
 

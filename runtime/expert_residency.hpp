@@ -38,7 +38,8 @@ class expert_residency {
 
  private:
   expert_residency(model::expert_reader reader, std::shared_ptr<const model::model_weights> weights);
-  void drop_unheld();  // mu_ held
+  void drop(int64_t expert);  // every slot of it; mu_ held
+  void drop_unheld();         // mu_ held
 
   model::expert_reader reader_;
   std::shared_ptr<const model::model_weights> weights_;
