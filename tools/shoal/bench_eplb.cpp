@@ -200,7 +200,7 @@ void add_eplb_bench(CLI::App& bench) {
   auto m = std::make_shared<ep_memory_args>();
   auto* mem = bench.add_subcommand("ep-memory", "per-rank memory with partitioned expert weights, EP 1/2/4");
   mem->add_option("--model", m->model_dir, "checkpoint directory")->required();
-  mem->add_option("--sizes", m->sizes, "EP group sizes")->check(CLI::PositiveNumber)->capture_default_str();
+  mem->add_option("--sizes", m->sizes, "EP group sizes")->check(CLI::Range(1, 1 << 16))->capture_default_str();
   mem->add_option("--out", m->out, "JSONL records")->capture_default_str();
   mem->callback([m] { set_exit_code(run_ep_memory_bench(*m)); });
 
