@@ -13,8 +13,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace shoal::runtime;
   if (size < 1) return 0;
   const std::vector<uint8_t> bytes(data + 1, data + size);
-  const ep_layout layout{static_cast<int32_t>((data[0] >> 1) & 3), 4};
+  const int32_t rank = (data[0] >> 1) & 3;
   constexpr int64_t hidden = 8, n_experts = 16, top_k = 2;
+  static const ep_placement placement = ep_placement::contiguous(2, n_experts, 4);
   ep_frame_limits limits;
   limits.max_rows = 64;
   if (data[0] & 1) {
@@ -24,19 +25,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (!c && c.error().empty()) std::abort();
     return 0;
   }
-  auto d = decode_dispatch(bytes, 7, 1, 2, layout, hidden, n_experts, top_k, limits);
+  auto d = decode_dispatch(bytes, 7, 1, 2, placement, rank, hidden, top_k, limits);
   if (!d) {
     if (d.error().empty()) std::abort();
     return 0;
   }
-  const expert_range own = owned_experts(layout, n_experts);
+  if (d->epoch != 0 || d->ready > 1) std::abort();
   if (d->rows < 0 || d->rows > limits.max_rows || d->xn.size() != static_cast<size_t>(d->rows * hidden) ||
       d->pair_row.size() != d->pair_expert.size())
     std::abort();
   std::vector<int> per_row(static_cast<size_t>(d->rows), 0);
   for (size_t i = 0; i < d->pair_row.size(); ++i) {
     if (d->pair_row[i] < 0 || d->pair_row[i] >= d->rows) std::abort();
-    if (d->pair_expert[i] < own.first || d->pair_expert[i] >= own.last) std::abort();
+    if (!placement.holds(1, rank, d->pair_expert[i])) std::abort();
     if (++per_row[static_cast<size_t>(d->pair_row[i])] > top_k) std::abort();
   }
   return 0;

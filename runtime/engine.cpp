@@ -46,6 +46,7 @@ engine::engine(std::shared_ptr<const model::model_weights> weights, const engine
     config_.async_scheduling = false;  // see engine_config::ep
     ep_ = std::make_unique<ep_moe_exchange>(weights_, config_.ep->layout, config_.ep->transport,
                                             config_.batch_invariant, config_.ep->limits);
+    ep_->set_load_window(config_.ep->load_window_steps);
   }
   if (config_.role == engine_role::prefill) {
     SHOAL_ASSERT(config_.bulk);  // engine_config::bulk is required for role prefill (caller's error)
@@ -549,18 +550,20 @@ std::vector<token_event> engine::step_ep() {
   step_plan p = sched_.plan({});
   stats_.plan_s += now_s() - t0;
   stalled_ = p.items.empty() && has_work();
-  if (config_.experts) {  // this layout's experts in memory before any of them is computed
-    const expert_range want = owned_experts(ep_->layout(), weights_->config.n_routed_experts);
-    if (held_experts_ != want) {
-      if (auto held = config_.experts->hold(this, want); !held) {
-        // This rank cannot compute its experts: its requests fail (its peers' exchanges
-        // with it time out).
-        if (!p.items.empty()) dispatch(std::move(p));
-        return fail_step("EP rank " + std::to_string(ep_->layout().rank) + ": " + held.error());
-      }
-      held_experts_ = want;
+  // This placement's experts (and an offered one's) in memory before any of them is computed.
+  const std::pair want{ep_->placement(), ep_->offered()};
+  if (config_.experts && held_for_ != want) {
+    if (auto held = config_.experts->hold(
+          this, expert_residency::experts_for(*want.first, ep_->layout().rank, want.second.get()));
+        !held) {
+      // This rank cannot compute its experts: its requests fail (its peers' exchanges with it
+      // time out).
+      if (!p.items.empty()) dispatch(std::move(p));
+      return fail_step("EP rank " + std::to_string(ep_->layout().rank) + ": " + held.error());
     }
+    held_for_ = want;
   }
+  if (want.second) ep_->mark_ready();  // its experts are held (again, once ready)
   ep_->begin_step();
   if (!p.items.empty()) {
     dispatch(std::move(p));
@@ -597,6 +600,11 @@ std::vector<token_event> engine::fail_step(const std::string& why) {
 }
 
 uint64_t engine::steps_started() const { return ep_ ? ep_->steps_started() : stats_.steps; }
+
+std::expected<void, std::string> engine::offer_placement(std::shared_ptr<const ep_placement> next) {
+  SHOAL_ASSERT(ep_ && !flight_);
+  return ep_->offer(std::move(next));
+}
 
 void engine::set_ep_group(ep_layout layout, std::shared_ptr<expert_transport> transport) {
   SHOAL_ASSERT(ep_ && !flight_);

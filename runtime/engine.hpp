@@ -56,6 +56,7 @@ struct engine_config {
     ep_layout layout;
     std::shared_ptr<expert_transport> transport;
     ep_frame_limits limits;
+    int64_t load_window_steps = 1'000;  // steps the routed-load statistics cover
   };
   std::optional<ep_config> ep;
   // With ep: the process's routed experts in memory, when its weights were loaded without
@@ -188,6 +189,13 @@ class engine {
   // loss; every rank holds all weights, so this is a new layout and transport only). The
   // step counter restarts at 0.
   void set_ep_group(ep_layout layout, std::shared_ptr<expert_transport> transport);
+  // EP, between steps: the group's next expert placement (the balancer's plan, offered to
+  // every rank). Before its next step the engine holds the experts of both placements
+  // (reading the ones it gains), then the group switches in band at a step boundary
+  // (expert_parallel.hpp). An error when one is still being adopted or it does not fit.
+  std::expected<void, std::string> offer_placement(std::shared_ptr<const ep_placement> next);
+  // EP: the exchange's placement, load window and counters (null without EP).
+  const ep_moe_exchange* expert_exchange() const { return ep_.get(); }
   // The error of the last failed step ("" when none failed yet).
   const std::string& last_error() const { return last_error_; }
   const model::model_config& config() const { return weights_->config; }
@@ -251,7 +259,9 @@ class engine {
   std::optional<in_flight_step> flight_;
   engine_stats stats_;
   std::unique_ptr<ep_moe_exchange> ep_;
-  std::optional<expert_range> held_experts_;  // what config_.experts holds for this engine
+  // The (placement, offered) pair config_.experts holds this engine's experts for.
+  // Kept alive here, so a new placement never compares equal to a freed one.
+  std::pair<std::shared_ptr<const ep_placement>, std::shared_ptr<const ep_placement>> held_for_;
   std::string last_error_;
   embedding_cache images_;
   std::map<embedding_cache::key, std::shared_ptr<rows_read>> rows_reads_;

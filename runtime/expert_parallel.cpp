@@ -22,24 +22,13 @@ namespace shoal::runtime {
 
 static_assert(std::endian::native == std::endian::little, "frames carry little-endian tensors");
 
-expert_range owned_experts(const ep_layout& layout, int64_t n_experts) {
-  SHOAL_ASSERT(layout.size >= 1 && layout.rank >= 0 && layout.rank < layout.size);
-  return {layout.rank * n_experts / layout.size, (layout.rank + 1) * n_experts / layout.size};
-}
-
-int32_t expert_owner(int64_t expert, int64_t n_experts, int32_t size) {
-  SHOAL_ASSERT(expert >= 0 && expert < n_experts && size >= 1);
-  // the largest r with r·E/size ≤ expert
-  return static_cast<int32_t>(((expert + 1) * size - 1) / n_experts);
-}
-
 // ---- frames ----
 
 namespace {
 
 constexpr const char* frame_magic = "shoal-ep";
-constexpr uint64_t frame_version = 1;
-constexpr uint32_t dispatch_fields = 12, combine_fields = 9;
+constexpr uint64_t frame_version = 2;
+constexpr uint32_t dispatch_fields = 14, combine_fields = 9;
 
 // msgpack::packer output straight into a byte vector.
 struct byte_sink {
@@ -163,6 +152,8 @@ std::vector<uint8_t> encode_dispatch(const dispatch_frame& f) {
   byte_sink sink;
   msgpack::packer<byte_sink> pk(sink);
   pack_header(pk, dispatch_fields, 0, f.step, f.slot, f.source, f.hidden);
+  pk.pack(f.epoch);
+  pk.pack(f.ready);
   pk.pack(static_cast<uint64_t>(f.rows));
   pk.pack(static_cast<uint64_t>(f.pair_row.size()));
   pack_tensor(pk, f.xn.data(), f.xn.size());
@@ -172,29 +163,35 @@ std::vector<uint8_t> encode_dispatch(const dispatch_frame& f) {
 }
 
 std::expected<dispatch_frame, std::string> decode_dispatch(const std::vector<uint8_t>& bytes, uint64_t step,
-                                                           int32_t slot, int32_t source, const ep_layout& layout,
-                                                           int64_t hidden, int64_t n_experts, int64_t top_k,
+                                                           int32_t slot, int32_t source, const ep_placement& placement,
+                                                           int32_t rank, int64_t hidden, int64_t top_k,
                                                            const ep_frame_limits& limits) {
   frame_reader r(bytes, dispatch_fields, "dispatch");
   dispatch_frame f;
   uint64_t rows = 0, pairs = 0;
-  if (!read_header(r, 0, step, slot, source, hidden) ||
-      !r.uint_field(7, "rows", rows, {}, static_cast<uint64_t>(limits.max_rows)) ||
-      !r.uint_field(8, "pairs", pairs, {}, rows * static_cast<uint64_t>(top_k)) ||
-      !r.tensor_field(9, "xn", rows * static_cast<uint64_t>(hidden), f.xn) ||
-      !r.tensor_field(10, "pair_row", pairs, f.pair_row) || !r.tensor_field(11, "pair_expert", pairs, f.pair_expert))
+  if (!read_header(r, 0, step, slot, source, hidden) || !r.uint_field(7, "epoch", f.epoch, placement.epoch()) ||
+      !r.uint_field(8, "ready", f.ready, {}, placement.epoch() + 1) ||
+      !r.uint_field(9, "rows", rows, {}, static_cast<uint64_t>(limits.max_rows)) ||
+      !r.uint_field(10, "pairs", pairs, {}, rows * static_cast<uint64_t>(top_k)) ||
+      !r.tensor_field(11, "xn", rows * static_cast<uint64_t>(hidden), f.xn) ||
+      !r.tensor_field(12, "pair_row", pairs, f.pair_row) || !r.tensor_field(13, "pair_expert", pairs, f.pair_expert))
     return std::unexpected(r.error());
-  expert_range own = owned_experts(layout, n_experts);
+  if (f.ready < f.epoch)
+    return std::unexpected("dispatch frame field 8 (ready) is " + std::to_string(f.ready) + ", below its epoch " +
+                           std::to_string(f.epoch));
+  if (slot < 0 || slot >= placement.slots())
+    return std::unexpected("dispatch frame slot " + std::to_string(slot) + " outside the placement's " +
+                           std::to_string(placement.slots()) + " slots");
   std::vector<int32_t> per_row(rows, 0);
   for (uint64_t p = 0; p < pairs; ++p) {
     int32_t row = f.pair_row[p], e = f.pair_expert[p];
     if (row < 0 || static_cast<uint64_t>(row) >= rows)
       return std::unexpected("dispatch frame pair " + std::to_string(p) + ": row " + std::to_string(row) +
                              " outside [0, " + std::to_string(rows) + ")");
-    if (e < own.first || e >= own.last)
+    if (e < 0 || e >= placement.logical() || !placement.holds(slot, rank, e))
       return std::unexpected("dispatch frame pair " + std::to_string(p) + ": expert " + std::to_string(e) +
-                             " is not owned by rank " + std::to_string(layout.rank) + " (owns [" +
-                             std::to_string(own.first) + ", " + std::to_string(own.last) + "))");
+                             " is not computed by rank " + std::to_string(rank) + " in slot " + std::to_string(slot) +
+                             " (placement epoch " + std::to_string(placement.epoch()) + ")");
     if (++per_row[row] > top_k)
       return std::unexpected("dispatch frame row " + std::to_string(row) + " has more than top_k = " +
                              std::to_string(top_k) + " pairs");
@@ -235,12 +232,14 @@ std::expected<std::vector<float>, std::string> decode_combine(const std::vector<
 ep_moe_exchange::ep_moe_exchange(std::shared_ptr<const model::model_weights> weights, ep_layout layout,
                                  std::shared_ptr<expert_transport> transport, bool batch_invariant,
                                  ep_frame_limits limits)
-    : weights_(std::move(weights)), invariant_(batch_invariant), limits_(limits) {
-  const model::model_config& c = weights_->config;
-  slots_ = model::moe_slot_count(c);
-  experts_ = c.n_routed_experts;
-  top_k_ = c.num_experts_per_tok;
-  hidden_ = c.hidden_size;
+    : weights_(std::move(weights)),
+      invariant_(batch_invariant),
+      slots_(model::moe_slot_count(weights_->config)),
+      experts_(weights_->config.n_routed_experts),
+      top_k_(weights_->config.num_experts_per_tok),
+      hidden_(weights_->config.hidden_size),
+      limits_(limits),
+      loads_(slots_, std::max<int64_t>(experts_, 1), eplb_policy::decode().window_steps) {
   reconfigure(layout, std::move(transport));
 }
 
@@ -250,12 +249,45 @@ void ep_moe_exchange::reconfigure(ep_layout layout, std::shared_ptr<expert_trans
   layout_ = layout;
   transport_ = std::move(transport);
   steps_started_ = 0;
+  // A new group starts from contiguous blocks; a plan offered to the old one is aborted.
+  placement_ = std::make_shared<const ep_placement>(
+    ep_placement::contiguous(slots_, std::max<int64_t>(experts_, 1), layout.size));
+  offered_.reset();
+  ready_ = switch_agreed_ = false;
+}
+
+void ep_moe_exchange::set_load_window(int64_t steps) {
+  SHOAL_ASSERT(steps >= 1);
+  loads_ = expert_load_window(slots_, std::max<int64_t>(experts_, 1), steps);
+}
+
+std::expected<void, std::string> ep_moe_exchange::offer(std::shared_ptr<const ep_placement> next) {
+  SHOAL_ASSERT(!in_step_ && next);
+  if (offered_)
+    return std::unexpected("placement epoch " + std::to_string(offered_->epoch()) + " is still being adopted");
+  if (next->epoch() != placement_->epoch() + 1)
+    return std::unexpected("placement epoch " + std::to_string(next->epoch()) + " does not follow the current epoch " +
+                           std::to_string(placement_->epoch()));
+  if (next->ranks() != layout_.size || next->slots() != slots_ || next->logical() != placement_->logical())
+    return std::unexpected("placement is for " + std::to_string(next->ranks()) + " ranks, " +
+                           std::to_string(next->slots()) + " slots, " + std::to_string(next->logical()) +
+                           " experts; the group has " + std::to_string(layout_.size) + " ranks, " +
+                           std::to_string(slots_) + " slots, " + std::to_string(placement_->logical()) + " experts");
+  offered_ = std::move(next);
+  ready_ = false;
+  return {};
+}
+
+void ep_moe_exchange::mark_ready() {
+  SHOAL_ASSERT(!in_step_ && offered_);
+  ready_ = true;
 }
 
 void ep_moe_exchange::begin_step() {
   SHOAL_ASSERT(!in_step_);
   in_step_ = true;
   next_slot_ = 0;
+  switch_agreed_ = false;
   ++steps_started_;
 }
 
@@ -270,13 +302,29 @@ std::expected<void, std::string> ep_moe_exchange::end_step() {
     return std::unexpected(e.what());  // fail() already abandoned the step
   }
   in_step_ = false;
+  finish_step();
   return {};
 }
 
-void ep_moe_exchange::abandon_step() { in_step_ = false; }
+void ep_moe_exchange::abandon_step() {
+  in_step_ = false;
+  finish_step();
+}
+
+// A switch agreed at slot 0 holds whatever happened later in the step: every rank that saw
+// the agreement switches, so the next step's frames carry the same epoch everywhere.
+void ep_moe_exchange::finish_step() {
+  loads_.end_step();
+  if (!switch_agreed_) return;
+  switch_agreed_ = false;
+  placement_ = std::move(offered_);
+  offered_.reset();
+  ready_ = false;
+  ++switches_;
+}
 
 void ep_moe_exchange::fail(const std::string& what) {
-  in_step_ = false;
+  abandon_step();
   throw ep_error("EP rank " + std::to_string(layout_.rank) + "/" + std::to_string(layout_.size) + " step " +
                  std::to_string(steps_started_ - 1) + ": " + what);
 }
@@ -312,8 +360,11 @@ struct owned_work {
   struct ref {
     int32_t source, pair;
   };
-  std::vector<std::vector<ref>> by_expert;  // index e − first
-  int64_t first = 0;
+  std::vector<int32_t> experts;             // the experts this rank computes in the slot, ascending
+  std::vector<std::vector<ref>> by_expert;  // same order
+  int64_t index(int32_t e) const {
+    return std::lower_bound(experts.begin(), experts.end(), e) - experts.begin();
+  }
 };
 
 // Runs the owned experts over the dispatched rows; results[src] (pairs of src, d). Experts run
@@ -337,14 +388,13 @@ void compute_owned(const model::model_weights& w, int64_t slot, bool invariant, 
           const dispatch_frame& f = in[list[i].source];
           std::memcpy(x.data() + i * d, f.xn.data() + int64_t(f.pair_row[list[i].pair]) * d, sizeof(float) * d);
         }
-        model::routed_expert(w, slot, work.first + e, x.data(), n, invariant, y.data());
+        model::routed_expert(w, slot, work.experts[e], x.data(), n, invariant, y.data());
         for (int64_t i = 0; i < n; ++i)
           std::memcpy(results[list[i].source].data() + int64_t(list[i].pair) * d, y.data() + i * d,
                       sizeof(float) * d);
       }
   });
 }
-
 
 }  // namespace
 
@@ -354,14 +404,19 @@ void ep_moe_exchange::run_slot(int64_t slot, const float* xn, int64_t rows, cons
   const int64_t d = hidden_, k = top_k_;
   const uint64_t step = steps_started_ - 1;
   const int32_t s32 = static_cast<int32_t>(slot);
-  // Dispatch: each row once per owner rank, with its pairs for that owner in row order.
+  const ep_placement& place = *placement_;
+  const uint64_t ready = ready_ ? offered_->epoch() : place.epoch();
+  if (rows > 0) loads_.count(slot, {ids, static_cast<size_t>(rows * k)});
+  // Dispatch: each row once per computing rank, with its pairs for that rank in row order;
+  // the n-th pair of an expert goes to the replica replica_for picks.
   std::vector<dispatch_frame> send(static_cast<size_t>(R));
   std::vector<int64_t> last_row(static_cast<size_t>(R), -1);
+  std::vector<int64_t> nth(static_cast<size_t>(place.logical()), 0);
   std::vector<int32_t> owner_of(static_cast<size_t>(rows * k)), pair_of(static_cast<size_t>(rows * k));
   for (int64_t i = 0; i < rows; ++i)
     for (int64_t j = 0; j < k; ++j) {
       int32_t e = ids[i * k + j];
-      int32_t r = expert_owner(e, experts_, R);
+      int32_t r = place.replica_for(slot, e, me, nth[e]++);
       dispatch_frame& f = send[r];
       if (last_row[r] != i) {
         last_row[r] = i;
@@ -376,6 +431,7 @@ void ep_moe_exchange::run_slot(int64_t slot, const float* xn, int64_t rows, cons
   ep_payloads outgoing(static_cast<size_t>(R));
   for (int32_t r = 0; r < R; ++r) {
     send[r].step = step, send[r].slot = s32, send[r].source = me, send[r].hidden = d;
+    send[r].epoch = place.epoch(), send[r].ready = ready;
     outgoing[r] = encode_dispatch(send[r]);
     send[r].xn = {};  // only the pair counts are needed from here on
   }
@@ -384,16 +440,21 @@ void ep_moe_exchange::run_slot(int64_t slot, const float* xn, int64_t rows, cons
   // Own experts over every source's rows.
   std::vector<dispatch_frame> in(static_cast<size_t>(R));
   owned_work work;
-  expert_range own = owned_experts(layout_, experts_);
-  work.first = own.first;
-  work.by_expert.resize(static_cast<size_t>(own.last - own.first));
+  auto mine = place.experts_of(slot, me);
+  work.experts.assign(mine.begin(), mine.end());
+  work.by_expert.resize(work.experts.size());
+  uint64_t agreed = ready;
   for (int32_t src = 0; src < R; ++src) {
-    auto f = decode_dispatch(incoming[src], step, s32, src, layout_, d, experts_, k, limits_);
+    auto f = decode_dispatch(incoming[src], step, s32, src, place, me, d, k, limits_);
     if (!f) fail("slot " + std::to_string(slot) + ": from rank " + std::to_string(src) + ": " + f.error());
     in[src] = std::move(*f);
+    agreed = std::min(agreed, in[src].ready);
     for (size_t p = 0; p < in[src].pair_expert.size(); ++p)
-      work.by_expert[in[src].pair_expert[p] - own.first].push_back({src, static_cast<int32_t>(p)});
+      work.by_expert[work.index(in[src].pair_expert[p])].push_back({src, static_cast<int32_t>(p)});
+    pairs_computed_ += static_cast<int64_t>(in[src].pair_expert.size());
   }
+  // Every rank sees the same slot-0 frames, so every rank agrees on the switch alike.
+  if (slot == 0 && agreed > place.epoch()) switch_agreed_ = true;
   incoming = {};
   std::vector<std::vector<float>> results(static_cast<size_t>(R));
   for (int32_t src = 0; src < R; ++src) results[src].resize(in[src].pair_row.size() * static_cast<size_t>(d));

@@ -1,5 +1,8 @@
 #include "runtime/expert_residency.hpp"
 
+#include <algorithm>
+
+#include "kernels/assert.hpp"
 #include "model/forward.hpp"
 
 namespace shoal::runtime {
@@ -19,25 +22,46 @@ expert_residency::expert_residency(model::expert_reader reader, std::shared_ptr<
       mutable_weights_(const_cast<model::model_weights&>(*weights_)),
       slots_(model::moe_slot_count(weights_->config)),
       experts_(weights_->config.n_routed_experts),
-      resident_(static_cast<size_t>(experts_), false) {
-  for (int64_t e = 0; e < experts_; ++e)  // whatever the load kept counts as resident
-    resident_[e] = slots_ > 0 && !model::routed_expert_weights(mutable_weights_, 0, e).gate_up.empty();
+      resident_(static_cast<size_t>(slots_ * experts_), false) {
+  for (int64_t s = 0; s < slots_; ++s)  // whatever the load kept counts as resident
+    for (int64_t e = 0; e < experts_; ++e)
+      resident_[s * experts_ + e] = !model::routed_expert_weights(mutable_weights_, s, e).gate_up.empty();
 }
 
-std::expected<void, std::string> expert_residency::hold(const void* holder, expert_range range) {
-  std::lock_guard lock(mu_);
-  std::vector<int64_t> read;
-  for (int64_t e = range.first; e < range.last; ++e) {
-    if (resident_[e]) continue;
-    read.push_back(e);
-    for (int64_t s = 0; s < slots_; ++s)
-      if (auto r = reader_.read(mutable_weights_, s, e); !r) {
-        for (int64_t x : read) drop(x);  // what this call read, e's slots so far included
-        return std::unexpected("reading routed expert " + std::to_string(e) + ": " + r.error().message);
-      }
-    resident_[e] = true;
+expert_residency::expert_set expert_residency::experts_for(const ep_placement& placement, int32_t rank,
+                                                           const ep_placement* also) {
+  expert_set out(static_cast<size_t>(placement.slots()));
+  for (int64_t s = 0; s < placement.slots(); ++s) {
+    auto mine = placement.experts_of(s, rank);
+    out[s].assign(mine.begin(), mine.end());
+    if (also) {
+      auto more = also->experts_of(s, rank);
+      out[s].insert(out[s].end(), more.begin(), more.end());
+      std::sort(out[s].begin(), out[s].end());
+      out[s].erase(std::unique(out[s].begin(), out[s].end()), out[s].end());
+    }
   }
-  held_[holder] = range;
+  return out;
+}
+
+std::expected<void, std::string> expert_residency::hold(const void* holder, const expert_set& experts) {
+  std::lock_guard lock(mu_);
+  SHOAL_ASSERT(static_cast<int64_t>(experts.size()) == slots_);
+  std::vector<std::pair<int64_t, int64_t>> read;
+  for (int64_t s = 0; s < slots_; ++s)
+    for (int32_t e : experts[s]) {
+      SHOAL_ASSERT(e >= 0 && e < experts_);
+      if (resident_[s * experts_ + e]) continue;
+      if (auto r = reader_.read(mutable_weights_, s, e); !r) {
+        model::expert_reader::drop(mutable_weights_, s, e);  // a part of it may have been read
+        for (auto [rs, re] : read) drop(rs, re);
+        return std::unexpected("reading routed expert " + std::to_string(e) + " of MoE slot " + std::to_string(s) +
+                               ": " + r.error().message);
+      }
+      resident_[s * experts_ + e] = true;
+      read.emplace_back(s, e);
+    }
+  held_[holder] = experts;
   drop_unheld();
   return {};
 }
@@ -48,34 +72,35 @@ void expert_residency::release(const void* holder) {
   drop_unheld();
 }
 
-void expert_residency::drop(int64_t expert) {
-  for (int64_t s = 0; s < slots_; ++s) model::expert_reader::drop(mutable_weights_, s, expert);
-  resident_[expert] = false;
+void expert_residency::drop(int64_t slot, int64_t expert) {
+  model::expert_reader::drop(mutable_weights_, slot, expert);
+  resident_[slot * experts_ + expert] = false;
 }
 
 void expert_residency::drop_unheld() {
-  for (int64_t e = 0; e < experts_; ++e) {
-    bool held = false;
-    for (const auto& [h, r] : held_) held = held || (e >= r.first && e < r.last);
-    if (resident_[e] && !held) drop(e);
-  }
+  std::vector<bool> held(resident_.size(), false);
+  for (const auto& [h, set] : held_)
+    for (int64_t s = 0; s < slots_; ++s)
+      for (int32_t e : set[s]) held[s * experts_ + e] = true;
+  for (int64_t s = 0; s < slots_; ++s)
+    for (int64_t e = 0; e < experts_; ++e)
+      if (resident_[s * experts_ + e] && !held[s * experts_ + e]) drop(s, e);
 }
 
 int64_t expert_residency::resident_experts() const {
   std::lock_guard lock(mu_);
-  int64_t n = 0;
-  for (bool r : resident_) n += r;
-  return n;
+  return std::count(resident_.begin(), resident_.end(), true);
 }
 
 int64_t expert_residency::resident_bytes() const {
   std::lock_guard lock(mu_);
   int64_t bytes = 0;
-  for (int64_t e = 0; e < experts_; ++e)
-    for (int64_t s = 0; s < slots_ && resident_[e]; ++s) {
-      const auto& x = model::routed_expert_weights(mutable_weights_, s, e);
-      bytes += static_cast<int64_t>(x.gate_up.bytes() + x.down.bytes());
-    }
+  for (int64_t s = 0; s < slots_; ++s)
+    for (int64_t e = 0; e < experts_; ++e)
+      if (resident_[s * experts_ + e]) {
+        const auto& x = model::routed_expert_weights(mutable_weights_, s, e);
+        bytes += static_cast<int64_t>(x.gate_up.bytes() + x.down.bytes());
+      }
   return bytes;
 }
 

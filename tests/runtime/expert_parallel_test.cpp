@@ -156,16 +156,28 @@ TEST_CASE("ep forward: N ranks with different batches give the local path's logi
   }
 }
 
-TEST_CASE("ep ownership: contiguous blocks, expert_owner agrees with owned_experts") {
+TEST_CASE("ep placement: contiguous blocks, every expert on exactly one rank, replicas agree") {
   for (int32_t size : {1, 2, 3, 4, 5, 16, 20})
     for (int64_t E : {16, 17, 32}) {
+      const auto p = runtime::ep_placement::contiguous(2, E, size);
+      CHECK(p.epoch() == 0);
       std::vector<int32_t> owner(static_cast<size_t>(E), -1);
       for (int32_t r = 0; r < size; ++r) {
-        auto range = runtime::owned_experts({r, size}, E);
-        CHECK(range.first == r * E / size);
-        for (int64_t e = range.first; e < range.last; ++e) owner[e] = r;
+        auto mine = p.experts_of(1, r);
+        CHECK(static_cast<int64_t>(mine.size()) == (r + 1) * E / size - r * E / size);
+        for (int32_t e : mine) {
+          CHECK(owner[e] == -1);
+          owner[e] = r;
+          CHECK(p.holds(1, r, e));
+        }
       }
-      for (int64_t e = 0; e < E; ++e) CHECK(runtime::expert_owner(e, E, size) == owner[e]);
+      for (int64_t e = 0; e < E; ++e) {
+        CAPTURE(e);
+        CHECK(owner[e] == ((e + 1) * size - 1) / E);  // the largest r with r·E/size ≤ e
+        REQUIRE(p.replicas(0, e).size() == 1);
+        CHECK(p.replicas(0, e)[0] == owner[e]);
+        CHECK(p.replica_for(0, e, 3, 7) == owner[e]);
+      }
     }
 }
 
@@ -370,8 +382,8 @@ TEST_CASE("ep partitioned weights: each rank reads only its own experts, reads m
     for (int32_t r = 0; r < 4; ++r) {
       CAPTURE(r);
       CHECK(engines[r]->last_error() == "");
-      const auto own = runtime::owned_experts({r, 4}, E);
-      CHECK(held[r]->resident_experts() == own.last - own.first);  // the idle rank 1 too
+      const auto own = runtime::ep_placement::contiguous(slots, E, 4).experts_of(0, r);
+      CHECK(held[r]->resident_experts() == slots * static_cast<int64_t>(own.size()));  // the idle rank 1 too
       bytes += held[r]->resident_bytes();
     }
     CHECK(bytes == all_expert_bytes);  // every expert once across the group
@@ -383,8 +395,8 @@ TEST_CASE("ep partitioned weights: each rank reads only its own experts, reads m
     CHECK(held[2]->resident_experts() == 0);
     serve_and_check(engines, 2, 41, -1, full_w);
     for (int32_t r = 0; r < 2; ++r) {
-      const auto own = runtime::owned_experts({r, 2}, E);
-      CHECK(held[r]->resident_experts() == own.last - own.first);
+      const auto own = runtime::ep_placement::contiguous(slots, E, 2).experts_of(0, r);
+      CHECK(held[r]->resident_experts() == slots * static_cast<int64_t>(own.size()));
     }
     CHECK(held[0]->resident_bytes() + held[1]->resident_bytes() == all_expert_bytes);
     std::filesystem::remove_all(dir);
@@ -417,9 +429,11 @@ TEST_CASE("ep partitioned weights: an expert the checkpoint cannot give is an er
             .has_value());
   auto residency = runtime::expert_residency::open(other.string(), w);
   REQUIRE(residency.has_value());
-  auto r = (*residency)->hold(nullptr, {0, 1});
+  runtime::expert_residency::expert_set want(static_cast<size_t>(model::moe_slot_count(c)));
+  want[0] = {0};
+  auto r = (*residency)->hold(nullptr, want);
   REQUIRE_FALSE(r.has_value());
-  CHECK(r.error().find("routed expert 0") != std::string::npos);
+  CHECK(r.error().find("routed expert 0 of MoE slot 0") != std::string::npos);
   CAPTURE(r.error());
   CHECK(r.error().find(gate) != std::string::npos);
   CHECK((*residency)->resident_experts() == 0);  // nothing half-read stays
@@ -503,7 +517,8 @@ struct corrupting_transport final : runtime::expert_transport {
 }  // namespace
 
 TEST_CASE("ep frames: bad bytes are errors naming what is wrong") {
-  const ep_layout me{1, 4};  // owns experts [4, 8) of 16
+  // rank 1 of 4 computes experts [4, 8) of 16 in every slot
+  const auto place = runtime::ep_placement::contiguous(3, 16, 4);
   runtime::dispatch_frame f;
   f.step = 7, f.slot = 2, f.source = 3, f.hidden = 8, f.rows = 2;
   f.xn.assign(16, 0.5f);
@@ -511,7 +526,7 @@ TEST_CASE("ep frames: bad bytes are errors naming what is wrong") {
   f.pair_expert = {4, 5, 7};
   auto good = runtime::encode_dispatch(f);
   auto decode = [&](const std::vector<uint8_t>& b, int64_t hidden = 8, uint64_t step = 7) {
-    return runtime::decode_dispatch(b, step, 2, 3, me, hidden, 16, 4);
+    return runtime::decode_dispatch(b, step, 2, 3, place, 1, hidden, 4);
   };
   auto round = decode(good);
   REQUIRE(round.has_value());
@@ -535,12 +550,21 @@ TEST_CASE("ep frames: bad bytes are errors naming what is wrong") {
   {
     auto foreign = f;
     foreign.pair_expert[1] = 9;
-    expect_error(decode(runtime::encode_dispatch(foreign)), "expert 9 is not owned by rank 1");
+    expect_error(decode(runtime::encode_dispatch(foreign)), "expert 9 is not computed by rank 1 in slot 2");
     foreign.pair_expert[1] = -3;
     expect_error(decode(runtime::encode_dispatch(foreign)), "expert -3");
     auto bad_row = f;
     bad_row.pair_row[2] = 2;
     expect_error(decode(runtime::encode_dispatch(bad_row)), "row 2 outside");
+    auto other_epoch = f;  // routed by a placement the receiver is not on
+    other_epoch.epoch = other_epoch.ready = 1;
+    expect_error(decode(runtime::encode_dispatch(other_epoch)), "field 7 (epoch) is 1, expected 0");
+    auto too_ready = f;
+    too_ready.ready = 2;
+    expect_error(decode(runtime::encode_dispatch(too_ready)), "field 8 (ready) is 2, above the limit 1");
+    auto ready = f;
+    ready.ready = 1;
+    CHECK(decode(runtime::encode_dispatch(ready)).value().ready == 1);
   }
   {
     std::mt19937 rng(3);

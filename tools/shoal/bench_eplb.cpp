@@ -158,12 +158,14 @@ std::string ep_memory_child(const std::string& dir, int32_t size) {
     auto shared = std::make_shared<const model::model_weights>(std::move(*w));
     const int64_t base = peak_rss_bytes();
     auto residency = runtime::expert_residency::open(dir, shared);
-    const runtime::expert_range own = runtime::owned_experts({0, size}, E);
-    auto held = residency ? (*residency)->hold(&r, own) : std::expected<void, std::string>(std::unexpected(residency.error()));
+    const auto placement = runtime::ep_placement::contiguous(model::moe_slot_count(shared->config), E, size);
+    const auto own = placement.experts_of(0, 0);
+    auto held = residency ? (*residency)->hold(&r, runtime::expert_residency::experts_for(placement, 0))
+                          : std::expected<void, std::string>(std::unexpected(residency.error()));
     if (!held) {
       r["error"] = held.error();
     } else {
-      r = {{"experts", own.last - own.first}, {"of_experts", E}, {"expert_bytes", (*residency)->resident_bytes()},
+      r = {{"experts", own.size()}, {"of_experts", E}, {"expert_bytes", (*residency)->resident_bytes()},
            {"rss_without_experts", base}, {"peak_rss_bytes", peak_rss_bytes()}};
     }
   }
