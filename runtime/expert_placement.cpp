@@ -112,6 +112,24 @@ std::vector<double> ep_placement::imbalance(std::span<const double> load) const 
   return out;
 }
 
+void ep_placement::take_slot(const ep_placement& from, int64_t slot) {
+  SHOAL_ASSERT(from.slots_ == slots_ && from.logical_ == logical_ && from.ranks_ == ranks_);
+  for (int32_t r = 0; r < ranks_; ++r) per_rank_[slot * ranks_ + r] = from.per_rank_[slot * ranks_ + r];
+  if (plan_ && from.plan_ && from.plan_->shape.physical == plan_->shape.physical &&
+      from.plan_->max_replicas == plan_->max_replicas) {
+    auto p = std::make_shared<eplb_plan>(*plan_);
+    const int64_t ph = p->shape.physical, lg = logical_ * p->max_replicas;
+    std::copy_n(from.plan_->phy2log.begin() + slot * ph, ph, p->phy2log.begin() + slot * ph);
+    std::copy_n(from.plan_->phyrank.begin() + slot * ph, ph, p->phyrank.begin() + slot * ph);
+    std::copy_n(from.plan_->logcnt.begin() + slot * logical_, logical_, p->logcnt.begin() + slot * logical_);
+    std::copy_n(from.plan_->log2phy.begin() + slot * lg, lg, p->log2phy.begin() + slot * lg);
+    plan_ = std::move(p);
+  } else {
+    plan_.reset();
+  }
+  index();
+}
+
 // ---- expert_load_window ----
 
 namespace {
@@ -248,6 +266,11 @@ std::expected<placement_plan, std::string> plan_placement(std::span<const double
   if (!next) return std::unexpected(next.error());
   placement_plan out{std::move(*next), current.imbalance(load), {}, 0, refined.swaps};
   out.imbalance_after = out.placement.imbalance(load);
+  for (int64_t s = 0; s < sh.layers; ++s)
+    if (out.imbalance_before[s] <= out.imbalance_after[s]) {
+      out.placement.take_slot(current, s);
+      out.imbalance_after[s] = out.imbalance_before[s];
+    }
   for (int32_t r = 0; r < current.ranks(); ++r) out.experts_moved += out.placement.gained(current, r);
   return out;
 }

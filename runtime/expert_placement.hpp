@@ -53,6 +53,9 @@ class ep_placement {
   std::vector<double> imbalance(std::span<const double> load) const;
 
   bool same_experts(const ep_placement& o) const { return per_rank_ == o.per_rank_; }
+  // Slot `slot` placed as `from` places it (same slots, experts and ranks). The plan stays
+  // only when `from` has one of the same shape (its rows are copied); otherwise it is dropped.
+  void take_slot(const ep_placement& from, int64_t slot);
 
  private:
   ep_placement() = default;
@@ -107,8 +110,10 @@ struct placement_plan {
 };
 
 // The next placement for `load` (slots × logical counts) after `current`: EPLB with
-// `policy`'s redundant experts, refined (refine_placement, matched to current's plan when
-// it has one of the same shape). Epoch current.epoch() + 1.
+// `policy`'s redundant experts, refined (refine_placement) and its ranks matched to current's
+// so that as few experts as possible move; a slot the plan would not balance better keeps
+// current's placement (so no slot's max/mean rises and unchanged loads move nothing).
+// Epoch current.epoch() + 1.
 std::expected<placement_plan, std::string> plan_placement(std::span<const double> load, const ep_placement& current,
                                                           const eplb_policy& policy);
 

@@ -24,6 +24,7 @@ using namespace shoal;
 using runtime::engine;
 using runtime::engine_config;
 using runtime::ep_layout;
+using ep_placement_ptr = std::shared_ptr<const runtime::ep_placement>;
 using runtime::local_ep_hub;
 using runtime::sampling_params;
 using runtime::token_event;
@@ -218,7 +219,9 @@ std::vector<job> jobs_for(int32_t r, uint32_t salt, int32_t idle) {
 }
 
 // Steps every engine on its own thread in lockstep until none has work; each engine's events.
-std::vector<std::vector<token_event>> run_lockstep(const std::vector<engine*>& engines) {
+// `between(rank, step)` runs on the rank's thread before each of its steps.
+std::vector<std::vector<token_event>> run_lockstep(const std::vector<engine*>& engines,
+                                                   const std::function<void(size_t, int)>& between = {}) {
   size_t n = engines.size();
   std::vector<std::vector<token_event>> events(n);
   std::vector<char> busy(n, 0);
@@ -232,6 +235,7 @@ std::vector<std::vector<token_event>> run_lockstep(const std::vector<engine*>& e
         bool any = std::any_of(busy.begin(), busy.end(), [](char b) { return b != 0; });
         sync.arrive_and_wait();
         if (!any) return;
+        if (between) between(r, s);
         for (auto& ev : engines[r]->step()) events[r].push_back(std::move(ev));
       }
     });
@@ -296,7 +300,8 @@ void check_against(const std::vector<std::vector<token_event>>& events,
 // idle), steps them in lockstep and checks every rank's tokens and logits against one engine
 // on `w` running the same jobs.
 void serve_and_check(const std::vector<std::unique_ptr<engine>>& engines, size_t n, uint32_t salt, int32_t idle,
-                     const std::shared_ptr<model::model_weights>& w) {
+                     const std::shared_ptr<model::model_weights>& w,
+                     const std::function<void(size_t, int)>& between = {}) {
   std::vector<std::vector<job>> jobs;
   std::vector<std::map<int64_t, size_t>> ids;
   std::vector<engine*> group;
@@ -305,7 +310,7 @@ void serve_and_check(const std::vector<std::unique_ptr<engine>>& engines, size_t
     ids.push_back(add_jobs(*engines[r], jobs[r]));
     group.push_back(engines[r].get());
   }
-  check_against(run_lockstep(group), ids, reference(w, jobs));
+  check_against(run_lockstep(group, between), ids, reference(w, jobs));
 }
 
 }  // namespace
@@ -439,6 +444,143 @@ TEST_CASE("ep partitioned weights: an expert the checkpoint cannot give is an er
   CHECK((*residency)->resident_experts() == 0);  // nothing half-read stays
   std::filesystem::remove_all(dir);
   std::filesystem::remove_all(other);
+}
+
+namespace {
+
+// Every MoE layer's gate bias (the MTP layer's too) raised for experts 0-3, expert group 0
+// of v3-tiny: routing as skewed as a narrow domain's (a few hot experts, as in the ESFT
+// traces), all of it landing on rank 0 under contiguous blocks.
+void skew_routing(model::model_weights& w) {
+  auto skew = [](model::ffn_weights& f) {
+    for (size_t e = 0; e < 4 && f.moe && e < f.router_bias.size(); ++e) f.router_bias[e] += 0.25f;
+  };
+  for (auto& l : w.layers) skew(l.ffn);
+  for (auto& m : w.mtp) skew(m.layer.ffn);
+}
+
+// Slowest rank / mean of the pairs each rank computed since `before`.
+double rank_imbalance(const std::vector<std::unique_ptr<engine>>& engines, const std::vector<int64_t>& before) {
+  std::vector<double> d;
+  for (size_t r = 0; r < engines.size(); ++r)
+    d.push_back(static_cast<double>(engines[r]->expert_exchange()->pairs_computed() - before[r]));
+  double mean = 0;
+  for (double x : d) mean += x / static_cast<double>(d.size());
+  return *std::max_element(d.begin(), d.end()) / mean;
+}
+
+std::vector<int64_t> pairs_now(const std::vector<std::unique_ptr<engine>>& engines) {
+  std::vector<int64_t> out;
+  for (auto& e : engines) out.push_back(e->expert_exchange()->pairs_computed());
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("ep rebalance live: skewed routing, a new placement with redundant experts adopted mid-stream, "
+          "outputs unchanged, imbalance down, each process holds only its ranks' experts") {
+  const auto dir = std::filesystem::temp_directory_path() / "shoal_ep_rebalance";
+  std::filesystem::remove_all(dir);
+  model::generate_options o;
+  o.preset = "v3-tiny", o.seed = 9, o.out_dir = dir.string();
+  REQUIRE(model::generate_checkpoint(o).has_value());
+  auto full = model::load_weights(dir.string());
+  REQUIRE(full.has_value());
+  skew_routing(*full);
+  auto full_w = std::make_shared<model::model_weights>(std::move(*full));
+  const int64_t E = full_w->config.n_routed_experts, slots = model::moe_slot_count(full_w->config);
+
+  // Two processes of two ranks each: one set of weights without routed experts and one
+  // residency per process.
+  model::load_options none;
+  none.keep_routed_expert = [](int64_t, int64_t) { return false; };
+  local_ep_hub hub(4, 10s);
+  std::vector<std::shared_ptr<runtime::expert_residency>> process;
+  std::vector<std::unique_ptr<engine>> engines;
+  for (int32_t p = 0; p < 2; ++p) {
+    auto part = model::load_weights(dir.string(), nullptr, none);
+    REQUIRE(part.has_value());
+    skew_routing(*part);
+    auto w = std::make_shared<const model::model_weights>(std::move(*part));
+    auto residency = runtime::expert_residency::open(dir.string(), w);
+    REQUIRE(residency.has_value());
+    process.push_back(*residency);
+    for (int32_t r = 2 * p; r < 2 * p + 2; ++r) {
+      engine_config c = ep_config(hub, r);
+      c.ep->load_window_steps = 100;
+      c.experts = *residency;
+      engines.push_back(std::make_unique<engine>(w, c));
+    }
+  }
+  auto holds_exactly = [&](int32_t p, const ep_placement_ptr& place) {
+    int64_t want = 0;
+    for (int64_t s = 0; s < slots; ++s) {
+      auto a = place->experts_of(s, 2 * p), b = place->experts_of(s, 2 * p + 1);
+      std::vector<int32_t> both(a.begin(), a.end());
+      both.insert(both.end(), b.begin(), b.end());
+      std::sort(both.begin(), both.end());
+      want += std::unique(both.begin(), both.end()) - both.begin();
+    }
+    CHECK(process[p]->resident_experts() == want);
+  };
+
+  // Before: contiguous blocks, everything hot on rank 0.
+  auto start = pairs_now(engines);
+  serve_and_check(engines, 4, 11, -1, full_w);
+  const double before = rank_imbalance(engines, start);
+  CHECK(before > 1.5);
+  for (int32_t p = 0; p < 2; ++p) holds_exactly(p, engines[0]->expert_exchange()->placement());
+
+  // The group's loads over the window (each rank counted the pairs of its own rows).
+  std::vector<double> loads(static_cast<size_t>(slots * E), 0.0);
+  for (auto& e : engines) {
+    auto t = e->expert_exchange()->loads().totals();
+    for (size_t i = 0; i < t.size(); ++i) loads[i] += t[i];
+  }
+  auto plan = runtime::plan_placement(loads, *engines[0]->expert_exchange()->placement(), {1, 100, 100, 1, 1});
+  REQUIRE(plan.has_value());
+  CHECK(plan->experts_moved > 0);
+  auto next = std::make_shared<const runtime::ep_placement>(plan->placement);
+
+  // During: offered at each rank's third step with requests mid-stream; the switch happens at
+  // a step boundary agreed in the frames, and every token stays what one engine samples.
+  serve_and_check(engines, 4, 12, -1, full_w, [&](size_t r, int step) {
+    if (step == 2) CHECK(engines[r]->offer_placement(next).has_value());
+    if (step == 3) {  // one offer at a time
+      auto again = engines[r]->offer_placement(next);
+      if (!again) CHECK(again.error().find("epoch 1") != std::string::npos);
+    }
+  });
+  for (auto& e : engines) {
+    CHECK(e->last_error() == "");
+    CHECK(e->expert_exchange()->switches() == 1);
+    CHECK(e->expert_exchange()->placement()->epoch() == 1);
+    CHECK(e->expert_exchange()->offered() == nullptr);
+  }
+  for (int32_t p = 0; p < 2; ++p) holds_exactly(p, next);  // the old-only experts were dropped
+
+  // After: the same skew spread over the replicas.
+  start = pairs_now(engines);
+  serve_and_check(engines, 4, 13, -1, full_w);
+  const double after = rank_imbalance(engines, start);
+  MESSAGE("slowest rank / mean: " << before << " before, " << after << " after");
+  CHECK(after < before);
+  CHECK(after < 1.35);
+
+  // A group change aborts an offered plan: the new group starts from contiguous blocks.
+  auto again = runtime::plan_placement(loads, *next, {1, 100, 100, 1, 1});
+  REQUIRE(again.has_value());
+  auto third = std::make_shared<const runtime::ep_placement>(again->placement);
+  REQUIRE(engines[0]->offer_placement(third).has_value());
+  local_ep_hub pair(2, 10s);
+  for (int32_t r = 0; r < 2; ++r) engines[r]->set_ep_group({r, 2}, pair.transport(r));
+  CHECK(engines[0]->expert_exchange()->offered() == nullptr);
+  CHECK(engines[0]->expert_exchange()->placement()->epoch() == 0);
+  engines.resize(2);
+  serve_and_check(engines, 2, 14, -1, full_w);
+  holds_exactly(0, engines[0]->expert_exchange()->placement());
+  CHECK(process[1]->resident_experts() == 0);
+  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("ep failure: a lost or silent rank fails its peers' steps, survivors regroup") {

@@ -1,0 +1,152 @@
+// ep_placement from EPLB plans (replicas, the balanced replica choice), the load window's
+// buckets, and plan_placement: balance no worse than the running placement, as few experts
+// moved as the rank matching allows, errors for plans that do not fit.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <map>
+#include <random>
+
+#include "runtime/expert_placement.hpp"
+
+using namespace shoal;
+using runtime::ep_placement;
+
+namespace {
+
+// Skewed loads: slots × E, expert e of slot s drawn from a Zipf-like law, hot experts first.
+std::vector<double> skewed_loads(int64_t slots, int64_t E, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<double> out(static_cast<size_t>(slots * E));
+  for (int64_t s = 0; s < slots; ++s) {
+    std::vector<int64_t> order(static_cast<size_t>(E));
+    for (int64_t e = 0; e < E; ++e) order[e] = e;
+    std::shuffle(order.begin(), order.end(), rng);
+    for (int64_t i = 0; i < E; ++i) out[s * E + order[i]] = std::floor(1000.0 / (1.0 + i) + rng() % 7);
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("ep placement from a plan: replicas on their ranks, the replica choice spreads pairs evenly") {
+  const int64_t slots = 3, E = 16;
+  const int32_t ranks = 4;
+  auto loads = skewed_loads(slots, E, 1);
+  auto current = ep_placement::contiguous(slots, E, ranks);
+  auto planned = runtime::plan_placement(loads, current, {2, 100, 10, 1, 1});
+  REQUIRE(planned.has_value());
+  const ep_placement& p = planned->placement;
+  CHECK(p.epoch() == 1);
+  REQUIRE(p.plan() != nullptr);
+  CHECK(p.plan()->shape.physical == E + 2 * ranks);
+  for (int64_t s = 0; s < slots; ++s) {
+    CAPTURE(s);
+    int64_t copies = 0;
+    for (int64_t e = 0; e < E; ++e) {
+      auto reps = p.replicas(s, e);
+      REQUIRE_FALSE(reps.empty());
+      CHECK(std::is_sorted(reps.begin(), reps.end()));
+      for (int32_t r : reps) CHECK(p.holds(s, r, e));
+      copies += static_cast<int64_t>(reps.size());
+      // n-th pairs of one sender cycle over the replicas: counts differ by at most one
+      std::map<int32_t, int64_t> got;
+      for (int64_t n = 0; n < 10 * static_cast<int64_t>(reps.size()) + 3; ++n) ++got[p.replica_for(s, e, 2, n)];
+      CHECK(got.size() == reps.size());
+      auto [lo, hi] = std::minmax_element(got.begin(), got.end(),
+                                          [](const auto& a, const auto& b) { return a.second < b.second; });
+      CHECK(hi->second - lo->second <= 1);
+    }
+    CHECK(copies > E);  // redundant copies exist
+    CHECK(copies <= E + 2 * ranks);
+    // the hottest expert of the slot got a second copy
+    const auto hottest = std::max_element(loads.begin() + s * E, loads.begin() + (s + 1) * E) - (loads.begin() + s * E);
+    CHECK(p.replicas(s, hottest).size() >= 2);
+  }
+  // balance: never worse than the running placement, here much better
+  for (int64_t s = 0; s < slots; ++s) {
+    CAPTURE(s);
+    CHECK(planned->imbalance_after[s] <= planned->imbalance_before[s]);
+    CHECK(planned->imbalance_after[s] < 0.8 * planned->imbalance_before[s]);
+  }
+  CHECK(planned->experts_moved > 0);
+  CHECK(planned->experts_moved <= slots * (E / ranks + 2) * ranks);
+
+  // The same loads again: the next plan keeps what each rank holds (nothing moves).
+  auto again = runtime::plan_placement(loads, p, {2, 100, 10, 1, 1});
+  REQUIRE(again.has_value());
+  CHECK(again->placement.epoch() == 2);
+  CHECK(again->experts_moved == 0);
+  CHECK(again->placement.same_experts(p));
+}
+
+TEST_CASE("ep placement: rank matching keeps experts where they are when the loads shift a little") {
+  const int64_t slots = 4, E = 32;
+  const int32_t ranks = 8;
+  auto loads = skewed_loads(slots, E, 7);
+  auto first = runtime::plan_placement(loads, ep_placement::contiguous(slots, E, ranks), {1, 100, 10, 1, 1});
+  REQUIRE(first.has_value());
+  for (double& l : loads) l *= 1.0 + 0.01 * (static_cast<int64_t>(l) % 3);  // a small drift
+  auto second = runtime::plan_placement(loads, first->placement, {1, 100, 10, 1, 1});
+  REQUIRE(second.has_value());
+  // all slots of every rank would be (E/ranks + 1)·slots·ranks = 160 without the matching
+  CHECK(second->experts_moved < slots * (E / ranks + 1) * ranks / 2);
+  for (int64_t s = 0; s < slots; ++s) {
+    CHECK(second->imbalance_after[s] <= second->imbalance_before[s]);
+    CHECK(second->imbalance_after[s] == doctest::Approx(second->placement.imbalance(loads)[s]));
+  }
+}
+
+TEST_CASE("ep placement: bad plans and loads are errors naming what is wrong") {
+  auto current = ep_placement::contiguous(2, 8, 2);
+  auto short_loads = runtime::plan_placement(std::vector<double>(15, 1.0), current, {});
+  REQUIRE_FALSE(short_loads.has_value());
+  CHECK(short_loads.error().find("15 entries, expected 16") != std::string::npos);
+  auto negative = runtime::plan_placement(std::vector<double>(16, 1.0), current, {-1, 1, 1, 1, 1});
+  REQUIRE_FALSE(negative.has_value());
+  CHECK(negative.error().find("negative") != std::string::npos);
+
+  runtime::eplb_plan plan;
+  plan.shape = {1, 4, 4, 1, 1, 2};
+  plan.phy2log = {0, 1, 2, 2};  // expert 3 nowhere
+  auto missing = ep_placement::from_plan(plan, 1);
+  REQUIRE_FALSE(missing.has_value());
+  CHECK(missing.error().find("places no copy of expert 3") != std::string::npos);
+  plan.phy2log = {0, 1, 2, 9};
+  auto outside = ep_placement::from_plan(plan, 1);
+  REQUIRE_FALSE(outside.has_value());
+  CHECK(outside.error().find("expert 9 outside [0, 4)") != std::string::npos);
+  plan.phy2log = {0, 1, 2};
+  CHECK_FALSE(ep_placement::from_plan(plan, 1).has_value());
+  plan.phy2log = {3, 1, 2, 0};
+  auto ok = ep_placement::from_plan(plan, 5);
+  REQUIRE(ok.has_value());
+  CHECK(ok->epoch() == 5);
+  CHECK(std::vector<int32_t>(ok->experts_of(0, 0).begin(), ok->experts_of(0, 0).end()) == std::vector<int32_t>{1, 3});
+  CHECK(ok->gained(ep_placement::contiguous(1, 4, 2), 0) == 1);  // rank 0 held {0, 1}, now {1, 3}
+}
+
+TEST_CASE("ep load window: counts the last N steps in buckets of N/10") {
+  runtime::expert_load_window w(2, 4, 20);  // buckets of 2 steps
+  const std::vector<int32_t> ids{0, 1, 1, 3};
+  for (int step = 0; step < 5; ++step) {
+    w.count(1, ids);
+    w.end_step();
+  }
+  CHECK(w.steps() == 5);
+  auto t = w.totals();
+  CHECK(t == std::vector<double>{0, 0, 0, 0, 5, 10, 0, 5});
+  for (int step = 0; step < 40; ++step) {
+    w.count(0, std::vector<int32_t>{2});
+    w.end_step();
+  }
+  // only the last 19 or 20 steps: all of slot 0's latest counts, none of slot 1's
+  CHECK(w.steps() >= 19);
+  CHECK(w.steps() <= 20);
+  t = w.totals();
+  CHECK(t[2] == static_cast<double>(w.steps()));
+  CHECK(t[4 + 1] == 0);
+  w.clear();
+  CHECK(w.steps() == 0);
+  CHECK(w.totals() == std::vector<double>(8, 0.0));
+}
