@@ -16,7 +16,9 @@
 #include <caf/stateful_actor.hpp>
 #include <caf/typed_event_based_actor.hpp>
 
+#include "actors/eplb_actor.hpp"
 #include "kernels/assert.hpp"
+#include "model/forward.hpp"
 #include "runtime/metrics.hpp"
 
 namespace shoal::actors {
@@ -39,6 +41,7 @@ struct engine_state {
   bool step_pending = false;                              // a step message is in the mailbox
   bool draining = false;                                  // refuses new requests
   std::shared_ptr<caf_ep_transport> ep;                   // expert parallelism, else null
+  std::shared_ptr<const model::model_weights> weights;    // the engine's (for expert sizes)
 
   // Prefill side: a request lent to a decode engine, its caches pinned until the decode
   // engine releases them or the lease deadline passes. Until placed, the route stays (a
@@ -330,6 +333,43 @@ void adopt_group(self_pointer self, uint64_t group, int32_t rank, std::vector<ca
   if (waiting) run_step(self);
 }
 
+// Expert parallelism: this rank's load report for the group's balancer.
+caf::result<expert_load_msg> load_report(self_pointer self) {
+  auto& st = self->state;
+  const runtime::ep_moe_exchange* ex = st.engine->expert_exchange();
+  if (!st.ep || !ex) return make_error(errc::not_found, "engine runs without expert parallelism");
+  expert_load_msg m;
+  m.group = st.ep->group();
+  m.steps = ex->steps_started();
+  m.window_steps = ex->loads().steps();
+  m.window = ex->loads().totals();
+  m.recent = ex->loads().latest();
+  m.placement = to_msg(*ex->placement());
+  m.offered_epoch = ex->offered() ? ex->offered()->epoch() : 0;
+  m.pairs_computed = ex->pairs_computed();
+  auto& w = const_cast<model::model_weights&>(*st.weights);  // read only: sizes of resident experts
+  for (int64_t s = 0; s < ex->slot_count() && m.expert_bytes == 0; ++s)
+    for (int32_t e : ex->placement()->experts_of(s, ex->layout().rank)) {
+      const auto& x = model::routed_expert_weights(w, s, e);
+      if (!x.gate_up.empty()) {
+        m.expert_bytes = static_cast<int64_t>(x.gate_up.bytes() + x.down.bytes());
+        break;
+      }
+    }
+  return m;
+}
+
+// Expert parallelism: the group's next placement from its balancer.
+caf::result<bool> take_placement(self_pointer self, const placement_msg& m) {
+  auto& st = self->state;
+  if (!st.ep || !st.engine->expert_exchange()) return make_error(errc::not_found, "engine runs without expert parallelism");
+  auto place = to_placement(m);
+  if (!place) return make_error(errc::invalid_request, place.error());
+  auto offered = st.engine->offer_placement(std::make_shared<const runtime::ep_placement>(std::move(*place)));
+  if (!offered) return make_error(errc::invalid_request, offered.error());
+  return true;
+}
+
 // A sink went away: its requests stop (nobody would read their tokens).
 void on_sink_down(self_pointer self, const caf::down_msg& msg) {
   auto& st = self->state;
@@ -348,8 +388,11 @@ engine_actor_impl::behavior_type engine_behavior(self_pointer self,
                                                  runtime::engine_config config,
                                                  std::shared_ptr<caf_ep_transport> ep,
                                                  std::shared_ptr<const model::tokenizer> tok) {
-  if (ep) config.ep = runtime::engine_config::ep_config{{0, 1}, ep, {}};
+  if (ep)
+    config.ep = runtime::engine_config::ep_config{
+      {0, 1}, ep, {}, config.ep ? config.ep->load_window_steps : runtime::eplb_policy::decode().window_steps};
   self->state.ep = std::move(ep);
+  self->state.weights = weights;
   self->state.lease_timeout = 2 * config.handoff_read_timeout;
   self->state.engine = std::make_unique<runtime::engine>(std::move(weights), config, std::move(tok));
   self->set_down_handler([self](caf::down_msg& msg) { on_sink_down(self, msg); });
@@ -374,6 +417,8 @@ engine_actor_impl::behavior_type engine_behavior(self_pointer self,
     [self](lockstep_atom, uint64_t group, int32_t rank, std::vector<caf::actor>& ranks) {
       adopt_group(self, group, rank, ranks);
     },
+    [self](eplb_atom) { return load_report(self); },
+    [self](eplb_atom, const placement_msg& m) { return take_placement(self, m); },
   };
 }
 

@@ -42,6 +42,7 @@ CAF_ADD_ATOM(shoal, shoal, tick_atom, "tick")
 CAF_ADD_ATOM(shoal, shoal, swa_atom, "swa")
 CAF_ADD_ATOM(shoal, shoal, lookup_atom, "lookup")
 CAF_ADD_ATOM(shoal, shoal, encode_atom, "encode")
+CAF_ADD_ATOM(shoal, shoal, eplb_atom, "eplb")
 
 // -- typed interfaces -----------------------------------------------------------------------
 
@@ -91,7 +92,14 @@ using engine_actor = caf::typed_actor<
   caf::reacts_to<lockstep_atom, uint64_t, uint64_t>,
   // Expert parallelism, from the engine's rank actor: adopt group `group` (between steps),
   // in which this engine is rank `rank` of the rank actors `ranks`. No reply.
-  caf::reacts_to<lockstep_atom, uint64_t, int32_t, std::vector<caf::actor>>>;
+  caf::reacts_to<lockstep_atom, uint64_t, int32_t, std::vector<caf::actor>>,
+  // Expert parallelism, from the group's balancer: this rank's load report. Error
+  // not_found without expert parallelism.
+  caf::replies_to<eplb_atom>::with<expert_load_msg>,
+  // Expert parallelism, from the group's balancer: the group's next placement; the engine
+  // holds its experts before its next step and the ranks switch in band. true once offered;
+  // error invalid_request naming what does not fit (bad lists, epoch, shape, one pending).
+  caf::replies_to<eplb_atom, placement_msg>::with<bool>>;
 
 // The expert-parallel endpoint of one rank: receives the frames its group's other ranks send
 // and hands them to its engine's transport (actors/rank_actor.hpp). Never blocks.
@@ -124,6 +132,9 @@ using node_agent_actor = caf::typed_actor<
   // Generates `max_tokens` for the prompt text through this node's gateway and streams
   // text_events to `sink`; replies the request id. Error not_found without the gateway role.
   caf::replies_to<submit_atom, std::string, int32_t, caf::actor>::with<request_id>,
+  // The expert-parallel balancer's state ("status") or a rebalance now ("rebalance"), as
+  // text. Error not_found on a node without expert-parallel ranks.
+  caf::replies_to<eplb_atom, std::string>::with<std::string>,
   // Local actors (balancers, rank actors) that want the membership after every change. No reply.
   caf::reacts_to<subscribe_atom, caf::actor>>;
 
@@ -285,6 +296,8 @@ CAF_BEGIN_TYPE_ID_BLOCK(shoal, caf::first_custom_type_id)
   CAF_ADD_TYPE_ID(shoal, (shoal::actors::ve_report))
   CAF_ADD_TYPE_ID(shoal, (shoal::actors::ve_worker_actor))
   CAF_ADD_TYPE_ID(shoal, (shoal::actors::ve_balancer_actor))
+  CAF_ADD_TYPE_ID(shoal, (shoal::actors::placement_msg))
+  CAF_ADD_TYPE_ID(shoal, (shoal::actors::expert_load_msg))
 CAF_END_TYPE_ID_BLOCK(shoal)
 
 namespace shoal::actors {

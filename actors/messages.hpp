@@ -562,4 +562,37 @@ typename Inspector::result_type inspect(Inspector& f, ep_frame& x) {
   return f(caf::meta::type_name("ep_frame"), x.group, x.step, x.slot, x.phase, x.source, x.bytes);
 }
 
+// An expert placement (runtime::ep_placement) between processes: the experts of (slot s,
+// rank r) are experts[offsets[s·ranks + r] .. offsets[s·ranks + r + 1]). Checked on arrival
+// (to_placement).
+struct placement_msg {
+  uint64_t epoch = 0;
+  int64_t slots = 0, logical = 0;
+  int32_t ranks = 0;
+  std::vector<int32_t> offsets, experts;
+  friend bool operator==(const placement_msg&, const placement_msg&) = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, placement_msg& x) {
+  return f(caf::meta::type_name("placement_msg"), x.epoch, x.slots, x.logical, x.ranks, x.offsets, x.experts);
+}
+
+// One rank's load report to its group's balancer (runtime::rank_load_report).
+struct expert_load_msg {
+  uint64_t group = 0, steps = 0;
+  int64_t window_steps = 0;
+  std::vector<double> window, recent;
+  placement_msg placement;
+  uint64_t offered_epoch = 0;
+  int64_t pairs_computed = 0, expert_bytes = 0;
+  friend bool operator==(const expert_load_msg&, const expert_load_msg&) = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, expert_load_msg& x) {
+  return f(caf::meta::type_name("expert_load_msg"), x.group, x.steps, x.window_steps, x.window, x.recent, x.placement,
+           x.offered_epoch, x.pairs_computed, x.expert_bytes);
+}
+
 }  // namespace shoal::actors

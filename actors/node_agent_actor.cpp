@@ -163,6 +163,12 @@ node_agent_actor::behavior_type agent_behavior(agent_pointer self, node_info me,
       return h.requests ? h.requests() : std::vector<std::string>{};
     },
     [self](kill_atom, std::string& target) { return kill(self, target); },
+    [self](eplb_atom, std::string& command) -> caf::result<std::string> {
+      auto& st = self->state;
+      if (!st.hooks.eplb)
+        return make_error(errc::not_found, "node '" + st.table->self().name + "' has no expert-parallel ranks");
+      return st.hooks.eplb(command);
+    },
     [self](submit_atom, std::string& prompt, int32_t max_tokens, caf::actor& sink) -> caf::result<request_id> {
       auto& st = self->state;
       if (!st.hooks.gateway)

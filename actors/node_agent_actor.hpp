@@ -44,6 +44,8 @@ struct node_hooks {
   std::function<void()> drain;                          // stop taking new requests
   std::function<bool(const std::string& actor)> kill_actor;
   std::function<void()> kill_node;                      // ends the process, as kill -9 would
+  // The expert-parallel balancer: "status" or "rebalance" → text; unset without EP ranks.
+  std::function<std::string(const std::string& command)> eplb;
   // Hands an operator's prompt to the local gateway; nullopt without one.
   std::optional<gateway_actor> gateway;
 };

@@ -122,20 +122,22 @@ int32_t ep_group_view::index_of(const caf::actor& rank) const {
 }
 
 ep_group_view ep_group_of(const membership& m) {
-  std::vector<std::pair<std::string, caf::actor>> members;
+  std::vector<std::tuple<std::string, caf::actor, caf::actor>> members;
   for (const node_info& n : m.nodes)
     for (const rank_info& r : n.ranks)
-      if (r.rank) members.emplace_back(n.name + "/rank" + std::to_string(r.index), r.rank);
-  std::sort(members.begin(), members.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+      if (r.rank) members.emplace_back(n.name + "/rank" + std::to_string(r.index), r.rank, r.engine);
+  std::sort(members.begin(), members.end(),
+            [](const auto& a, const auto& b) { return std::get<0>(a) < std::get<0>(b); });
   ep_group_view g;
   uint64_t h = 1469598103934665603ull;  // FNV-1a 64
-  for (auto& [name, actor] : members) {
+  for (auto& [name, actor, engine] : members) {
     // The actor's address (node id + actor id) too: a node restarted under the same name is
     // another incarnation, so another group (its predecessor's frames never mix in).
     for (char c : name + " " + to_string(actor.address()) + "\n")
       h = (h ^ static_cast<uint8_t>(c)) * 1099511628211ull;
     g.names.push_back(name);
     g.ranks.push_back(actor);
+    g.engines.push_back(engine);
   }
   g.id = h;
   return g;

@@ -67,6 +67,7 @@ struct ep_group_view {
   uint64_t id = 0;
   std::vector<std::string> names;  // "<node>/rank<i>"
   std::vector<caf::actor> ranks;   // rank actors, same order
+  std::vector<caf::actor> engines; // their engine actors, same order
   int32_t index_of(const caf::actor& rank) const;
 };
 ep_group_view ep_group_of(const membership& m);

@@ -237,6 +237,9 @@ result<void> generate_checkpoint(const generate_options& o) {
     return fail(errc::bad_value, "unknown dtype '" + o.dtype + "' (bf16, fp8)");
   const bool fp8 = o.dtype.empty() ? o.preset == "v3-tiny" : o.dtype == "fp8";
   cfg->quantization.present = fp8;
+  if (o.hot_experts < 0 || o.hot_experts > cfg->n_routed_experts)
+    return fail(errc::bad_value, "hot experts " + std::to_string(o.hot_experts) + " outside [0, " +
+                                   std::to_string(cfg->n_routed_experts) + "] (the preset's routed experts)");
   auto tok = write_tokenizer(o, out);
   if (!tok) return std::unexpected(tok.error());
   auto [tok_vocab, bos, eos, image_token] = *tok;
@@ -255,6 +258,8 @@ result<void> generate_checkpoint(const generate_options& o) {
   visit_tensors(w, [&](const tensor_slot& t) {
     if (t.shared && o.preset == "small") return;  // MTP shares embedding and head
     fill(t, o.seed);
+    if (t.init == init_kind::bias && t.name.ends_with("e_score_correction_bias"))
+      for (int64_t e = 0; e < o.hot_experts; ++e) slot_storage(t)[e] += o.hot_bias;
     tensors.push_back({t.name, t.shape, slot_storage(t), dtype_for(fp8, t)});
   });
   if (o.preset == "v3-tiny" || fp8) {  // sharded, with an index, as published checkpoints are

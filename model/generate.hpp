@@ -35,6 +35,11 @@ struct generate_options {
   // "bf16" or "fp8" (the layers' linears FP8 e4m3 with 128×128 block scales, as DeepSeek-V3
   // publishes them); empty: the preset's own (fp8 for v3-tiny, bf16 for the others).
   std::string dtype;
+  // A skewed routing for balancer tests and benches: every MoE layer's gate bias
+  // (e_score_correction_bias) raised by hot_bias for experts [0, hot_experts), so those
+  // experts take most tokens, as a narrow domain's hot experts do. 0: no skew.
+  int64_t hot_experts = 0;
+  float hot_bias = 0.25f;
   bool verbose = false;
 };
 

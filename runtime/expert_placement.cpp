@@ -59,6 +59,41 @@ std::expected<ep_placement, std::string> ep_placement::from_plan(const eplb_plan
   return p;
 }
 
+std::expected<ep_placement, std::string> ep_placement::from_lists(int64_t slots, int64_t logical, int32_t ranks,
+                                                                  uint64_t epoch,
+                                                                  std::vector<std::vector<int32_t>> lists) {
+  if (slots < 0 || logical < 1 || ranks < 1 || slots > (int64_t{1} << 20) || logical > (int64_t{1} << 20) ||
+      ranks > (1 << 20))
+    return std::unexpected("placement shape " + std::to_string(slots) + " slots × " + std::to_string(logical) +
+                           " experts × " + std::to_string(ranks) + " ranks is invalid");
+  if (lists.size() != static_cast<size_t>(slots * ranks))
+    return std::unexpected("placement has " + std::to_string(lists.size()) + " expert lists, expected " +
+                           std::to_string(slots * ranks) + " (slots × ranks)");
+  for (int64_t s = 0; s < slots; ++s) {
+    std::vector<bool> seen(static_cast<size_t>(logical), false);
+    for (int32_t r = 0; r < ranks; ++r) {
+      const auto& list = lists[s * ranks + r];
+      for (size_t i = 0; i < list.size(); ++i) {
+        if (list[i] < 0 || list[i] >= logical)
+          return std::unexpected("placement slot " + std::to_string(s) + " rank " + std::to_string(r) + ": expert " +
+                                 std::to_string(list[i]) + " outside [0, " + std::to_string(logical) + ")");
+        if (i > 0 && list[i] <= list[i - 1])
+          return std::unexpected("placement slot " + std::to_string(s) + " rank " + std::to_string(r) +
+                                 ": experts not strictly ascending");
+        seen[list[i]] = true;
+      }
+    }
+    for (int64_t e = 0; e < logical; ++e)
+      if (!seen[e])
+        return std::unexpected("placement slot " + std::to_string(s) + " places no copy of expert " + std::to_string(e));
+  }
+  ep_placement p;
+  p.slots_ = slots, p.logical_ = logical, p.ranks_ = ranks, p.epoch_ = epoch;
+  p.per_rank_ = std::move(lists);
+  p.index();
+  return p;
+}
+
 void ep_placement::index() {
   replicas_.assign(static_cast<size_t>(slots_ * logical_), {});
   for (int64_t s = 0; s < slots_; ++s)
@@ -176,6 +211,12 @@ std::vector<double> expert_load_window::totals() const {
     steps += bucket_filled_[b];
     for (size_t j = 0; j < out.size(); ++j) out[j] += static_cast<double>(buckets_[b][j]);
   }
+  return out;
+}
+
+std::vector<double> expert_load_window::latest() const {
+  const size_t b = (head_ + buckets_.size() - 1) % buckets_.size();  // the newest full bucket
+  std::vector<double> out(buckets_[b].begin(), buckets_[b].end());
   return out;
 }
 

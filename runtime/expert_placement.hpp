@@ -27,6 +27,11 @@ class ep_placement {
   // From an EPLB plan over `slots` layers and `ranks` GPUs (slots of GPU g: its share of
   // phy2log). Two copies of one expert on one rank count once. Errors name the bad field.
   static std::expected<ep_placement, std::string> from_plan(const eplb_plan& plan, uint64_t epoch);
+  // From per-(slot, rank) lists, [slot·ranks + rank] (bytes from another process: each list
+  // ascending without repeats, experts in range, every expert on some rank of every slot).
+  static std::expected<ep_placement, std::string> from_lists(int64_t slots, int64_t logical, int32_t ranks,
+                                                             uint64_t epoch, std::vector<std::vector<int32_t>> lists);
+  const std::vector<std::vector<int32_t>>& lists() const { return per_rank_; }
 
   int64_t slots() const { return slots_; }
   int64_t logical() const { return logical_; }
@@ -80,6 +85,8 @@ class expert_load_window {
   void end_step();  // the step's counts join the window
   // Counts over the window (slots × logical, row-major) and the steps they cover.
   std::vector<double> totals() const;
+  // The latest full bucket's counts (zeros before one filled): the load now.
+  std::vector<double> latest() const;
   int64_t steps() const;
   int64_t window() const { return window_; }
   void clear();

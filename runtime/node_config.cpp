@@ -50,6 +50,7 @@ const std::vector<schema_section>& schema() {
       {"storage", {"dir", "nodes", "capacity_mib", "high_watermark_pct", "low_watermark_pct", "fsync",
                    "ttl_agent_s", "ttl_chat_s", "bulk_port"}},
       {"ve", {"transport", "cache_mib"}},
+      {"eplb", {"preset", "redundant_per_rank", "period_steps", "window_steps", "interval_ms"}},
       {"log", {"level", "file"}},
       {"faults", {"plan"}},
   };
@@ -404,10 +405,10 @@ bool valid_node_name(std::string_view name) {
 
 struct sections {
   section node{"node"}, engine{"engine"}, gateway{"gateway"}, cluster{"cluster"}, storage{"storage"}, ve{"ve"},
-      log{"log"}, faults{"faults"};
+      eplb{"eplb"}, log{"log"}, faults{"faults"};
 
   explicit sections(const toml::table& root) {
-    for (section* s : {&node, &engine, &gateway, &cluster, &storage, &ve, &log, &faults})
+    for (section* s : {&node, &engine, &gateway, &cluster, &storage, &ve, &eplb, &log, &faults})
       s->table = root[s->name].as_table();
   }
 };
@@ -475,6 +476,22 @@ void read_sections(error_sink& sink, const sections& f, const fs::path& base, no
                    "expected a libfabric provider such as \"tcp;ofi_rxm\", got \"\"");
   }
   if (auto n = read_integer(sink, f.ve, "cache_mib", 1, 1 << 20)) c.ve_cache_mib = *n;
+  if (std::optional<std::string> v = read_string(sink, f.eplb, "preset")) {
+    if (*v == "decode" || *v == "prefill") {
+      c.eplb_preset = *v;
+      const bool prefill = *v == "prefill";
+      c.eplb_redundant_per_rank = prefill ? 4 : 1;
+      c.eplb_period_steps = prefill ? 1'000 : 10'000;
+      c.eplb_window_steps = prefill ? 100 : 1'000;
+    } else {
+      sink.fail(config_errc::bad_value, f.eplb.pos("preset"), f.eplb.path("preset"),
+                "expected \"decode\" or \"prefill\", got \"" + *v + "\"");
+    }
+  }
+  if (auto n = read_integer(sink, f.eplb, "redundant_per_rank", 0, 1024)) c.eplb_redundant_per_rank = *n;
+  if (auto n = read_integer(sink, f.eplb, "period_steps", 1, int64_t{1} << 40)) c.eplb_period_steps = *n;
+  if (auto n = read_integer(sink, f.eplb, "window_steps", 1, 1'000'000)) c.eplb_window_steps = *n;
+  if (auto n = read_integer(sink, f.eplb, "interval_ms", 10, hour_ms)) c.eplb_interval_ms = *n;
   c.cost_model = read_path(sink, f.engine, "cost_model", base);
   if (auto ms = read_integer(sink, f.engine, "step_ms", 1, 60'000)) c.step_ms = *ms;
   if (auto n = read_integer(sink, f.engine, "swa_slots", 0, 1 << 20)) c.swa_slots = *n;
@@ -567,6 +584,10 @@ void check_consistency(error_sink& sink, const sections& f, const node_config& c
               std::string(blame_timeout ? "must exceed" : "must be below") + " cluster." + other + " (" +
                   std::to_string(other_ms) + (f.cluster.get(other) ? "" : ", the default") + ")");
   }
+  if (f.eplb.table && !c.expert_parallel)
+    sink.fail(config_errc::bad_value, f.eplb.pos(), "eplb",
+              "section [eplb] given but engine.expert_parallel is not true (the balancer places experts of an "
+              "expert-parallel group)");
   if (c.disagg_role != engine_role::both && c.expert_parallel)
     sink.fail(config_errc::bad_value, f.engine.pos("role"), "engine.role",
               std::string("\"") + to_string(c.disagg_role) +

@@ -64,6 +64,16 @@ struct node_config {
   int64_t spec_adaptive_from = 16;               // adaptive below this many decodes verifies every draft
   std::optional<std::filesystem::path> spec_cost_model;  // decode cost model (shoal bench fit-cost --decode), adaptive
 
+  // [eplb] (only with engine.expert_parallel): the group's expert-parallel balancer, run by
+  // the node of the group's rank 0 (actors/eplb_actor.hpp). preset "decode" (1 redundant
+  // expert per rank, a plan every 10,000 steps from a 1,000-step window) or "prefill" (4, 1,000,
+  // 100); the other keys override the preset's values.
+  std::string eplb_preset = "decode";
+  int64_t eplb_redundant_per_rank = 1;
+  int64_t eplb_period_steps = 10'000;
+  int64_t eplb_window_steps = 1'000;
+  int64_t eplb_interval_ms = 1'000;  // how often the leader collects the ranks' load reports
+
   // [ve] (only with the ve role): the vision-encoder worker
   std::string ve_transport = "tcp;ofi_rxm";  // libfabric provider the prefill engines read the rows over
   int64_t ve_cache_mib = 256;                // registered encoder rows kept (embedding cache)

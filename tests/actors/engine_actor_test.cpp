@@ -359,7 +359,8 @@ static_assert(is_the_type_id_block<request_id, error_reply, actors::sampling_opt
                                    actors::swa_directory_actor, actors::image_payload,
                                    std::vector<actors::image_payload>, std::vector<runtime::remote_memory>,
                                    actors::ve_worker_stats, actors::ve_worker_row, actors::ve_report,
-                                   actors::ve_worker_actor, actors::ve_balancer_actor>(),
+                                   actors::ve_worker_actor, actors::ve_balancer_actor, actors::placement_msg,
+                                   actors::expert_load_msg>(),
               "the round trip below covers exactly these types");
 
 }  // namespace
@@ -465,6 +466,11 @@ TEST_CASE("every type of the type-ID block round-trips through a remote actor") 
   round_trip(self, remote, actors::ve_report{{{"ve-a", false, 0, 0, 9, 9, 0}, {"ve-b", true, 1, 256, 3, 4, 5}}, 12, 2, 1});
   round_trip(self, remote, caf::actor_cast<actors::ve_worker_actor>(locals[1]));
   round_trip(self, remote, caf::actor_cast<actors::ve_balancer_actor>(remote));
+  const actors::placement_msg placed{3, 2, 4, 2, {0, 2, 4, 6, 8}, {0, 1, 2, 3, 0, 3, 1, 2}};
+  round_trip(self, remote, placed);
+  round_trip(self, remote, actors::placement_msg{});
+  round_trip(self, remote, actors::expert_load_msg{0xfeedull, 1ull << 35, 100, {1.5, 0, 7}, {0.25}, placed, 4, 99, 1 << 20});
+  round_trip(self, remote, actors::expert_load_msg{});
 
   // A caf::error carrying an error_reply (how actors answer a refused request; the remote
   // engine case checks that path end to end). A message holding only an error would go to

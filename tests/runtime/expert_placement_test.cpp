@@ -7,6 +7,7 @@
 #include <map>
 #include <random>
 
+#include "runtime/eplb_controller.hpp"
 #include "runtime/expert_placement.hpp"
 
 using namespace shoal;
@@ -149,4 +150,86 @@ TEST_CASE("ep load window: counts the last N steps in buckets of N/10") {
   w.clear();
   CHECK(w.steps() == 0);
   CHECK(w.totals() == std::vector<double>(8, 0.0));
+}
+
+namespace {
+
+// Four ranks' reports on `place`: rank r's rows went to experts as `loads` says, split evenly.
+std::vector<runtime::rank_load_report> reports_for(const std::shared_ptr<const ep_placement>& place,
+                                                   const std::vector<double>& loads, uint64_t steps) {
+  std::vector<runtime::rank_load_report> out;
+  for (int32_t r = 0; r < place->ranks(); ++r) {
+    runtime::rank_load_report x;
+    x.group = 77;
+    x.steps = steps;
+    x.window_steps = 50;
+    for (double l : loads) x.window.push_back(l / place->ranks());
+    x.recent = x.window;
+    x.placement = place;
+    x.pairs_computed = 10 * (r + 1);
+    x.expert_bytes = 1000;
+    out.push_back(std::move(x));
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("eplb controller: plans when the period passed or when asked, waits while a placement is adopted") {
+  const int64_t slots = 2, E = 8;
+  auto loads = skewed_loads(slots, E, 3);
+  auto place = std::make_shared<const ep_placement>(ep_placement::contiguous(slots, E, 4));
+  runtime::eplb_controller c({1, 100, 50, 1, 1});
+  CHECK(c.status().find("no report from the group yet") != std::string::npos);
+
+  auto first = c.decide(reports_for(place, loads, 10), false);  // the placement began at step 10
+  REQUIRE(first.has_value());
+  CHECK_FALSE(first->has_value());
+  CHECK(c.status().find("next plan after 100 more steps") != std::string::npos);
+  auto early = c.decide(reports_for(place, loads, 60), false);
+  REQUIRE(early.has_value());
+  CHECK_FALSE(early->has_value());
+  auto due = c.decide(reports_for(place, loads, 110), false);
+  REQUIRE(due.has_value());
+  REQUIRE(due->has_value());
+  CHECK((*due)->placement.epoch() == 1);
+  c.offered(**due, 110, false, 1000);
+  REQUIRE(c.last_plan().has_value());
+  CHECK(c.last_plan()->bytes_moved == 1000 * (*due)->experts_moved);
+  CHECK(c.status().find("last plan: epoch 1 at step 110") != std::string::npos);
+
+  // Being adopted: no plan, even when asked.
+  auto adopting = reports_for(place, loads, 120);
+  adopting[2].offered_epoch = 1;
+  auto wait = c.decide(adopting, true);
+  REQUIRE(wait.has_value());
+  CHECK_FALSE(wait->has_value());
+  CHECK(c.status().find("epoch 1 is being adopted") != std::string::npos);
+
+  // Adopted: the period counts from the new epoch; a forced plan comes at once.
+  auto next = std::make_shared<const ep_placement>((*due)->placement);
+  auto quiet = c.decide(reports_for(next, loads, 130), false);
+  REQUIRE(quiet.has_value());
+  CHECK_FALSE(quiet->has_value());
+  auto forced = c.decide(reports_for(next, loads, 131), true);
+  REQUIRE(forced.has_value());
+  REQUIRE(forced->has_value());
+  CHECK((*forced)->placement.epoch() == 2);
+  CHECK((*forced)->experts_moved == 0);  // same loads: nothing worth moving
+
+  // Disagreeing reports are errors naming the rank.
+  auto mixed = reports_for(next, loads, 140);
+  mixed[3].placement = place;
+  auto bad = c.decide(mixed, true);
+  REQUIRE_FALSE(bad.has_value());
+  CHECK(bad.error().find("rank 3 runs another placement") != std::string::npos);
+  auto other_group = reports_for(next, loads, 140);
+  other_group[1].group = 5;
+  CHECK(c.decide(other_group, true).error().find("rank 1 reports another group") != std::string::npos);
+  auto short_window = reports_for(next, loads, 140);
+  short_window[0].window.pop_back();
+  CHECK(c.decide(short_window, true).error().find("rank 0 reports 15 load cells, expected 16") != std::string::npos);
+  auto too_few = reports_for(next, loads, 140);
+  too_few.pop_back();
+  CHECK(c.decide(too_few, true).error().find("for 4 ranks, 3 reported") != std::string::npos);
 }

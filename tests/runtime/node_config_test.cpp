@@ -164,6 +164,22 @@ TEST_CASE("node_config: config/local-vision/ is a gateway, 2 VE workers, a prefi
   }
 }
 
+TEST_CASE("node_config: [eplb] presets and overrides") {
+  const std::string ep = base + "[engine]\nexpert_parallel = true\n";
+  const auto d = parse_node_config(ep, "");
+  REQUIRE(d.has_value());
+  CHECK(d->eplb_preset == "decode");
+  CHECK(d->eplb_redundant_per_rank == 1);
+  CHECK(d->eplb_period_steps == 10'000);
+  CHECK(d->eplb_window_steps == 1'000);
+  const auto p = parse_node_config(ep + "[eplb]\npreset = \"prefill\"\nperiod_steps = 50\ninterval_ms = 200\n", "");
+  REQUIRE_MESSAGE(p.has_value(), (p ? std::string() : to_string(p.error())));
+  CHECK(p->eplb_redundant_per_rank == 4);
+  CHECK(p->eplb_window_steps == 100);
+  CHECK(p->eplb_period_steps == 50);  // the key overrides the preset
+  CHECK(p->eplb_interval_ms == 200);
+}
+
 TEST_CASE("node_config: a [faults] plan is read, and without it nothing is injected") {
   const auto c = parse_node_config(base + "[faults]\nplan = \"seed=9, storage_read=0.5\"\n", "");
   REQUIRE_MESSAGE(c.has_value(), (c ? std::string() : to_string(c.error())));
@@ -404,6 +420,12 @@ TEST_CASE("node_config: every bad input names its line and key") {
        config_errc::missing_key, 6, "cluster.tls_key", "tls_certificate, tls_key and tls_ca_file together"},
       {"an empty TLS key path", base + "[cluster]\ntls_key = \"\"\n", config_errc::bad_value, 7, "cluster.tls_key",
        "must not be empty"},
+      {"a balancer without expert parallelism", base + "[eplb]\nperiod_steps = 10\n", config_errc::bad_value, 6,
+       "eplb", "engine.expert_parallel is not true"},
+      {"an unknown balancer preset", base + "[engine]\nexpert_parallel = true\n[eplb]\npreset = \"fast\"\n",
+       config_errc::bad_value, 9, "eplb.preset", "expected \"decode\" or \"prefill\""},
+      {"a zero balancer period", base + "[engine]\nexpert_parallel = true\n[eplb]\nperiod_steps = 0\n",
+       config_errc::bad_value, 9, "eplb.period_steps", ""},
   };
   for (const bad_case& bc : cases) {
     CAPTURE(bc.what);

@@ -167,7 +167,7 @@ TEST_CASE("3-process cluster: completions and chat, streamed and not, equal the 
         REQUIRE_MESSAGE(std::regex_search(r->body, m, std::regex(series + " ([0-9.e+-]+)\\n")), series << "\n" << r->body);
         return std::stod(m[1]);
       };
-      CHECK(value("shoal_engine_experts_resident\\{actor=\"node\"\\}") == static_cast<double>(E / 2));
+      CHECK(value("shoal_engine_experts_resident\\{actor=\"node\"\\}") == static_cast<double>(slots * (E / 2)));
       bytes += value("shoal_engine_experts_resident_bytes\\{actor=\"node\"\\}");
     }
     CHECK(bytes == all_bytes);

@@ -26,6 +26,7 @@
 
 #include "actors/cluster_tls.hpp"
 #include "actors/interfaces.hpp"
+#include "actors/rank_actor.hpp"
 #include "tools/shoal/commands.hpp"
 
 namespace shoal::tools {
@@ -47,7 +48,7 @@ struct shell_config : caf::actor_system_config {
 };
 
 const std::vector<std::string> command_names = {"nodes", "actors", "stats", "requests", "submit", "drain",
-                                                "kill", "storage", "corrupt", "swa", "balancers", "ve", "help", "quit"};
+                                                "kill", "storage", "corrupt", "swa", "balancers", "ve", "eplb", "help", "quit"};
 
 const char* help_text =
   "nodes                     the cluster's nodes (name, address, roles, ranks, state)\n"
@@ -67,6 +68,9 @@ const char* help_text =
   "                          placements; the decode balance ratio now and over the last minute\n"
   "ve                        the vision-encoder pool: per worker queue depth in patches, jobs\n"
   "                          placed / completed / given back; images encoded, cache hits\n"
+  "eplb [rebalance]          the expert-parallel balancer: per-layer imbalance now and over the\n"
+  "                          load window, pairs per rank, the last plan and the expert weights\n"
+  "                          it moved; `eplb rebalance` plans a new placement now\n"
   "help                      this text\n"
   "quit                      leaves the shell\n";
 
@@ -102,6 +106,7 @@ class shell {
   bool cmd_swa();
   bool cmd_balancers();
   bool cmd_ve();
+  bool cmd_eplb(const std::string& arg);
   bool cmd_corrupt(const std::string& args);
   // The storage node actor named "<node>/storage<i>", or a printed error.
   std::optional<actors::storage_node_actor> storage_node(const std::string& name);
@@ -337,6 +342,28 @@ bool shell::cmd_balancers() {
   return true;
 }
 
+bool shell::cmd_eplb(const std::string& arg) {
+  if (!arg.empty() && arg != "rebalance") return fail("usage: eplb [rebalance]");
+  auto m = members();
+  if (!m) return false;
+  // The balancer that acts is the one on the node of the group's rank 0.
+  const actors::ep_group_view g = actors::ep_group_of(*m);
+  if (g.names.empty()) {
+    fmt::print("no expert-parallel group in the cluster (engine.expert_parallel)\n");
+    return true;
+  }
+  const std::string leader = g.names[0].substr(0, g.names[0].find('/'));
+  for (const auto& n : m->nodes)
+    if (n.name == leader) {
+      auto text = ask<std::string>(caf::actor_cast<actors::node_agent_actor>(n.agent), eplb_atom_v,
+                                   arg.empty() ? std::string("status") : arg);
+      if (!text) return false;
+      fmt::print("{}: {}", leader, *text);
+      return true;
+    }
+  return fail("node '" + leader + "' of the group's rank 0 is not in the membership");
+}
+
 bool shell::cmd_ve() {
   auto m = members();
   if (!m) return false;
@@ -443,6 +470,7 @@ bool shell::run(const std::string& raw) {
   if (cmd == "swa") return cmd_swa();
   if (cmd == "balancers") return cmd_balancers();
   if (cmd == "ve") return cmd_ve();
+  if (cmd == "eplb") return cmd_eplb(arg);
   if (cmd == "corrupt") return cmd_corrupt(arg);
   if (cmd == "help") {
     fmt::print("{}", help_text);

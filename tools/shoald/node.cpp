@@ -38,6 +38,7 @@
 #include "model/config.hpp"
 #include "runtime/engine_setup.hpp"
 #include "runtime/expert_residency.hpp"
+#include "actors/eplb_actor.hpp"
 #include "runtime/metrics.hpp"
 #include "tools/shoald/engine_options.hpp"
 #include "transport/fabric_transport.hpp"
@@ -66,6 +67,7 @@ struct node_parts {
   std::optional<actors::swa_directory_actor> swa_directory;  // directory role
   std::optional<actors::ve_worker_actor> ve_worker;          // ve role
   std::shared_ptr<runtime::expert_residency> experts;        // engine.expert_parallel: the ranks' routed experts
+  std::shared_ptr<actors::eplb_board> eplb;                  // engine.expert_parallel: the group's balancer
 };
 
 actors::tls_files tls_of(const runtime::node_config& cfg) {
@@ -237,6 +239,15 @@ actors::node_hooks make_hooks(caf::actor_system& sys, node_parts& parts, logger&
     for (auto& e : parts.engines) caf::anon_send(e, drain_atom_v);
     if (parts.gateway) caf::anon_send(*parts.gateway, drain_atom_v);
   };
+  if (parts.eplb)
+    h.eplb = [&sys, &parts](const std::string& command) -> std::string {
+      if (command == "status") return parts.eplb->read();
+      caf::scoped_actor self{sys};
+      std::string out = "no answer from the balancer\n";
+      self->request(parts.eplb->actor, std::chrono::seconds(5), eplb_atom_v, command)
+        .receive([&](std::string& text) { out = std::move(text); }, [&](caf::error& e) { out = to_string(e) + "\n"; });
+      return out;
+    };
   h.kill_actor = [&parts, &log](const std::string& actor) {
     if (int i = index_of(actor, "storage", parts.storage.size()); i >= 0) {
       log.warn("killing storage{} on request", i);
@@ -493,6 +504,8 @@ int run_node(const runtime::node_config& cfg, logger& log) {
       }
       ecfg.experts = *residency;
       parts.experts = *residency;
+      // the transport is the rank's own, set by spawn_engine; the load window is the balancer's
+      ecfg.ep = runtime::engine_config::ep_config{{0, 1}, nullptr, {}, cfg.eplb_window_steps};
       log.info("routed experts: each rank reads its own when it joins a group (none read yet)");
     }
     for (int32_t r = 0; r < cfg.ranks; ++r) {
@@ -508,6 +521,13 @@ int run_node(const runtime::node_config& cfg, logger& log) {
     }
     log.info("{} engine rank(s), {} cache blocks each, batch-invariant{}", cfg.ranks, ecfg.cache.num_blocks,
              cfg.expert_parallel ? ", expert-parallel" : "");
+    if (cfg.expert_parallel) {
+      parts.eplb = std::make_shared<actors::eplb_board>();
+      const runtime::eplb_policy policy{cfg.eplb_redundant_per_rank, cfg.eplb_period_steps, cfg.eplb_window_steps, 1, 1};
+      actors::spawn_eplb(sys, cfg.name, policy, std::chrono::milliseconds(cfg.eplb_interval_ms), parts.eplb);
+      log.info("expert-parallel balancer: {} preset, {} redundant expert(s) per rank, a plan every {} steps",
+               cfg.eplb_preset, policy.redundant_per_rank, policy.period_steps);
+    }
   }
   if (cfg.has_role(runtime::role::storage)) {
     for (int32_t i = 0; i < cfg.storage_nodes; ++i) {
@@ -658,6 +678,7 @@ int run_node(const runtime::node_config& cfg, logger& log) {
     if (parts.balancers->ve) caf::anon_send(agent, subscribe_atom_v, caf::actor_cast<caf::actor>(parts.balancers->ve));
   }
   for (const auto& r : parts.ranks) caf::anon_send(agent, subscribe_atom_v, caf::actor_cast<caf::actor>(r));
+  if (parts.eplb) caf::anon_send(agent, subscribe_atom_v, parts.eplb->actor);
   if (parts.kv_watcher) caf::anon_send(agent, subscribe_atom_v, parts.kv_watcher);
   if (parts.swa_store) caf::anon_send(agent, subscribe_atom_v, caf::actor_cast<caf::actor>(*parts.swa_store));
 

@@ -1,0 +1,188 @@
+// The eplb actor: membership → am I the leader; tick → reports from every engine → controller
+// → offers to every engine. At most one round in flight; replies are matched by round number.
+#include "actors/eplb_actor.hpp"
+
+#include <optional>
+
+#include <caf/actor_system.hpp>
+#include <caf/event_based_actor.hpp>
+#include <caf/send.hpp>
+#include <caf/stateful_actor.hpp>
+
+#include "actors/rank_actor.hpp"
+
+namespace shoal::actors {
+
+placement_msg to_msg(const runtime::ep_placement& p) {
+  placement_msg m{p.epoch(), p.slots(), p.logical(), p.ranks(), {0}, {}};
+  for (const auto& list : p.lists()) {
+    m.experts.insert(m.experts.end(), list.begin(), list.end());
+    m.offsets.push_back(static_cast<int32_t>(m.experts.size()));
+  }
+  return m;
+}
+
+std::expected<runtime::ep_placement, std::string> to_placement(const placement_msg& m) {
+  if (m.slots < 0 || m.ranks < 1 || m.slots > (1 << 20) || m.ranks > (1 << 20))
+    return std::unexpected("placement has " + std::to_string(m.slots) + " slots and " + std::to_string(m.ranks) +
+                           " ranks");
+  const size_t lists = static_cast<size_t>(m.slots * m.ranks);
+  if (m.offsets.size() != lists + 1 || m.offsets.front() != 0 ||
+      m.offsets.back() != static_cast<int32_t>(m.experts.size()))
+    return std::unexpected("placement offsets (" + std::to_string(m.offsets.size()) + ") do not frame " +
+                           std::to_string(m.experts.size()) + " experts in " + std::to_string(lists) + " lists");
+  for (size_t i = 0; i < lists; ++i)  // with the ends checked above, every list is then in range
+    if (m.offsets[i] > m.offsets[i + 1]) return std::unexpected("placement offsets decrease at list " + std::to_string(i));
+  std::vector<std::vector<int32_t>> out(lists);
+  for (size_t i = 0; i < lists; ++i) out[i].assign(m.experts.begin() + m.offsets[i], m.experts.begin() + m.offsets[i + 1]);
+  return runtime::ep_placement::from_lists(m.slots, m.logical, m.ranks, m.epoch, std::move(out));
+}
+
+namespace {
+
+struct eplb_state {
+  static inline const char* name = "eplb";
+  std::string node;
+  std::chrono::milliseconds interval{1000};
+  std::shared_ptr<eplb_board> board;
+  std::optional<runtime::eplb_controller> controller;
+  ep_group_view group;
+  bool leader = false;
+  bool force = false;    // a rebalance was asked for
+  uint64_t round = 0;    // the round in flight (0: none)
+  uint64_t rounds = 0;
+  std::vector<std::optional<runtime::rank_load_report>> reports;
+  size_t pending = 0;
+  std::string error;     // of the last round
+
+  void publish() {
+    std::string text;
+    if (!leader) {
+      text = group.names.empty() ? "expert-parallel balancer: no expert-parallel group yet\n"
+                                 : "expert-parallel balancer: led by the node of " + group.names[0] + "\n";
+    } else {
+      text = controller->status();
+      if (!error.empty()) text += "last round: " + error + "\n";
+    }
+    std::lock_guard lock(board->mu);
+    board->text = std::move(text);
+  }
+};
+
+using eplb_pointer = caf::stateful_actor<eplb_state>*;
+
+void end_round(eplb_pointer self, const std::string& error) {
+  auto& st = self->state;
+  st.round = 0;
+  st.error = error;
+  st.publish();
+}
+
+void offer(eplb_pointer self, runtime::placement_plan plan, uint64_t at_step, int64_t expert_bytes) {
+  auto& st = self->state;
+  const bool forced = st.force;
+  st.force = false;
+  auto msg = std::make_shared<placement_msg>(to_msg(plan.placement));
+  auto shared_plan = std::make_shared<runtime::placement_plan>(std::move(plan));
+  st.pending = st.group.engines.size();
+  auto failed = std::make_shared<std::string>();
+  const uint64_t round = st.round;
+  for (size_t r = 0; r < st.group.engines.size(); ++r) {
+    auto engine = caf::actor_cast<engine_actor>(st.group.engines[r]);
+    auto done = [self, round, r, failed, shared_plan, at_step, forced, expert_bytes](const std::string& err) {
+      auto& st = self->state;
+      if (st.round != round) return;
+      if (!err.empty() && failed->empty()) *failed = "rank " + std::to_string(r) + ": " + err;
+      if (--st.pending > 0) return;
+      st.controller->offered(*shared_plan, at_step, forced, expert_bytes, *failed);
+      end_round(self, failed->empty() ? std::string() : "offer failed at " + *failed);
+    };
+    self->request(engine, st.interval * 5, eplb_atom_v, *msg)
+      .then([done](bool) { done({}); }, [done](caf::error& e) { done(to_error_reply(e).message); });
+  }
+}
+
+void finish_reports(eplb_pointer self) {
+  auto& st = self->state;
+  std::vector<runtime::rank_load_report> reports;
+  for (auto& r : st.reports) reports.push_back(std::move(*r));
+  st.reports.clear();
+  for (const auto& r : reports)
+    if (r.group != st.group.id) return end_round(self, "the group is still forming (a rank reports another group)");
+  auto plan = st.controller->decide(reports, st.force);
+  if (!plan) return end_round(self, plan.error());
+  if (!*plan) return end_round(self, {});
+  offer(self, std::move(**plan), reports[0].steps, reports[0].expert_bytes);
+}
+
+void start_round(eplb_pointer self) {
+  auto& st = self->state;
+  if (!st.leader || st.round != 0 || st.group.engines.empty()) return;
+  st.round = ++st.rounds;
+  const uint64_t round = st.round;
+  st.reports.assign(st.group.engines.size(), std::nullopt);
+  st.pending = st.group.engines.size();
+  for (size_t r = 0; r < st.group.engines.size(); ++r) {
+    auto engine = caf::actor_cast<engine_actor>(st.group.engines[r]);
+    self->request(engine, st.interval * 5, eplb_atom_v)
+      .then(
+        [self, round, r](expert_load_msg& m) {
+          auto& st = self->state;
+          if (st.round != round) return;
+          auto place = to_placement(m.placement);
+          if (!place) return end_round(self, "rank " + std::to_string(r) + " reported a bad placement: " + place.error());
+          st.reports[r] = runtime::rank_load_report{m.group, m.steps, m.window_steps, std::move(m.window),
+                                                    std::move(m.recent),
+                                                    std::make_shared<const runtime::ep_placement>(std::move(*place)),
+                                                    m.offered_epoch, m.pairs_computed, m.expert_bytes};
+          if (--st.pending == 0) finish_reports(self);
+        },
+        [self, round, r](caf::error& e) {
+          if (self->state.round == round)
+            end_round(self, "rank " + std::to_string(r) + " gave no report: " + to_error_reply(e).message);
+        });
+  }
+}
+
+caf::behavior eplb_behavior(eplb_pointer self, std::string node, runtime::eplb_policy policy,
+                            std::chrono::milliseconds interval, std::shared_ptr<eplb_board> board) {
+  auto& st = self->state;
+  st.node = std::move(node);
+  st.interval = interval;
+  st.board = std::move(board);
+  st.controller.emplace(policy);
+  st.publish();
+  self->delayed_send(self, interval, tick_atom_v);
+  return {
+    [self](const membership& m) {
+      auto& st = self->state;
+      st.group = ep_group_of(m);
+      st.leader = !st.group.names.empty() && st.group.names[0].starts_with(st.node + "/");
+      st.round = 0;  // replies of a round for the old group are ignored
+      st.publish();
+    },
+    [self](tick_atom) {
+      start_round(self);
+      self->delayed_send(self, self->state.interval, tick_atom_v);
+    },
+    [self](eplb_atom, const std::string& command) -> std::string {
+      auto& st = self->state;
+      if (command != "rebalance") return "unknown balancer command '" + command + "' (status, rebalance)";
+      if (!st.leader) return st.board->read();
+      st.force = true;
+      start_round(self);
+      return "rebalance asked: a plan is made from the current window at once unless a placement is being adopted\n";
+    },
+  };
+}
+
+}  // namespace
+
+caf::actor spawn_eplb(caf::actor_system& sys, std::string node, runtime::eplb_policy policy,
+                      std::chrono::milliseconds interval, std::shared_ptr<eplb_board> board) {
+  auto a = sys.spawn(eplb_behavior, std::move(node), policy, interval, board);
+  board->actor = a;
+  return a;
+}
+
+}  // namespace shoal::actors
