@@ -546,7 +546,9 @@ typename Inspector::result_type inspect(Inspector& f, membership& x) {
 // `source` of group `group` (a hash of the group's member list, so frames of an older or a
 // newer group are never mixed with the current one): the dispatch (phase 0) or combine
 // (phase 1) bytes of MoE slot `slot` in lockstep step `step`. The bytes are msgpack-framed
-// tensors (runtime/expert_parallel.hpp) and are validated by the receiver.
+// tensors (runtime/expert_parallel.hpp) and are validated by the receiver. With a bulk
+// transport the bytes stay in the sender's registered memory and `bulk` describes them
+// (length > 0, `bytes` empty): the receiver reads them over libfabric, checked by crc32c.
 struct ep_frame {
   uint64_t group = 0;
   uint64_t step = 0;
@@ -554,12 +556,13 @@ struct ep_frame {
   int32_t phase = 0;
   int32_t source = 0;
   std::vector<uint8_t> bytes;
+  runtime::remote_memory bulk;
   friend bool operator==(const ep_frame&, const ep_frame&) = default;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, ep_frame& x) {
-  return f(caf::meta::type_name("ep_frame"), x.group, x.step, x.slot, x.phase, x.source, x.bytes);
+  return f(caf::meta::type_name("ep_frame"), x.group, x.step, x.slot, x.phase, x.source, x.bytes, x.bulk);
 }
 
 // An expert placement (runtime::ep_placement) between processes: the experts of (slot s,

@@ -2,6 +2,7 @@
 #include "actors/rank_actor.hpp"
 
 #include <algorithm>
+#include <cstring>
 
 #include <caf/actor_system.hpp>
 #include <caf/event_based_actor.hpp>
@@ -13,6 +14,46 @@ namespace shoal::actors {
 
 namespace {
 constexpr size_t max_inbox = 1 << 16;  // frames kept; beyond, frames of other groups are dropped
+constexpr uint64_t max_bulk_frame = uint64_t{1} << 30;  // a peer's frame read into memory here, at most
+}
+
+caf_ep_transport::caf_ep_transport(std::chrono::milliseconds timeout, bulk_options bulk)
+    : bulk_(std::move(bulk)), timeout_(timeout) {
+  if (!bulk_.transport) return;
+  send_memory_.resize(2 * bulk_.region_bytes);
+  auto reg = bulk_.transport->register_memory(send_memory_);
+  if (reg) send_reg_ = std::move(*reg);
+  else bulk_error_ = reg.error();
+}
+
+caf_ep_transport::~caf_ep_transport() {
+  // Reads still landing in buffers of this object end first (each within its timeout).
+  std::lock_guard lock(mu_);
+  for (auto& [k, r] : reads_) r.read->wait();
+  for (auto& r : draining_) r.read->wait();
+}
+
+void caf_ep_transport::retire(pending_read r) {
+  std::erase_if(draining_, [](const pending_read& x) { return x.read->done(); });
+  if (!r.read->done()) draining_.push_back(std::move(r));
+}
+
+void caf_ep_transport::stage(std::vector<ep_frame>& frames, runtime::ep_payloads& outgoing) {
+  const size_t region = send_reg_ ? (exchanges_++ % 2) * bulk_.region_bytes : 0;
+  size_t used = 0;
+  for (size_t r = 0; r < frames.size(); ++r) {
+    if (static_cast<int32_t>(r) == frames[r].source) continue;
+    const size_t n = outgoing[r].size();
+    if (send_reg_ && n >= bulk_.bulk_from && used + n <= bulk_.region_bytes) {
+      std::memcpy(send_memory_.data() + region + used, outgoing[r].data(), n);
+      frames[r].bulk = send_reg_->describe(region + used, n);
+      used += n;
+      ++frames_bulk_;
+    } else {
+      frames[r].bytes = std::move(outgoing[r]);
+      ++frames_inline_;
+    }
+  }
 }
 
 std::expected<runtime::ep_payloads, std::string> caf_ep_transport::exchange(uint64_t step, int32_t slot,
@@ -35,13 +76,18 @@ std::expected<runtime::ep_payloads, std::string> caf_ep_transport::exchange(uint
                            std::to_string(n));
   runtime::ep_payloads incoming(outgoing.size());
   incoming[me] = std::move(outgoing[me]);
+  std::vector<ep_frame> frames(static_cast<size_t>(n), ep_frame{g, step, slot, phase, me, {}, {}});
+  stage(frames, outgoing);
   for (int32_t r = 0; r < n; ++r)
-    if (r != me) caf::anon_send(peers[r], expert_atom_v, ep_frame{g, step, slot, phase, me, std::move(outgoing[r])});
+    if (r != me) caf::anon_send(peers[r], expert_atom_v, std::move(frames[r]));
   std::unique_lock lock(mu_);
+  auto arrived = [&](int32_t r) {
+    return inbox_.contains(key{g, step, slot, phase, r}) || reads_.contains(key{g, step, slot, phase, r});
+  };
   auto missing = [&] {
     std::vector<int32_t> out;
     for (int32_t r = 0; r < n; ++r)
-      if (r != me && !inbox_.contains(key{g, step, slot, phase, r})) out.push_back(r);
+      if (r != me && !arrived(r)) out.push_back(r);
     return out;
   };
   bool complete = cv_.wait_for(lock, timeout_, [&] { return interrupted_ || group_ != g || missing().empty(); });
@@ -54,12 +100,28 @@ std::expected<runtime::ep_payloads, std::string> caf_ep_transport::exchange(uint
                            " ms waiting for rank(s) " + who + " (step " + std::to_string(step) + ", slot " +
                            std::to_string(slot) + ")");
   }
+  std::vector<std::pair<int32_t, pending_read>> reading;
   for (int32_t r = 0; r < n; ++r) {
     if (r == me) continue;
-    auto it = inbox_.find(key{g, step, slot, phase, r});
-    incoming[r] = std::move(it->second);
-    inbox_.erase(it);
+    if (auto it = inbox_.find(key{g, step, slot, phase, r}); it != inbox_.end()) {
+      incoming[r] = std::move(it->second);
+      inbox_.erase(it);
+    } else {
+      auto rd = reads_.find(key{g, step, slot, phase, r});
+      reading.emplace_back(r, std::move(rd->second));
+      reads_.erase(rd);
+    }
   }
+  lock.unlock();
+  std::string error;
+  for (auto& [r, pr] : reading) {
+    pr.read->wait();  // ends within the read's timeout
+    if (!pr.read->ok() && error.empty())
+      error = "reading rank " + std::to_string(r) + "'s frame over " +
+              (bulk_.transport ? bulk_.transport->name() : std::string("no bulk transport")) + ": " + pr.read->error();
+    incoming[r] = std::move(*pr.bytes);
+  }
+  if (!error.empty()) return std::unexpected(error);
   return incoming;
 }
 
@@ -68,14 +130,39 @@ bool caf_ep_transport::deliver(ep_frame f) {
   {
     std::lock_guard lock(mu_);
     if (retired_.contains(f.group)) return false;
-    if (inbox_.size() >= max_inbox)
+    if (inbox_.size() + reads_.size() >= max_inbox) {
       std::erase_if(inbox_, [&](const auto& e) { return std::get<0>(e.first) != group_; });
+      for (auto it = reads_.begin(); it != reads_.end();)
+        if (std::get<0>(it->first) != group_) {
+          retire(std::move(it->second));
+          it = reads_.erase(it);
+        } else {
+          ++it;
+        }
+    }
     auto step = static_cast<int64_t>(f.step);
     if (f.group == group_ && !interrupted_ && step > last_local_step_ && step > last_join_) {
       last_join_ = step;
       join = true;
     }
-    inbox_[key{f.group, f.step, f.slot, f.phase, f.source}] = std::move(f.bytes);
+    const key k{f.group, f.step, f.slot, f.phase, f.source};
+    if (f.bulk.length == 0) {
+      inbox_[k] = std::move(f.bytes);
+    } else {
+      // The bytes are in the sender's memory: read them now, one-sided; the exchange waits.
+      pending_read pr{std::make_shared<std::vector<uint8_t>>(), nullptr};
+      if (!bulk_.transport || f.bulk.length > max_bulk_frame) {
+        pr.read = std::make_shared<runtime::transfer>();
+        pr.read->complete(!bulk_.transport ? "the frame came over a bulk transport this rank does not have"
+                                           : "the frame's " + std::to_string(f.bulk.length) +
+                                               " bytes exceed the limit of " + std::to_string(max_bulk_frame));
+      } else {
+        pr.bytes->resize(f.bulk.length);
+        pr.read = bulk_.transport->read(f.bulk, std::as_writable_bytes(std::span(*pr.bytes)), timeout_);
+      }
+      if (auto old = reads_.find(k); old != reads_.end()) retire(std::move(old->second));
+      reads_[k] = std::move(pr);
+    }
   }
   cv_.notify_all();
   return join;
@@ -94,12 +181,20 @@ bool caf_ep_transport::set_group(uint64_t group, int32_t rank, std::vector<rank_
   if (group != group_) retired_.insert(group_);
   retired_.erase(group);
   std::erase_if(inbox_, [&](const auto& e) { return retired_.contains(std::get<0>(e.first)); });
+  for (auto it = reads_.begin(); it != reads_.end();)
+    if (retired_.contains(std::get<0>(it->first))) {
+      retire(std::move(it->second));
+      it = reads_.erase(it);
+    } else {
+      ++it;
+    }
   group_ = group;
   rank_ = rank;
   peers_ = std::move(peers);
   interrupted_.reset();
   last_local_step_ = last_join_ = -1;
-  bool waiting = std::any_of(inbox_.begin(), inbox_.end(), [&](const auto& e) { return std::get<0>(e.first) == group; });
+  bool waiting = std::any_of(inbox_.begin(), inbox_.end(), [&](const auto& e) { return std::get<0>(e.first) == group; }) ||
+                 std::any_of(reads_.begin(), reads_.end(), [&](const auto& e) { return std::get<0>(e.first) == group; });
   if (waiting) last_join_ = 0;
   return waiting;
 }

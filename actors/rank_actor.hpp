@@ -7,6 +7,7 @@
 // makes it join that step (lockstep: a rank without work steps with an empty batch).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <map>
@@ -23,10 +24,23 @@
 
 namespace shoal::actors {
 
-// One rank's view of its group: the frames that arrived, the peers to send to.
+// One rank's view of its group: the frames that arrived, the peers to send to. Control
+// travels as CAF messages; with a bulk transport (libfabric), frames of at least
+// `bulk_from` bytes stay in this rank's registered send memory and peers read them one-sided
+// (the CAF message carries only their description). The send memory is two regions used in
+// turn by successive exchanges: a peer has read exchange k's frames before it sends its
+// frame of exchange k + 1, which this rank waits for before writing exchange k + 2.
+struct ep_bulk_options {
+  std::shared_ptr<runtime::transport> transport;  // null: every frame inline in CAF messages
+  size_t region_bytes = 8 << 20;                  // per region; larger frames go inline
+  size_t bulk_from = 16 << 10;                    // smaller frames go inline
+};
+
 class caf_ep_transport final : public runtime::expert_transport {
  public:
-  explicit caf_ep_transport(std::chrono::milliseconds timeout) : timeout_(timeout) {}
+  using bulk_options = ep_bulk_options;
+  explicit caf_ep_transport(std::chrono::milliseconds timeout, bulk_options bulk = {});
+  ~caf_ep_transport() override;
 
   // expert_transport: sends outgoing[r] to rank r's actor, waits for every peer's frame of
   // (step, slot, phase) in the current group; an error on interrupt or timeout.
@@ -43,9 +57,28 @@ class caf_ep_transport final : public runtime::expert_transport {
   bool set_group(uint64_t group, int32_t rank, std::vector<rank_actor> peers);
   uint64_t group() const;
   int32_t size() const;
+  // Frames sent over the bulk transport / inline since construction.
+  uint64_t frames_bulk() const { return frames_bulk_; }
+  uint64_t frames_inline() const { return frames_inline_; }
 
  private:
   using key = std::tuple<uint64_t, uint64_t, int32_t, int32_t, int32_t>;  // group, step, slot, phase, source
+  struct pending_read {  // a peer's frame being read from its memory
+    std::shared_ptr<std::vector<uint8_t>> bytes;
+    std::shared_ptr<runtime::transfer> read;
+  };
+  // Moves outgoing[r] of peers into the send region of this exchange where it pays.
+  void stage(std::vector<ep_frame>& frames, runtime::ep_payloads& outgoing);
+  void retire(pending_read r);  // mu_ held: an abandoned read, kept until it ends
+
+  const bulk_options bulk_;
+  std::vector<std::byte> send_memory_;  // 2 regions
+  std::unique_ptr<runtime::registered_memory> send_reg_;
+  std::string bulk_error_;              // registration failed: inline only
+  uint64_t exchanges_ = 0;              // selects the region
+  std::atomic<uint64_t> frames_bulk_{0}, frames_inline_{0};
+  std::map<key, pending_read> reads_;
+  std::vector<pending_read> draining_;
 
   const std::chrono::milliseconds timeout_;
   mutable std::mutex mu_;

@@ -112,9 +112,12 @@ struct node_metrics {
   counter prefill_placements, prefill_tier_placements, decode_placements;
   gauge decode_balance;
   // Expert-parallel engine nodes with partitioned weights (runtime/expert_residency.hpp):
-  // shoal_engine_experts_resident{actor="node"} routed experts in memory (an expert id counts
-  // once for all its layers), shoal_engine_experts_resident_bytes their bytes.
+  // shoal_engine_experts_resident{actor="node"} (MoE layer, routed expert) weights in memory,
+  // shoal_engine_experts_resident_bytes their bytes.
   gauge experts_resident, experts_resident_bytes;
+  // shoal_ep_frames_sent_total{path="bulk"|"inline"}: expert-parallel frames this process's
+  // ranks sent over the bulk transport / inside CAF messages.
+  counter ep_frames_sent;
 };
 node_metrics add_node_metrics(metrics_registry& r);
 

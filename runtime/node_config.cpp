@@ -40,7 +40,7 @@ struct schema_section {
 const std::vector<schema_section>& schema() {
   static const std::vector<schema_section> sections = {
       {"node", {"name", "listen", "roles", "model_dir", "drain_timeout_ms", "metrics_listen", "cpus"}},
-      {"engine", {"ranks", "threads", "cache_mib", "expert_parallel", "kv_storage", "role", "transport", "handoff_timeout_ms",
+      {"engine", {"ranks", "threads", "cache_mib", "expert_parallel", "ep_frames", "ep_bulk_min_bytes", "kv_storage", "role", "transport", "handoff_timeout_ms",
                   "cost_model", "step_ms", "swa_slots", "swa_timeout_ms", "speculative", "spec_nextn",
                   "spec_adaptive_from", "spec_cost_model"}},
       {"gateway", {"listen", "auth_token_file", "prefill_policy", "decode_policy", "balancer_round_ms", "tier_bounds",
@@ -455,6 +455,12 @@ void read_sections(error_sink& sink, const sections& f, const fs::path& base, no
   if (std::optional<int64_t> n = read_integer(sink, f.engine, "threads", 0, 1024)) c.threads = static_cast<int32_t>(*n);
   if (std::optional<int64_t> n = read_integer(sink, f.engine, "cache_mib", 16, 1 << 20)) c.cache_mib = *n;
   if (std::optional<bool> b = read_bool(sink, f.engine, "expert_parallel")) c.expert_parallel = *b;
+  if (auto n = read_integer(sink, f.engine, "ep_bulk_min_bytes", 0, int64_t{1} << 30)) c.ep_bulk_min_bytes = *n;
+  if (std::optional<std::string> v = read_string(sink, f.engine, "ep_frames")) {
+    if (*v == "transport" || *v == "caf") c.ep_frames = *v;
+    else sink.fail(config_errc::bad_value, f.engine.pos("ep_frames"), f.engine.path("ep_frames"),
+                   "expected \"transport\" or \"caf\", got \"" + *v + "\"");
+  }
   if (std::optional<bool> b = read_bool(sink, f.engine, "kv_storage")) c.kv_storage = *b;
   if (std::optional<std::string> v = read_string(sink, f.engine, "role")) {
     if (*v == "both") c.disagg_role = engine_role::both;

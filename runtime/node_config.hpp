@@ -50,6 +50,10 @@ struct node_config {
   int32_t threads = 0;  // compute threads of the process's kernels; 0 = one per CPU it may run on
   int64_t cache_mib = 512;        // KV block memory per rank
   bool expert_parallel = false;   // ranks of all such engine nodes form one EP group
+  // Expert-parallel dispatch/combine bytes: "transport" (libfabric, engine.transport; control
+  // stays CAF) or "caf" (inside the CAF messages).
+  std::string ep_frames = "transport";
+  int64_t ep_bulk_min_bytes = 16 << 10;  // smaller frames travel inside the CAF message
   bool kv_storage = false;        // the storage cluster is the ranks' second cache tier
   engine_role disagg_role = engine_role::both;  // engine.role: prefill / decode pools, or both
   std::string transport = "tcp;ofi_rxm";        // libfabric provider of handoff bytes and SWA slot reads

@@ -384,7 +384,7 @@ TEST_CASE("ep_group_of: ranks with a rank actor sorted by node and rank name, id
 namespace {
 
 ep_frame frame(uint64_t group, uint64_t step, int32_t slot, int32_t phase, int32_t source, uint8_t byte) {
-  return {group, step, slot, phase, source, {byte}};
+  return {group, step, slot, phase, source, {byte}, {}};
 }
 
 // A group of `n` ranks whose peers are no actors: sends go nowhere.
@@ -439,7 +439,7 @@ TEST_CASE("caf_ep_transport: interrupt makes a blocked exchange on another threa
   auto pending = std::async(std::launch::async, [&] { return t.exchange(3, 1, 0, {{1}, {2, 3}}); });
   // Rank 1 got its frame: the exchange is waiting (or about to) for rank 1's.
   bool sent = false;
-  peer->receive([&](expert_atom, const ep_frame& f) { sent = f == ep_frame{7, 3, 1, 0, 0, {2, 3}}; },
+  peer->receive([&](expert_atom, const ep_frame& f) { sent = f == ep_frame{7, 3, 1, 0, 0, {2, 3}, {}}; },
                 caf::after(10s) >> [] {});
   CHECK(sent);
   t.interrupt("expert-parallel group changed (now 1 ranks)");

@@ -421,8 +421,9 @@ TEST_CASE("every type of the type-ID block round-trips through a remote actor") 
   round_trip(self, remote, engine_node);
   round_trip(self, remote, actors::membership{7, {gateway_node, engine_node}});
   round_trip(self, remote, actors::membership{});
-  round_trip(self, remote, actors::ep_frame{0xabcdef0123456789ull, 1ull << 33, 5, 1, 3, mib});
-  round_trip(self, remote, actors::ep_frame{1, 0, 0, 0, 0, {}});
+  round_trip(self, remote, actors::ep_frame{0xabcdef0123456789ull, 1ull << 33, 5, 1, 3, mib, {}});
+  round_trip(self, remote, actors::ep_frame{1, 0, 0, 0, 0, {}, {}});
+  round_trip(self, remote, actors::ep_frame{2, 9, 3, 0, 1, {}, runtime::remote_memory{{1, 2}, 1ull << 40, 77, 4096, 0xabcd}});
   round_trip(self, remote, actors::text_event{request_id(8), "h\xc3\xa9llo \xe2\x9c\x93", false, ""});
   round_trip(self, remote, actors::text_event{request_id(8), "", true, "error: rank 1 lost"});
   round_trip(self, remote, caf::actor_cast<actors::rank_actor>(locals[1]));
@@ -498,7 +499,7 @@ TEST_CASE("every message of the typed interfaces that crosses processes round-tr
   auto sink = caf::actor_cast<token_sink_actor>(self);
   generation_request req{request_id(5), {256, 9, 8}, greedy(3)};
   actors::node_info node{"node-c", "10.0.0.3", 7000, {"engine"}, me, {{0, other, me}}, {}, false, {}, "both", {}, {}, {}, {}};
-  actors::ep_frame frame{11, 3, 2, 0, 1, std::vector<uint8_t>(4096, 0x5a)};
+  actors::ep_frame frame{11, 3, 2, 0, 1, std::vector<uint8_t>(4096, 0x5a), {}};
 
   // engine_actor (replies: request_id, bool, engine_stats_snapshot)
   round_trip(self, remote, submit_atom_v, req);
@@ -519,7 +520,7 @@ TEST_CASE("every message of the typed interfaces that crosses processes round-tr
   round_trip(self, remote, handoff_atom_v, offer_example(remote));
   // rank_actor
   round_trip(self, remote, expert_atom_v, frame);
-  round_trip(self, remote, expert_atom_v, actors::ep_frame{11, 3, 2, 1, 0, {}});
+  round_trip(self, remote, expert_atom_v, actors::ep_frame{11, 3, 2, 1, 0, {}, {}});
   // node_agent_actor (replies: membership, bool, string, vector<string>, request_id)
   round_trip(self, remote, join_atom_v, node);
   round_trip(self, remote, update_atom_v, node);

@@ -4,7 +4,8 @@
 // raised for them, all on rank 0 under contiguous blocks). Greedy outputs equal the offline
 // engine's before, during (an `eplb rebalance` from the shell while streams run) and after
 // the migration; the slowest rank / mean of the pairs the ranks compute drops; each process
-// holds only its ranks' experts.
+// holds only its ranks' experts. Frames of 1 KiB and more travel over libfabric
+// (tcp;ofi_rxm), read from the sender's registered memory.
 #include <doctest/doctest.h>
 
 #include <regex>
@@ -88,7 +89,7 @@ TEST_CASE("eplb cluster: a 4-rank group across 2 processes rebalances live under
                              "[gateway]\nlisten = \"127.0.0.1:" + std::to_string(http) + "\"\n", 0, 0));
   // Plans only when asked (period far away); reports every 200 ms.
   const std::string engine =
-    "[engine]\nranks = 2\nexpert_parallel = true\ncache_mib = 64\n\n"
+    "[engine]\nranks = 2\nexpert_parallel = true\ncache_mib = 64\nep_bulk_min_bytes = 1024\n\n"
     "[eplb]\npreset = \"decode\"\nperiod_steps = 100000000\nwindow_steps = 1000\ninterval_ms = 200\n";
   test::write_text(c.config_dir / "engine-a.toml", node_text("engine-a", a, "[\"engine\"]", c.model_dir, engine, gw, metrics_a));
   test::write_text(c.config_dir / "engine-b.toml", node_text("engine-b", b, "[\"engine\"]", c.model_dir, engine, gw, metrics_b));
@@ -183,4 +184,8 @@ TEST_CASE("eplb cluster: a 4-rank group across 2 processes rebalances live under
   CHECK(held_b < static_cast<double>(slots * E));
   CHECK(held_a + held_b >= static_cast<double>(slots * E));
   CHECK(held_a + held_b <= static_cast<double>(slots * (E + 4)));  // + one redundant copy per rank
+  // The frames of 1 KiB and more went over libfabric.
+  CHECK(metric(metrics_a, "shoal_ep_frames_sent_total\\{path=\"bulk\"\\}") > 0);
+  CHECK(metric(metrics_b, "shoal_ep_frames_sent_total\\{path=\"bulk\"\\}") > 0);
+  CHECK(metric(metrics_a, "shoal_ep_frames_sent_total\\{path=\"inline\"\\}") > 0);
 }

@@ -68,6 +68,7 @@ struct node_parts {
   std::optional<actors::ve_worker_actor> ve_worker;          // ve role
   std::shared_ptr<runtime::expert_residency> experts;        // engine.expert_parallel: the ranks' routed experts
   std::shared_ptr<actors::eplb_board> eplb;                  // engine.expert_parallel: the group's balancer
+  std::vector<std::shared_ptr<actors::caf_ep_transport>> ep_transports;  // by rank, with expert parallelism
 };
 
 actors::tls_files tls_of(const runtime::node_config& cfg) {
@@ -180,6 +181,10 @@ void scrape(caf::actor_system& sys, const node_parts& parts, node_metrics_server
   if (parts.experts) {
     s.m.experts_resident.set(static_cast<double>(parts.experts->resident_experts()), "node");
     s.m.experts_resident_bytes.set(static_cast<double>(parts.experts->resident_bytes()), "node");
+    double bulk = 0, inline_ = 0;
+    for (const auto& t : parts.ep_transports) bulk += static_cast<double>(t->frames_bulk()), inline_ += static_cast<double>(t->frames_inline());
+    s.m.ep_frames_sent.advance_to(bulk, "bulk");
+    s.m.ep_frames_sent.advance_to(inline_, "inline");
   }
   for (size_t i = 0; i < parts.storage.size(); ++i) {
     auto st = ask<actors::storage_node_actor, actors::storage_stats_snapshot>(sys, parts.storage[i], 2s, stats_atom_v);
@@ -436,9 +441,10 @@ int run_node(const runtime::node_config& cfg, logger& log) {
       if (cfg.swa_slots != defaults.swa_slots || cfg.swa_timeout_ms != defaults.swa_timeout_ms)
         log.warn("engine.swa_slots / engine.swa_timeout_ms unused: {} has no SWA window (shoal_flash only)",
                  cfg.model_dir.string());
-      if (cfg.disagg_role == runtime::engine_role::both && !vision && cfg.transport != defaults.transport)
-        log.warn("engine.transport unused: a colocated deepseek_v3 engine without vision moves no handoffs, "
-                 "reads no encoder rows and has no SWA slots");
+      if (cfg.disagg_role == runtime::engine_role::both && !vision && !cfg.expert_parallel &&
+          cfg.transport != defaults.transport)
+        log.warn("engine.transport unused: a colocated deepseek_v3 engine without vision or expert parallelism "
+                 "moves no handoffs, reads no encoder rows, has no SWA slots and sends no expert frames");
     }
     std::shared_ptr<runtime::transport> bulk;
     if (cfg.disagg_role != runtime::engine_role::both || swa_tier || vision) {
@@ -508,9 +514,30 @@ int run_node(const runtime::node_config& cfg, logger& log) {
       ecfg.ep = runtime::engine_config::ep_config{{0, 1}, nullptr, {}, cfg.eplb_window_steps};
       log.info("routed experts: each rank reads its own when it joins a group (none read yet)");
     }
+    // Expert-parallel frames: control over CAF, the bytes over libfabric (engine.transport),
+    // read one-sided from the sender's registered memory.
+    actors::caf_ep_transport::bulk_options ep_bulk;
+    if (cfg.expert_parallel && cfg.ep_frames == "transport") {
+      if (bulk) {
+        ep_bulk.transport = bulk;
+      } else {
+        auto t = transport::fabric_transport::create({cfg.transport, cfg.transport == "shm" ? "" : cfg.listen.host});
+        if (!t) {
+          log.error("key 'engine.transport' (\"{}\"): {}", cfg.transport, t.error());
+          return exit_failure;
+        }
+        ep_bulk.transport = std::shared_ptr<runtime::transport>(std::move(*t));
+      }
+      ep_bulk.bulk_from = static_cast<size_t>(cfg.ep_bulk_min_bytes);
+      log.info("expert-parallel frames from {} bytes over {}, control over CAF", ep_bulk.bulk_from,
+               ep_bulk.transport->name());
+    }
     for (int32_t r = 0; r < cfg.ranks; ++r) {
       std::shared_ptr<actors::caf_ep_transport> ep;
-      if (cfg.expert_parallel) ep = std::make_shared<actors::caf_ep_transport>(ep_timeout);
+      if (cfg.expert_parallel) {
+        ep = std::make_shared<actors::caf_ep_transport>(ep_timeout, ep_bulk);
+        parts.ep_transports.push_back(ep);
+      }
       parts.engines.push_back(actors::spawn_engine(sys, weights, ecfg, /*detached=*/true, ep, tok));
       caf::actor rank;
       if (ep) {
