@@ -15,6 +15,7 @@ void add_bench_commands(CLI::App& app) {
   add_disagg_bench(*bench);
   add_swa_bench(*bench);
   add_vision_bench(*bench);
+  add_ep_frames_bench(*bench);
   add_grammar_bench(*bench);
   add_eplb_bench(*bench);
   add_spec_bench(*bench);

@@ -24,6 +24,7 @@ void add_transport_bench(CLI::App& bench);  // bench transport
 void add_disagg_bench(CLI::App& bench);     // bench disagg
 void add_swa_bench(CLI::App& bench);        // bench swa
 void add_vision_bench(CLI::App& bench);     // bench vision
+void add_ep_frames_bench(CLI::App& bench);  // bench ep-frames
 void add_grammar_bench(CLI::App& bench);    // bench grammar
 void add_eplb_bench(CLI::App& bench);
 void add_spec_bench(CLI::App& bench);       // bench spec       // bench eplb
