@@ -655,6 +655,9 @@ std::expected<node_config, config_error> parse_with_base(std::string_view text, 
   check_required(sink, f);
   if (!sink.failed()) check_consistency(sink, f, c);
   if (sink.failed()) return std::unexpected(sink.error());
+  // libfabric moves bytes unencrypted: under cluster TLS the expert frames stay in the
+  // (encrypted) CAF messages unless the file asks for the transport.
+  if (c.tls_certificate && !f.engine.get("ep_frames")) c.ep_frames = "caf";
   return c;
 }
 

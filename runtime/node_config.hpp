@@ -51,7 +51,8 @@ struct node_config {
   int64_t cache_mib = 512;        // KV block memory per rank
   bool expert_parallel = false;   // ranks of all such engine nodes form one EP group
   // Expert-parallel dispatch/combine bytes: "transport" (libfabric, engine.transport; control
-  // stays CAF) or "caf" (inside the CAF messages).
+  // stays CAF) or "caf" (inside the CAF messages). With cluster TLS the default is "caf":
+  // libfabric bytes are not encrypted.
   std::string ep_frames = "transport";
   int64_t ep_bulk_min_bytes = 16 << 10;  // smaller frames travel inside the CAF message
   bool kv_storage = false;        // the storage cluster is the ranks' second cache tier

@@ -201,6 +201,9 @@ TEST_CASE("node_config: config/local-tls/ is the 3-node cluster with cluster TLS
     CHECK(*c.tls_ca_file == (dir / "certs/ca.pem").lexically_normal());
   }
   CHECK(!load_sample("config/local-3node/gateway.toml").tls_certificate);
+  // Expert frames stay inside the encrypted CAF messages under TLS; without TLS they use libfabric.
+  CHECK(load_sample("config/local-tls/engine-a.toml").ep_frames == "caf");
+  CHECK(load_sample("config/local-3node/engine-a.toml").ep_frames == "transport");
 }
 
 TEST_CASE("node_config: optional keys take their defaults") {

@@ -529,6 +529,9 @@ int run_node(const runtime::node_config& cfg, logger& log) {
         ep_bulk.transport = std::shared_ptr<runtime::transport>(std::move(*t));
       }
       ep_bulk.bulk_from = static_cast<size_t>(cfg.ep_bulk_min_bytes);
+      if (cfg.tls_certificate)
+        log.warn("engine.ep_frames = \"transport\" under cluster TLS: expert frames travel unencrypted over {}",
+                 cfg.transport);
       log.info("expert-parallel frames from {} bytes over {}, control over CAF", ep_bulk.bulk_from,
                ep_bulk.transport->name());
     }
