@@ -201,15 +201,23 @@ void expert_load_window::end_step() {
   bucket_filled_[head_] = 0;
 }
 
-std::vector<double> expert_load_window::totals() const {
-  std::vector<double> out(static_cast<size_t>(slots_ * logical_), 0.0);
+// Newest first; a bucket counts while the steps so far plus it stay within the window.
+size_t expert_load_window::buckets_in_window() const {
   int64_t steps = 0;
-  // newest first; a bucket counts while the steps so far plus it stay within the window
-  for (size_t i = 0; i < buckets_.size(); ++i) {
+  size_t i = 0;
+  for (; i < buckets_.size(); ++i) {
     const size_t b = (head_ + buckets_.size() - i) % buckets_.size();
     if (steps + bucket_filled_[b] > window_) break;
     steps += bucket_filled_[b];
-    for (size_t j = 0; j < out.size(); ++j) out[j] += static_cast<double>(buckets_[b][j]);
+  }
+  return i;
+}
+
+std::vector<double> expert_load_window::totals() const {
+  std::vector<double> out(static_cast<size_t>(slots_ * logical_), 0.0);
+  for (size_t i = 0, n = buckets_in_window(); i < n; ++i) {
+    const auto& b = buckets_[(head_ + buckets_.size() - i) % buckets_.size()];
+    for (size_t j = 0; j < out.size(); ++j) out[j] += static_cast<double>(b[j]);
   }
   return out;
 }
@@ -222,11 +230,8 @@ std::vector<double> expert_load_window::latest() const {
 
 int64_t expert_load_window::steps() const {
   int64_t steps = 0;
-  for (size_t i = 0; i < buckets_.size(); ++i) {
-    const size_t b = (head_ + buckets_.size() - i) % buckets_.size();
-    if (steps + bucket_filled_[b] > window_) break;
-    steps += bucket_filled_[b];
-  }
+  for (size_t i = 0, n = buckets_in_window(); i < n; ++i)
+    steps += bucket_filled_[(head_ + buckets_.size() - i) % buckets_.size()];
   return steps;
 }
 

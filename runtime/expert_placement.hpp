@@ -92,6 +92,8 @@ class expert_load_window {
   void clear();
 
  private:
+  size_t buckets_in_window() const;  // newest buckets the window covers
+
   int64_t slots_, logical_, window_, bucket_steps_;
   std::vector<std::vector<int64_t>> buckets_;  // ring; the last one is being filled
   std::vector<int64_t> bucket_filled_;         // steps in each bucket

@@ -590,6 +590,13 @@ void check_consistency(error_sink& sink, const sections& f, const node_config& c
               std::string(blame_timeout ? "must exceed" : "must be below") + " cluster." + other + " (" +
                   std::to_string(other_ms) + (f.cluster.get(other) ? "" : ", the default") + ")");
   }
+  for (const char* key : {"ep_frames", "ep_bulk_min_bytes"})
+    if (f.engine.get(key) && !c.expert_parallel)
+      sink.fail(config_errc::bad_value, f.engine.pos(key), f.engine.path(key),
+                "given but engine.expert_parallel is not true (no expert frames to move)");
+  if (f.engine.get("ep_bulk_min_bytes") && c.ep_frames == "caf")
+    sink.fail(config_errc::bad_value, f.engine.pos("ep_bulk_min_bytes"), f.engine.path("ep_bulk_min_bytes"),
+              "given but engine.ep_frames is \"caf\" (every frame travels inside the CAF messages)");
   if (f.eplb.table && !c.expert_parallel)
     sink.fail(config_errc::bad_value, f.eplb.pos(), "eplb",
               "section [eplb] given but engine.expert_parallel is not true (the balancer places experts of an "

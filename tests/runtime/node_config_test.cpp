@@ -427,6 +427,11 @@ TEST_CASE("node_config: every bad input names its line and key") {
        "eplb", "engine.expert_parallel is not true"},
       {"an unknown balancer preset", base + "[engine]\nexpert_parallel = true\n[eplb]\npreset = \"fast\"\n",
        config_errc::bad_value, 9, "eplb.preset", "expected \"decode\" or \"prefill\""},
+      {"expert frames without expert parallelism", base + "[engine]\nep_frames = \"caf\"\n", config_errc::bad_value, 7,
+       "engine.ep_frames", "engine.expert_parallel is not true"},
+      {"a bulk frame size with frames inside CAF messages",
+       base + "[engine]\nexpert_parallel = true\nep_frames = \"caf\"\nep_bulk_min_bytes = 4096\n",
+       config_errc::bad_value, 9, "engine.ep_bulk_min_bytes", "engine.ep_frames is \"caf\""},
       {"a zero balancer period", base + "[engine]\nexpert_parallel = true\n[eplb]\nperiod_steps = 0\n",
        config_errc::bad_value, 9, "eplb.period_steps", ""},
   };

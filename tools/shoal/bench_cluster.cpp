@@ -95,19 +95,6 @@ struct pool_steps {
   }
 };
 
-// Sum of a counter over its label sets in Prometheus text.
-double counter_sum(std::string_view text, std::string_view name) {
-  double sum = 0;
-  std::istringstream in{std::string(text)};
-  for (std::string l; std::getline(in, l);) {
-    if (l.empty() || l[0] == '#' || l.compare(0, name.size(), name) != 0) continue;
-    if (l.size() > name.size() && l[name.size()] != '{' && l[name.size()] != ' ') continue;
-    const auto sp = l.rfind(' ');
-    if (sp != std::string::npos) sum += std::strtod(l.c_str() + sp + 1, nullptr);
-  }
-  return sum;
-}
-
 // The engines' step counters now; a node that does not answer leaves its pool unknown.
 std::pair<pool_steps, pool_steps> scrape_steps(const shape& sh) {
   pool_steps pre, dec;

@@ -58,14 +58,6 @@ void write_configs(const fs::path& dir, const fs::path& model, const ep_frames_a
         cluster);
 }
 
-double counter_total(const std::string& text, const std::string& name) {
-  double sum = 0;
-  std::istringstream in(text);
-  for (std::string l; std::getline(in, l);)
-    if (l.starts_with(name + "{") || l.starts_with(name + " ")) sum += std::strtod(l.c_str() + l.rfind(' ') + 1, nullptr);
-  return sum;
-}
-
 struct counters {
   double steps = 0, seconds = 0, bulk = 0, inline_ = 0;
   bool ok = true;
@@ -79,10 +71,10 @@ counters scrape() {
       c.ok = false;
       continue;
     }
-    c.steps += counter_total(r->body, "shoal_engine_steps_total");
-    c.seconds += counter_total(r->body, "shoal_engine_step_seconds_total");
-    c.bulk += counter_total(r->body, "shoal_ep_frames_sent_total{path=\"bulk\"}");
-    c.inline_ += counter_total(r->body, "shoal_ep_frames_sent_total{path=\"inline\"}");
+    c.steps += counter_sum(r->body, "shoal_engine_steps_total");
+    c.seconds += counter_sum(r->body, "shoal_engine_step_seconds_total");
+    c.bulk += counter_sum(r->body, "shoal_ep_frames_sent_total{path=\"bulk\"}");
+    c.inline_ += counter_sum(r->body, "shoal_ep_frames_sent_total{path=\"inline\"}");
   }
   return c;
 }

@@ -8,6 +8,8 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <sstream>
+#include <string_view>
 #include <thread>
 
 #include <immintrin.h>
@@ -234,6 +236,18 @@ void run_then_exit(const char* name, const std::function<int()>& bench) {
   std::fflush(stdout);
   std::fflush(stderr);
   std::_Exit(rc);
+}
+
+double counter_sum(std::string_view text, std::string_view name) {
+  double sum = 0;
+  std::istringstream in{std::string(text)};
+  for (std::string l; std::getline(in, l);) {
+    if (l.empty() || l[0] == '#' || l.compare(0, name.size(), name) != 0) continue;
+    if (l.size() > name.size() && l[name.size()] != '{' && l[name.size()] != ' ') continue;
+    const auto sp = l.rfind(' ');
+    if (sp != std::string::npos) sum += std::strtod(l.c_str() + sp + 1, nullptr);
+  }
+  return sum;
 }
 
 }  // namespace shoal::tools

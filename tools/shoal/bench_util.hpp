@@ -6,6 +6,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -51,6 +52,9 @@ std::optional<std::string> run_in_child(const std::function<std::string()>& fn);
 int64_t peak_rss_bytes();
 // cores, ISA, BLAS core, git commit.
 nlohmann::json machine_facts();
+// Sum of a Prometheus counter in exposition text over its label sets; `name` may include one
+// label set (`x_total{path="bulk"}`) to read that series only.
+double counter_sum(std::string_view text, std::string_view name);
 // Appends one JSON record per line to `path` (directories created).
 void append_jsonl(const std::string& path, const nlohmann::json& record);
 // Runs a bench that joined remote CAF nodes, prints "shoal bench NAME: what" for an exception,

@@ -82,9 +82,10 @@ void add_model_commands(CLI::App& app) {
   mk->add_option("--out", opts->out_dir, "output directory")->required();
   mk->add_option("--tokenizer", opts->tokenizer_dir, "directory with the DeepSeek-V3 tokenizer.json (small, v3-small)");
   mk->add_flag("--vision", opts->vision, "with the vision encoder and the image placeholder token");
-  mk->add_option("--hot-experts", opts->hot_experts,
-                 "skewed routing: every MoE layer's gate bias favours experts 0..N-1 (balancer tests)");
-  mk->add_option("--hot-bias", opts->hot_bias, "what --hot-experts adds to those experts' gate bias (default 0.25)");
+  auto* hot = mk->add_option("--hot-experts", opts->hot_experts,
+                             "skewed routing: every MoE layer's gate bias favours experts 0..N-1 (balancer tests)");
+  mk->add_option("--hot-bias", opts->hot_bias, "what --hot-experts adds to those experts' gate bias (default 0.25)")
+    ->needs(hot);
   mk->callback([opts] {
     auto r = model::generate_checkpoint(*opts);
     if (!r) {
