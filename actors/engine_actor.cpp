@@ -17,6 +17,7 @@
 #include <caf/typed_event_based_actor.hpp>
 
 #include "actors/eplb_actor.hpp"
+#include "runtime/expert_residency.hpp"
 #include "kernels/assert.hpp"
 #include "model/forward.hpp"
 #include "runtime/metrics.hpp"
@@ -356,16 +357,42 @@ caf::result<expert_load_msg> load_report(self_pointer self) {
         break;
       }
     }
+  if (const auto* experts = st.engine->expert_residency_of()) {
+    const auto mig = experts->migration();
+    m.fetched_bytes = mig.fetched_bytes;
+    m.checkpoint_bytes = mig.checkpoint_bytes;
+    m.lent_bytes = mig.lent_bytes;
+    m.fetch_failures = mig.fetch_failures;
+    m.fetch_error = mig.last_failure;
+  }
   return m;
 }
 
+// Expert parallelism: describe experts this process holds for the processes that gain them.
+caf::result<std::vector<runtime::expert_part>> lend_experts(self_pointer self, const expert_lend_msg& m) {
+  auto& st = self->state;
+  if (!st.ep || !st.engine->expert_exchange()) return make_error(errc::not_found, "engine runs without expert parallelism");
+  if (m.group != st.ep->group())
+    return make_error(errc::invalid_request, "asked to lend experts for another expert-parallel group");
+  if (m.slots.size() != m.experts.size() || m.lease_ms < 1 || m.lease_ms > 3'600'000)
+    return make_error(errc::invalid_request, "lend request with " + std::to_string(m.slots.size()) + " slots, " +
+                                                 std::to_string(m.experts.size()) + " experts and a lease of " +
+                                                 std::to_string(m.lease_ms) + " ms");
+  std::vector<std::pair<int32_t, int32_t>> experts;
+  for (size_t i = 0; i < m.slots.size(); ++i) experts.emplace_back(m.slots[i], m.experts[i]);
+  auto parts = st.engine->lend_experts(m.epoch, experts, std::chrono::milliseconds(m.lease_ms));
+  if (!parts) return make_error(errc::invalid_request, parts.error());
+  return std::move(*parts);
+}
+
 // Expert parallelism: the group's next placement from its balancer.
-caf::result<bool> take_placement(self_pointer self, const placement_msg& m) {
+caf::result<bool> take_placement(self_pointer self, const placement_msg& m,
+                                 const std::vector<runtime::expert_part>& sources) {
   auto& st = self->state;
   if (!st.ep || !st.engine->expert_exchange()) return make_error(errc::not_found, "engine runs without expert parallelism");
   auto place = to_placement(m);
   if (!place) return make_error(errc::invalid_request, place.error());
-  auto offered = st.engine->offer_placement(std::make_shared<const runtime::ep_placement>(std::move(*place)));
+  auto offered = st.engine->offer_placement(std::make_shared<const runtime::ep_placement>(std::move(*place)), sources);
   if (!offered) return make_error(errc::invalid_request, offered.error());
   return true;
 }
@@ -388,9 +415,13 @@ engine_actor_impl::behavior_type engine_behavior(self_pointer self,
                                                  runtime::engine_config config,
                                                  std::shared_ptr<caf_ep_transport> ep,
                                                  std::shared_ptr<const model::tokenizer> tok) {
-  if (ep)
-    config.ep = runtime::engine_config::ep_config{
-      {0, 1}, ep, {}, config.ep ? config.ep->load_window_steps : runtime::eplb_policy::decode().window_steps};
+  if (ep) {  // the rank's own transport; the rest (load window, bulk transport) as configured
+    auto c = config.ep.value_or(runtime::engine_config::ep_config{});
+    if (!config.ep) c.load_window_steps = runtime::eplb_policy::decode().window_steps;
+    c.layout = {0, 1};
+    c.transport = ep;
+    config.ep = std::move(c);
+  }
   self->state.ep = std::move(ep);
   self->state.weights = weights;
   self->state.lease_timeout = 2 * config.handoff_read_timeout;
@@ -418,7 +449,10 @@ engine_actor_impl::behavior_type engine_behavior(self_pointer self,
       adopt_group(self, group, rank, ranks);
     },
     [self](eplb_atom) { return load_report(self); },
-    [self](eplb_atom, const placement_msg& m) { return take_placement(self, m); },
+    [self](eplb_atom, const expert_lend_msg& m) { return lend_experts(self, m); },
+    [self](eplb_atom, const placement_msg& m, const std::vector<runtime::expert_part>& sources) {
+      return take_placement(self, m, sources);
+    },
   };
 }
 

@@ -1,7 +1,11 @@
 // The eplb actor: membership → am I the leader; tick → reports from every engine → controller
-// → offers to every engine. At most one round in flight; replies are matched by round number.
+// → lends from the holders of the experts processes gain → offers (placement + where to read
+// the experts) to every engine. At most one round in flight; replies are matched by round
+// number.
 #include "actors/eplb_actor.hpp"
 
+#include <algorithm>
+#include <cstdio>
 #include <optional>
 
 #include <caf/actor_system.hpp>
@@ -10,6 +14,7 @@
 #include <caf/stateful_actor.hpp>
 
 #include "actors/rank_actor.hpp"
+#include "runtime/expert_migration.hpp"
 
 namespace shoal::actors {
 
@@ -51,9 +56,12 @@ struct eplb_state {
   bool force = false;    // a rebalance was asked for
   uint64_t round = 0;    // the round in flight (0: none)
   uint64_t rounds = 0;
+  std::chrono::milliseconds fetch_timeout{60'000};  // a process's reads of the experts it gains
   std::vector<std::optional<runtime::rank_load_report>> reports;
+  std::vector<expert_load_msg> moved;  // per rank: its process's migration counters (no loads)
   size_t pending = 0;
   std::string error;     // of the last round
+  std::string migration; // the processes' migration counters, in words
 
   void publish() {
     std::string text;
@@ -61,7 +69,7 @@ struct eplb_state {
       text = group.names.empty() ? "expert-parallel balancer: no expert-parallel group yet\n"
                                  : "expert-parallel balancer: led by the node of " + group.names[0] + "\n";
     } else {
-      text = controller->status();
+      text = controller->status() + migration;
       if (!error.empty()) text += "last round: " + error + "\n";
     }
     std::lock_guard lock(board->mu);
@@ -71,6 +79,35 @@ struct eplb_state {
 
 using eplb_pointer = caf::stateful_actor<eplb_state>*;
 
+std::string megabytes(int64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f MB", static_cast<double>(bytes) / 1e6);
+  return buf;
+}
+
+// Expert weights moved, summed over the processes (every rank reports its process's counters).
+std::string migration_line(const std::vector<expert_load_msg>& per_rank, const std::vector<int32_t>& process_of) {
+  int64_t fetched = 0, checkpoint = 0, lent = 0, failures = 0;
+  std::string last;
+  std::vector<bool> seen;
+  for (size_t r = 0; r < per_rank.size() && r < process_of.size(); ++r) {
+    const auto p = static_cast<size_t>(process_of[r]);
+    if (p >= seen.size()) seen.resize(p + 1, false);
+    if (seen[p]) continue;
+    seen[p] = true;
+    const expert_load_msg& m = per_rank[r];
+    fetched += m.fetched_bytes;
+    checkpoint += m.checkpoint_bytes;
+    lent += m.lent_bytes;
+    failures += m.fetch_failures;
+    if (!m.fetch_error.empty()) last = m.fetch_error;
+  }
+  std::string out = "expert weights read: " + megabytes(fetched) + " from holders over the transport (" +
+                    megabytes(lent) + " lent), " + megabytes(checkpoint) + " from the checkpoint (group start included)";
+  out += failures ? ", " + std::to_string(failures) + " read(s) from holders failed, last: " + last + "\n" : "\n";
+  return out;
+}
+
 void end_round(eplb_pointer self, const std::string& error) {
   auto& st = self->state;
   st.round = 0;
@@ -78,27 +115,89 @@ void end_round(eplb_pointer self, const std::string& error) {
   st.publish();
 }
 
-void offer(eplb_pointer self, runtime::placement_plan plan, uint64_t at_step, int64_t expert_bytes) {
+// The process (node) of each rank, numbered in order of first appearance.
+std::vector<int32_t> processes_of(const ep_group_view& g) {
+  std::vector<std::string> nodes;
+  std::vector<int32_t> out;
+  for (const std::string& name : g.names) {
+    std::string node = name.substr(0, name.rfind('/'));
+    auto it = std::find(nodes.begin(), nodes.end(), node);
+    if (it == nodes.end()) it = nodes.insert(nodes.end(), node);
+    out.push_back(static_cast<int32_t>(it - nodes.begin()));
+  }
+  return out;
+}
+
+void offer(eplb_pointer self, std::shared_ptr<runtime::placement_plan> plan, uint64_t at_step, int64_t expert_bytes,
+           const std::vector<std::vector<runtime::expert_part>>& sources, std::string lend_error) {
   auto& st = self->state;
   const bool forced = st.force;
   st.force = false;
-  auto msg = std::make_shared<placement_msg>(to_msg(plan.placement));
-  auto shared_plan = std::make_shared<runtime::placement_plan>(std::move(plan));
+  auto msg = std::make_shared<placement_msg>(to_msg(plan->placement));
   st.pending = st.group.engines.size();
   auto failed = std::make_shared<std::string>();
   const uint64_t round = st.round;
+  const auto process_of = processes_of(st.group);
   for (size_t r = 0; r < st.group.engines.size(); ++r) {
     auto engine = caf::actor_cast<engine_actor>(st.group.engines[r]);
-    auto done = [self, round, r, failed, shared_plan, at_step, forced, expert_bytes](const std::string& err) {
+    auto done = [self, round, r, failed, plan, at_step, forced, expert_bytes, lend_error](const std::string& err) {
       auto& st = self->state;
       if (st.round != round) return;
       if (!err.empty() && failed->empty()) *failed = "rank " + std::to_string(r) + ": " + err;
       if (--st.pending > 0) return;
-      st.controller->offered(*shared_plan, at_step, forced, expert_bytes, *failed);
-      end_round(self, failed->empty() ? std::string() : "offer failed at " + *failed);
+      st.controller->offered(*plan, at_step, forced, expert_bytes, *failed);
+      std::string error = failed->empty() ? std::string() : "offer failed at " + *failed;
+      if (!lend_error.empty()) error += (error.empty() ? "" : "; ") + lend_error;
+      end_round(self, error);
     };
-    self->request(engine, st.interval * 5, eplb_atom_v, *msg)
+    self->request(engine, st.interval * 5, eplb_atom_v, *msg, sources[process_of[r]])
       .then([done](bool) { done({}); }, [done](caf::error& e) { done(to_error_reply(e).message); });
+  }
+}
+
+// Asks the holders to lend what each process gains (runtime::plan_migration), then offers
+// the plan with every process's sources. A holder that cannot lend leaves its experts to be
+// read from the checkpoint (said in the round's error, not a failed plan).
+void lend_and_offer(eplb_pointer self, runtime::placement_plan plan, uint64_t at_step, int64_t expert_bytes,
+                    std::shared_ptr<const runtime::ep_placement> current) {
+  auto& st = self->state;
+  const auto process_of = processes_of(st.group);
+  const auto migration = runtime::plan_migration(*current, plan.placement, process_of);
+  auto shared_plan = std::make_shared<runtime::placement_plan>(std::move(plan));
+  auto sources = std::make_shared<std::vector<std::vector<runtime::expert_part>>>(migration.gains.size());
+  if (migration.lends.empty()) return offer(self, shared_plan, at_step, expert_bytes, *sources, {});
+  auto lend_error = std::make_shared<std::string>();
+  st.pending = migration.lends.size();
+  const uint64_t round = st.round;
+  const int64_t lease_ms = (st.fetch_timeout + st.interval * 10).count();
+  for (const auto& lend : migration.lends) {
+    expert_lend_msg m{st.group.id, shared_plan->placement.epoch(), lease_ms, {}, {}};
+    for (auto [s, e] : lend.experts) {
+      m.slots.push_back(s);
+      m.experts.push_back(e);
+    }
+    auto engine = caf::actor_cast<engine_actor>(st.group.engines[lend.holder]);
+    auto done = [self, round, shared_plan, at_step, expert_bytes, sources, lend_error](const std::string& err) {
+      auto& st = self->state;
+      if (st.round != round) return;
+      if (!err.empty() && lend_error->empty()) *lend_error = err;
+      if (--st.pending == 0) offer(self, shared_plan, at_step, expert_bytes, *sources, *lend_error);
+    };
+    const int32_t holder = lend.holder;
+    self->request(engine, st.interval * 5, eplb_atom_v, std::move(m))
+      .then(
+        [done, sources, process_of, gains = migration.gains](std::vector<runtime::expert_part>& parts) {
+          // Each part goes to every process that gains its expert.
+          for (size_t p = 0; p < gains.size(); ++p)
+            for (const auto& part : parts)
+              if (std::binary_search(gains[p].begin(), gains[p].end(), std::pair{part.slot, part.expert}))
+                (*sources)[p].push_back(part);
+          done({});
+        },
+        [done, holder](caf::error& e) {
+          done("rank " + std::to_string(holder) + " lent no experts (they are read from the checkpoint): " +
+               to_error_reply(e).message);
+        });
   }
 }
 
@@ -109,10 +208,11 @@ void finish_reports(eplb_pointer self) {
   st.reports.clear();
   for (const auto& r : reports)
     if (r.group != st.group.id) return end_round(self, "the group is still forming (a rank reports another group)");
+  st.migration = migration_line(st.moved, processes_of(st.group));
   auto plan = st.controller->decide(reports, st.force);
   if (!plan) return end_round(self, plan.error());
   if (!*plan) return end_round(self, {});
-  offer(self, std::move(**plan), reports[0].steps, reports[0].expert_bytes);
+  lend_and_offer(self, std::move(**plan), reports[0].steps, reports[0].expert_bytes, reports[0].placement);
 }
 
 void start_round(eplb_pointer self) {
@@ -121,6 +221,7 @@ void start_round(eplb_pointer self) {
   st.round = ++st.rounds;
   const uint64_t round = st.round;
   st.reports.assign(st.group.engines.size(), std::nullopt);
+  st.moved.assign(st.group.engines.size(), expert_load_msg{});
   st.pending = st.group.engines.size();
   for (size_t r = 0; r < st.group.engines.size(); ++r) {
     auto engine = caf::actor_cast<engine_actor>(st.group.engines[r]);
@@ -131,6 +232,8 @@ void start_round(eplb_pointer self) {
           if (st.round != round) return;
           auto place = to_placement(m.placement);
           if (!place) return end_round(self, "rank " + std::to_string(r) + " reported a bad placement: " + place.error());
+          st.moved[r] = expert_load_msg{0, 0, 0, {}, {}, {}, 0, 0, 0, m.fetched_bytes, m.checkpoint_bytes, m.lent_bytes,
+                                        m.fetch_failures, m.fetch_error};
           st.reports[r] = runtime::rank_load_report{m.group, m.steps, m.window_steps, std::move(m.window),
                                                     std::move(m.recent),
                                                     std::make_shared<const runtime::ep_placement>(std::move(*place)),
@@ -145,10 +248,12 @@ void start_round(eplb_pointer self) {
 }
 
 caf::behavior eplb_behavior(eplb_pointer self, std::string node, runtime::eplb_policy policy,
-                            std::chrono::milliseconds interval, std::shared_ptr<eplb_board> board) {
+                            std::chrono::milliseconds interval, std::chrono::milliseconds fetch_timeout,
+                            std::shared_ptr<eplb_board> board) {
   auto& st = self->state;
   st.node = std::move(node);
   st.interval = interval;
+  st.fetch_timeout = fetch_timeout;
   st.board = std::move(board);
   st.controller.emplace(policy);
   st.publish();
@@ -179,8 +284,9 @@ caf::behavior eplb_behavior(eplb_pointer self, std::string node, runtime::eplb_p
 }  // namespace
 
 caf::actor spawn_eplb(caf::actor_system& sys, std::string node, runtime::eplb_policy policy,
-                      std::chrono::milliseconds interval, std::shared_ptr<eplb_board> board) {
-  auto a = sys.spawn(eplb_behavior, std::move(node), policy, interval, board);
+                      std::chrono::milliseconds interval, std::chrono::milliseconds fetch_timeout,
+                      std::shared_ptr<eplb_board> board) {
+  auto a = sys.spawn(eplb_behavior, std::move(node), policy, interval, fetch_timeout, board);
   board->actor = a;
   return a;
 }

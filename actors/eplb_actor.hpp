@@ -1,9 +1,13 @@
 // The expert-parallel balancer of an EP group as an actor (MISSION.md "Expert-parallel load
 // balancer"). Every EP node runs one; the one on the node of the group's rank 0 leads, the
 // others only say who does. Every `interval` the leader asks each rank's engine for its load
-// report, gives them to runtime::eplb_controller and, when a plan is due, offers the new
-// placement to every engine; the ranks then read the experts they gain and switch in band at
-// a step boundary (runtime/expert_parallel.hpp). A group change drops whatever was offered.
+// report, gives them to runtime::eplb_controller and, when a plan is due, asks the current
+// holders of the experts each process gains to lend them (runtime/expert_migration.hpp), then
+// offers the new placement with those descriptions to every engine; the ranks read the
+// experts they gain over the transport while they keep stepping, and switch in band at a step
+// boundary once every rank holds them (runtime/expert_parallel.hpp). A group change drops
+// whatever was offered (reads in flight are discarded; lent weights stay readable until
+// their lease ends).
 #pragma once
 
 #include <chrono>
@@ -34,7 +38,10 @@ struct eplb_board {
 };
 
 // Spawns the balancer of node `node`; subscribe it to the node agent for the membership.
+// `fetch_timeout`: how long a process may take to read the experts it gains (the holders
+// keep them readable that long and ten intervals more).
 caf::actor spawn_eplb(caf::actor_system& sys, std::string node, runtime::eplb_policy policy,
-                      std::chrono::milliseconds interval, std::shared_ptr<eplb_board> board);
+                      std::chrono::milliseconds interval, std::chrono::milliseconds fetch_timeout,
+                      std::shared_ptr<eplb_board> board);
 
 }  // namespace shoal::actors

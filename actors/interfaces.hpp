@@ -96,10 +96,16 @@ using engine_actor = caf::typed_actor<
   // Expert parallelism, from the group's balancer: this rank's load report. Error
   // not_found without expert parallelism.
   caf::replies_to<eplb_atom>::with<expert_load_msg>,
-  // Expert parallelism, from the group's balancer: the group's next placement; the engine
-  // holds its experts before its next step and the ranks switch in band. true once offered;
-  // error invalid_request naming what does not fit (bad lists, epoch, shape, one pending).
-  caf::replies_to<eplb_atom, placement_msg>::with<bool>>;
+  // Expert parallelism, from the group's balancer: describe experts this rank's process
+  // holds for the processes that gain them (runtime::expert_residency::lend). Error
+  // not_found without partitioned weights or a bulk transport, invalid_request naming an
+  // expert not held here or another group.
+  caf::replies_to<eplb_atom, expert_lend_msg>::with<std::vector<runtime::expert_part>>,
+  // Expert parallelism, from the group's balancer: the group's next placement and where the
+  // experts it gains can be read; the engine reads them while it keeps stepping, holds them
+  // and the ranks switch in band. true once offered; error invalid_request naming what does
+  // not fit (bad lists, epoch, shape, one pending, descriptions not of this model).
+  caf::replies_to<eplb_atom, placement_msg, std::vector<runtime::expert_part>>::with<bool>>;
 
 // The expert-parallel endpoint of one rank: receives the frames its group's other ranks send
 // and hands them to its engine's transport (actors/rank_actor.hpp). Never blocks.
@@ -298,6 +304,9 @@ CAF_BEGIN_TYPE_ID_BLOCK(shoal, caf::first_custom_type_id)
   CAF_ADD_TYPE_ID(shoal, (shoal::actors::ve_balancer_actor))
   CAF_ADD_TYPE_ID(shoal, (shoal::actors::placement_msg))
   CAF_ADD_TYPE_ID(shoal, (shoal::actors::expert_load_msg))
+  CAF_ADD_TYPE_ID(shoal, (shoal::actors::expert_lend_msg))
+  CAF_ADD_TYPE_ID(shoal, (shoal::runtime::expert_part))
+  CAF_ADD_TYPE_ID(shoal, (std::vector<shoal::runtime::expert_part>))
 CAF_END_TYPE_ID_BLOCK(shoal)
 
 namespace shoal::actors {

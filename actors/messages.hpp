@@ -14,6 +14,7 @@
 #include <caf/typed_actor.hpp>
 
 #include "runtime/block_key.hpp"
+#include "runtime/expert_migration.hpp"
 #include "runtime/handoff.hpp"
 #include "runtime/ids.hpp"
 #include "runtime/sampler.hpp"
@@ -45,6 +46,13 @@ typename Inspector::result_type inspect(Inspector& f, block_key& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, remote_memory& x) {
   return f(caf::meta::type_name("remote_memory"), x.owner, x.addr, x.key, x.length, x.crc32c);
+}
+
+// One array of a lent routed expert (runtime/expert_migration.hpp); the reader checks it
+// against its own model before reading.
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, expert_part& x) {
+  return f(caf::meta::type_name("expert_part"), x.slot, x.expert, x.tensor, x.field, x.block_in, x.memory);
 }
 
 }  // namespace shoal::runtime
@@ -589,13 +597,32 @@ struct expert_load_msg {
   placement_msg placement;
   uint64_t offered_epoch = 0;
   int64_t pairs_computed = 0, expert_bytes = 0;
+  // The rank's process: expert weights read from holders / from the checkpoint, lent to
+  // peers (bytes), reads from holders that failed, and the last such failure.
+  int64_t fetched_bytes = 0, checkpoint_bytes = 0, lent_bytes = 0, fetch_failures = 0;
+  std::string fetch_error;
   friend bool operator==(const expert_load_msg&, const expert_load_msg&) = default;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, expert_load_msg& x) {
   return f(caf::meta::type_name("expert_load_msg"), x.group, x.steps, x.window_steps, x.window, x.recent, x.placement,
-           x.offered_epoch, x.pairs_computed, x.expert_bytes);
+           x.offered_epoch, x.pairs_computed, x.expert_bytes, x.fetched_bytes, x.checkpoint_bytes, x.lent_bytes,
+           x.fetch_failures, x.fetch_error);
+}
+
+// The balancer to a rank whose experts other processes gain under placement `epoch`:
+// describe (slots[i], experts[i]) for them, and keep them readable for `lease_ms`.
+struct expert_lend_msg {
+  uint64_t group = 0, epoch = 0;
+  int64_t lease_ms = 0;
+  std::vector<int32_t> slots, experts;
+  friend bool operator==(const expert_lend_msg&, const expert_lend_msg&) = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, expert_lend_msg& x) {
+  return f(caf::meta::type_name("expert_lend_msg"), x.group, x.epoch, x.lease_ms, x.slots, x.experts);
 }
 
 }  // namespace shoal::actors

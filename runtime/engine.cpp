@@ -551,19 +551,25 @@ std::vector<token_event> engine::step_ep() {
   stats_.plan_s += now_s() - t0;
   stalled_ = p.items.empty() && has_work();
   // This placement's experts (and an offered one's) in memory before any of them is computed.
+  // While the experts it gains are read from their holders, the rank steps on the current
+  // placement without advertising the offered one as ready.
   const std::pair want{ep_->placement(), ep_->offered()};
   if (config_.experts && held_for_ != want) {
-    if (auto held = config_.experts->hold(
-          this, expert_residency::experts_for(*want.first, ep_->layout().rank, want.second.get()));
-        !held) {
-      // This rank cannot compute its experts: its requests fail (its peers' exchanges with it
-      // time out).
-      if (!p.items.empty()) dispatch(std::move(p));
-      return fail_step("EP rank " + std::to_string(ep_->layout().rank) + ": " + held.error());
+    auto experts = expert_residency::experts_for(*want.first, ep_->layout().rank, want.second.get());
+    if (!want.second || config_.experts->fetched(experts)) {
+      if (auto held = config_.experts->hold(this, experts); !held) {
+        // This rank cannot compute its experts: its requests fail (its peers' exchanges with
+        // it time out).
+        if (!p.items.empty()) dispatch(std::move(p));
+        return fail_step("EP rank " + std::to_string(ep_->layout().rank) + ": " + held.error());
+      }
+      // A switch means every rank was ready: every read of this process's lent experts ended.
+      if (held_for_.first && want.first->epoch() > held_for_.first->epoch())
+        config_.experts->end_loans(want.first->epoch());
+      held_for_ = want;
     }
-    held_for_ = want;
   }
-  if (want.second) ep_->mark_ready();  // its experts are held (again, once ready)
+  if (want.second && (!config_.experts || held_for_ == want)) ep_->mark_ready();  // (again, once ready)
   ep_->begin_step();
   if (!p.items.empty()) {
     dispatch(std::move(p));
@@ -601,9 +607,28 @@ std::vector<token_event> engine::fail_step(const std::string& why) {
 
 uint64_t engine::steps_started() const { return ep_ ? ep_->steps_started() : stats_.steps; }
 
-std::expected<void, std::string> engine::offer_placement(std::shared_ptr<const ep_placement> next) {
+std::expected<void, std::string> engine::offer_placement(std::shared_ptr<const ep_placement> next,
+                                                         const std::vector<expert_part>& sources) {
   SHOAL_ASSERT(ep_ && !flight_);
-  return ep_->offer(std::move(next));
+  if (auto offered = ep_->offer(next); !offered) return offered;
+  if (!config_.experts || !config_.ep->bulk || sources.empty()) return {};
+  // This rank's share: what it computes under the offered placement (the residency skips
+  // what the process holds or is reading already).
+  const auto mine = expert_residency::experts_for(*next, ep_->layout().rank);
+  std::vector<expert_part> wanted;
+  for (const expert_part& part : sources)
+    if (part.slot >= 0 && part.slot < static_cast<int32_t>(mine.size()) &&
+        std::binary_search(mine[part.slot].begin(), mine[part.slot].end(), part.expert))
+      wanted.push_back(part);
+  return config_.experts->fetch(next->epoch(), wanted, *config_.ep->bulk, config_.ep->fetch_timeout);
+}
+
+std::expected<std::vector<expert_part>, std::string> engine::lend_experts(
+    uint64_t epoch, const std::vector<std::pair<int32_t, int32_t>>& experts, std::chrono::milliseconds lease) {
+  if (!config_.experts) return std::unexpected("this engine holds every expert (no partitioned weights to lend)");
+  if (!config_.ep || !config_.ep->bulk)
+    return std::unexpected("this engine has no bulk transport for expert weights (engine.ep_frames = \"caf\")");
+  return config_.experts->lend(epoch, experts, *config_.ep->bulk, lease);
 }
 
 void engine::set_ep_group(ep_layout layout, std::shared_ptr<expert_transport> transport) {
@@ -611,6 +636,7 @@ void engine::set_ep_group(ep_layout layout, std::shared_ptr<expert_transport> tr
   config_.ep->layout = layout;
   config_.ep->transport = transport;
   ep_->reconfigure(layout, std::move(transport));
+  if (config_.experts) config_.experts->drop_fetches();  // an offered plan was dropped with the old group
 }
 
 std::vector<completion> engine::run_to_completion() {

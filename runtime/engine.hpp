@@ -19,6 +19,7 @@
 #include "model/weights.hpp"
 #include "runtime/cache_manager.hpp"
 #include "runtime/embedding_cache.hpp"
+#include "runtime/expert_migration.hpp"
 #include "runtime/expert_parallel.hpp"
 #include "runtime/handoff.hpp"
 #include "runtime/transport.hpp"
@@ -57,6 +58,10 @@ struct engine_config {
     std::shared_ptr<expert_transport> transport;
     ep_frame_limits limits;
     int64_t load_window_steps = 1'000;  // steps the routed-load statistics cover
+    // With `experts`: expert weights move between processes over this (expert_migration.hpp);
+    // null: a rank reads the experts it gains from the checkpoint.
+    std::shared_ptr<runtime::transport> bulk;
+    std::chrono::milliseconds fetch_timeout{60'000};  // one expert's read from its holder
   };
   std::optional<ep_config> ep;
   // With ep: the process's routed experts in memory, when its weights were loaded without
@@ -190,12 +195,23 @@ class engine {
   // step counter restarts at 0.
   void set_ep_group(ep_layout layout, std::shared_ptr<expert_transport> transport);
   // EP, between steps: the group's next expert placement (the balancer's plan, offered to
-  // every rank). Before its next step the engine holds the experts of both placements
-  // (reading the ones it gains), then the group switches in band at a step boundary
-  // (expert_parallel.hpp). An error when one is still being adopted or it does not fit.
-  std::expected<void, std::string> offer_placement(std::shared_ptr<const ep_placement> next);
+  // every rank), with where the experts this rank gains can be read (their holders' lent
+  // descriptions, expert_migration.hpp). The engine keeps stepping on the current placement
+  // while those reads run; once they ended it holds the experts of both placements (reading
+  // from the checkpoint what no holder described or what failed to arrive), then the group
+  // switches in band at a step boundary (expert_parallel.hpp). An error when one is still
+  // being adopted or it does not fit; a description that does not fit this model is an
+  // error too, but the offer stands (those experts come from the checkpoint).
+  std::expected<void, std::string> offer_placement(std::shared_ptr<const ep_placement> next,
+                                                   const std::vector<expert_part>& sources = {});
+  // EP with partitioned weights and a bulk transport, between steps or not: describes the
+  // experts (slot, expert) this process holds for placement `epoch`'s migration.
+  std::expected<std::vector<expert_part>, std::string> lend_experts(
+      uint64_t epoch, const std::vector<std::pair<int32_t, int32_t>>& experts, std::chrono::milliseconds lease);
   // EP: the exchange's placement, load window and counters (null without EP).
   const ep_moe_exchange* expert_exchange() const { return ep_.get(); }
+  // EP with partitioned weights: the process's routed experts (null otherwise).
+  const expert_residency* expert_residency_of() const { return config_.experts.get(); }
   // The error of the last failed step ("" when none failed yet).
   const std::string& last_error() const { return last_error_; }
   const model::model_config& config() const { return weights_->config; }

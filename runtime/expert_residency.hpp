@@ -5,8 +5,15 @@
 // rank of the process holds any more are dropped. A rank only computes experts it holds, and
 // changes what it holds only between its steps, so no forward pass ever reads an expert
 // being read or dropped.
+//
+// Migration (expert_migration.hpp): the missing experts of a placement being adopted are read
+// from the processes that hold them when their holders described them (lend → fetch), from
+// the checkpoint otherwise or when such a read fails. Lent weights stay in memory, even if
+// dropped meanwhile, until their loan ends (the placement they were lent for took effect
+// everywhere) or its lease passes: a peer's late read never reads freed memory.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <expected>
 #include <map>
@@ -16,6 +23,7 @@
 #include <vector>
 
 #include "model/weights.hpp"
+#include "runtime/expert_migration.hpp"
 #include "runtime/expert_parallel.hpp"
 
 namespace shoal::runtime {
@@ -37,14 +45,49 @@ class expert_residency {
   // keeps. On a read error nothing changes for `holder` and the error names the tensor.
   std::expected<void, std::string> hold(const void* holder, const expert_set& experts);
   void release(const void* holder);
+  ~expert_residency();
   // (MoE slot, routed expert) weights in memory, and their bytes.
   int64_t resident_experts() const;
   int64_t resident_bytes() const;
 
+  // -- migration --
+  // Registers the weights of `experts` (slot, expert; each resident here) with `bulk` and
+  // describes them for placement `epoch`. An error (nothing lent) names an expert not held
+  // here or the registration that failed.
+  std::expected<std::vector<expert_part>, std::string> lend(uint64_t epoch,
+                                                            const std::vector<std::pair<int32_t, int32_t>>& experts,
+                                                            transport& bulk, std::chrono::milliseconds lease);
+  // Placement `epoch` took effect in the whole group: its loans (and older ones) end.
+  void end_loans(uint64_t epoch);
+  // Starts reading the experts `parts` describe that are neither resident nor being read,
+  // each within `timeout`. An expert whose parts do not describe this model's weights
+  // exactly is not read (hold then reads it from the checkpoint): the error says why.
+  std::expected<void, std::string> fetch(uint64_t epoch, const std::vector<expert_part>& parts, transport& bulk,
+                                         std::chrono::milliseconds timeout);
+  // No read started by fetch for an expert of `experts` is still in flight.
+  bool fetched(const expert_set& experts) const;
+  // The plan the reads were for was dropped: their weights are discarded.
+  void drop_fetches();
+  struct migration_stats {
+    int64_t fetched_experts = 0, fetched_bytes = 0;        // read from a holder and installed
+    int64_t checkpoint_experts = 0, checkpoint_bytes = 0;  // read from the checkpoint
+    int64_t fetch_failures = 0;                            // reads from a holder that failed (then the checkpoint)
+    int64_t lent_experts = 0, lent_bytes = 0;              // described for peers
+    std::string last_failure;
+  };
+  migration_stats migration() const;
+
  private:
+  struct fetch_entry;
+  struct loan;
   expert_residency(model::expert_reader reader, std::shared_ptr<const model::model_weights> weights);
   void drop(int64_t slot, int64_t expert);  // mu_ held
   void drop_unheld();                       // mu_ held
+  void expire_loans();                      // mu_ held
+  // mu_ held: the fetched weights of (slot, expert) installed; false (and the reason kept) when
+  // the read failed or what arrived is not valid weights.
+  bool install(int64_t slot, int64_t expert, fetch_entry& f);
+  std::expected<void, std::string> read_checkpoint(int64_t slot, int64_t expert);  // mu_ held
 
   model::expert_reader reader_;
   std::shared_ptr<const model::model_weights> weights_;
@@ -53,6 +96,10 @@ class expert_residency {
   mutable std::mutex mu_;
   std::map<const void*, expert_set> held_;
   std::vector<bool> resident_;  // [slot·experts + expert]
+  std::map<std::pair<int64_t, int64_t>, std::unique_ptr<fetch_entry>> fetches_;
+  std::vector<std::unique_ptr<fetch_entry>> draining_;  // discarded, reads still landing
+  std::vector<std::unique_ptr<loan>> loans_;
+  migration_stats stats_;
 };
 
 }  // namespace shoal::runtime

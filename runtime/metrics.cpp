@@ -242,6 +242,8 @@ node_metrics add_node_metrics(metrics_registry& r) {
       r.add_gauge("shoal_engine_experts_resident", "Routed experts this process holds in memory (partitioned expert weights).", a),
       r.add_gauge("shoal_engine_experts_resident_bytes", "Bytes of the routed experts this process holds.", a),
       r.add_counter("shoal_ep_frames_sent_total", "Expert-parallel frames sent, by path (bulk transport or inline).", "path"),
+      r.add_counter("shoal_ep_expert_bytes_read_total", "Routed-expert weight bytes read, by source (holder process or checkpoint).", "source"),
+      r.add_counter("shoal_ep_expert_read_failures_total", "Reads of routed experts from a holder that failed (read from the checkpoint instead).", a),
   };
 }
 

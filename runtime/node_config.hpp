@@ -78,6 +78,9 @@ struct node_config {
   int64_t eplb_period_steps = 10'000;
   int64_t eplb_window_steps = 1'000;
   int64_t eplb_interval_ms = 1'000;  // how often the leader collects the ranks' load reports
+  // A process reads each expert it gains from a holder within this long (over the transport,
+  // with engine.ep_frames = "transport"), or from the checkpoint after it.
+  int64_t eplb_fetch_timeout_ms = 60'000;
 
   // [ve] (only with the ve role): the vision-encoder worker
   std::string ve_transport = "tcp;ofi_rxm";  // libfabric provider the prefill engines read the rows over

@@ -360,7 +360,8 @@ static_assert(is_the_type_id_block<request_id, error_reply, actors::sampling_opt
                                    std::vector<actors::image_payload>, std::vector<runtime::remote_memory>,
                                    actors::ve_worker_stats, actors::ve_worker_row, actors::ve_report,
                                    actors::ve_worker_actor, actors::ve_balancer_actor, actors::placement_msg,
-                                   actors::expert_load_msg>(),
+                                   actors::expert_load_msg, actors::expert_lend_msg, runtime::expert_part,
+                                   std::vector<runtime::expert_part>>(),
               "the round trip below covers exactly these types");
 
 }  // namespace
@@ -470,8 +471,14 @@ TEST_CASE("every type of the type-ID block round-trips through a remote actor") 
   const actors::placement_msg placed{3, 2, 4, 2, {0, 2, 4, 6, 8}, {0, 1, 2, 3, 0, 3, 1, 2}};
   round_trip(self, remote, placed);
   round_trip(self, remote, actors::placement_msg{});
-  round_trip(self, remote, actors::expert_load_msg{0xfeedull, 1ull << 35, 100, {1.5, 0, 7}, {0.25}, placed, 4, 99, 1 << 20});
+  round_trip(self, remote, actors::expert_load_msg{0xfeedull, 1ull << 35, 100, {1.5, 0, 7}, {0.25}, placed, 4, 99,
+                                                  1 << 20, 5 << 20, 7, 3 << 20, 2, "reading expert 3: timed out"});
   round_trip(self, remote, actors::expert_load_msg{});
+  round_trip(self, remote, actors::expert_lend_msg{0xfeedull, 3, 61'000, {0, 1, 1}, {5, 2, 7}});
+  round_trip(self, remote, actors::expert_lend_msg{});
+  const runtime::expert_part part{1, 7, 1, 2, 128, image.rows};
+  round_trip(self, remote, part);
+  round_trip(self, remote, std::vector<runtime::expert_part>{part, runtime::expert_part{}});
 
   // A caf::error carrying an error_reply (how actors answer a refused request; the remote
   // engine case checks that path end to end). A message holding only an error would go to

@@ -16,7 +16,9 @@
 #include "model/generate.hpp"
 #include "model/safetensors.hpp"
 #include "runtime/engine.hpp"
+#include "runtime/expert_migration.hpp"
 #include "runtime/expert_residency.hpp"
+#include "transport/fabric_transport.hpp"
 #include "runtime/expert_parallel.hpp"
 #include "tests/support/tiny_models.hpp"
 
@@ -190,7 +192,9 @@ engine_config base_config(int64_t blocks = 128) { return test::exact_engine_conf
 
 engine_config ep_config(local_ep_hub& hub, int32_t rank) {
   engine_config c = base_config();
-  c.ep = engine_config::ep_config{{rank, hub.size()}, hub.transport(rank), {}};
+  c.ep.emplace();
+  c.ep->layout = {rank, hub.size()};
+  c.ep->transport = hub.transport(rank);
   return c;
 }
 
@@ -495,9 +499,13 @@ TEST_CASE("ep rebalance live: skewed routing, a new placement with redundant exp
   model::load_options none;
   none.keep_routed_expert = [](int64_t, int64_t) { return false; };
   local_ep_hub hub(4, 10s);
+  std::vector<std::shared_ptr<runtime::transport>> bulk;  // each process's libfabric shm endpoint
   std::vector<std::shared_ptr<runtime::expert_residency>> process;
   std::vector<std::unique_ptr<engine>> engines;
   for (int32_t p = 0; p < 2; ++p) {
+    auto fabric = transport::fabric_transport::create({"shm", ""});
+    REQUIRE_MESSAGE(fabric.has_value(), (fabric ? "" : fabric.error()));
+    bulk.push_back(std::shared_ptr<runtime::transport>(std::move(*fabric)));
     auto part = model::load_weights(dir.string(), nullptr, none);
     REQUIRE(part.has_value());
     skew_routing(*part);
@@ -508,6 +516,7 @@ TEST_CASE("ep rebalance live: skewed routing, a new placement with redundant exp
     for (int32_t r = 2 * p; r < 2 * p + 2; ++r) {
       engine_config c = ep_config(hub, r);
       c.ep->load_window_steps = 100;
+      c.ep->bulk = bulk[p];
       c.experts = *residency;
       engines.push_back(std::make_unique<engine>(w, c));
     }
@@ -542,10 +551,23 @@ TEST_CASE("ep rebalance live: skewed routing, a new placement with redundant exp
   CHECK(plan->experts_moved > 0);
   auto next = std::make_shared<const runtime::ep_placement>(plan->placement);
 
+  // Each process reads what it gains from the other's memory over shm (what the balancer
+  // asks the holders for and hands to every rank with the offer).
+  const auto migration = runtime::plan_migration(*engines[0]->expert_exchange()->placement(), *next, {0, 0, 1, 1});
+  std::vector<std::vector<runtime::expert_part>> sources(2);
+  for (const auto& lend : migration.lends) {
+    auto parts = engines[lend.holder]->lend_experts(next->epoch(), lend.experts, 60s);
+    REQUIRE_MESSAGE(parts.has_value(), (parts ? "" : parts.error()));
+    sources[1 - lend.holder / 2].insert(sources[1 - lend.holder / 2].end(), parts->begin(), parts->end());
+  }
+  CHECK(!sources[0].empty());
+  const int64_t from_checkpoint[2] = {process[0]->migration().checkpoint_experts,
+                                      process[1]->migration().checkpoint_experts};
+
   // During: offered at each rank's third step with requests mid-stream; the switch happens at
   // a step boundary agreed in the frames, and every token stays what one engine samples.
   serve_and_check(engines, 4, 12, -1, full_w, [&](size_t r, int step) {
-    if (step == 2) CHECK(engines[r]->offer_placement(next).has_value());
+    if (step == 2) CHECK(engines[r]->offer_placement(next, sources[r / 2]).has_value());
     if (step == 3) {  // one offer at a time
       auto again = engines[r]->offer_placement(next);
       if (!again) CHECK(again.error().find("epoch 1") != std::string::npos);
@@ -557,7 +579,14 @@ TEST_CASE("ep rebalance live: skewed routing, a new placement with redundant exp
     CHECK(e->expert_exchange()->placement()->epoch() == 1);
     CHECK(e->expert_exchange()->offered() == nullptr);
   }
-  for (int32_t p = 0; p < 2; ++p) holds_exactly(p, next);  // the old-only experts were dropped
+  for (int32_t p = 0; p < 2; ++p) {
+    holds_exactly(p, next);  // the old-only experts were dropped
+    const auto m = process[p]->migration();
+    INFO(m.last_failure);
+    CHECK(m.fetched_experts == static_cast<int64_t>(migration.gains[p].size()));  // every gain from the holder
+    CHECK(m.checkpoint_experts == from_checkpoint[p]);
+    CHECK(m.fetch_failures == 0);
+  }
 
   // After: the same skew spread over the replicas.
   start = pairs_now(engines);
@@ -739,7 +768,8 @@ TEST_CASE("ep frames: bad bytes are errors naming what is wrong") {
     t->inner = hub.transport(0);
     t->corrupt = corrupt;
     engine_config cfg = base_config();
-    cfg.ep = engine_config::ep_config{{0, 1}, t, {}};
+    cfg.ep.emplace();
+    cfg.ep->transport = t;
     engine e(w, cfg);
     auto id = e.add_request(test::random_tokens(20, 1), jobs_for(0, 1, -1)[0].params);
     auto events = e.step();

@@ -146,6 +146,11 @@ TEST_CASE("eplb cluster: a 4-rank group across 2 processes rebalances live under
   CHECK(status.find("last plan: none yet") != std::string::npos);
   const std::vector<double> before = pairs_of(status);
   const double skewed = imbalance(std::vector<double>(4, 0.0), before);
+  auto bytes_read = [&](uint16_t port, const char* source) {
+    return metric(port, std::string("shoal_ep_expert_bytes_read_total\\{source=\"") + source + "\"\\}");
+  };
+  const double checkpoint_before = bytes_read(metrics_a, "checkpoint") + bytes_read(metrics_b, "checkpoint");
+  CHECK(checkpoint_before > 0);  // the group's start: each process read its ranks' experts
 
   // During: a rebalance asked for while 8 streams run.
   serve_all(true, [&] {
@@ -184,6 +189,13 @@ TEST_CASE("eplb cluster: a 4-rank group across 2 processes rebalances live under
   CHECK(held_b < static_cast<double>(slots * E));
   CHECK(held_a + held_b >= static_cast<double>(slots * E));
   CHECK(held_a + held_b <= static_cast<double>(slots * (E + 4)));  // + one redundant copy per rank
+  // The experts each process gained came from the other's memory over libfabric, none from
+  // the checkpoint.
+  CHECK(bytes_read(metrics_a, "holder") + bytes_read(metrics_b, "holder") > 0);
+  CHECK(bytes_read(metrics_a, "checkpoint") + bytes_read(metrics_b, "checkpoint") == checkpoint_before);
+  CHECK(metric(metrics_a, "shoal_ep_expert_read_failures_total\\{actor=\"node\"\\}") == 0);
+  CHECK(std::regex_search(status, std::regex("expert weights read: [0-9.]+ MB from holders over the transport")));
+  CHECK(status.find("expert weights read: 0.0 MB from holders") == std::string::npos);
   // The frames of 1 KiB and more went over libfabric.
   CHECK(metric(metrics_a, "shoal_ep_frames_sent_total\\{path=\"bulk\"\\}") > 0);
   CHECK(metric(metrics_b, "shoal_ep_frames_sent_total\\{path=\"bulk\"\\}") > 0);

@@ -185,6 +185,10 @@ void scrape(caf::actor_system& sys, const node_parts& parts, node_metrics_server
     for (const auto& t : parts.ep_transports) bulk += static_cast<double>(t->frames_bulk()), inline_ += static_cast<double>(t->frames_inline());
     s.m.ep_frames_sent.advance_to(bulk, "bulk");
     s.m.ep_frames_sent.advance_to(inline_, "inline");
+    const auto moved = parts.experts->migration();
+    s.m.ep_expert_bytes_read.advance_to(static_cast<double>(moved.fetched_bytes), "holder");
+    s.m.ep_expert_bytes_read.advance_to(static_cast<double>(moved.checkpoint_bytes), "checkpoint");
+    s.m.ep_expert_read_failures.advance_to(static_cast<double>(moved.fetch_failures), "node");
   }
   for (size_t i = 0; i < parts.storage.size(); ++i) {
     auto st = ask<actors::storage_node_actor, actors::storage_stats_snapshot>(sys, parts.storage[i], 2s, stats_atom_v);
@@ -511,7 +515,8 @@ int run_node(const runtime::node_config& cfg, logger& log) {
       ecfg.experts = *residency;
       parts.experts = *residency;
       // the transport is the rank's own, set by spawn_engine; the load window is the balancer's
-      ecfg.ep = runtime::engine_config::ep_config{{0, 1}, nullptr, {}, cfg.eplb_window_steps};
+      ecfg.ep.emplace();
+      ecfg.ep->load_window_steps = cfg.eplb_window_steps;
       log.info("routed experts: each rank reads its own when it joins a group (none read yet)");
     }
     // Expert-parallel frames: control over CAF, the bytes over libfabric (engine.transport),
@@ -534,6 +539,9 @@ int run_node(const runtime::node_config& cfg, logger& log) {
                  cfg.transport);
       log.info("expert-parallel frames from {} bytes over {}, control over CAF", ep_bulk.bulk_from,
                ep_bulk.transport->name());
+      // The experts a rank gains from the balancer's plans move over the same transport.
+      ecfg.ep->bulk = ep_bulk.transport;
+      ecfg.ep->fetch_timeout = std::chrono::milliseconds(cfg.eplb_fetch_timeout_ms);
     }
     for (int32_t r = 0; r < cfg.ranks; ++r) {
       std::shared_ptr<actors::caf_ep_transport> ep;
@@ -554,7 +562,8 @@ int run_node(const runtime::node_config& cfg, logger& log) {
     if (cfg.expert_parallel) {
       parts.eplb = std::make_shared<actors::eplb_board>();
       const runtime::eplb_policy policy{cfg.eplb_redundant_per_rank, cfg.eplb_period_steps, cfg.eplb_window_steps, 1, 1};
-      actors::spawn_eplb(sys, cfg.name, policy, std::chrono::milliseconds(cfg.eplb_interval_ms), parts.eplb);
+      actors::spawn_eplb(sys, cfg.name, policy, std::chrono::milliseconds(cfg.eplb_interval_ms),
+                         std::chrono::milliseconds(cfg.eplb_fetch_timeout_ms), parts.eplb);
       log.info("expert-parallel balancer: {} preset, {} redundant expert(s) per rank, a plan every {} steps",
                cfg.eplb_preset, policy.redundant_per_rank, policy.period_steps);
     }
