@@ -595,9 +595,15 @@ void check_consistency(error_sink& sink, const sections& f, const node_config& c
     if (f.engine.get(key) && !c.expert_parallel)
       sink.fail(config_errc::bad_value, f.engine.pos(key), f.engine.path(key),
                 "given but engine.expert_parallel is not true (no expert frames to move)");
+  const std::string caf_frames = std::string("given but engine.ep_frames is \"caf\"") +
+                                 (f.engine.get("ep_frames") ? "" : " (the default under cluster TLS)");
   if (f.engine.get("ep_bulk_min_bytes") && c.ep_frames == "caf")
     sink.fail(config_errc::bad_value, f.engine.pos("ep_bulk_min_bytes"), f.engine.path("ep_bulk_min_bytes"),
-              "given but engine.ep_frames is \"caf\" (every frame travels inside the CAF messages)");
+              caf_frames + ": every frame travels inside the CAF messages");
+  if (f.eplb.get("fetch_timeout_ms") && c.ep_frames == "caf")
+    sink.fail(config_errc::bad_value, f.eplb.pos("fetch_timeout_ms"), f.eplb.path("fetch_timeout_ms"),
+              caf_frames + ": the experts a rank gains are read from the checkpoint, not from their holders over "
+                           "the transport");
   if (f.eplb.table && !c.expert_parallel)
     sink.fail(config_errc::bad_value, f.eplb.pos(), "eplb",
               "section [eplb] given but engine.expert_parallel is not true (the balancer places experts of an "
@@ -661,11 +667,11 @@ std::expected<node_config, config_error> parse_with_base(std::string_view text, 
   node_config c;
   read_sections(sink, f, base, c);
   check_required(sink, f);
+  // libfabric moves bytes unencrypted: under cluster TLS the expert frames (and the experts a
+  // rank gains) stay in the (encrypted) CAF messages unless the file asks for the transport.
+  if (c.tls_certificate && !f.engine.get("ep_frames")) c.ep_frames = "caf";
   if (!sink.failed()) check_consistency(sink, f, c);
   if (sink.failed()) return std::unexpected(sink.error());
-  // libfabric moves bytes unencrypted: under cluster TLS the expert frames stay in the
-  // (encrypted) CAF messages unless the file asks for the transport.
-  if (c.tls_certificate && !f.engine.get("ep_frames")) c.ep_frames = "caf";
   return c;
 }
 

@@ -178,6 +178,10 @@ TEST_CASE("node_config: [eplb] presets and overrides") {
   CHECK(p->eplb_window_steps == 100);
   CHECK(p->eplb_period_steps == 50);  // the key overrides the preset
   CHECK(p->eplb_interval_ms == 200);
+  CHECK(p->eplb_fetch_timeout_ms == 60'000);
+  const auto t = parse_node_config(ep + "[eplb]\nfetch_timeout_ms = 2500\n", "");
+  REQUIRE(t.has_value());
+  CHECK(t->eplb_fetch_timeout_ms == 2500);
 }
 
 TEST_CASE("node_config: a [faults] plan is read, and without it nothing is injected") {
@@ -434,6 +438,11 @@ TEST_CASE("node_config: every bad input names its line and key") {
        config_errc::bad_value, 9, "engine.ep_bulk_min_bytes", "engine.ep_frames is \"caf\""},
       {"a zero balancer period", base + "[engine]\nexpert_parallel = true\n[eplb]\nperiod_steps = 0\n",
        config_errc::bad_value, 9, "eplb.period_steps", ""},
+      {"a migration timeout with frames inside CAF messages",
+       base + "[engine]\nexpert_parallel = true\nep_frames = \"caf\"\n[eplb]\nfetch_timeout_ms = 5000\n",
+       config_errc::bad_value, 10, "eplb.fetch_timeout_ms", "engine.ep_frames is \"caf\""},
+      {"a migration timeout below 100 ms", base + "[engine]\nexpert_parallel = true\n[eplb]\nfetch_timeout_ms = 50\n",
+       config_errc::bad_value, 9, "eplb.fetch_timeout_ms", ""},
   };
   for (const bad_case& bc : cases) {
     CAPTURE(bc.what);
