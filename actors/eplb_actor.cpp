@@ -208,7 +208,18 @@ void finish_reports(eplb_pointer self) {
   st.reports.clear();
   for (const auto& r : reports)
     if (r.group != st.group.id) return end_round(self, "the group is still forming (a rank reports another group)");
-  st.migration = migration_line(st.moved, processes_of(st.group));
+  const auto process_of = processes_of(st.group);
+  st.migration = migration_line(st.moved, process_of);
+  // The hierarchical policy's nodes: the processes, when each has as many ranks (ranks of
+  // a process are consecutive); otherwise one node (the global policy).
+  std::vector<int64_t> per_process;
+  for (int32_t p : process_of) {
+    if (static_cast<size_t>(p) >= per_process.size()) per_process.resize(static_cast<size_t>(p) + 1, 0);
+    ++per_process[p];
+  }
+  const bool even = !per_process.empty() && std::all_of(per_process.begin(), per_process.end(),
+                                                         [&](int64_t n) { return n == per_process[0]; });
+  st.controller->set_nodes(even ? static_cast<int64_t>(per_process.size()) : 1);
   auto plan = st.controller->decide(reports, st.force);
   if (!plan) return end_round(self, plan.error());
   if (!*plan) return end_round(self, {});

@@ -84,8 +84,11 @@ void eplb_controller::offered(const placement_plan& plan, uint64_t at_step, bool
 
 std::string eplb_controller::status() const {
   std::string s = fmt::format(
-    "expert-parallel balancer: policy {} redundant expert(s) per rank, plan every {} steps, window {} steps\n",
-    policy_.redundant_per_rank, policy_.period_steps, policy_.window_steps);
+    "expert-parallel balancer: policy {} redundant expert(s) per rank, plan every {} steps, window {} steps, {}\n",
+    policy_.redundant_per_rank, policy_.period_steps, policy_.window_steps,
+    policy_.groups > 1 && policy_.groups % policy_.nodes == 0
+      ? fmt::format("hierarchical ({} expert groups over {} node(s))", policy_.groups, policy_.nodes)
+      : std::string("global"));
   if (!seen_) return s + "no report from the group yet\n";
   s += fmt::format("group {:016x}: {} ranks, placement epoch {} (since step {}), window covers {} steps\n", group_,
                    ranks_, epoch_, epoch_since_, window_steps_);

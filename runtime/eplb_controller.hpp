@@ -6,6 +6,7 @@
 // over the window, the last plan and the weights it moved.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <expected>
 #include <memory>
@@ -52,6 +53,9 @@ class eplb_controller {
   std::string status() const;
   const std::optional<eplb_last_plan>& last_plan() const { return last_; }
   const eplb_policy& policy() const { return policy_; }
+  // The nodes of the group (processes with equally many ranks, in rank order) for the
+  // hierarchical policy: each expert group's copies stay on one node.
+  void set_nodes(int64_t nodes) { policy_.nodes = std::max<int64_t>(nodes, 1); }
 
  private:
   eplb_policy policy_;

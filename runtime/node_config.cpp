@@ -50,7 +50,7 @@ const std::vector<schema_section>& schema() {
       {"storage", {"dir", "nodes", "capacity_mib", "high_watermark_pct", "low_watermark_pct", "fsync",
                    "ttl_agent_s", "ttl_chat_s", "bulk_port"}},
       {"ve", {"transport", "cache_mib"}},
-      {"eplb", {"preset", "redundant_per_rank", "period_steps", "window_steps", "interval_ms", "fetch_timeout_ms"}},
+      {"eplb", {"preset", "redundant_per_rank", "period_steps", "window_steps", "interval_ms", "fetch_timeout_ms", "expert_groups"}},
       {"log", {"level", "file"}},
       {"faults", {"plan"}},
   };
@@ -499,6 +499,7 @@ void read_sections(error_sink& sink, const sections& f, const fs::path& base, no
   if (auto n = read_integer(sink, f.eplb, "window_steps", 1, 1'000'000)) c.eplb_window_steps = *n;
   if (auto n = read_integer(sink, f.eplb, "interval_ms", 10, hour_ms)) c.eplb_interval_ms = *n;
   if (auto n = read_integer(sink, f.eplb, "fetch_timeout_ms", 100, hour_ms)) c.eplb_fetch_timeout_ms = *n;
+  if (auto n = read_integer(sink, f.eplb, "expert_groups", 1, 1 << 16)) c.eplb_expert_groups = *n;
   c.cost_model = read_path(sink, f.engine, "cost_model", base);
   if (auto ms = read_integer(sink, f.engine, "step_ms", 1, 60'000)) c.step_ms = *ms;
   if (auto n = read_integer(sink, f.engine, "swa_slots", 0, 1 << 20)) c.swa_slots = *n;

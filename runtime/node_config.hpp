@@ -81,6 +81,10 @@ struct node_config {
   // A process reads each expert it gains from a holder within this long (over the transport,
   // with engine.ep_frames = "transport"), or from the checkpoint after it.
   int64_t eplb_fetch_timeout_ms = 60'000;
+  // DeepSeek's hierarchical policy when > 1: the routed experts form this many groups (the
+  // model's n_group), each group's copies packed onto one node (process) of the EP group;
+  // 1: the global policy.
+  int64_t eplb_expert_groups = 1;
 
   // [ve] (only with the ve role): the vision-encoder worker
   std::string ve_transport = "tcp;ofi_rxm";  // libfabric provider the prefill engines read the rows over

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <map>
 #include <random>
+#include <set>
 
 #include "runtime/eplb_controller.hpp"
 #include "runtime/expert_placement.hpp"
@@ -232,4 +233,38 @@ TEST_CASE("eplb controller: plans when the period passed or when asked, waits wh
   auto too_few = reports_for(next, loads, 140);
   too_few.pop_back();
   CHECK(c.decide(too_few, true).error().find("for 4 ranks, 3 reported") != std::string::npos);
+}
+
+TEST_CASE("ep placement, hierarchical policy: each expert group's copies stay on one node, balance still improves") {
+  // 4 ranks on 2 nodes (ranks 0-1, 2-3), 32 experts in 4 groups of 8.
+  const int64_t slots = 3, E = 32, groups = 4;
+  const int32_t ranks = 4;
+  const auto loads = skewed_loads(slots, E, 11);
+  const auto current = ep_placement::contiguous(slots, E, ranks);
+  auto plan = runtime::plan_placement(loads, current, {2, 100, 10, groups, 2});
+  REQUIRE(plan.has_value());
+  REQUIRE(plan->placement.plan() != nullptr);
+  CHECK(plan->placement.plan()->hierarchical);
+  for (int64_t s = 0; s < slots; ++s) {
+    CAPTURE(s);
+    CHECK(plan->imbalance_after[s] <= plan->imbalance_before[s]);
+    std::map<int64_t, std::set<int32_t>> nodes_of_group;
+    for (int32_t r = 0; r < ranks; ++r)
+      for (int32_t e : plan->placement.experts_of(s, r)) nodes_of_group[e / (E / groups)].insert(r / 2);
+    for (const auto& [g, nodes] : nodes_of_group) {
+      CAPTURE(g);
+      CHECK(nodes.size() == 1);
+    }
+  }
+  double before = 0, after = 0;
+  for (int64_t s = 0; s < slots; ++s) before += plan->imbalance_before[s], after += plan->imbalance_after[s];
+  MESSAGE("hierarchical, mean max/mean over slots: " << before / slots << " -> " << after / slots);
+  CHECK(after < 0.8 * before);
+
+  // The controller says which policy it plans with.
+  runtime::eplb_controller c({1, 100, 10, groups, 1});
+  c.set_nodes(2);
+  CHECK(c.status().find("hierarchical (4 expert groups over 2 node(s))") != std::string::npos);
+  c.set_nodes(3);  // 4 groups do not divide over 3 nodes
+  CHECK(c.status().find(", global") != std::string::npos);
 }

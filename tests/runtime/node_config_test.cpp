@@ -179,9 +179,11 @@ TEST_CASE("node_config: [eplb] presets and overrides") {
   CHECK(p->eplb_period_steps == 50);  // the key overrides the preset
   CHECK(p->eplb_interval_ms == 200);
   CHECK(p->eplb_fetch_timeout_ms == 60'000);
-  const auto t = parse_node_config(ep + "[eplb]\nfetch_timeout_ms = 2500\n", "");
+  CHECK(p->eplb_expert_groups == 1);  // the global policy
+  const auto t = parse_node_config(ep + "[eplb]\nfetch_timeout_ms = 2500\nexpert_groups = 8\n", "");
   REQUIRE(t.has_value());
   CHECK(t->eplb_fetch_timeout_ms == 2500);
+  CHECK(t->eplb_expert_groups == 8);
 }
 
 TEST_CASE("node_config: a [faults] plan is read, and without it nothing is injected") {
@@ -441,6 +443,8 @@ TEST_CASE("node_config: every bad input names its line and key") {
       {"a migration timeout with frames inside CAF messages",
        base + "[engine]\nexpert_parallel = true\nep_frames = \"caf\"\n[eplb]\nfetch_timeout_ms = 5000\n",
        config_errc::bad_value, 10, "eplb.fetch_timeout_ms", "engine.ep_frames is \"caf\""},
+      {"no expert groups", base + "[engine]\nexpert_parallel = true\n[eplb]\nexpert_groups = 0\n",
+       config_errc::bad_value, 9, "eplb.expert_groups", ""},
       {"a migration timeout below 100 ms", base + "[engine]\nexpert_parallel = true\n[eplb]\nfetch_timeout_ms = 50\n",
        config_errc::bad_value, 9, "eplb.fetch_timeout_ms", ""},
   };

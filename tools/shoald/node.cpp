@@ -561,7 +561,8 @@ int run_node(const runtime::node_config& cfg, logger& log) {
              cfg.expert_parallel ? ", expert-parallel" : "");
     if (cfg.expert_parallel) {
       parts.eplb = std::make_shared<actors::eplb_board>();
-      const runtime::eplb_policy policy{cfg.eplb_redundant_per_rank, cfg.eplb_period_steps, cfg.eplb_window_steps, 1, 1};
+      const runtime::eplb_policy policy{cfg.eplb_redundant_per_rank, cfg.eplb_period_steps, cfg.eplb_window_steps,
+                                        cfg.eplb_expert_groups, 1};  // nodes: the group's processes
       actors::spawn_eplb(sys, cfg.name, policy, std::chrono::milliseconds(cfg.eplb_interval_ms),
                          std::chrono::milliseconds(cfg.eplb_fetch_timeout_ms), parts.eplb);
       log.info("expert-parallel balancer: {} preset, {} redundant expert(s) per rank, a plan every {} steps",
