@@ -22,6 +22,7 @@
 #include <rdma/fi_errno.h>
 #include <rdma/fi_rma.h>
 
+#include "kernels/assert.hpp"
 #include "storage/crc32c.hpp"
 
 namespace shoal::transport {
@@ -289,13 +290,17 @@ class fabric_registration final : public runtime::registered_memory {
   ~fabric_registration() override { fi_close(&mr_->fid); }
 
   runtime::remote_memory describe(uint64_t offset, uint64_t length) const override {
+    runtime::remote_memory m = locate(offset, length);
+    m.crc32c = storage::crc32c(bytes_.data() + (offset < bytes_.size() ? offset : bytes_.size()), m.length);
+    return m;
+  }
+  runtime::remote_memory locate(uint64_t offset, uint64_t length) const {
     runtime::remote_memory m;
     m.owner = s_->addr;
     const uint64_t off = std::min<uint64_t>(offset, bytes_.size());
     m.length = std::min<uint64_t>(length, bytes_.size() - off);
     m.addr = (s_->needs(FI_MR_VIRT_ADDR) ? reinterpret_cast<uint64_t>(bytes_.data()) : 0) + off;
     m.key = fi_mr_key(mr_);
-    m.crc32c = storage::crc32c(bytes_.data() + off, m.length);
     return m;
   }
 
@@ -433,6 +438,12 @@ fabric_transport::~fabric_transport() {
   s_->ops.clear();
   s_->unposted.clear();
   s_->pieces.clear();
+}
+
+runtime::remote_memory locate(const runtime::registered_memory& r, uint64_t offset, uint64_t length) {
+  const auto* f = dynamic_cast<const fabric_registration*>(&r);
+  SHOAL_ASSERT(f != nullptr);
+  return f->locate(offset, length);
 }
 
 std::string fabric_transport::name() const { return "libfabric " + s_->cfg.provider; }

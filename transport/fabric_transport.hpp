@@ -57,6 +57,11 @@ class fabric_transport final : public runtime::transport {
   std::shared_ptr<state> s_;
 };
 
+// Where [offset, offset + length) of `r` (a registration of a fabric_transport) lies for
+// peers, without the checksum (crc32c left 0): for a caller describing the same bytes
+// through several endpoints, which checksums them once.
+runtime::remote_memory locate(const runtime::registered_memory& r, uint64_t offset, uint64_t length);
+
 // The bench's reference: the same reads as raw fi_read calls on a fresh endpoint of the same
 // provider, `inflight` at a time, no checksum and no bookkeeping; the wall time of the loop.
 // Ranges larger than the provider's message size are not split (the caller keeps them small).

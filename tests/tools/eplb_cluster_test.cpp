@@ -4,8 +4,10 @@
 // raised for them, all on rank 0 under contiguous blocks). Greedy outputs equal the offline
 // engine's before, during (an `eplb rebalance` from the shell while streams run) and after
 // the migration; the slowest rank / mean of the pairs the ranks compute drops; each process
-// holds only its ranks' experts. Frames of 1 KiB and more travel over libfabric
-// (tcp;ofi_rxm), read from the sender's registered memory.
+// holds only its ranks' experts, and the experts a process gains come from the other's memory.
+// Frames of 1 KiB and more and the migrating experts travel over libfabric, read from the
+// sender's registered memory (engine.transport = "auto": shm, both processes being on this
+// host).
 #include <doctest/doctest.h>
 
 #include <regex>
@@ -89,7 +91,7 @@ TEST_CASE("eplb cluster: a 4-rank group across 2 processes rebalances live under
                              "[gateway]\nlisten = \"127.0.0.1:" + std::to_string(http) + "\"\n", 0, 0));
   // Plans only when asked (period far away); reports every 200 ms.
   const std::string engine =
-    "[engine]\nranks = 2\nexpert_parallel = true\ncache_mib = 64\nep_bulk_min_bytes = 1024\n\n"
+    "[engine]\nranks = 2\nexpert_parallel = true\ncache_mib = 64\nep_bulk_min_bytes = 1024\ntransport = \"auto\"\n\n"
     "[eplb]\npreset = \"decode\"\nperiod_steps = 100000000\nwindow_steps = 1000\ninterval_ms = 200\n";
   test::write_text(c.config_dir / "engine-a.toml", node_text("engine-a", a, "[\"engine\"]", c.model_dir, engine, gw, metrics_a));
   test::write_text(c.config_dir / "engine-b.toml", node_text("engine-b", b, "[\"engine\"]", c.model_dir, engine, gw, metrics_b));

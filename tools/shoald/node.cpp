@@ -41,7 +41,7 @@
 #include "actors/eplb_actor.hpp"
 #include "runtime/metrics.hpp"
 #include "tools/shoald/engine_options.hpp"
-#include "transport/fabric_transport.hpp"
+#include "transport/dual_transport.hpp"
 #include "actors/ve_actors.hpp"
 #include "runtime/ve_worker.hpp"
 
@@ -454,7 +454,7 @@ int run_node(const runtime::node_config& cfg, logger& log) {
     if (cfg.disagg_role != runtime::engine_role::both || swa_tier || vision) {
       // Handoff bytes, SWA slots and the encoder rows of vision-encoder workers: one libfabric
       // endpoint for the node's ranks, bound to the listen host (shm needs no address).
-      auto t = transport::fabric_transport::create({cfg.transport, cfg.transport == "shm" ? "" : cfg.listen.host});
+      auto t = transport::open_transport(cfg.transport, cfg.listen.host);
       if (!t) {
         log.error("key 'engine.transport' (\"{}\"): {}", cfg.transport, t.error());
         return exit_failure;
@@ -526,7 +526,7 @@ int run_node(const runtime::node_config& cfg, logger& log) {
       if (bulk) {
         ep_bulk.transport = bulk;
       } else {
-        auto t = transport::fabric_transport::create({cfg.transport, cfg.transport == "shm" ? "" : cfg.listen.host});
+        auto t = transport::open_transport(cfg.transport, cfg.listen.host);
         if (!t) {
           log.error("key 'engine.transport' (\"{}\"): {}", cfg.transport, t.error());
           return exit_failure;
@@ -607,7 +607,7 @@ int run_node(const runtime::node_config& cfg, logger& log) {
   }
   if (cfg.has_role(runtime::role::ve)) {
     // The vision encoder's rows are read by the prefill engines from this node's endpoint.
-    auto t = transport::fabric_transport::create({cfg.ve_transport, cfg.ve_transport == "shm" ? "" : cfg.listen.host});
+    auto t = transport::open_transport(cfg.ve_transport, cfg.listen.host);
     if (!t) {
       log.error("key 've.transport' (\"{}\"): {}", cfg.ve_transport, t.error());
       return exit_failure;
