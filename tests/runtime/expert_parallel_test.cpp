@@ -192,7 +192,7 @@ engine_config base_config(int64_t blocks = 128) { return test::exact_engine_conf
 
 engine_config ep_config(local_ep_hub& hub, int32_t rank) {
   engine_config c = base_config();
-  c.ep.emplace();
+  c.ep = engine_config::ep_config{};
   c.ep->layout = {rank, hub.size()};
   c.ep->transport = hub.transport(rank);
   return c;
@@ -768,7 +768,7 @@ TEST_CASE("ep frames: bad bytes are errors naming what is wrong") {
     t->inner = hub.transport(0);
     t->corrupt = corrupt;
     engine_config cfg = base_config();
-    cfg.ep.emplace();
+    cfg.ep = engine_config::ep_config{};
     cfg.ep->transport = t;
     engine e(w, cfg);
     auto id = e.add_request(test::random_tokens(20, 1), jobs_for(0, 1, -1)[0].params);

@@ -515,7 +515,7 @@ int run_node(const runtime::node_config& cfg, logger& log) {
       ecfg.experts = *residency;
       parts.experts = *residency;
       // the transport is the rank's own, set by spawn_engine; the load window is the balancer's
-      ecfg.ep.emplace();
+      ecfg.ep = runtime::engine_config::ep_config{};
       ecfg.ep->load_window_steps = cfg.eplb_window_steps;
       log.info("routed experts: each rank reads its own when it joins a group (none read yet)");
     }
