@@ -8,6 +8,8 @@
 #include <filesystem>
 #include <thread>
 
+#include <unistd.h>
+
 #include "model/forward.hpp"
 #include "model/generate.hpp"
 #include "model/weights.hpp"
@@ -68,8 +70,10 @@ struct two_processes {
   int64_t slots = 0, experts = 0;
   int holder_tag = 0, reader_tag = 0;
 
-  explicit two_processes(const std::string& dtype) {
-    dir = std::filesystem::temp_directory_path() / ("shoal_expert_migration_" + dtype);
+  // `name`: the test's own directory (ctest runs test cases in parallel).
+  two_processes(const std::string& dtype, const std::string& name) {
+    dir = std::filesystem::temp_directory_path() /
+          ("shoal_expert_migration_" + name + "_" + dtype + "_" + std::to_string(getpid()));
     std::filesystem::remove_all(dir);
     model::generate_options o;
     o.preset = "v3-tiny", o.seed = 5, o.out_dir = dir.string(), o.dtype = dtype;
@@ -129,7 +133,7 @@ bool same_expert(const model::model_weights& x, const model::model_weights& y, i
 TEST_CASE("expert migration over libfabric shm: lent experts arrive bit-identical, even after the holder dropped them") {
   for (const std::string dtype : {"fp8", "bf16"}) {
     CAPTURE(dtype);
-    two_processes p(dtype);
+    two_processes p(dtype, "lend");
     const auto mine = p.set({{0, 0}, {0, 1}, {1, 2}});
     REQUIRE(p.a->hold(&p.holder_tag, mine).has_value());
     REQUIRE(p.b->hold(&p.reader_tag, p.set({{0, 3}})).has_value());  // the reader's own expert: the storage to expect
@@ -165,7 +169,7 @@ TEST_CASE("expert migration over libfabric shm: lent experts arrive bit-identica
 }
 
 TEST_CASE("expert migration: bad descriptions and failed reads end in the checkpoint's weights") {
-  two_processes p("fp8");
+  two_processes p("fp8", "bad");
   REQUIRE(p.a->hold(&p.holder_tag, p.set({{0, 0}, {0, 1}, {0, 2}})).has_value());
   auto parts = p.a->lend(1, {{0, 0}, {0, 1}, {0, 2}}, *p.a_bulk, 30s);
   REQUIRE(parts.has_value());
