@@ -368,6 +368,21 @@ caf::result<expert_load_msg> load_report(self_pointer self) {
   return m;
 }
 
+// Answers one lend request with `job`'s descriptions, then quits.
+using lender_actor =
+  caf::typed_actor<caf::replies_to<eplb_atom, expert_lend_msg>::with<std::vector<runtime::expert_part>>>;
+
+lender_actor::behavior_type lender_behavior(lender_actor::pointer self, runtime::engine::lend_job job) {
+  return {
+    [self, job = std::move(job)](eplb_atom, const expert_lend_msg&) -> caf::result<std::vector<runtime::expert_part>> {
+      self->quit();
+      auto parts = job();
+      if (!parts) return make_error(errc::invalid_request, parts.error());
+      return std::move(*parts);
+    },
+  };
+}
+
 // Expert parallelism: describe experts this process holds for the processes that gain them.
 caf::result<std::vector<runtime::expert_part>> lend_experts(self_pointer self, const expert_lend_msg& m) {
   auto& st = self->state;
@@ -380,9 +395,12 @@ caf::result<std::vector<runtime::expert_part>> lend_experts(self_pointer self, c
                                                  std::to_string(m.lease_ms) + " ms");
   std::vector<std::pair<int32_t, int32_t>> experts;
   for (size_t i = 0; i < m.slots.size(); ++i) experts.emplace_back(m.slots[i], m.experts[i]);
-  auto parts = st.engine->lend_experts(m.epoch, experts, std::chrono::milliseconds(m.lease_ms));
-  if (!parts) return make_error(errc::invalid_request, parts.error());
-  return std::move(*parts);
+  auto job = st.engine->prepare_lend(m.epoch, std::move(experts), std::chrono::milliseconds(m.lease_ms));
+  if (!job) return make_error(errc::not_found, job.error());
+  // Registering and checksumming the weights takes time in proportion to their bytes: a
+  // one-shot detached actor does it and answers the balancer, the engine keeps stepping.
+  auto lender = self->spawn<caf::detached>(lender_behavior, std::move(*job));
+  return self->delegate(lender, eplb_atom_v, m);
 }
 
 // Expert parallelism: the group's next placement from its balancer.

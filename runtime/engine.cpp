@@ -623,12 +623,21 @@ std::expected<void, std::string> engine::offer_placement(std::shared_ptr<const e
   return config_.experts->fetch(next->epoch(), wanted, *config_.ep->bulk, config_.ep->fetch_timeout);
 }
 
-std::expected<std::vector<expert_part>, std::string> engine::lend_experts(
-    uint64_t epoch, const std::vector<std::pair<int32_t, int32_t>>& experts, std::chrono::milliseconds lease) {
+std::expected<engine::lend_job, std::string> engine::prepare_lend(
+    uint64_t epoch, std::vector<std::pair<int32_t, int32_t>> experts, std::chrono::milliseconds lease) const {
   if (!config_.experts) return std::unexpected("this engine holds every expert (no partitioned weights to lend)");
   if (!config_.ep || !config_.ep->bulk)
     return std::unexpected("this engine has no bulk transport for expert weights (engine.ep_frames = \"caf\")");
-  return config_.experts->lend(epoch, experts, *config_.ep->bulk, lease);
+  return [residency = config_.experts, bulk = config_.ep->bulk, epoch, experts = std::move(experts), lease] {
+    return residency->lend(epoch, experts, *bulk, lease);
+  };
+}
+
+std::expected<std::vector<expert_part>, std::string> engine::lend_experts(
+    uint64_t epoch, const std::vector<std::pair<int32_t, int32_t>>& experts, std::chrono::milliseconds lease) {
+  auto job = prepare_lend(epoch, experts, lease);
+  if (!job) return std::unexpected(job.error());
+  return (*job)();
 }
 
 void engine::set_ep_group(ep_layout layout, std::shared_ptr<expert_transport> transport) {

@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <expected>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -208,6 +209,12 @@ class engine {
   // experts (slot, expert) this process holds for placement `epoch`'s migration.
   std::expected<std::vector<expert_part>, std::string> lend_experts(
       uint64_t epoch, const std::vector<std::pair<int32_t, int32_t>>& experts, std::chrono::milliseconds lease);
+  // The same as a job for another thread (registering and checksumming the lent weights
+  // takes time proportional to their bytes; the residency is thread-safe): an error at once
+  // when this engine cannot lend.
+  using lend_job = std::function<std::expected<std::vector<expert_part>, std::string>()>;
+  std::expected<lend_job, std::string> prepare_lend(uint64_t epoch, std::vector<std::pair<int32_t, int32_t>> experts,
+                                                    std::chrono::milliseconds lease) const;
   // EP: the exchange's placement, load window and counters (null without EP).
   const ep_moe_exchange* expert_exchange() const { return ep_.get(); }
   // EP with partitioned weights: the process's routed experts (null otherwise).

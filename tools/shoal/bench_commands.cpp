@@ -18,6 +18,7 @@ void add_bench_commands(CLI::App& app) {
   add_ep_frames_bench(*bench);
   add_grammar_bench(*bench);
   add_eplb_bench(*bench);
+  add_ep_migration_bench(*bench);
   add_spec_bench(*bench);
   add_cluster_bench(*bench);
   add_model_benches(*bench);

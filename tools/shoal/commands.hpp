@@ -26,8 +26,9 @@ void add_swa_bench(CLI::App& bench);        // bench swa
 void add_vision_bench(CLI::App& bench);     // bench vision
 void add_ep_frames_bench(CLI::App& bench);  // bench ep-frames
 void add_grammar_bench(CLI::App& bench);    // bench grammar
-void add_eplb_bench(CLI::App& bench);
-void add_spec_bench(CLI::App& bench);       // bench spec       // bench eplb
+void add_eplb_bench(CLI::App& bench);       // bench eplb, bench ep-memory
+void add_ep_migration_bench(CLI::App& bench);  // bench ep-migration
+void add_spec_bench(CLI::App& bench);       // bench spec
 void add_cluster_commands(CLI::App& app);   // up, down
 void add_sim_command(CLI::App& app);        // sim
 void add_cluster_bench(CLI::App& bench);    // bench cluster
