@@ -17,12 +17,14 @@
 #include <caf/io/middleman.hpp>
 #include <caf/io/publish.hpp>
 #include <caf/io/remote_actor.hpp>
+#include <caf/io/unpublish.hpp>
 #include <caf/scheduler/test_coordinator.hpp>
 #include <caf/scoped_actor.hpp>
 #include <caf/send.hpp>
 
 #include "actors/engine_actor.hpp"
 #include "actors/interfaces.hpp"
+#include "tests/support/lasting.hpp"
 #include "tests/support/tiny_models.hpp"
 
 using namespace shoal;
@@ -263,26 +265,39 @@ caf::behavior echo(caf::event_based_actor* self) {
   return {[](caf::ok_atom) {}};
 }
 
-struct remote_fixture {
+// Two actor systems talking over the middleman on 127.0.0.1; they last until the process ends
+// (tests/support/lasting.hpp says why).
+struct remote_systems {
   remote_config server_cfg, client_cfg;
   caf::actor_system server{server_cfg};
   caf::actor_system client{client_cfg};
-  std::vector<caf::actor> to_stop;  // server-side actors, stopped before the systems go
+};
+
+struct remote_fixture {
+  caf::actor_system& server = test::lasting<remote_systems>().server;
+  caf::actor_system& client = test::lasting<remote_systems>().client;
+  std::vector<std::pair<caf::actor, uint16_t>> published;  // server-side actors, stopped at the end
 
   // Publishes `handle` on 127.0.0.1 (port chosen by the OS) and connects to it from `client`.
   template <class Handle>
   Handle connect(const Handle& handle) {
-    to_stop.push_back(caf::actor_cast<caf::actor>(handle));
     auto port = caf::io::publish(handle, 0, "127.0.0.1");
     REQUIRE(port);
+    published.emplace_back(caf::actor_cast<caf::actor>(handle), *port);
     auto remote = caf::io::remote_actor<Handle>(client, "127.0.0.1", *port);
     REQUIRE(remote);
     REQUIRE(remote->node() != client.node());  // a real proxy, not a local shortcut
     return *remote;
   }
 
+  // Each server-side actor is unpublished, stopped and awaited, so the next case starts clean.
   ~remote_fixture() {
-    for (auto& a : to_stop) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+    caf::scoped_actor self{server};
+    for (auto& [a, port] : published) {
+      caf::io::unpublish(a, port);
+      self->send_exit(a, caf::exit_reason::user_shutdown);
+      self->wait_for(a);
+    }
   }
 };
 
