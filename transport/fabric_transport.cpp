@@ -5,6 +5,8 @@
 #include "transport/fabric_transport.hpp"
 
 #include <algorithm>
+#include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <list>
@@ -90,6 +92,11 @@ struct fabric_transport::state {
   uint64_t next_key = 1;
   bool stopping = false;
   std::thread progress;
+  // Polling without a wait object (run()): the pause when idle, and what wakes it early.
+  std::chrono::microseconds idle_pause{50};
+  std::mutex poll_mu;
+  std::condition_variable poll_cv;
+  bool woken = false;  // guarded by poll_mu
 
   ~state() {
     close_fid(ep);
@@ -251,17 +258,25 @@ struct fabric_transport::state {
       drain_cq();
       check_deadlines();
       post_queued();
-      bool retry_posts;
+      bool retry_posts, busy;
       std::chrono::milliseconds wait;
       {
         std::lock_guard lock(mu);
         retry_posts = !unposted.empty();
+        busy = !ops.empty();
         wait = sleep_budget();
       }
       // A piece the provider refused (rxm still connecting) is retried every 100 µs: no
-      // completion would wake the thread for it.
+      // completion would wake the thread for it. Without a wait object the thread polls: every
+      // 20 µs while reads of its own are out, backing off to 1 ms when idle (each poll also
+      // serves peers reading this endpoint's memory); a new read wakes it at once.
       if (retry_posts || !cq_waits) {
-        std::this_thread::sleep_for(std::chrono::microseconds(retry_posts ? 100 : 200));
+        using std::chrono::microseconds;
+        microseconds pause = retry_posts ? microseconds(100) : busy ? microseconds(20) : idle_pause;
+        idle_pause = busy ? microseconds(50) : std::min(idle_pause * 2, microseconds(1000));
+        std::unique_lock lock(poll_mu);
+        poll_cv.wait_for(lock, pause, [&] { return woken; });
+        woken = false;
         continue;
       }
       // Sleeps in the provider's wait object until a completion, a peer's request for this
@@ -276,8 +291,17 @@ struct fabric_transport::state {
     }
   }
 
+  // May be called with mu held.
   void wake() {
-    if (cq_waits) fi_cq_signal(cq);
+    if (cq_waits) {
+      fi_cq_signal(cq);
+      return;
+    }
+    {
+      std::lock_guard lock(poll_mu);
+      woken = true;
+    }
+    poll_cv.notify_one();
   }
 };
 
@@ -343,8 +367,13 @@ std::expected<std::shared_ptr<fabric_transport::state>, std::string> bring_up(co
   fi_cq_attr cq{};
   cq.format = FI_CQ_FORMAT_CONTEXT;
   cq.size = 1024;
-  cq.wait_obj = FI_WAIT_UNSPEC;  // so the progress thread can sleep; polling if the provider has none
-  s->cq_waits = fi_cq_open(s->domain, &cq, &s->cq, nullptr) == 0;
+  // A wait object the progress thread can sleep in: a file descriptor or a condition
+  // variable. Not the provider's default: shm's is a sched_yield loop, which took a whole core
+  // from an idle daemon. Without one the thread polls (run()).
+  for (auto obj : {FI_WAIT_FD, FI_WAIT_MUTEX_COND}) {
+    cq.wait_obj = obj;
+    if ((s->cq_waits = fi_cq_open(s->domain, &cq, &s->cq, nullptr) == 0)) break;
+  }
   if (!s->cq_waits) {
     cq.wait_obj = FI_WAIT_NONE;
     if ((rc = fi_cq_open(s->domain, &cq, &s->cq, nullptr))) return std::unexpected(where + ": " + fi_error("fi_cq_open", rc));
@@ -577,7 +606,7 @@ std::shared_ptr<runtime::transfer> fabric_transport::post(const runtime::remote_
   }
   std::lock_guard lock(s_->mu);
   op->posting = false;
-  if (queueing) s_->wake();  // the progress thread posts the rest
+  if (queueing || !s_->cq_waits) s_->wake();  // the progress thread posts the rest, or polls sooner
   s_->finish_if_done(op);
   return result;
 }
