@@ -9,6 +9,8 @@
 #include <cstdlib>
 #include <thread>
 #include <map>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -44,6 +46,48 @@ inline std::string as_json_text(const std::string& bytes) {
   return json::parse(json(bytes).dump(-1, ' ', false, json::error_handler_t::replace)).get<std::string>();
 }
 
+// Stops the cluster of `state_dir` should this test process die without running its
+// destructors (killed at ctest's timeout): `shoal up` detaches the daemons, so nothing else
+// would. A shell in its own process group reads a pipe whose writing end only this process
+// holds, and runs `shoal down` at end of file; the destructor kills it first.
+struct cluster_watchdog {
+  pid_t pid = -1;
+  int fd = -1;
+
+  explicit cluster_watchdog(const fs::path& state_dir) {
+    int p[2];
+    REQUIRE(::pipe2(p, O_CLOEXEC) == 0);
+    std::string script = "cat > /dev/null; exec '" + std::string(SHOAL_SHOAL_BIN) + "' down --state-dir '" +
+                         state_dir.string() + "' --timeout 20 > /dev/null 2>&1";
+    char sh[] = "/bin/sh", dash_c[] = "-c";
+    char* argv[] = {sh, dash_c, script.data(), nullptr};
+    pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {  // async-signal-safe calls only
+      ::setpgid(0, 0);
+      if (::dup2(p[0], 0) < 0) ::_exit(127);
+      ::execve(argv[0], argv, environ);
+      ::_exit(127);
+    }
+    ::close(p[0]);
+    fd = p[1];
+  }
+  cluster_watchdog(const cluster_watchdog&) = delete;
+  cluster_watchdog& operator=(const cluster_watchdog&) = delete;
+  ~cluster_watchdog() {
+    ::kill(-pid, SIGKILL);
+    ::kill(pid, SIGKILL);  // should setpgid not have run yet
+    ::close(fd);
+    ::waitpid(pid, nullptr, 0);
+  }
+};
+
+// The watchdogs of the clusters this process brought up, by state directory.
+inline std::map<std::string, std::unique_ptr<cluster_watchdog>>& cluster_watchdogs() {
+  static std::map<std::string, std::unique_ptr<cluster_watchdog>> all;
+  return all;
+}
+
 // Runs `shoal args...` to completion (files for its output in `dir`); its exit code, its
 // stdout + stderr in `out`.
 inline int run_shoal(const fs::path& dir, std::vector<std::string> args, std::string& out,
@@ -51,6 +95,10 @@ inline int run_shoal(const fs::path& dir, std::vector<std::string> args, std::st
   static int n = 0;
   fs::path o = dir / ("shoal." + std::to_string(n) + ".out"), e = dir / ("shoal." + std::to_string(n) + ".err");
   ++n;
+  if (!args.empty() && args[0] == "up")  // a watchdog per cluster, before its daemons exist
+    for (size_t i = 1; i + 1 < args.size(); ++i)
+      if (args[i] == "--state-dir" && !cluster_watchdogs().contains(args[i + 1]))
+        cluster_watchdogs()[args[i + 1]] = std::make_unique<cluster_watchdog>(args[i + 1]);
   args.insert(args.begin(), SHOAL_SHOAL_BIN);
   child_process p(args, o, e);
   auto code = p.wait_exit(timeout);
@@ -75,6 +123,7 @@ inline void cluster_down(const fs::path& dir, const fs::path& state_dir) {
   child_process p({SHOAL_SHOAL_BIN, "down", "--state-dir", state_dir.string(), "--timeout", "20"}, o, o);
   if (!p.wait_exit(std::chrono::seconds(60)))
     for (auto& [name, pid] : cluster_pids(state_dir)) kill(pid, SIGKILL);
+  cluster_watchdogs().erase(state_dir.string());
 }
 
 // A cluster `shoal up` runs from the node configs a test writes to config_dir (model_dir for

@@ -4,7 +4,9 @@
 
 #include <doctest/doctest.h>
 
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -20,7 +22,7 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <signal.h>
-#include <spawn.h>
+#include <sys/prctl.h>
 #include <stdlib.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -64,19 +66,45 @@ struct child_process {
   fs::path out, err;
   std::optional<int> status;  // exit code (128 + signal when killed), once reaped
 
+  // The child dies with the test process (PR_SET_PDEATHSIG) when started from the main thread,
+  // so a test killed at its timeout leaves no daemon behind to slow the tests after it. The
+  // signal follows the thread that forks, hence not from other threads.
   child_process(std::vector<std::string> args, const fs::path& out_file, const fs::path& err_file)
       : out(out_file), err(err_file) {
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-    posix_spawn_file_actions_addopen(&fa, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_addopen(&fa, 2, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
-    int rc = posix_spawn(&pid, args[0].c_str(), &fa, nullptr, argv.data(), environ);
-    posix_spawn_file_actions_destroy(&fa);
-    REQUIRE_MESSAGE(rc == 0, "cannot start " << args[0]);
+    const pid_t parent = ::getpid();
+    const bool main_thread = ::gettid() == parent;
+    int ready[2];  // closed on exec; a byte (errno) arrives only when exec failed
+    REQUIRE(::pipe2(ready, O_CLOEXEC) == 0);
+    pid = ::fork();
+    REQUIRE_MESSAGE(pid >= 0, "cannot fork for " << args[0]);
+    if (pid == 0) {  // async-signal-safe calls only from here on
+      if (main_thread) ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != parent) ::_exit(127);
+      int in = ::open("/dev/null", O_RDONLY);
+      int o = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      int e = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      if (in < 0 || o < 0 || e < 0 || ::dup2(in, 0) < 0 || ::dup2(o, 1) < 0 || ::dup2(e, 2) < 0) {
+        int why = errno;
+        (void)!::write(ready[1], &why, sizeof why);
+        ::_exit(127);
+      }
+      ::execve(argv[0], argv.data(), environ);
+      int why = errno;
+      (void)!::write(ready[1], &why, sizeof why);
+      ::_exit(127);
+    }
+    ::close(ready[1]);
+    int why = 0;
+    const bool failed = ::read(ready[0], &why, sizeof why) == static_cast<ssize_t>(sizeof why);
+    ::close(ready[0]);
+    if (failed) {
+      ::waitpid(pid, nullptr, 0);
+      pid = -1;
+    }
+    REQUIRE_MESSAGE(!failed, "cannot start " << args[0] << ": " << std::strerror(why));
   }
 
   ~child_process() {
