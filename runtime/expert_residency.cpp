@@ -47,7 +47,6 @@ const char* tensor_name(int32_t t) { return t == 0 ? "gate_up" : "down"; }
 
 // Reads of one expert's weights from a holder, into `w`'s arrays.
 struct expert_residency::fetch_entry {
-  uint64_t epoch = 0;
   model::expert_weights w;
   std::vector<std::shared_ptr<transfer>> reads;
   bool done() const {
@@ -361,7 +360,6 @@ std::expected<void, std::string> expert_residency::fetch(uint64_t epoch, const s
     const auto [s, e] = key;
     if (resident_[s * experts_ + e] || fetches_.contains(key)) continue;
     auto f = std::make_unique<fetch_entry>();
-    f->epoch = epoch;
     std::vector<remote_memory> srcs;
     std::vector<std::span<std::byte>> dsts;
     std::string why;
@@ -379,7 +377,8 @@ std::expected<void, std::string> expert_residency::fetch(uint64_t epoch, const s
     }
     if (!why.empty()) {
       ++stats_.fetch_failures;
-      stats_.last_failure = "the description of " + name_of(s, e) + " does not fit this model: " + why;
+      stats_.last_failure = "placement epoch " + std::to_string(epoch) + ": the description of " + name_of(s, e) +
+                            " does not fit this model: " + why;
       if (error.empty()) error = stats_.last_failure;
       continue;
     }

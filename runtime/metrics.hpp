@@ -123,6 +123,10 @@ struct node_metrics {
   // starts included); shoal_ep_expert_read_failures_total: reads from a holder that failed
   // (the checkpoint gave those experts).
   counter ep_expert_bytes_read, ep_expert_read_failures;
+  // shoal_transport_reads_total{path="shm"|"network"}: ranges the engine ranks' bulk transport
+  // read through shm (owner on this host) / through the network provider, with
+  // engine.transport = "auto" or "shm+<provider>".
+  counter transport_reads;
 };
 node_metrics add_node_metrics(metrics_registry& r);
 

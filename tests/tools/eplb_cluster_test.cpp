@@ -198,6 +198,11 @@ TEST_CASE("eplb cluster: a 4-rank group across 2 processes rebalances live under
   CHECK(metric(metrics_a, "shoal_ep_expert_read_failures_total\\{actor=\"node\"\\}") == 0);
   CHECK(std::regex_search(status, std::regex("expert weights read: [0-9.]+ MB from holders over the transport")));
   CHECK(status.find("expert weights read: 0.0 MB from holders") == std::string::npos);
+  // Both processes on this host: every range read went through shm, none through tcp.
+  for (uint16_t m : {metrics_a, metrics_b}) {
+    CHECK(metric(m, "shoal_transport_reads_total\\{path=\"shm\"\\}") > 0);
+    CHECK(metric(m, "shoal_transport_reads_total\\{path=\"network\"\\}") == 0);
+  }
   // The frames of 1 KiB and more went over libfabric.
   CHECK(metric(metrics_a, "shoal_ep_frames_sent_total\\{path=\"bulk\"\\}") > 0);
   CHECK(metric(metrics_b, "shoal_ep_frames_sent_total\\{path=\"bulk\"\\}") > 0);

@@ -69,6 +69,7 @@ struct node_parts {
   std::shared_ptr<runtime::expert_residency> experts;        // engine.expert_parallel: the ranks' routed experts
   std::shared_ptr<actors::eplb_board> eplb;                  // engine.expert_parallel: the group's balancer
   std::vector<std::shared_ptr<actors::caf_ep_transport>> ep_transports;  // by rank, with expert parallelism
+  std::vector<std::shared_ptr<runtime::transport>> bulk;     // the engine ranks' bulk transports (engine.transport)
 };
 
 actors::tls_files tls_of(const runtime::node_config& cfg) {
@@ -189,6 +190,18 @@ void scrape(caf::actor_system& sys, const node_parts& parts, node_metrics_server
     s.m.ep_expert_bytes_read.advance_to(static_cast<double>(moved.fetched_bytes), "holder");
     s.m.ep_expert_bytes_read.advance_to(static_cast<double>(moved.checkpoint_bytes), "checkpoint");
     s.m.ep_expert_read_failures.advance_to(static_cast<double>(moved.fetch_failures), "node");
+  }
+  double shm_reads = 0, network_reads = 0;
+  bool dual = false;
+  for (const auto& t : parts.bulk)
+    if (const auto* d = dynamic_cast<const transport::dual_transport*>(t.get())) {
+      dual = true;
+      shm_reads += static_cast<double>(d->reads_local());
+      network_reads += static_cast<double>(d->reads_remote());
+    }
+  if (dual) {
+    s.m.transport_reads.advance_to(shm_reads, "shm");
+    s.m.transport_reads.advance_to(network_reads, "network");
   }
   for (size_t i = 0; i < parts.storage.size(); ++i) {
     auto st = ask<actors::storage_node_actor, actors::storage_stats_snapshot>(sys, parts.storage[i], 2s, stats_atom_v);
@@ -460,6 +473,7 @@ int run_node(const runtime::node_config& cfg, logger& log) {
         return exit_failure;
       }
       bulk = std::shared_ptr<runtime::transport>(std::move(*t));
+      parts.bulk.push_back(bulk);
     }
     if (swa_tier) {
       // The machine's SWA slot store, shared by its ranks, and the reads of other machines'.
@@ -532,6 +546,7 @@ int run_node(const runtime::node_config& cfg, logger& log) {
           return exit_failure;
         }
         ep_bulk.transport = std::shared_ptr<runtime::transport>(std::move(*t));
+        parts.bulk.push_back(ep_bulk.transport);
       }
       ep_bulk.bulk_from = static_cast<size_t>(cfg.ep_bulk_min_bytes);
       if (cfg.tls_certificate)
