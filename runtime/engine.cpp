@@ -620,7 +620,7 @@ std::expected<void, std::string> engine::offer_placement(std::shared_ptr<const e
     if (part.slot >= 0 && part.slot < static_cast<int32_t>(mine.size()) &&
         std::binary_search(mine[part.slot].begin(), mine[part.slot].end(), part.expert))
       wanted.push_back(part);
-  return config_.experts->fetch(next->epoch(), wanted, *config_.ep->bulk, config_.ep->fetch_timeout);
+  return config_.experts->fetch(next->epoch(), wanted, config_.ep->bulk, config_.ep->fetch_timeout);
 }
 
 std::expected<engine::lend_job, std::string> engine::prepare_lend(

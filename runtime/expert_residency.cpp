@@ -47,12 +47,18 @@ const char* tensor_name(int32_t t) { return t == 0 ? "gate_up" : "down"; }
 
 // Reads of one expert's weights from a holder, into `w`'s arrays.
 struct expert_residency::fetch_entry {
+  std::array<std::vector<expert_part>, 2> parts;  // per tensor (gate_up, down), checked by fetch
   model::expert_weights w;
+  // Set by the preparing thread once `w` is allocated and `reads` posted; neither is touched
+  // by anyone else before.
+  std::atomic<bool> posted{false};
   std::vector<std::shared_ptr<transfer>> reads;
   bool done() const {
-    return std::all_of(reads.begin(), reads.end(), [](const auto& r) { return r->done(); });
+    return posted.load(std::memory_order_acquire) &&
+           std::all_of(reads.begin(), reads.end(), [](const auto& r) { return r->done(); });
   }
   void wait() const {
+    while (!posted.load(std::memory_order_acquire)) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     for (const auto& r : reads) r->wait();
   }
 };
@@ -105,6 +111,7 @@ expert_residency::expert_set expert_residency::experts_for(const ep_placement& p
 
 expert_residency::~expert_residency() {
   // Reads still landing in buffers of this object end first (each within its timeout).
+  for (auto& [t, ended] : preparing_) t.join();
   for (auto& [k, f] : fetches_) f->wait();
   for (auto& f : draining_) f->wait();
 }
@@ -278,12 +285,13 @@ namespace {
 
 // Sizes `l` for the arrays `parts` describe (one tensor of one expert), as this model's
 // (out, in) projection; the spans reads land in, or why the parts do not fit.
+// With `check_only`, nothing is allocated (and no span returned): the check alone.
 std::expected<std::vector<std::span<std::byte>>, std::string> shape(linear& l, int64_t out, int64_t in,
-                                                                   const std::vector<const expert_part*>& parts,
-                                                                   const linear* like) {
+                                                                   const std::vector<expert_part>& parts,
+                                                                   const linear* like, bool check_only) {
   std::set<int32_t> fields;
-  for (const expert_part* p : parts)
-    if (!fields.insert(p->field).second) return std::unexpected("field " + std::to_string(p->field) + " twice");
+  for (const expert_part& p : parts)
+    if (!fields.insert(p.field).second) return std::unexpected("field " + std::to_string(p.field) + " twice");
   const std::set<int32_t> f32{0}, bf16{1}, fp8{2, 3, 4};
   if (fields != f32 && fields != bf16 && fields != fp8)
     return std::unexpected("its arrays are neither fp32, bf16 nor FP8 codes with scales and row scales");
@@ -296,7 +304,8 @@ std::expected<std::vector<std::span<std::byte>>, std::string> shape(linear& l, i
   l.in = in;
   std::vector<std::span<std::byte>> dst;
   const auto n = static_cast<uint64_t>(out * in);
-  for (const expert_part* p : parts) {
+  for (const expert_part& part : parts) {
+    const expert_part* p = &part;
     const uint64_t len = p->memory.length;
     auto need = [&](uint64_t want) -> std::expected<void, std::string> {
       if (len == want) return {};
@@ -307,33 +316,35 @@ std::expected<std::vector<std::span<std::byte>>, std::string> shape(linear& l, i
     std::expected<void, std::string> ok;
     switch (static_cast<expert_field>(p->field)) {
       case expert_field::f32:
-        if (ok = need(n * 4); ok) l.w.resize(n);
+        if (ok = need(n * 4); ok && !check_only) l.w.resize(n);
         break;
       case expert_field::bf16:
-        if (ok = need(n * 2); ok) l.w_bf16.resize(n);
+        if (ok = need(n * 2); ok && !check_only) l.w_bf16.resize(n);
         break;
       case expert_field::fp8_codes:
         if (p->block_in < 1 || p->block_in > (int64_t{1} << 20))
           return std::unexpected("FP8 block of " + std::to_string(p->block_in) + " columns");
         l.w_fp8.block_in = p->block_in;
-        if (ok = need(n); ok) l.w_fp8.codes.resize(n);
+        if (ok = need(n); ok && !check_only) l.w_fp8.codes.resize(n);
         break;
       case expert_field::fp8_scales: {
         const uint64_t most = static_cast<uint64_t>(out) * static_cast<uint64_t>(in) * 4;
         if (len == 0 || len % 4 != 0 || len > most)
           return std::unexpected("FP8 scales of " + std::to_string(len) + " bytes");
-        l.w_fp8.scales.resize(len / 4);
+        if (!check_only) l.w_fp8.scales.resize(len / 4);
         break;
       }
       case expert_field::fp8_row_scales:
-        if (ok = need(static_cast<uint64_t>(out) * 4); ok) l.w_fp8.row_scales.resize(static_cast<size_t>(out));
+        if (ok = need(static_cast<uint64_t>(out) * 4); ok && !check_only)
+          l.w_fp8.row_scales.resize(static_cast<size_t>(out));
         break;
     }
     if (!ok) return std::unexpected(ok.error());
   }
-  for (const expert_part* p : parts) {  // after every resize: the spans stay valid
+  if (check_only) return dst;
+  for (const expert_part& p : parts) {  // after every resize: the spans stay valid
     for (const array_ref& a : arrays_of(l))
-      if (static_cast<int32_t>(a.field) == p->field) dst.push_back(a.bytes);
+      if (static_cast<int32_t>(a.field) == p.field) dst.push_back(a.bytes);
   }
   return dst;
 }
@@ -341,39 +352,40 @@ std::expected<std::vector<std::span<std::byte>>, std::string> shape(linear& l, i
 }  // namespace
 
 std::expected<void, std::string> expert_residency::fetch(uint64_t epoch, const std::vector<expert_part>& parts,
-                                                         transport& bulk, std::chrono::milliseconds timeout) {
+                                                         std::shared_ptr<transport> bulk,
+                                                         std::chrono::milliseconds timeout) {
   std::lock_guard lock(mu_);
   expire_loans();
+  std::erase_if(preparing_, [](auto& job) {
+    if (!job.second->load(std::memory_order_acquire)) return false;
+    job.first.join();
+    return true;
+  });
   const auto& c = weights_->config;
-  std::map<std::pair<int64_t, int64_t>, std::array<std::vector<const expert_part*>, 2>> by_expert;
+  std::map<std::pair<int64_t, int64_t>, std::array<std::vector<expert_part>, 2>> by_expert;
   for (const expert_part& p : parts) {
     if (p.slot < 0 || p.slot >= slots_ || p.expert < 0 || p.expert >= experts_ || p.tensor < 0 || p.tensor > 1)
       return std::unexpected("a part names " + name_of(p.slot, p.expert) + " tensor " + std::to_string(p.tensor) +
                              ", which this model does not have");
-    by_expert[{p.slot, p.expert}][p.tensor].push_back(&p);
+    by_expert[{p.slot, p.expert}][p.tensor].push_back(p);
   }
   const model::expert_weights* like = nullptr;  // an expert held here: the storage to expect
   for (int64_t i = 0; i < slots_ * experts_ && !like; ++i)
     if (resident_[i]) like = &model::routed_expert_weights(mutable_weights_, i / experts_, i % experts_);
+  const int64_t I = c.moe_intermediate_size, d = c.hidden_size;
+  const auto out_of = [I, d](int32_t t) { return t == 0 ? 2 * I : d; };  // by value: the thread below uses them
+  const auto in_of = [I, d](int32_t t) { return t == 0 ? d : I; };
   std::string error;
-  for (const auto& [key, tensors] : by_expert) {
+  std::vector<fetch_entry*> batch;
+  for (auto& [key, tensors] : by_expert) {
     const auto [s, e] = key;
     if (resident_[s * experts_ + e] || fetches_.contains(key)) continue;
-    auto f = std::make_unique<fetch_entry>();
-    std::vector<remote_memory> srcs;
-    std::vector<std::span<std::byte>> dsts;
     std::string why;
-    const int64_t I = c.moe_intermediate_size, d = c.hidden_size;
     for (int32_t t = 0; t < 2 && why.empty(); ++t) {
-      linear& l = t == 0 ? f->w.gate_up : f->w.down;
-      auto dst = shape(l, t == 0 ? 2 * I : d, t == 0 ? d : I, tensors[t],
-                       like ? (t == 0 ? &like->gate_up : &like->down) : nullptr);
-      if (!dst) {
-        why = std::string(tensor_name(t)) + ": " + dst.error();
-        break;
-      }
-      for (const expert_part* p : tensors[t]) srcs.push_back(p->memory);
-      dsts.insert(dsts.end(), dst->begin(), dst->end());
+      linear scratch;
+      auto checked = shape(scratch, out_of(t), in_of(t), tensors[t],
+                           like ? (t == 0 ? &like->gate_up : &like->down) : nullptr, true);
+      if (!checked) why = std::string(tensor_name(t)) + ": " + checked.error();
     }
     if (!why.empty()) {
       ++stats_.fetch_failures;
@@ -382,8 +394,31 @@ std::expected<void, std::string> expert_residency::fetch(uint64_t epoch, const s
       if (error.empty()) error = stats_.last_failure;
       continue;
     }
-    f->reads = bulk.read_all(srcs, dsts, timeout);
+    auto f = std::make_unique<fetch_entry>();
+    f->parts = std::move(tensors);
+    batch.push_back(f.get());
     fetches_[key] = std::move(f);
+  }
+  if (!batch.empty()) {
+    // The entries outlive this thread: the destructor joins it before any entry goes, and an
+    // entry dropped meanwhile waits in draining_ until done() (posted and read).
+    auto ended = std::make_shared<std::atomic<bool>>(false);
+    std::thread job([batch = std::move(batch), bulk = std::move(bulk), timeout, out_of, in_of, ended] {
+      for (fetch_entry* f : batch) {
+        std::vector<remote_memory> srcs;
+        std::vector<std::span<std::byte>> dsts;
+        for (int32_t t = 0; t < 2; ++t) {
+          auto dst = shape(t == 0 ? f->w.gate_up : f->w.down, out_of(t), in_of(t), f->parts[t], nullptr, false);
+          SHOAL_ASSERT(dst.has_value());  // fetch checked the same parts
+          for (const expert_part& p : f->parts[t]) srcs.push_back(p.memory);
+          dsts.insert(dsts.end(), dst->begin(), dst->end());
+        }
+        f->reads = bulk->read_all(srcs, dsts, timeout);
+        f->posted.store(true, std::memory_order_release);  // f may be gone from here on
+      }
+      ended->store(true, std::memory_order_release);
+    });
+    preparing_.emplace_back(std::move(job), std::move(ended));
   }
   if (!error.empty()) return std::unexpected(error);
   return {};

@@ -13,6 +13,7 @@
 // everywhere) or its lease passes: a peer's late read never reads freed memory.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <expected>
@@ -20,6 +21,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "model/weights.hpp"
@@ -61,9 +63,12 @@ class expert_residency {
   void end_loans(uint64_t epoch);
   // Starts reading the experts `parts` describe that are neither resident nor being read,
   // each within `timeout`. An expert whose parts do not describe this model's weights
-  // exactly is not read (hold then reads it from the checkpoint): the error says why.
-  std::expected<void, std::string> fetch(uint64_t epoch, const std::vector<expert_part>& parts, transport& bulk,
-                                         std::chrono::milliseconds timeout);
+  // exactly is not read (hold then reads it from the checkpoint): the error says why. Only
+  // the descriptions are checked on the caller's thread (an engine's, between steps): the
+  // buffers the reads land in are allocated, and the reads posted, on a thread of their own,
+  // since the first touch of that much fresh memory costs as much as reading it.
+  std::expected<void, std::string> fetch(uint64_t epoch, const std::vector<expert_part>& parts,
+                                         std::shared_ptr<transport> bulk, std::chrono::milliseconds timeout);
   // No read started by fetch for an expert of `experts` is still in flight.
   bool fetched(const expert_set& experts) const;
   // The plan the reads were for was dropped: their weights are discarded.
@@ -98,6 +103,9 @@ class expert_residency {
   std::vector<bool> resident_;  // [slot·experts + expert]
   std::map<std::pair<int64_t, int64_t>, std::unique_ptr<fetch_entry>> fetches_;
   std::vector<std::unique_ptr<fetch_entry>> draining_;  // discarded, reads still landing
+  // Threads preparing fetches (allocating their buffers, posting their reads), each with
+  // whether it ended; joined by the next fetch and by the destructor.
+  std::vector<std::pair<std::thread, std::shared_ptr<std::atomic<bool>>>> preparing_;
   std::vector<std::unique_ptr<loan>> loans_;
   migration_stats stats_;
 };

@@ -148,7 +148,7 @@ TEST_CASE("expert migration over libfabric shm: lent experts arrive bit-identica
     CHECK(p.a->resident_experts() == 1);
 
     const auto gained = p.set({{0, 1}, {0, 3}, {1, 2}});
-    auto started = p.b->fetch(1, *parts, *p.b_bulk, 10s);
+    auto started = p.b->fetch(1, *parts, p.b_bulk, 10s);
     REQUIRE_MESSAGE(started.has_value(), (started ? "" : started.error()));
     p.wait_fetched(gained);
     const auto before = p.b->migration();
@@ -185,7 +185,7 @@ TEST_CASE("expert migration: bad descriptions and failed reads end in the checkp
   // A slot this model lacks: refused as a whole, nothing read.
   auto wrong_slot = *parts;
   wrong_slot[0].slot = static_cast<int32_t>(p.slots);
-  auto r = p.b->fetch(1, wrong_slot, *p.b_bulk, 10s);
+  auto r = p.b->fetch(1, wrong_slot, p.b_bulk, 10s);
   REQUIRE_FALSE(r.has_value());
   CHECK(r.error().find("which this model does not have") != std::string::npos);
 
@@ -198,7 +198,7 @@ TEST_CASE("expert migration: bad descriptions and failed reads end in the checkp
       part.memory.length /= 2;
     if (part.expert == 1 && part.tensor == 0) part.memory.crc32c ^= 1;
   }
-  r = p.b->fetch(1, mixed, *p.b_bulk, 10s);
+  r = p.b->fetch(1, mixed, p.b_bulk, 10s);
   REQUIRE_FALSE(r.has_value());
   INFO(r.error());
   CHECK(r.error().find("routed expert 0 of MoE slot 0 does not fit this model: down: field 2") != std::string::npos);
@@ -217,7 +217,7 @@ TEST_CASE("expert migration: bad descriptions and failed reads end in the checkp
   // A plan dropped while its reads run: they are discarded, nothing is installed.
   p.b->release(&p.reader_tag);
   CHECK(p.b->resident_experts() == 0);
-  REQUIRE(p.b->fetch(2, *parts, *p.b_bulk, 10s).has_value());
+  REQUIRE(p.b->fetch(2, *parts, p.b_bulk, 10s).has_value());
   p.b->drop_fetches();
   CHECK(p.b->fetched(want));
   REQUIRE(p.b->hold(&p.reader_tag, p.set({{0, 2}})).has_value());
