@@ -357,7 +357,12 @@ caf::result<expert_load_msg> load_report(self_pointer self) {
         break;
       }
     }
+  for (int64_t s = 0; s < ex->slot_count(); ++s)
+    m.experts_computed += static_cast<int64_t>(ex->placement()->experts_of(s, ex->layout().rank).size());
+  m.process_rss_bytes = runtime::process_resident_bytes();
   if (const auto* experts = st.engine->expert_residency_of()) {
+    m.process_experts = experts->resident_experts();
+    m.process_expert_bytes = experts->resident_bytes();
     const auto mig = experts->migration();
     m.fetched_bytes = mig.fetched_bytes;
     m.checkpoint_bytes = mig.checkpoint_bytes;

@@ -108,6 +108,26 @@ std::string migration_line(const std::vector<expert_load_msg>& per_rank, const s
   return out;
 }
 
+// Memory: the pairs each rank computes, and per process its routed experts in memory and
+// its resident set (`names`: the group's ranks as "node/rankN").
+std::string memory_line(const std::vector<expert_load_msg>& per_rank, const std::vector<int32_t>& process_of,
+                        const std::vector<std::string>& names) {
+  std::string out = "experts computed per rank (redundant copies included):";
+  for (const expert_load_msg& m : per_rank) out += " " + std::to_string(m.experts_computed);
+  out += "\nmemory per process:";
+  std::vector<bool> seen;
+  for (size_t r = 0; r < per_rank.size() && r < process_of.size() && r < names.size(); ++r) {
+    const auto p = static_cast<size_t>(process_of[r]);
+    if (p >= seen.size()) seen.resize(p + 1, false);
+    if (seen[p]) continue;
+    seen[p] = true;
+    const expert_load_msg& m = per_rank[r];
+    out += (p ? "; " : " ") + names[r].substr(0, names[r].rfind('/')) + " RSS " + megabytes(m.process_rss_bytes) +
+           ", routed experts " + std::to_string(m.process_experts) + " held (" + megabytes(m.process_expert_bytes) + ")";
+  }
+  return out + "\n";
+}
+
 void end_round(eplb_pointer self, const std::string& error) {
   auto& st = self->state;
   st.round = 0;
@@ -209,7 +229,7 @@ void finish_reports(eplb_pointer self) {
   for (const auto& r : reports)
     if (r.group != st.group.id) return end_round(self, "the group is still forming (a rank reports another group)");
   const auto process_of = processes_of(st.group);
-  st.migration = migration_line(st.moved, process_of);
+  st.migration = migration_line(st.moved, process_of) + memory_line(st.moved, process_of, st.group.names);
   // The hierarchical policy's nodes: the processes, when each has as many ranks (ranks of
   // a process are consecutive); otherwise one node (the global policy).
   std::vector<int64_t> per_process;
@@ -243,8 +263,13 @@ void start_round(eplb_pointer self) {
           if (st.round != round) return;
           auto place = to_placement(m.placement);
           if (!place) return end_round(self, "rank " + std::to_string(r) + " reported a bad placement: " + place.error());
-          st.moved[r] = expert_load_msg{0, 0, 0, {}, {}, {}, 0, 0, 0, m.fetched_bytes, m.checkpoint_bytes, m.lent_bytes,
-                                        m.fetch_failures, m.fetch_error};
+          // The counters only, without the loads.
+          st.moved[r] = expert_load_msg{};
+          auto& kept = st.moved[r];
+          kept.fetched_bytes = m.fetched_bytes, kept.checkpoint_bytes = m.checkpoint_bytes;
+          kept.lent_bytes = m.lent_bytes, kept.fetch_failures = m.fetch_failures, kept.fetch_error = m.fetch_error;
+          kept.experts_computed = m.experts_computed, kept.process_experts = m.process_experts;
+          kept.process_expert_bytes = m.process_expert_bytes, kept.process_rss_bytes = m.process_rss_bytes;
           st.reports[r] = runtime::rank_load_report{m.group, m.steps, m.window_steps, std::move(m.window),
                                                     std::move(m.recent),
                                                     std::make_shared<const runtime::ep_placement>(std::move(*place)),

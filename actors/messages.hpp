@@ -601,6 +601,9 @@ struct expert_load_msg {
   // peers (bytes), reads from holders that failed, and the last such failure.
   int64_t fetched_bytes = 0, checkpoint_bytes = 0, lent_bytes = 0, fetch_failures = 0;
   std::string fetch_error;
+  // Memory: the (slot, expert) pairs this rank computes (redundant copies included); its
+  // process's routed experts in memory and their bytes, and its resident set.
+  int64_t experts_computed = 0, process_experts = 0, process_expert_bytes = 0, process_rss_bytes = 0;
   friend bool operator==(const expert_load_msg&, const expert_load_msg&) = default;
 };
 
@@ -608,7 +611,8 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, expert_load_msg& x) {
   return f(caf::meta::type_name("expert_load_msg"), x.group, x.steps, x.window_steps, x.window, x.recent, x.placement,
            x.offered_epoch, x.pairs_computed, x.expert_bytes, x.fetched_bytes, x.checkpoint_bytes, x.lent_bytes,
-           x.fetch_failures, x.fetch_error);
+           x.fetch_failures, x.fetch_error, x.experts_computed, x.process_experts, x.process_expert_bytes,
+           x.process_rss_bytes);
 }
 
 // The balancer to a rank whose experts other processes gain under placement `epoch`:

@@ -8,7 +8,10 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <fstream>
 #include <map>
+
+#include <unistd.h>
 
 namespace shoal::runtime {
 
@@ -245,7 +248,15 @@ node_metrics add_node_metrics(metrics_registry& r) {
       r.add_counter("shoal_ep_expert_bytes_read_total", "Routed-expert weight bytes read, by source (holder process or checkpoint).", "source"),
       r.add_counter("shoal_ep_expert_read_failures_total", "Reads of routed experts from a holder that failed (read from the checkpoint instead).", a),
       r.add_counter("shoal_transport_reads_total", "Ranges the bulk transport read, by path (shm within the host, or the network provider).", "path"),
+      r.add_gauge("process_resident_memory_bytes", "Resident memory size of this process in bytes.", ""),
   };
+}
+
+int64_t process_resident_bytes() {
+  std::ifstream statm("/proc/self/statm");
+  int64_t size = 0, resident = 0;
+  if (!(statm >> size >> resident)) return 0;
+  return resident * static_cast<int64_t>(::sysconf(_SC_PAGESIZE));
 }
 
 }  // namespace shoal::runtime

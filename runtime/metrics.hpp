@@ -127,7 +127,12 @@ struct node_metrics {
   // read through shm (owner on this host) / through the network provider, with
   // engine.transport = "auto" or "shm+<provider>".
   counter transport_reads;
+  // process_resident_memory_bytes: this process's resident set (every role).
+  gauge process_resident;
 };
 node_metrics add_node_metrics(metrics_registry& r);
+
+// This process's resident set size now (/proc/self/statm), in bytes; 0 where unknown.
+int64_t process_resident_bytes();
 
 }  // namespace shoal::runtime

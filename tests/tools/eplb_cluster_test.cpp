@@ -184,6 +184,18 @@ TEST_CASE("eplb cluster: a 4-rank group across 2 processes rebalances live under
   CHECK(balanced < skewed);
   CHECK(balanced < 1.4);
 
+  // The shell shows each rank's share and each process's memory: its resident set and the
+  // routed experts it holds (fewer than the model's).
+  std::smatch mem;
+  REQUIRE(std::regex_search(status, mem, std::regex("memory per process: [^\n]*RSS ([0-9.]+) MB, routed experts ([0-9]+) "
+                                                     "held \\([0-9.]+ MB\\); [^\n]*RSS ([0-9.]+) MB, routed experts "
+                                                     "([0-9]+) held")));
+  MESSAGE(mem[0].str());
+  CHECK(std::stod(mem[1]) > 0);
+  CHECK(std::stoll(mem[2]) < slots * E);
+  CHECK(std::stoll(mem[4]) < slots * E);
+  CHECK(std::regex_search(status, std::regex("experts computed per rank \\(redundant copies included\\): [0-9]+ [0-9]+ [0-9]+ [0-9]+\n")));
+  CHECK(metric(metrics_a, "process_resident_memory_bytes") > 0);
   // Each process holds only its two ranks' experts, and every expert is held somewhere.
   const double held_a = metric(metrics_a, "shoal_engine_experts_resident\\{actor=\"node\"\\}");
   const double held_b = metric(metrics_b, "shoal_engine_experts_resident\\{actor=\"node\"\\}");

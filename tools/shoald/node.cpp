@@ -191,6 +191,7 @@ void scrape(caf::actor_system& sys, const node_parts& parts, node_metrics_server
     s.m.ep_expert_bytes_read.advance_to(static_cast<double>(moved.checkpoint_bytes), "checkpoint");
     s.m.ep_expert_read_failures.advance_to(static_cast<double>(moved.fetch_failures), "node");
   }
+  s.m.process_resident.set(static_cast<double>(runtime::process_resident_bytes()));
   double shm_reads = 0, network_reads = 0;
   bool dual = false;
   for (const auto& t : parts.bulk)
