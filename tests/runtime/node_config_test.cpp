@@ -83,6 +83,7 @@ TEST_CASE("node_config: config/local-3node/ is 1 gateway node and 2 engine nodes
     CHECK_FALSE(e->http_listen);
     CHECK(e->seeds == std::vector<host_port>{gw.listen});
     CHECK(e->model_dir == model);
+    CHECK(e->transport == "auto");  // shm between the two engine nodes of this host
   }
   CHECK(a.name == "engine-a");
   CHECK(b.name == "engine-b");
