@@ -85,16 +85,25 @@ std::string megabytes(int64_t bytes) {
   return buf;
 }
 
-// Expert weights moved, summed over the processes (every rank reports its process's counters).
+// The first rank of each process, in rank order (every rank reports its process's counters:
+// one per process counts).
+std::vector<size_t> first_rank_of_each_process(size_t ranks, const std::vector<int32_t>& process_of) {
+  std::vector<size_t> out;
+  std::vector<bool> seen;
+  for (size_t r = 0; r < ranks && r < process_of.size(); ++r) {
+    const auto p = static_cast<size_t>(process_of[r]);
+    if (p >= seen.size()) seen.resize(p + 1, false);
+    if (!seen[p]) out.push_back(r);
+    seen[p] = true;
+  }
+  return out;
+}
+
+// Expert weights moved, summed over the processes.
 std::string migration_line(const std::vector<expert_load_msg>& per_rank, const std::vector<int32_t>& process_of) {
   int64_t fetched = 0, checkpoint = 0, lent = 0, failures = 0;
   std::string last;
-  std::vector<bool> seen;
-  for (size_t r = 0; r < per_rank.size() && r < process_of.size(); ++r) {
-    const auto p = static_cast<size_t>(process_of[r]);
-    if (p >= seen.size()) seen.resize(p + 1, false);
-    if (seen[p]) continue;
-    seen[p] = true;
+  for (size_t r : first_rank_of_each_process(per_rank.size(), process_of)) {
     const expert_load_msg& m = per_rank[r];
     fetched += m.fetched_bytes;
     checkpoint += m.checkpoint_bytes;
@@ -115,15 +124,12 @@ std::string memory_line(const std::vector<expert_load_msg>& per_rank, const std:
   std::string out = "experts computed per rank (redundant copies included):";
   for (const expert_load_msg& m : per_rank) out += " " + std::to_string(m.experts_computed);
   out += "\nmemory per process:";
-  std::vector<bool> seen;
-  for (size_t r = 0; r < per_rank.size() && r < process_of.size() && r < names.size(); ++r) {
-    const auto p = static_cast<size_t>(process_of[r]);
-    if (p >= seen.size()) seen.resize(p + 1, false);
-    if (seen[p]) continue;
-    seen[p] = true;
+  const char* sep = " ";
+  for (size_t r : first_rank_of_each_process(std::min(per_rank.size(), names.size()), process_of)) {
     const expert_load_msg& m = per_rank[r];
-    out += (p ? "; " : " ") + names[r].substr(0, names[r].rfind('/')) + " RSS " + megabytes(m.process_rss_bytes) +
+    out += sep + names[r].substr(0, names[r].rfind('/')) + " RSS " + megabytes(m.process_rss_bytes) +
            ", routed experts " + std::to_string(m.process_experts) + " held (" + megabytes(m.process_expert_bytes) + ")";
+    sep = "; ";
   }
   return out + "\n";
 }
@@ -263,17 +269,13 @@ void start_round(eplb_pointer self) {
           if (st.round != round) return;
           auto place = to_placement(m.placement);
           if (!place) return end_round(self, "rank " + std::to_string(r) + " reported a bad placement: " + place.error());
-          // The counters only, without the loads.
-          st.moved[r] = expert_load_msg{};
-          auto& kept = st.moved[r];
-          kept.fetched_bytes = m.fetched_bytes, kept.checkpoint_bytes = m.checkpoint_bytes;
-          kept.lent_bytes = m.lent_bytes, kept.fetch_failures = m.fetch_failures, kept.fetch_error = m.fetch_error;
-          kept.experts_computed = m.experts_computed, kept.process_experts = m.process_experts;
-          kept.process_expert_bytes = m.process_expert_bytes, kept.process_rss_bytes = m.process_rss_bytes;
           st.reports[r] = runtime::rank_load_report{m.group, m.steps, m.window_steps, std::move(m.window),
                                                     std::move(m.recent),
                                                     std::make_shared<const runtime::ep_placement>(std::move(*place)),
                                                     m.offered_epoch, m.pairs_computed, m.expert_bytes};
+          // The rest (migration and memory counters) without the loads and the placement.
+          m.window.clear(), m.recent.clear(), m.placement = {};
+          st.moved[r] = std::move(m);
           if (--st.pending == 0) finish_reports(self);
         },
         [self, round, r](caf::error& e) {

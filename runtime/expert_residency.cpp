@@ -304,17 +304,16 @@ std::expected<std::vector<std::span<std::byte>>, std::string> shape(linear& l, i
   l.in = in;
   std::vector<std::span<std::byte>> dst;
   const auto n = static_cast<uint64_t>(out * in);
-  for (const expert_part& part : parts) {
-    const expert_part* p = &part;
-    const uint64_t len = p->memory.length;
+  for (const expert_part& p : parts) {
+    const uint64_t len = p.memory.length;
     auto need = [&](uint64_t want) -> std::expected<void, std::string> {
       if (len == want) return {};
-      return std::unexpected("field " + std::to_string(p->field) + " is " + std::to_string(len) + " bytes, " +
+      return std::unexpected("field " + std::to_string(p.field) + " is " + std::to_string(len) + " bytes, " +
                              std::to_string(want) + " expected for (" + std::to_string(out) + ", " +
                              std::to_string(in) + ")");
     };
     std::expected<void, std::string> ok;
-    switch (static_cast<expert_field>(p->field)) {
+    switch (static_cast<expert_field>(p.field)) {
       case expert_field::f32:
         if (ok = need(n * 4); ok && !check_only) l.w.resize(n);
         break;
@@ -322,9 +321,9 @@ std::expected<std::vector<std::span<std::byte>>, std::string> shape(linear& l, i
         if (ok = need(n * 2); ok && !check_only) l.w_bf16.resize(n);
         break;
       case expert_field::fp8_codes:
-        if (p->block_in < 1 || p->block_in > (int64_t{1} << 20))
-          return std::unexpected("FP8 block of " + std::to_string(p->block_in) + " columns");
-        l.w_fp8.block_in = p->block_in;
+        if (p.block_in < 1 || p.block_in > (int64_t{1} << 20))
+          return std::unexpected("FP8 block of " + std::to_string(p.block_in) + " columns");
+        l.w_fp8.block_in = p.block_in;
         if (ok = need(n); ok && !check_only) l.w_fp8.codes.resize(n);
         break;
       case expert_field::fp8_scales: {

@@ -11,10 +11,10 @@ namespace shoal::test {
 // Tells main that this process holds lasting objects; called by `lasting`.
 void keep_until_exit();
 
-// One `T`, built on first use with `args`, never destroyed; reachable, so not a leak.
-template <class T, class... Args>
-T& lasting(Args&&... args) {
-  static T* object = (keep_until_exit(), new T(static_cast<Args&&>(args)...));
+// One `T`, built on first use, never destroyed; reachable, so not a leak.
+template <class T>
+T& lasting() {
+  static T* object = (keep_until_exit(), new T());
   return *object;
 }
 

@@ -27,10 +27,6 @@ struct ep_migration_args {
   std::string out = "bench/results/ep_migration.jsonl";
 };
 
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
 int run_ep_migration_bench(const ep_migration_args& a) {
   auto fail = [](const std::string& why) {
     fmt::print(stderr, "shoal bench ep-migration: {}\n", why);
@@ -63,26 +59,26 @@ int run_ep_migration_bench(const ep_migration_args& a) {
   if (auto held = side[0]->hold(&tags[0], experts); !held) return fail(held.error());
   const int64_t bytes = side[0]->resident_bytes();
 
-  auto t0 = std::chrono::steady_clock::now();
+  double t0 = now_s();
   auto parts = side[0]->lend(1, pairs, *holder_bulk, std::chrono::minutes(10));
   if (!parts) return fail(parts.error());
-  const double lend_s = seconds_since(t0);
-  t0 = std::chrono::steady_clock::now();
+  const double lend_s = (now_s() - t0);
+  t0 = now_s();
   if (auto started = side[1]->fetch(1, *parts, reader_bulk, std::chrono::minutes(5)); !started)
     return fail(started.error());
-  const double call_s = seconds_since(t0);  // what an engine's thread spends between two steps
+  const double call_s = (now_s() - t0);  // what an engine's thread spends between two steps
   while (!side[1]->fetched(experts)) std::this_thread::sleep_for(std::chrono::microseconds(100));
-  const double read_s = seconds_since(t0);
-  t0 = std::chrono::steady_clock::now();
+  const double read_s = (now_s() - t0);
+  t0 = now_s();
   if (auto held = side[1]->hold(&tags[1], experts); !held) return fail(held.error());
-  const double install_s = seconds_since(t0);
+  const double install_s = (now_s() - t0);
   const auto moved = side[1]->migration();
   if (moved.fetched_bytes != bytes || moved.fetch_failures != 0)
     return fail(fmt::format("{} of {} bytes arrived from the holder, {} read(s) failed: {}", moved.fetched_bytes,
                             bytes, moved.fetch_failures, moved.last_failure));
-  t0 = std::chrono::steady_clock::now();
+  t0 = now_s();
   if (auto held = side[2]->hold(&tags[2], experts); !held) return fail(held.error());
-  const double checkpoint_s = seconds_since(t0);
+  const double checkpoint_s = (now_s() - t0);
 
   const double mb = static_cast<double>(bytes) / 1e6;
   fmt::print("EP {} rank 0's {} experts ({:.1f} MB) of {}, over {}\n", a.ep, pairs.size(), mb, a.model_dir,
