@@ -110,7 +110,6 @@ void use_tls(caf::actor_system_config& cfg, const tls_files& f) {
   cfg.openssl_certificate = f.certificate;
   cfg.openssl_key = f.key;
   cfg.openssl_cafile = f.ca_file;
-  cfg.set("middleman.enable-automatic-connections", false);
 }
 
 bool uses_tls(caf::actor_system& sys) { return sys.has_openssl_manager(); }

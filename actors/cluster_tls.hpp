@@ -23,8 +23,8 @@ struct tls_files {
 // the certificate signed by the CA), else what is wrong, naming the file.
 std::string check_tls_files(const tls_files& files);
 
-// Before the actor system is made: loads the OpenSSL module with the credential. Automatic
-// connections go off (CAF opens them without TLS); nodes connect to each member directly.
+// Before the actor system is made: loads the OpenSSL module with the credential. (Automatic
+// connections, which CAF would open without TLS, are off in every shoal config.)
 void use_tls(caf::actor_system_config& cfg, const tls_files& files);
 bool uses_tls(caf::actor_system& sys);
 

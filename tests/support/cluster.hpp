@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -126,6 +127,23 @@ inline void cluster_down(const fs::path& dir, const fs::path& state_dir) {
   cluster_watchdogs().erase(state_dir.string());
 }
 
+// The last `lines` lines of every node log in `state_dir` (a failed check's context in CI,
+// where no log is kept).
+inline std::string log_tails(const fs::path& state_dir, size_t lines = 12) {
+  std::string out;
+  std::error_code ec;
+  for (const auto& f : fs::directory_iterator(state_dir, ec)) {
+    if (f.path().extension() != ".log") continue;
+    std::vector<std::string> all;
+    std::istringstream in(read_text(f.path()));
+    for (std::string line; std::getline(in, line);) all.push_back(std::move(line));
+    std::string tail;
+    for (size_t i = all.size() > lines ? all.size() - lines : 0; i < all.size(); ++i) tail += all[i] + "\n";
+    out += "--- " + f.path().filename().string() + " (last lines)\n" + tail;
+  }
+  return out;
+}
+
 // A cluster `shoal up` runs from the node configs a test writes to config_dir (model_dir for
 // its checkpoint; pid record and node logs in state_dir), all under one temporary directory.
 // The destructor stops it (`shoal down`) and, with SHOAL_TEST_KEEP_LOGS=DIR set, copies the
@@ -161,7 +179,7 @@ struct cli_cluster {
   std::string shell(const std::string& command) {
     std::string out;
     const int rc = shoal({"shell", "--connect=127.0.0.1:" + std::to_string(shell_port), "-c", command}, out);
-    CHECK_MESSAGE(rc == 0, out);
+    CHECK_MESSAGE(rc == 0, out << log_tails(state_dir));
     return out;
   }
 };

@@ -11,6 +11,7 @@
 #include <map>
 #include <optional>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -139,6 +140,41 @@ void collect(caf::scoped_actor& self, std::map<int64_t, std::vector<int32_t>>& t
     },
     caf::after(request_timeout) >> [&] { timed_out = true; });
   CHECK_MESSAGE(!timed_out, "no token within the timeout");
+}
+
+// The local addresses ("a.b.c.d:port", "[v6]:port" as hex words) of the listening TCP sockets
+// process `pid` holds: its socket inodes matched against its /proc/<pid>/net/tcp{,6}.
+std::vector<std::string> listening_addresses(pid_t pid) {
+  std::set<std::string> inodes;
+  const fs::path proc = "/proc/" + std::to_string(pid);
+  std::error_code ec;
+  for (const auto& fd : fs::directory_iterator(proc / "fd", ec)) {
+    const std::string target = fs::read_symlink(fd.path(), ec).string();
+    if (target.starts_with("socket:[")) inodes.insert(target.substr(8, target.size() - 9));
+  }
+  std::vector<std::string> out;
+  for (const char* table : {"net/tcp", "net/tcp6"}) {
+    std::istringstream lines(read_text(proc / table));
+    std::string line;
+    std::getline(lines, line);  // the header
+    while (std::getline(lines, line)) {
+      std::istringstream f(line);
+      std::string sl, local, remote, st, queues, timer, retr, uid, timeout, inode;
+      f >> sl >> local >> remote >> st >> queues >> timer >> retr >> uid >> timeout >> inode;
+      if (st != "0A" || !inodes.contains(inode)) continue;  // 0A: LISTEN
+      const auto colon = local.find(':');
+      const std::string host = local.substr(0, colon);
+      const unsigned port = std::stoul(local.substr(colon + 1), nullptr, 16);
+      if (host.size() == 8) {  // IPv4, in the kernel's byte order (little-endian here)
+        const unsigned long a = std::stoul(host, nullptr, 16);
+        out.push_back(std::to_string(a & 0xff) + "." + std::to_string((a >> 8) & 0xff) + "." +
+                      std::to_string((a >> 16) & 0xff) + "." + std::to_string(a >> 24) + ":" + std::to_string(port));
+      } else {
+        out.push_back("[" + host + "]:" + std::to_string(port));
+      }
+    }
+  }
+  return out;
 }
 
 }  // namespace
@@ -273,6 +309,12 @@ TEST_CASE("shoald serves Prometheus text of its engine ranks and storage nodes o
     collect(self, got, 1);
     REQUIRE(got[1].size() == 6);
   }
+  // Every socket it listens on is on the configured loopback address: its node port, metrics,
+  // the storage nodes' bulk paths, the transport's endpoints; no port of CAF's own on every
+  // interface (automatic connections opened one, outside node.listen and TLS).
+  const auto listening = listening_addresses(d.pid);
+  CHECK(listening.size() >= 3);
+  for (const std::string& a : listening) CHECK_MESSAGE(a.starts_with("127.0.0.1:"), a << " of " << listening.size());
   auto r = actors::http_call("127.0.0.1", metrics_port, "GET", "/metrics", "");
   REQUIRE_MESSAGE(r, r.error());
   CHECK(r->status == 200);

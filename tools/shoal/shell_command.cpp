@@ -42,7 +42,8 @@ struct shell_config : caf::actor_system_config {
     actors::add_message_types(*this);
     set("middleman.heartbeat-interval", caf::timespan{std::chrono::milliseconds(500)});
     set("middleman.connection-timeout", caf::timespan{std::chrono::seconds(5)});
-    set("middleman.enable-automatic-connections", true);
+    // Everything goes through the node connected to (see shoald's system_config).
+    set("middleman.enable-automatic-connections", false);
     if (tls.enabled()) actors::use_tls(*this, tls);
   }
 };
@@ -400,12 +401,15 @@ bool shell::cmd_ve() {
 bool shell::cmd_swa() {
   auto m = members();
   if (!m) return false;
-  bool directory = false;
+  bool directory = false, ok = true;  // an actor that does not answer is named, the rest still shown
   for (const auto& n : m->nodes) {
     if (!n.swa_directory) continue;
-    auto d = ask<actors::swa_directory_stats>(caf::actor_cast<actors::swa_directory_actor>(n.swa_directory), stats_atom_v);
-    if (!d) return false;
     directory = true;
+    auto d = ask<actors::swa_directory_stats>(caf::actor_cast<actors::swa_directory_actor>(n.swa_directory), stats_atom_v);
+    if (!d) {
+      ok = fail("no answer from " + n.name + "/swa_directory");
+      continue;
+    }
     fmt::print("{}/swa_directory: entries={} stores={} lookups={} hits={} reports={} full_reports={}\n", n.name,
                d->entries, d->nodes.size(), d->lookups, d->hits, d->reports, d->full_reports);
     for (size_t i = 0; i < d->nodes.size(); ++i) fmt::print("  {}: {} slot(s) registered\n", d->nodes[i], d->slots[i]);
@@ -414,12 +418,18 @@ bool shell::cmd_swa() {
   for (const auto& n : m->nodes) {
     if (!n.swa_store) continue;
     auto s = ask<actors::swa_store_stats>(caf::actor_cast<actors::swa_store_actor>(n.swa_store), stats_atom_v);
-    if (!s) return false;
+    if (!s) {
+      ok = fail("no answer from " + n.name + "/swa_store");
+      continue;
+    }
     fmt::print("{}/swa_store: slots={}/{} slot_bytes={} puts={} evictions={} served={}\n", n.name, s->slots,
                s->capacity, s->slot_bytes, s->puts, s->evictions, s->served);
     for (const auto& r : n.ranks) {
       auto e = ask<actors::engine_stats_snapshot>(caf::actor_cast<actors::engine_actor>(r.engine), stats_atom_v);
-      if (!e) return false;
+      if (!e) {
+        ok = fail("no answer from " + n.name + "/rank" + std::to_string(r.index));
+        continue;
+      }
       fmt::print("  rank{}: restores={} replays={} lookups={} fetches={} fetch_failures={} misses={} "
                  "fetch_ms p50={:.2f} p99={:.2f}\n",
                  r.index, e->swa_restores, e->swa_replays, e->swa_lookups, e->swa_fetches, e->swa_fetch_failures,
@@ -427,7 +437,7 @@ bool shell::cmd_swa() {
                  e->swa_fetch_p50_ms, e->swa_fetch_p99_ms);
     }
   }
-  return true;
+  return ok;
 }
 
 bool shell::cmd_corrupt(const std::string& args) {

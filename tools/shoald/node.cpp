@@ -83,7 +83,11 @@ struct system_config : caf::actor_system_config {
     actors::add_message_types(*this);
     set("middleman.heartbeat-interval", caf::timespan{std::chrono::milliseconds(cfg.heartbeat_interval_ms)});
     set("middleman.connection-timeout", caf::timespan{std::chrono::milliseconds(cfg.connection_timeout_ms)});
-    set("middleman.enable-automatic-connections", true);
+    // No automatic connections: with them CAF 0.17 opens a second BASP port on every interface
+    // (a node told to listen on 127.0.0.1 was reachable on *:<random>, outside TLS), and a
+    // node learnt through the seed got a second connection racing the explicit one. Members
+    // connect to each other explicitly (join_cluster, heal_membership).
+    set("middleman.enable-automatic-connections", false);
     // A shared job queue whose idle workers wait on a condition variable: CAF's work-stealing
     // default parks idle workers in 10 ms sleeps, which every remote round trip then waits out
     // (storage puts through 12 storage shoalds: 50 blocks/s → see the storage cluster test).
