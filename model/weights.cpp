@@ -2,6 +2,8 @@
 // that fills model_weights from a checkpoint through it.
 #include "model/weights.hpp"
 
+#include <sys/mman.h>
+
 #include <cmath>
 #include <cstdio>
 #include <numbers>
@@ -278,6 +280,16 @@ void print_load_progress(size_t done, size_t total) {
   if (done == total) std::fprintf(stderr, "\n");
 }
 
+void back_with_huge_pages(void* p, size_t bytes) {
+  constexpr uintptr_t huge = uintptr_t{2} << 20;
+  const auto begin = (reinterpret_cast<uintptr_t>(p) + huge - 1) / huge * huge;
+  const auto end = (reinterpret_cast<uintptr_t>(p) + bytes) / huge * huge;
+  if (end <= begin) return;
+  // The 4 KiB pages sizing touched go first; the writes that follow fault in huge pages.
+  madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+  madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
+}
+
 namespace {
 
 // Reads tensor slots from a checkpoint into their destinations, keeping bf16 and FP8 linears
@@ -299,14 +311,21 @@ class slot_reader {
       if (!values) return fail_with(values.error());
       std::copy(values->begin(), values->end(), slot_storage(t));
     } else if (info->type == dtype::bf16) {
-      if (l->w_bf16.empty()) l->w_bf16.resize(static_cast<size_t>(l->out * l->in));
+      if (l->w_bf16.empty()) {
+        l->w_bf16.resize(static_cast<size_t>(l->out * l->in));
+        back_with_huge_pages(l->w_bf16.data(), l->w_bf16.size() * sizeof(uint16_t));
+      }
       if (auto r = ckpt_.read_bf16(t.name, t.shape, l->w_bf16.data() + t.offset); !r) return fail_with(r.error());
     } else {
       auto q = ckpt_.read_fp8(t.name, t.shape);
       if (!q) return fail_with(q.error());
       fp8_weights& f = l->w_fp8;  // stacked after the parts read before (gate, then up)
       const auto base = static_cast<int32_t>(f.scales.size());
-      if (f.codes.empty()) f.block_in = q->block_cols;
+      if (f.codes.empty()) {
+        f.block_in = q->block_cols;
+        f.codes.reserve(static_cast<size_t>(l->out * l->in));  // untouched until the parts are copied in
+        back_with_huge_pages(f.codes.data(), f.codes.capacity());
+      }
       f.codes.insert(f.codes.end(), q->codes.begin(), q->codes.end());
       f.scales.insert(f.scales.end(), q->scales.begin(), q->scales.end());
       for (int64_t r = 0; r < q->rows; ++r)

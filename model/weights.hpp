@@ -171,6 +171,12 @@ struct tensor_slot {
   int64_t moe_slot = -1, expert = -1;
 };
 
+// Asks the kernel to back [p, p + bytes) with 2 MiB pages where whole ones fit: a GEMV
+// streams through its weights, and on 4 KiB pages every 4 KiB is a TLB miss. Drops what
+// the range holds (reads then give zeros): call it on storage just sized, before writing
+// it. Without transparent huge pages it changes nothing.
+void back_with_huge_pages(void* p, size_t bytes);
+
 // dest of `t`, allocating a shared slot's own storage first.
 float* slot_storage(const tensor_slot& t);
 

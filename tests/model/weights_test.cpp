@@ -293,3 +293,30 @@ TEST_CASE("bad FP8 input: scales of the wrong shape, bad scale values, NaN codes
     }
   }
 }
+
+TEST_CASE("backing with huge pages drops the whole 2 MiB pages inside the range, nothing around them") {
+  // An odd size and an offset start: the range's head and tail lie outside whole pages.
+  const auto value = [](size_t i) { return static_cast<uint16_t>((i * 2654435761u >> 7) | 1); };
+  std::vector<uint16_t> v((size_t{5} << 20) + 777);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = value(i);
+  const size_t first = 3, count = v.size() - 3 - 100;
+  back_with_huge_pages(v.data() + first, count * sizeof(uint16_t));
+  constexpr uintptr_t huge = uintptr_t{2} << 20;
+  const auto addr = [&](size_t i) { return reinterpret_cast<uintptr_t>(v.data() + i); };
+  size_t dropped = 0, kept = 0, wrong = 0;
+  for (size_t i = 0; i < v.size(); ++i) {
+    const bool inside = i >= first && i < first + count && addr(i) / huge * huge >= addr(first) &&
+                        (addr(i) / huge + 1) * huge <= addr(first + count);
+    if (inside) dropped += v[i] == 0;
+    else kept += v[i] == value(i);
+    wrong += inside ? v[i] != 0 : v[i] != value(i);
+  }
+  CHECK(wrong == 0);
+  CHECK(dropped >= (size_t{4} << 20) / sizeof(uint16_t));  // at least two whole pages in 10 MiB
+  CHECK(kept > 0);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = value(i);  // written again: every value holds
+  for (size_t i = 0; i < v.size(); ++i) wrong += v[i] != value(i);
+  CHECK(wrong == 0);
+  back_with_huge_pages(v.data(), 100);  // less than a page: nothing dropped
+  CHECK(v[5] == value(5));
+}

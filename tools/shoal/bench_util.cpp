@@ -23,6 +23,7 @@
 #include "kernels/cpu/isa.hpp"
 #include "kernels/cpu/ops.hpp"
 #include "kernels/cpu/thread_pool.hpp"
+#include "model/weights.hpp"
 
 namespace shoal::tools {
 
@@ -89,7 +90,13 @@ double engine_bf16_gemm_gflops(int64_t m, int64_t n, int64_t k, int reps) {
 
 memory_bandwidth measure_bandwidth(int64_t bytes, int reps) {
   const int64_t n = bytes / 4 / 3 / 64 * 64;  // floats per array (three arrays for the triad)
-  std::vector<float> a(static_cast<size_t>(n), 1.0f), b(static_cast<size_t>(n), 2.0f), c(static_cast<size_t>(n), 0.5f);
+  // On 2 MiB pages like the engine's weights (model::back_with_huge_pages).
+  std::vector<float> a, b, c;
+  for (auto [v, x] : {std::pair{&a, 1.0f}, {&b, 2.0f}, {&c, 0.5f}}) {
+    v->reserve(static_cast<size_t>(n));
+    model::back_with_huge_pages(v->data(), static_cast<size_t>(n) * sizeof(float));
+    v->assign(static_cast<size_t>(n), x);
+  }
   const int64_t parts = int64_t{kernels::num_threads()} * 16, per = n / parts / 128 * 128;  // eight streams of 16-float steps
   std::vector<double> read, triad;
   std::vector<float> sink(static_cast<size_t>(parts));
