@@ -36,6 +36,7 @@
 #include "actors/node_agent_actor.hpp"
 #include "model/generate.hpp"
 #include "runtime/engine_setup.hpp"
+#include "tests/support/cluster.hpp"
 #include "tests/support/process.hpp"
 #include "tools/shoald/engine_options.hpp"
 
@@ -343,6 +344,31 @@ TEST_CASE("shoald serves Prometheus text of its engine ranks and storage nodes o
   } else {
     MESSAGE("promtool not installed: exposition format not checked by it");
   }
+  REQUIRE(kill(d.pid, SIGTERM) == 0);
+  CHECK(d.wait_exit(std::chrono::milliseconds(drain_timeout_ms) + 10s));
+}
+
+TEST_CASE("shoal shell: an actor that does not answer gets a line saying so, the others are listed, the command fails") {
+  temp_dir dir;
+  write_text(dir.path / "node.toml",
+             "[node]\nname = \"store\"\nlisten = \"127.0.0.1:0\"\nroles = [\"storage\"]\n\n"
+             "[storage]\ndir = \"chunks\"\nnodes = 3\ncapacity_mib = 16\nfsync = \"never\"\n\n"
+             "[cluster]\nheartbeat_interval_ms = 200\nconnection_timeout_ms = 5000\n\n[log]\nfile = \"shoald.log\"\n");
+  daemon_process d(dir.path / "node.toml", dir.path);
+  auto port = d.wait_listening(start_timeout);
+  REQUIRE_MESSAGE(port, "shoald did not start; stderr:\n" << read_text(d.err));
+  const std::string at = "--connect=127.0.0.1:" + std::to_string(*port);
+  std::string out;
+  CHECK_MESSAGE(test::run_shoal(dir.path, {"shell", at, "-c", "storage"}, out) == 0, out);
+  CHECK(out.find("3 storage node(s)") != std::string::npos);
+  // storage1 killed: its line says it did not answer, storage0 and storage2 are still shown.
+  CHECK(test::run_shoal(dir.path, {"shell", at, "-c", "kill store/storage1; storage"}, out) == 1);
+  CHECK_MESSAGE(out.find("store/storage0: chunks=0 ") != std::string::npos, out);
+  CHECK_MESSAGE(out.find("store/storage1: no answer (") != std::string::npos, out);
+  CHECK_MESSAGE(out.find("store/storage2: chunks=0 ") != std::string::npos, out);
+  CHECK_MESSAGE(out.find("error: an actor did not answer") != std::string::npos, out);
+  // The node still serves the shell.
+  CHECK_MESSAGE(test::run_shoal(dir.path, {"shell", at, "-c", "nodes"}, out) == 0, out);
   REQUIRE(kill(d.pid, SIGTERM) == 0);
   CHECK(d.wait_exit(std::chrono::milliseconds(drain_timeout_ms) + 10s));
 }

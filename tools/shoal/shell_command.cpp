@@ -85,6 +85,7 @@ class shell {
   std::vector<std::string> completions() const;
 
  private:
+  bool dispatch(const std::string& line);
   std::optional<actors::membership> members();
   const actors::node_info* node(const actors::membership& m, const std::string& name);
   // Splits "<node>/<actor>" (or "<actor>" on the connected node) and finds the node's agent.
@@ -95,6 +96,11 @@ class shell {
   }
   template <class T, class Handle, class... Ts>
   std::optional<T> ask(const Handle& h, Ts... xs);
+  // As ask, for one of several actors a command lists: one that does not answer gets a line
+  // "<who>: no answer (<why>)" in the listing, the rest are still shown, and the command
+  // fails at its end (unanswered_).
+  template <class T, class Handle, class... Ts>
+  std::optional<T> ask_each(const std::string& who, const Handle& h, Ts... xs);
 
   bool cmd_nodes();
   bool cmd_actors(const std::string& which);
@@ -118,6 +124,7 @@ class shell {
   std::string where_;
   std::string self_name_;
   std::vector<std::string> known_names_;
+  bool unanswered_ = false;  // an ask_each of the running command went unanswered
 };
 
 template <class T, class Handle, class... Ts>
@@ -126,6 +133,18 @@ std::optional<T> shell::ask(const Handle& h, Ts... xs) {
   self_->request(h, ask_timeout, xs...)
     .receive([&](T& x) { out = std::move(x); },
              [&](caf::error& e) { fail(actors::to_error_reply(e).message); });
+  return out;
+}
+
+template <class T, class Handle, class... Ts>
+std::optional<T> shell::ask_each(const std::string& who, const Handle& h, Ts... xs) {
+  std::optional<T> out;
+  self_->request(h, ask_timeout, xs...)
+    .receive([&](T& x) { out = std::move(x); },
+             [&](caf::error& e) {
+               unanswered_ = true;
+               fmt::print("{}: no answer ({})\n", who, actors::to_error_reply(e).message);
+             });
   return out;
 }
 
@@ -295,8 +314,10 @@ bool shell::cmd_storage() {
   size_t count = 0;
   for (const auto& n : m->nodes)
     for (size_t i = 0; i < n.storage.size(); ++i, ++count) {
-      auto s = ask<actors::storage_stats_snapshot>(caf::actor_cast<actors::storage_node_actor>(n.storage[i]), stats_atom_v);
-      if (!s) return false;
+      auto s = ask_each<actors::storage_stats_snapshot>(n.name + "/storage" + std::to_string(i),
+                                                        caf::actor_cast<actors::storage_node_actor>(n.storage[i]),
+                                                        stats_atom_v);
+      if (!s) continue;
       fmt::print("{}/storage{}: chunks={} usage={}/{} MiB ({:.1f}%) watermarks={}%/{}% gc_runs={} evicted={} "
                  "expired={} corrupt_removed={} puts={} gets={} hits={}\n",
                  n.name, i, s->chunks, s->usage_bytes >> 20, s->capacity_bytes >> 20,
@@ -315,9 +336,10 @@ bool shell::cmd_balancers() {
   for (const auto& n : m->nodes)
     for (size_t i = 0; i < n.balancers.size() && i < 2; ++i) {  // [2]: the VE balancer (`ve`)
       const caf::actor& b = n.balancers[i];
-      auto r = ask<actors::balancer_report>(caf::actor_cast<actors::prefill_balancer_actor>(b), stats_atom_v);
-      if (!r) return false;
       any = true;
+      auto r = ask_each<actors::balancer_report>(n.name + (i == 0 ? "/prefill_balancer" : "/decode_balancer"),
+                                                 caf::actor_cast<actors::prefill_balancer_actor>(b), stats_atom_v);
+      if (!r) continue;
       if (r->kind == "prefill") {
         std::string tiers;
         for (size_t t = 0; t < r->tier_placements.size(); ++t) {
@@ -371,9 +393,10 @@ bool shell::cmd_ve() {
   bool any = false;
   for (const auto& n : m->nodes) {
     if (n.balancers.size() < 3 || !n.balancers[2]) continue;
-    auto r = ask<actors::ve_report>(caf::actor_cast<actors::ve_balancer_actor>(n.balancers[2]), stats_atom_v);
-    if (!r) return false;
     any = true;
+    auto r = ask_each<actors::ve_report>(n.name + "/ve_balancer", caf::actor_cast<actors::ve_balancer_actor>(n.balancers[2]),
+                                         stats_atom_v);
+    if (!r) continue;
     fmt::print("{}/ve_balancer: jobs={} placed_again={} failed={} workers={}\n", n.name, r->jobs, r->replaced, r->failed,
                r->workers.size());
     for (const auto& w : r->workers)
@@ -401,15 +424,13 @@ bool shell::cmd_ve() {
 bool shell::cmd_swa() {
   auto m = members();
   if (!m) return false;
-  bool directory = false, ok = true;  // an actor that does not answer is named, the rest still shown
+  bool directory = false;
   for (const auto& n : m->nodes) {
     if (!n.swa_directory) continue;
     directory = true;
-    auto d = ask<actors::swa_directory_stats>(caf::actor_cast<actors::swa_directory_actor>(n.swa_directory), stats_atom_v);
-    if (!d) {
-      ok = fail("no answer from " + n.name + "/swa_directory");
-      continue;
-    }
+    auto d = ask_each<actors::swa_directory_stats>(n.name + "/swa_directory",
+                                                   caf::actor_cast<actors::swa_directory_actor>(n.swa_directory), stats_atom_v);
+    if (!d) continue;
     fmt::print("{}/swa_directory: entries={} stores={} lookups={} hits={} reports={} full_reports={}\n", n.name,
                d->entries, d->nodes.size(), d->lookups, d->hits, d->reports, d->full_reports);
     for (size_t i = 0; i < d->nodes.size(); ++i) fmt::print("  {}: {} slot(s) registered\n", d->nodes[i], d->slots[i]);
@@ -417,19 +438,15 @@ bool shell::cmd_swa() {
   if (!directory) fmt::print("no SWA directory in the cluster (a node with the 'directory' role)\n");
   for (const auto& n : m->nodes) {
     if (!n.swa_store) continue;
-    auto s = ask<actors::swa_store_stats>(caf::actor_cast<actors::swa_store_actor>(n.swa_store), stats_atom_v);
-    if (!s) {
-      ok = fail("no answer from " + n.name + "/swa_store");
-      continue;
-    }
+    auto s = ask_each<actors::swa_store_stats>(n.name + "/swa_store", caf::actor_cast<actors::swa_store_actor>(n.swa_store),
+                                               stats_atom_v);
+    if (!s) continue;
     fmt::print("{}/swa_store: slots={}/{} slot_bytes={} puts={} evictions={} served={}\n", n.name, s->slots,
                s->capacity, s->slot_bytes, s->puts, s->evictions, s->served);
     for (const auto& r : n.ranks) {
-      auto e = ask<actors::engine_stats_snapshot>(caf::actor_cast<actors::engine_actor>(r.engine), stats_atom_v);
-      if (!e) {
-        ok = fail("no answer from " + n.name + "/rank" + std::to_string(r.index));
-        continue;
-      }
+      auto e = ask_each<actors::engine_stats_snapshot>("  rank" + std::to_string(r.index),
+                                                       caf::actor_cast<actors::engine_actor>(r.engine), stats_atom_v);
+      if (!e) continue;
       fmt::print("  rank{}: restores={} replays={} lookups={} fetches={} fetch_failures={} misses={} "
                  "fetch_ms p50={:.2f} p99={:.2f}\n",
                  r.index, e->swa_restores, e->swa_replays, e->swa_lookups, e->swa_fetches, e->swa_fetch_failures,
@@ -437,7 +454,7 @@ bool shell::cmd_swa() {
                  e->swa_fetch_p50_ms, e->swa_fetch_p99_ms);
     }
   }
-  return ok;
+  return true;
 }
 
 bool shell::cmd_corrupt(const std::string& args) {
@@ -464,6 +481,13 @@ std::string trim(const std::string& s) {
 }
 
 bool shell::run(const std::string& raw) {
+  unanswered_ = false;
+  const bool ok = dispatch(raw);
+  if (unanswered_) return fail("an actor did not answer (its line above says which)");
+  return ok;
+}
+
+bool shell::dispatch(const std::string& raw) {
   std::string line = trim(raw);
   if (line.empty()) return true;
   auto space = line.find(' ');
