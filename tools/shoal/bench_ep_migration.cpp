@@ -62,23 +62,23 @@ int run_ep_migration_bench(const ep_migration_args& a) {
   double t0 = now_s();
   auto parts = side[0]->lend(1, pairs, *holder_bulk, std::chrono::minutes(10));
   if (!parts) return fail(parts.error());
-  const double lend_s = (now_s() - t0);
+  const double lend_s = now_s() - t0;
   t0 = now_s();
   if (auto started = side[1]->fetch(1, *parts, reader_bulk, std::chrono::minutes(5)); !started)
     return fail(started.error());
-  const double call_s = (now_s() - t0);  // what an engine's thread spends between two steps
+  const double call_s = now_s() - t0;  // what an engine's thread spends between two steps
   while (!side[1]->fetched(experts)) std::this_thread::sleep_for(std::chrono::microseconds(100));
-  const double read_s = (now_s() - t0);
+  const double read_s = now_s() - t0;
   t0 = now_s();
   if (auto held = side[1]->hold(&tags[1], experts); !held) return fail(held.error());
-  const double install_s = (now_s() - t0);
+  const double install_s = now_s() - t0;
   const auto moved = side[1]->migration();
   if (moved.fetched_bytes != bytes || moved.fetch_failures != 0)
     return fail(fmt::format("{} of {} bytes arrived from the holder, {} read(s) failed: {}", moved.fetched_bytes,
                             bytes, moved.fetch_failures, moved.last_failure));
   t0 = now_s();
   if (auto held = side[2]->hold(&tags[2], experts); !held) return fail(held.error());
-  const double checkpoint_s = (now_s() - t0);
+  const double checkpoint_s = now_s() - t0;
 
   const double mb = static_cast<double>(bytes) / 1e6;
   fmt::print("EP {} rank 0's {} experts ({:.1f} MB) of {}, over {}\n", a.ep, pairs.size(), mb, a.model_dir,
