@@ -31,3 +31,4 @@ export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1:suppres
 symbolizer=$(command -v llvm-symbolizer-16 || command -v llvm-symbolizer || true)
 [ -n "$symbolizer" ] && export ASAN_SYMBOLIZER_PATH="$symbolizer"
 ctest --output-on-failure -j "$(nproc)" -LE bench "$@"
+"$root/scripts/ctest_skipped.sh" .

@@ -17,5 +17,8 @@ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" ${SHOAL_CMAKE_ARGS:-} > "$build.configure.log" 2>&1 \
   || { cat "$build.configure.log"; exit 1; }
 cmake --build "$build" -j "$(nproc)"
+root=$PWD
 cd "$build"
 ctest --output-on-failure -j "$(nproc)" -LE bench "$@"
+# The cases that could not run here (no GPU, not root, an ISA this CPU lacks), and why.
+"$root/scripts/ctest_skipped.sh" .

@@ -7,6 +7,7 @@
 
 #include "tests/actors/gateway_harness.hpp"
 #include "tests/support/process.hpp"
+#include "tests/support/skip.hpp"
 
 using namespace shoal;
 using namespace shoal::test::gateway_harness;
@@ -25,10 +26,8 @@ std::optional<std::string> find_node() {
 TEST_CASE("official openai npm client: structured output and tool calls work unmodified") {
   const fs::path dir = fs::path(SHOAL_SOURCE_DIR) / "tests" / "clients";
   auto node = find_node();
-  if (!node || !fs::exists(dir / "node_modules" / "openai" / "package.json")) {
-    MESSAGE("not run: needs node and the openai package (npm ci --prefix tests/clients)");
-    return;
-  }
+  if (!node || !fs::exists(dir / "node_modules" / "openai" / "package.json"))
+    SHOAL_SKIP("needs node and the openai package (npm ci --prefix tests/clients)");
   cluster c(1);
   uint16_t port = c.start_gateway(cluster::default_gateway());
   test::temp_dir tmp;

@@ -11,6 +11,7 @@
 
 #include "kernels/cpu/reference.hpp"
 #include "tests/support/random.hpp"
+#include "tests/support/skip.hpp"
 #include "kernels/cuda/ops.cuh"
 
 using shoal::kernels::gate_params;
@@ -29,7 +30,7 @@ constexpr double tolerance = 1e-5;
 }  // namespace
 
 TEST_CASE("cuda matmul equals the reference, rel err < 1e-5, and is batch invariant") {
-  if (shoal::kernels::cuda::cuda_device_count() == 0) { MESSAGE("no CUDA device: skipped"); return; }
+  if (shoal::kernels::cuda::cuda_device_count() == 0) SHOAL_SKIP("no CUDA device on this machine");
   for (auto [m, n, k] : {std::tuple{1, 7, 5}, {3, 33, 70}, {17, 64, 129}, {64, 256, 256},
                          {130, 96, 300}, {65, 129, 17}}) {
     auto x = randn(size_t(m) * k, 1), w = randn(size_t(n) * k, 2);
@@ -54,7 +55,7 @@ TEST_CASE("cuda matmul equals the reference, rel err < 1e-5, and is batch invari
 }
 
 TEST_CASE("cuda rmsnorm equals the reference (also in place), rel err < 1e-5") {
-  if (shoal::kernels::cuda::cuda_device_count() == 0) { MESSAGE("no CUDA device: skipped"); return; }
+  if (shoal::kernels::cuda::cuda_device_count() == 0) SHOAL_SKIP("no CUDA device on this machine");
   for (auto [rows, dim] : {std::pair{5, 67}, {3, 7168}, {1, 1}}) {
     auto x = randn(size_t(rows) * dim, 5), w = randn(dim, 6);
     std::vector<float> want(x.size());
@@ -69,7 +70,7 @@ TEST_CASE("cuda rmsnorm equals the reference (also in place), rel err < 1e-5") {
 }
 
 TEST_CASE("cuda rope equals the reference on strided heads and large positions, rel err < 1e-5") {
-  if (shoal::kernels::cuda::cuda_device_count() == 0) { MESSAGE("no CUDA device: skipped"); return; }
+  if (shoal::kernels::cuda::cuda_device_count() == 0) SHOAL_SKIP("no CUDA device on this machine");
   // DeepSeek-like q: per head 128 nope values then 64 rope values; x points at the rope part.
   const int64_t rows = 4, heads = 3, nope = 128, rope_dim = 64, head_stride = nope + rope_dim;
   const int64_t row_stride = heads * head_stride + 8;  // padded rows
@@ -94,7 +95,7 @@ TEST_CASE("cuda rope equals the reference on strided heads and large positions, 
 }
 
 TEST_CASE("cuda silu_mul and row-wise softmax equal the reference, rel err < 1e-5") {
-  if (shoal::kernels::cuda::cuda_device_count() == 0) { MESSAGE("no CUDA device: skipped"); return; }
+  if (shoal::kernels::cuda::cuda_device_count() == 0) SHOAL_SKIP("no CUDA device on this machine");
   auto g = randn(10000, 8, 3.0f), u = randn(10000, 9);
   std::vector<float> want(g.size());
   ref::silu_mul(g.data(), u.data(), want.data(), int64_t(g.size()));
@@ -143,7 +144,7 @@ std::vector<int32_t> check_gate(const std::vector<float>& logits, const std::vec
 }  // namespace
 
 TEST_CASE("cuda moe_gate picks the reference's experts and weights") {
-  if (shoal::kernels::cuda::cuda_device_count() == 0) { MESSAGE("no CUDA device: skipped"); return; }
+  if (shoal::kernels::cuda::cuda_device_count() == 0) SHOAL_SKIP("no CUDA device on this machine");
   SUBCASE("DeepSeek-V3 routing: 256 experts, 8 groups, keep 4, top 8, bias") {
     gate_params p{.n_experts = 256, .n_group = 8, .topk_group = 4, .top_k = 8,
                   .norm_topk_prob = true, .routed_scaling_factor = 2.5f};
@@ -174,7 +175,7 @@ TEST_CASE("cuda moe_gate picks the reference's experts and weights") {
 }
 
 TEST_CASE("cuda mla_attend over strided segments equals the reference, rel err < 1e-5") {
-  if (shoal::kernels::cuda::cuda_device_count() == 0) { MESSAGE("no CUDA device: skipped"); return; }
+  if (shoal::kernels::cuda::cuda_device_count() == 0) SHOAL_SKIP("no CUDA device on this machine");
   const int64_t heads = 16, r = 512, rope = 64;
   const float scale = 1.0f / std::sqrt(float(r + rope));
   // (count, stride) per segment, laid out one after another in one arena; an empty one too.

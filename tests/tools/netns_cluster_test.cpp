@@ -29,8 +29,9 @@
 
 #include "actors/http_client.hpp"
 #include "actors/interfaces.hpp"
-#include "runtime/engine_setup.hpp"
+#include "runtime/engine/engine_setup.hpp"
 #include "tests/support/cluster.hpp"
+#include "tests/support/skip.hpp"
 #include "tools/shoald/engine_options.hpp"
 
 using namespace shoal;
@@ -259,10 +260,7 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
 
 TEST_CASE("netns cluster: an engine host's link cut under 30 streams loses nothing, restored it rejoins and serves") {
   netns_lab lab("e", 41);
-  if (!lab.ready) {
-    MESSAGE("NOT RUN: network namespaces unavailable (" << lab.why << ")");
-    return;
-  }
+  if (!lab.ready) SHOAL_SKIP("network namespaces unavailable (" + lab.why + ")");
   netns_cluster c(lab);
   c.wait_up();
   const int32_t n = 40;
@@ -311,10 +309,7 @@ TEST_CASE("netns cluster: an engine host's link cut under 30 streams loses nothi
 
 TEST_CASE("netns cluster: the gateway host's link cut under 30 streams, its clients get a clear error or complete") {
   netns_lab lab("g", 42);
-  if (!lab.ready) {
-    MESSAGE("NOT RUN: network namespaces unavailable (" << lab.why << ")");
-    return;
-  }
+  if (!lab.ready) SHOAL_SKIP("network namespaces unavailable (" + lab.why + ")");
   netns_cluster c(lab);
   c.wait_up();
   const int32_t n = 40;
