@@ -9,8 +9,8 @@
 #include <caf/stateful_actor.hpp>
 #include <caf/typed_event_based_actor.hpp>
 
-#include "runtime/block_pool.hpp"
-#include "runtime/fault_points.hpp"
+#include "runtime/core/block_pool.hpp"
+#include "runtime/base/fault_points.hpp"
 
 namespace shoal::actors {
 

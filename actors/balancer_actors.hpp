@@ -17,9 +17,9 @@
 #include <vector>
 
 #include "actors/interfaces.hpp"
-#include "runtime/cost_model.hpp"
-#include "runtime/decode_placement.hpp"
-#include "runtime/prefill_balancer.hpp"
+#include "runtime/core/cost_model.hpp"
+#include "runtime/placement/decode_placement.hpp"
+#include "runtime/placement/prefill_balancer.hpp"
 
 namespace shoal::actors {
 

@@ -17,10 +17,10 @@
 #include <caf/typed_event_based_actor.hpp>
 
 #include "actors/eplb_actor.hpp"
-#include "runtime/expert_residency.hpp"
+#include "runtime/ep/expert_residency.hpp"
 #include "kernels/assert.hpp"
 #include "model/forward.hpp"
-#include "runtime/metrics.hpp"
+#include "runtime/base/metrics.hpp"
 
 namespace shoal::actors {
 

@@ -9,7 +9,7 @@
 #include "actors/interfaces.hpp"
 #include "actors/rank_actor.hpp"
 #include "model/weights.hpp"
-#include "runtime/engine.hpp"
+#include "runtime/engine/engine.hpp"
 
 namespace shoal::actors {
 

@@ -14,7 +14,7 @@
 #include <caf/stateful_actor.hpp>
 
 #include "actors/rank_actor.hpp"
-#include "runtime/expert_migration.hpp"
+#include "runtime/ep/expert_migration.hpp"
 
 namespace shoal::actors {
 

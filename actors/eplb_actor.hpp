@@ -2,10 +2,10 @@
 // balancer"). Every EP node runs one; the one on the node of the group's rank 0 leads, the
 // others only say who does. Every `interval` the leader asks each rank's engine for its load
 // report, gives them to runtime::eplb_controller and, when a plan is due, asks the current
-// holders of the experts each process gains to lend them (runtime/expert_migration.hpp), then
+// holders of the experts each process gains to lend them (runtime/ep/expert_migration.hpp), then
 // offers the new placement with those descriptions to every engine; the ranks read the
 // experts they gain over the transport while they keep stepping, and switch in band at a step
-// boundary once every rank holds them (runtime/expert_parallel.hpp). A group change drops
+// boundary once every rank holds them (runtime/ep/expert_parallel.hpp). A group change drops
 // whatever was offered (reads in flight are discarded; lent weights stay readable until
 // their lease ends).
 #pragma once
@@ -17,7 +17,7 @@
 #include <string>
 
 #include "actors/interfaces.hpp"
-#include "runtime/eplb_controller.hpp"
+#include "runtime/placement/eplb_controller.hpp"
 
 namespace shoal::actors {
 

@@ -20,10 +20,10 @@
 
 #include "actors/http_server.hpp"
 #include "actors/request_relay.hpp"
-#include "runtime/chat_template.hpp"
-#include "runtime/engine_setup.hpp"
-#include "runtime/metrics.hpp"
-#include "runtime/openai_api.hpp"
+#include "runtime/serve/chat_template.hpp"
+#include "runtime/engine/engine_setup.hpp"
+#include "runtime/serve/metric_families.hpp"
+#include "runtime/serve/openai_api.hpp"
 
 namespace shoal::actors {
 
@@ -55,6 +55,7 @@ struct gateway_shared {
   std::mutex mu;
   std::map<int64_t, request_entry> table;
   std::unique_ptr<http_server> server;
+  std::shared_ptr<admission_bound> admission;  // HTTP connections and submits together
 
   runtime::api_limits limits() const {
     runtime::api_limits l;
@@ -77,6 +78,10 @@ struct gateway_shared {
 std::string error_json(int status, const std::string& message) {
   if (status == 413) {
     runtime::api_error e{413, "request_too_large", message, "", ""};
+    return runtime::to_json(e);
+  }
+  if (status == 429) {  // OpenAI's type and code for a rate limit
+    runtime::api_error e{429, "rate_limit_error", message, "", "rate_limit_exceeded"};
     return runtime::to_json(e);
   }
   if (status >= 500) return runtime::to_json(status == 503 ? runtime::overloaded_error(message)
@@ -488,13 +493,19 @@ gateway_actor::behavior_type gateway_behavior(gateway_actor::stateful_pointer<ga
       runtime::completion_request r;
       r.max_tokens = max_tokens;
       r.temperature = 0;
+      if (!g->admission->try_acquire())
+        return make_error(errc::too_many_requests, "too many requests in flight (limit " +
+                                                       std::to_string(g->admission->limit()) + "): try again later");
       int64_t id = g->next_id++;
       auto channel = std::make_shared<stream_channel>();
       relay_options ro;
       ro.request_timeout = g->config.request_timeout;
       spawn_request_relay(*g->sys, g->bal, make_generation(id, runtime::encode_prompt(*g->tok, prompt), r), channel,
                           ro);
-      std::thread(pump_text, g, channel, request_id(id), std::move(sink)).detach();
+      std::thread([g, channel, id, sink = std::move(sink)]() mutable {
+        pump_text(g, channel, request_id(id), std::move(sink));
+        g->admission->release();
+      }).detach();
       return request_id(id);
     },
   };
@@ -531,8 +542,11 @@ std::expected<gateway_start, std::string> spawn_gateway(caf::actor_system& sys, 
     g->bos_token = t->bos_token;
     g->eos_token = t->eos_token;
   }
+  if (g->config.max_in_flight < 1) return std::unexpected("gateway max_in_flight must be >= 1");
+  g->admission = std::make_shared<admission_bound>(g->config.max_in_flight);
   http_server_options opts;
   opts.max_body_bytes = g->config.max_body_bytes;
+  opts.admission = g->admission;
   opts.error_body = error_json;
   std::weak_ptr<gateway_shared> weak = g;
   auto server = http_server::start(

@@ -16,7 +16,7 @@
 #include "actors/interfaces.hpp"
 #include "model/config.hpp"
 #include "model/tokenizer.hpp"
-#include "runtime/image.hpp"
+#include "runtime/vision/image.hpp"
 
 namespace shoal::actors {
 
@@ -30,6 +30,9 @@ struct gateway_config {
   int32_t max_tokens_limit = 4096;          // largest max_tokens accepted
   size_t max_body_bytes = 1 << 20;          // larger bodies: 413
   std::chrono::milliseconds request_timeout{60'000};
+  // Requests served at once: HTTP connections (a thread each) and shell submits (a stream pump
+  // each) share this one bound; one more is refused at once (HTTP 429 naming the limit).
+  int32_t max_in_flight = 256;
   std::filesystem::path tokenizer_config;   // tokenizer_config.json (chat template, bos/eos)
   // Images in chat requests (the model's vision encoder; not present: image parts are refused).
   model::vision_config vision;

@@ -7,6 +7,9 @@
 #include <atomic>
 #include <thread>
 
+#include <poll.h>
+#include <sys/socket.h>
+
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
@@ -23,7 +26,7 @@ struct http_server::impl {
   tcp::acceptor acceptor{io};
   http_handler handler;
   http_server_options options;
-  std::atomic<int> connections{0};
+  std::shared_ptr<admission_bound> admission;  // one slot per open connection
   std::atomic<bool> stopping{false};
   std::thread accept_thread;
   uint16_t port = 0;
@@ -128,6 +131,23 @@ void serve_connection(std::shared_ptr<http_server::impl> srv, tcp::socket s) {
   s.close(ignored);
 }
 
+// Closes a connection answered before its request was read without resetting it: the request
+// bytes that arrive within a short grace are read and dropped, so the client reads the answer
+// instead of a reset (closing with unread bytes sends RST, which can discard it).
+void close_after_response(tcp::socket& s) {
+  beast::error_code ec;
+  s.shutdown(tcp::socket::shutdown_send, ec);
+  const int fd = s.native_handle();
+  char sink[4096];
+  for (int round = 0; round < 8; ++round) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 20) <= 0) break;
+    const ssize_t n = ::recv(fd, sink, sizeof sink, MSG_DONTWAIT);
+    if (n <= 0) break;
+  }
+  s.close(ec);
+}
+
 void accept_loop(std::shared_ptr<http_server::impl> srv) {
   while (!srv->stopping) {
     beast::error_code ec;
@@ -137,15 +157,15 @@ void accept_loop(std::shared_ptr<http_server::impl> srv) {
       if (srv->stopping || ec == asio::error::bad_descriptor) break;
       continue;
     }
-    if (srv->connections.load() >= srv->options.max_connections) {
-      respond_error(*srv, s, 503, "too many connections (limit " +
-                                      std::to_string(srv->options.max_connections) + ")");
+    if (!srv->admission->try_acquire()) {
+      respond_error(*srv, s, 429, "too many requests in flight (limit " + std::to_string(srv->admission->limit()) +
+                                      "): try again later");
+      close_after_response(s);
       continue;
     }
-    ++srv->connections;
     std::thread([srv, s = std::move(s)]() mutable {
       serve_connection(srv, std::move(s));
-      --srv->connections;
+      srv->admission->release();
     }).detach();
   }
 }
@@ -161,6 +181,7 @@ std::expected<std::unique_ptr<http_server>, std::string> http_server::start(cons
   auto p = std::make_shared<impl>();
   p->handler = std::move(handler);
   p->options = std::move(options);
+  p->admission = p->options.admission ? p->options.admission : std::make_shared<admission_bound>(p->options.max_connections);
   beast::error_code ec;
   auto addr = asio::ip::make_address(host == "localhost" ? "127.0.0.1" : host, ec);
   if (ec) return std::unexpected("bad HTTP listen address '" + host + "': " + ec.message());

@@ -5,6 +5,7 @@
 // http_server.cpp; this header is light.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <expected>
 #include <functional>
@@ -37,11 +38,34 @@ class http_writer {
 
 using http_handler = std::function<void(const http_request&, http_writer&)>;
 
+// The bound on requests a process serves at once, shared by everything that admits one (the
+// HTTP connections, each on a thread of its own, and the gateway actor's submits): one count,
+// one policy. A request over it is refused at once, never queued.
+class admission_bound {
+ public:
+  explicit admission_bound(int limit) : limit_(limit) {}
+  bool try_acquire() {
+    int n = used_.load();
+    while (n < limit_)
+      if (used_.compare_exchange_weak(n, n + 1)) return true;
+    return false;
+  }
+  void release() { used_.fetch_sub(1); }
+  int limit() const { return limit_; }
+  int used() const { return used_.load(); }
+
+ private:
+  std::atomic<int> used_{0};
+  const int limit_;
+};
+
 struct http_server_options {
   size_t max_body_bytes = 1 << 20;  // larger bodies: 413 before the body is read
-  int max_connections = 256;        // more concurrent connections: 503, then closed
+  int max_connections = 256;        // more concurrent connections: 429 naming the limit, then closed
+  // Shared with other admitters (the gateway's submits); null: a bound of max_connections.
+  std::shared_ptr<admission_bound> admission;
   int idle_timeout_s = 60;          // a keep-alive connection silent this long is closed
-  // Body (JSON) of the responses the server makes itself: 400 unparsable HTTP, 413, 503.
+  // Body (JSON) of the responses the server makes itself: 400 unparsable HTTP, 413, 429.
   std::function<std::string(int status, const std::string& message)> error_body;
 };
 

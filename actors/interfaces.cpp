@@ -8,7 +8,7 @@
 #include <caf/make_message.hpp>
 #include <caf/sec.hpp>
 
-#include "runtime/image.hpp"
+#include "runtime/vision/image.hpp"
 
 namespace shoal::actors {
 
@@ -47,6 +47,7 @@ const char* to_string(errc e) {
     case errc::corrupt: return "corrupt";
     case errc::storage_full: return "storage_full";
     case errc::no_room: return "no_room";
+    case errc::too_many_requests: return "too_many_requests";
   }
   return "errc(?)";
 }

@@ -16,7 +16,7 @@
 #include <thread>
 
 #include "actors/kv_client.hpp"
-#include "runtime/remote_blocks.hpp"
+#include "runtime/core/remote_blocks.hpp"
 
 namespace shoal::actors {
 

@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "actors/interfaces.hpp"
-#include "runtime/block_key.hpp"
+#include "runtime/base/block_key.hpp"
 
 namespace shoal::actors {
 

@@ -13,12 +13,12 @@
 #include <caf/type_id.hpp>
 #include <caf/typed_actor.hpp>
 
-#include "runtime/block_key.hpp"
-#include "runtime/expert_migration.hpp"
-#include "runtime/handoff.hpp"
-#include "runtime/ids.hpp"
-#include "runtime/sampler.hpp"
-#include "runtime/traffic_class.hpp"
+#include "runtime/base/block_key.hpp"
+#include "runtime/ep/expert_migration.hpp"
+#include "runtime/core/handoff.hpp"
+#include "runtime/base/ids.hpp"
+#include "runtime/core/sampler.hpp"
+#include "runtime/base/traffic_class.hpp"
 
 // -- strong ids on the wire ---------------------------------------------------------------
 
@@ -48,7 +48,7 @@ typename Inspector::result_type inspect(Inspector& f, remote_memory& x) {
   return f(caf::meta::type_name("remote_memory"), x.owner, x.addr, x.key, x.length, x.crc32c);
 }
 
-// One array of a lent routed expert (runtime/expert_migration.hpp); the reader checks it
+// One array of a lent routed expert (runtime/ep/expert_migration.hpp); the reader checks it
 // against its own model before reading.
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, expert_part& x) {
@@ -76,6 +76,7 @@ enum class errc : uint8_t {
   corrupt,              // a stored chunk failed its checksum (removed, never served)
   storage_full,         // a storage node cannot take the chunk (capacity or disk full)
   no_room,              // a decode engine cannot reserve the blocks of a handoff (ask another)
+  too_many_requests,    // the gateway serves its bound of requests at once (retry later; HTTP 429)
 };
 
 const char* to_string(errc e);
@@ -554,7 +555,7 @@ typename Inspector::result_type inspect(Inspector& f, membership& x) {
 // `source` of group `group` (a hash of the group's member list, so frames of an older or a
 // newer group are never mixed with the current one): the dispatch (phase 0) or combine
 // (phase 1) bytes of MoE slot `slot` in lockstep step `step`. The bytes are msgpack-framed
-// tensors (runtime/expert_parallel.hpp) and are validated by the receiver. With a bulk
+// tensors (runtime/ep/expert_parallel.hpp) and are validated by the receiver. With a bulk
 // transport the bytes stay in the sender's registered memory and `bulk` describes them
 // (length > 0, `bytes` empty): the receiver reads them over libfabric, checked by crc32c.
 struct ep_frame {

@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "actors/interfaces.hpp"
-#include "runtime/expert_parallel.hpp"
+#include "runtime/ep/expert_parallel.hpp"
 
 namespace shoal::actors {
 

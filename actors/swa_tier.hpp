@@ -22,8 +22,8 @@
 #include <vector>
 
 #include "actors/interfaces.hpp"
-#include "runtime/swa_store.hpp"
-#include "runtime/transport.hpp"
+#include "runtime/core/swa_store.hpp"
+#include "runtime/base/transport.hpp"
 
 namespace shoal::actors {
 

@@ -9,7 +9,7 @@
 #include <caf/system_messages.hpp>
 #include <caf/typed_event_based_actor.hpp>
 
-#include "runtime/ve_balancer.hpp"
+#include "runtime/placement/ve_balancer.hpp"
 
 namespace shoal::actors {
 namespace {

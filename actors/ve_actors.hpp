@@ -10,7 +10,7 @@
 #include <memory>
 
 #include "actors/interfaces.hpp"
-#include "runtime/ve_worker.hpp"
+#include "runtime/vision/ve_worker.hpp"
 
 namespace shoal::actors {
 

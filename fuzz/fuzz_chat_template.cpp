@@ -7,7 +7,7 @@
 #include <string_view>
 #include <vector>
 
-#include "runtime/chat_template.hpp"
+#include "runtime/serve/chat_template.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace shoal::runtime;

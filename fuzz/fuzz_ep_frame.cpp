@@ -7,7 +7,7 @@
 #include <cstdlib>
 #include <vector>
 
-#include "runtime/expert_parallel.hpp"
+#include "runtime/ep/expert_parallel.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace shoal::runtime;

@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "actors/http_server.hpp"
-#include "runtime/openai_api.hpp"
+#include "runtime/serve/openai_api.hpp"
 
 namespace {
 

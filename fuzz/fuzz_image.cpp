@@ -7,7 +7,7 @@
 #include <span>
 #include <string_view>
 
-#include "runtime/image.hpp"
+#include "runtime/vision/image.hpp"
 
 namespace {
 

@@ -6,7 +6,7 @@
 #include <string>
 #include <string_view>
 
-#include "runtime/node_config.hpp"
+#include "runtime/config/node_config.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace shoal::runtime;

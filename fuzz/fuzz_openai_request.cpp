@@ -5,7 +5,7 @@
 #include <cstdlib>
 #include <string_view>
 
-#include "runtime/openai_api.hpp"
+#include "runtime/serve/openai_api.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace shoal::runtime;

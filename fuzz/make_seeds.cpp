@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "model/safetensors.hpp"
-#include "runtime/expert_parallel.hpp"
-#include "runtime/image.hpp"
+#include "runtime/ep/expert_parallel.hpp"
+#include "runtime/vision/image.hpp"
 #include "storage/bulk.hpp"
 // The test helpers bring doctest along; nothing here registers tests. With doctest off, the
 // PNG writer's REQUIREs vanish and leave a variable unused (only write_jpeg is used here).

@@ -14,13 +14,13 @@
 
 #include <xxhash.h>
 
-#include "runtime/cache_manager.hpp"
-#include "runtime/clock.hpp"
-#include "runtime/ids.hpp"
-#include "runtime/decode_placement.hpp"
-#include "runtime/metrics.hpp"
-#include "runtime/remote_blocks.hpp"
-#include "runtime/scheduler.hpp"
+#include "runtime/core/cache_manager.hpp"
+#include "runtime/base/clock.hpp"
+#include "runtime/base/ids.hpp"
+#include "runtime/placement/decode_placement.hpp"
+#include "runtime/base/metrics.hpp"
+#include "runtime/core/remote_blocks.hpp"
+#include "runtime/core/scheduler.hpp"
 #include "sim/cluster_state.hpp"
 
 namespace shoal::sim {

@@ -30,7 +30,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/prefill_balancer.hpp"
+#include "runtime/placement/prefill_balancer.hpp"
 #include "sim/faults.hpp"
 #include "sim/profile.hpp"
 #include "sim/workload.hpp"

@@ -15,12 +15,12 @@
 #include <unordered_map>
 #include <vector>
 
-#include "runtime/cache_manager.hpp"
-#include "runtime/clock.hpp"
-#include "runtime/decode_placement.hpp"
-#include "runtime/metrics.hpp"
-#include "runtime/remote_blocks.hpp"
-#include "runtime/scheduler.hpp"
+#include "runtime/core/cache_manager.hpp"
+#include "runtime/base/clock.hpp"
+#include "runtime/placement/decode_placement.hpp"
+#include "runtime/base/metrics.hpp"
+#include "runtime/core/remote_blocks.hpp"
+#include "runtime/core/scheduler.hpp"
 #include "sim/cluster_sim.hpp"
 
 namespace shoal::sim::detail {

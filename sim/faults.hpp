@@ -1,7 +1,7 @@
 // Faults in the simulator. A run with faults on draws, from its seed, a schedule of node
 // faults over the workload's span (crash and restart, hang, partition and heal, a slow group,
 // a full disk on the storage tier, damaged chunks) and injects message faults at the named
-// fault points of runtime/fault_points.hpp (a KV handoff read that fails, is late or is
+// fault points of runtime/base/fault_points.hpp (a KV handoff read that fails, is late or is
 // delivered twice; a write that finds the disk full; a chunk damaged after its checksum).
 // The cluster reacts as DISAGG.md's failure table says the real one does: the relay re-routes
 // a request whose engine went down (tokens already streamed are kept), the decode side
@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/fault_points.hpp"
+#include "runtime/base/fault_points.hpp"
 
 namespace shoal::sim {
 

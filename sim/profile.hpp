@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "model/config.hpp"
-#include "runtime/cost_model.hpp"
+#include "runtime/core/cost_model.hpp"
 
 namespace shoal::sim {
 

@@ -7,7 +7,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "runtime/metrics.hpp"
+#include "runtime/base/metrics.hpp"
 
 namespace shoal::sim {
 

@@ -11,7 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "runtime/prefix_trace.hpp"
+#include "sim/prefix_trace.hpp"
 
 namespace shoal::sim {
 
@@ -49,7 +49,7 @@ int32_t output_token(int64_t request_id, int64_t index, int64_t vocab) {
 
 std::expected<std::vector<sim_request>, std::string> mooncake_workload(const std::string& path, const workload_options& o) {
   if (!(o.speed > 0) || !(o.length_scale > 0)) return std::unexpected("speed and length scale must be > 0");
-  auto rows = runtime::load_mooncake_trace(path);
+  auto rows = sim::load_mooncake_trace(path);
   if (!rows) return std::unexpected(rows.error());
   std::vector<sim_request> out;
   const double t0 = rows->empty() ? 0 : static_cast<double>(rows->front().timestamp_ms) / 1000.0;

@@ -21,7 +21,7 @@
 
 #include "storage/ttl.hpp"
 
-#include "runtime/block_key.hpp"
+#include "runtime/base/block_key.hpp"
 
 namespace shoal::storage {
 

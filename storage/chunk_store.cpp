@@ -15,7 +15,7 @@
 #include <limits>
 
 #include "kernels/assert.hpp"
-#include "runtime/fault_points.hpp"
+#include "runtime/base/fault_points.hpp"
 
 namespace shoal::storage {
 

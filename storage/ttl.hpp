@@ -7,7 +7,7 @@
 #include <optional>
 #include <string_view>
 
-#include "runtime/traffic_class.hpp"
+#include "runtime/base/traffic_class.hpp"
 
 namespace shoal::storage {
 

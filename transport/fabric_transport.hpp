@@ -13,7 +13,7 @@
 #include <memory>
 #include <string>
 
-#include "runtime/transport.hpp"
+#include "runtime/base/transport.hpp"
 
 namespace shoal::transport {
 

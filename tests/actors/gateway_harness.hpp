@@ -36,9 +36,9 @@
 #include "actors/interfaces.hpp"
 #include "actors/balancer_actors.hpp"
 #include "model/generate.hpp"
-#include "runtime/chat_template.hpp"
-#include "runtime/engine_setup.hpp"
-#include "runtime/openai_api.hpp"
+#include "runtime/serve/chat_template.hpp"
+#include "runtime/engine/engine_setup.hpp"
+#include "runtime/serve/openai_api.hpp"
 #include "tests/support/image_files.hpp"
 
 

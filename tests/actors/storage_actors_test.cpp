@@ -22,7 +22,7 @@
 #include "actors/kv_client.hpp"
 #include "actors/storage_node_actor.hpp"
 #include "tests/support/process.hpp"
-#include "runtime/engine.hpp"
+#include "runtime/engine/engine.hpp"
 #include "tests/support/hung_listener.hpp"
 #include "tests/support/random.hpp"
 #include "tests/support/tiny_models.hpp"

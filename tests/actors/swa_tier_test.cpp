@@ -19,7 +19,7 @@
 #include <caf/send.hpp>
 
 #include "actors/swa_tier.hpp"
-#include "runtime/engine.hpp"
+#include "runtime/engine/engine.hpp"
 #include "tests/support/tiny_models.hpp"
 #include "transport/fabric_transport.hpp"
 

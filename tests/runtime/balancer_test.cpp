@@ -6,8 +6,8 @@
 
 #include <vector>
 
-#include "runtime/decode_placement.hpp"
-#include "runtime/prefill_balancer.hpp"
+#include "runtime/placement/decode_placement.hpp"
+#include "runtime/placement/prefill_balancer.hpp"
 
 using namespace shoal;
 using namespace shoal::runtime;

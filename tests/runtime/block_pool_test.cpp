@@ -8,7 +8,7 @@
 #include <numeric>
 #include <vector>
 
-#include "runtime/block_pool.hpp"
+#include "runtime/core/block_pool.hpp"
 
 using shoal::block_id;
 using namespace shoal::runtime;

@@ -2,7 +2,7 @@
 // renders made by data/gen_chat_template_goldens.py (the DeepSeek-V3 template and the fallback
 // of model/generate.cpp over 14 conversations x add_generation_prompt, plus snippets for the
 // rest of the subset); no Python at test time. Then bad templates fail with named errors.
-#include "runtime/chat_template.hpp"
+#include "runtime/serve/chat_template.hpp"
 
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>

@@ -12,7 +12,7 @@
 #include <unistd.h>
 #include <vector>
 
-#include "runtime/cost_model.hpp"
+#include "runtime/core/cost_model.hpp"
 
 using namespace shoal::runtime;
 

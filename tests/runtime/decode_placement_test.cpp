@@ -3,7 +3,7 @@
 
 #include <vector>
 
-#include "runtime/decode_placement.hpp"
+#include "runtime/placement/decode_placement.hpp"
 
 using namespace shoal::runtime;
 

@@ -8,7 +8,7 @@
 #include <cmath>
 #include <map>
 
-#include "runtime/engine.hpp"
+#include "runtime/engine/engine.hpp"
 #include "tests/support/tiny_models.hpp"
 
 using namespace shoal;

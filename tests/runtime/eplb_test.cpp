@@ -10,7 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "runtime/eplb.hpp"
+#include "runtime/placement/eplb.hpp"
 
 using namespace shoal::runtime;
 using json = nlohmann::json;

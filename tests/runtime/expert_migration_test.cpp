@@ -13,8 +13,8 @@
 #include "model/forward.hpp"
 #include "model/generate.hpp"
 #include "model/weights.hpp"
-#include "runtime/expert_migration.hpp"
-#include "runtime/expert_residency.hpp"
+#include "runtime/ep/expert_migration.hpp"
+#include "runtime/ep/expert_residency.hpp"
 #include "transport/fabric_transport.hpp"
 
 using namespace shoal;

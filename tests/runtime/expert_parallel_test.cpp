@@ -15,11 +15,11 @@
 
 #include "model/generate.hpp"
 #include "model/safetensors.hpp"
-#include "runtime/engine.hpp"
-#include "runtime/expert_migration.hpp"
-#include "runtime/expert_residency.hpp"
+#include "runtime/engine/engine.hpp"
+#include "runtime/ep/expert_migration.hpp"
+#include "runtime/ep/expert_residency.hpp"
 #include "transport/fabric_transport.hpp"
-#include "runtime/expert_parallel.hpp"
+#include "runtime/ep/expert_parallel.hpp"
 #include "tests/support/tiny_models.hpp"
 
 using namespace shoal;

@@ -8,8 +8,8 @@
 #include <random>
 #include <set>
 
-#include "runtime/eplb_controller.hpp"
-#include "runtime/expert_placement.hpp"
+#include "runtime/placement/eplb_controller.hpp"
+#include "runtime/placement/expert_placement.hpp"
 
 using namespace shoal;
 using runtime::ep_placement;

@@ -5,8 +5,8 @@
 #include <fstream>
 #include <vector>
 
-#include "runtime/fault_points.hpp"
-#include "runtime/node_config.hpp"
+#include "runtime/base/fault_points.hpp"
+#include "runtime/config/node_config.hpp"
 
 using namespace shoal::runtime;
 

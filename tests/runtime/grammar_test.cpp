@@ -14,8 +14,8 @@
 #include <nlohmann/json.hpp>
 
 #include "model/tokenizer.hpp"
-#include "runtime/grammar.hpp"
-#include "runtime/tool_calls.hpp"
+#include "runtime/structured/grammar.hpp"
+#include "runtime/structured/tool_calls.hpp"
 #include "tests/support/process.hpp"
 
 using namespace shoal::runtime;

@@ -3,7 +3,7 @@
 // bounded pixels; a table of bad data URLs, each with its errc and message; truncated, foreign
 // and forged inputs; resize_area and fit_to_patches against hand-computed values; and a
 // seeded fuzz of mutated files that must each decode consistently or fail with a message.
-#include "runtime/image.hpp"
+#include "runtime/vision/image.hpp"
 
 #include <doctest/doctest.h>
 

@@ -1,7 +1,7 @@
 // Tests of runtime/metrics: the exact Prometheus 0.0.4 text of a small registry (counters with
 // and without a label, a gauge, a histogram with cumulative buckets and +Inf), label escaping,
 // the gateway metric set, and concurrent updates from several threads summing exactly.
-#include "runtime/metrics.hpp"
+#include "runtime/serve/metric_families.hpp"
 
 #include <doctest/doctest.h>
 

@@ -1,7 +1,7 @@
 // Tests of the shoald node config (runtime/node_config): every sample under config/ parses to
 // the values its comments promise, defaults and path resolution hold, and a table of bad files
 // each fails with the expected error code, line and key, formatted as FILE:LINE:COL: key '…'.
-#include "runtime/node_config.hpp"
+#include "runtime/config/node_config.hpp"
 
 #include <doctest/doctest.h>
 
@@ -106,6 +106,7 @@ TEST_CASE("node_config: config/local-disagg/ is a gateway, 2 prefill and 2 decod
   CHECK(gw.decode_policy == "decode_balancer");
   CHECK(gw.tier_bounds == std::vector<int64_t>{16384, 65536, 262144});
   CHECK(gw.balancer_round_ms == 10'000);
+  CHECK(gw.max_in_flight == 256);
   const std::vector<std::pair<std::string, engine_role>> nodes = {{"prefill-a", engine_role::prefill},
                                                                   {"prefill-b", engine_role::prefill},
                                                                   {"decode-a", engine_role::decode},
@@ -356,6 +357,10 @@ TEST_CASE("node_config: every bad input names its line and key") {
        "[node]\nname = \"g\"\nlisten = \"127.0.0.1:7100\"\nroles = [\"gateway\"]\nmodel_dir = \"m\"\n"
        "[gateway]\nlisten = \"127.0.0.1:8000\"\nbalancer_round_ms = 0\n",
        config_errc::bad_value, 8, "gateway.balancer_round_ms", "must be ≥ 1"},
+      {"no request in flight allowed",
+       "[node]\nname = \"g\"\nlisten = \"127.0.0.1:7100\"\nroles = [\"gateway\"]\nmodel_dir = \"m\"\n"
+       "[gateway]\nlisten = \"127.0.0.1:8000\"\nmax_in_flight = 0\n",
+       config_errc::bad_value, 8, "gateway.max_in_flight", "must be ≥ 1"},
       {"gateway.listen = node.listen",
        "[node]\nname = \"g\"\nlisten = \"127.0.0.1:7100\"\nroles = [\"gateway\"]\nmodel_dir = \"m\"\n"
        "[gateway]\nlisten = \"127.0.0.1:7100\"\n",

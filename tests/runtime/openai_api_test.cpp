@@ -1,7 +1,7 @@
 // Tests of runtime/openai_api: a table of bad request bodies, each rejected with its exact
 // status, type and param; good requests of both endpoints parsed field by field, defaults
 // included; and every response builder's JSON read back with nlohmann and checked field by field.
-#include "runtime/openai_api.hpp"
+#include "runtime/serve/openai_api.hpp"
 
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>

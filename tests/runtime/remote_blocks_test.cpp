@@ -11,9 +11,9 @@
 #include <mutex>
 #include <random>
 
-#include "runtime/engine.hpp"
-#include "runtime/remote_blocks.hpp"
-#include "runtime/swa_store.hpp"
+#include "runtime/engine/engine.hpp"
+#include "runtime/core/remote_blocks.hpp"
+#include "runtime/core/swa_store.hpp"
 #include "tests/support/tiny_models.hpp"
 
 using namespace shoal;

@@ -12,7 +12,7 @@
 #include <tuple>
 #include <vector>
 
-#include "runtime/sampler.hpp"
+#include "runtime/core/sampler.hpp"
 
 using namespace shoal::runtime;
 

@@ -5,7 +5,7 @@
 
 #include <cmath>
 
-#include "runtime/scheduler.hpp"
+#include "runtime/core/scheduler.hpp"
 #include "tests/support/tiny_models.hpp"
 
 using namespace shoal;

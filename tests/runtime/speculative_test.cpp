@@ -10,8 +10,8 @@
 #include <map>
 #include <random>
 
-#include "runtime/engine.hpp"
-#include "runtime/speculative.hpp"
+#include "runtime/engine/engine.hpp"
+#include "runtime/core/speculative.hpp"
 
 #include <nlohmann/json.hpp>
 #include "tests/support/tiny_models.hpp"

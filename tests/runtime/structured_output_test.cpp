@@ -8,8 +8,8 @@
 #include <nlohmann/json.hpp>
 
 #include "model/tokenizer.hpp"
-#include "runtime/engine.hpp"
-#include "runtime/grammar.hpp"
+#include "runtime/engine/engine.hpp"
+#include "runtime/structured/grammar.hpp"
 #include "tests/support/tiny_models.hpp"
 
 using namespace shoal;

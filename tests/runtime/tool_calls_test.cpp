@@ -5,9 +5,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "runtime/chat_template.hpp"
-#include "runtime/openai_api.hpp"
-#include "runtime/tool_calls.hpp"
+#include "runtime/serve/chat_template.hpp"
+#include "runtime/serve/openai_api.hpp"
+#include "runtime/structured/tool_calls.hpp"
 
 using namespace shoal::runtime;
 

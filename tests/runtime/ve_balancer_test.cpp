@@ -1,4 +1,4 @@
-#include "runtime/ve_balancer.hpp"
+#include "runtime/placement/ve_balancer.hpp"
 
 #include <doctest/doctest.h>
 

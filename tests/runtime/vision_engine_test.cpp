@@ -6,8 +6,8 @@
 #include <doctest/doctest.h>
 
 #include "model/vision.hpp"
-#include "runtime/engine.hpp"
-#include "runtime/image.hpp"
+#include "runtime/engine/engine.hpp"
+#include "runtime/vision/image.hpp"
 #include "tests/support/tiny_models.hpp"
 
 using namespace shoal;

@@ -9,7 +9,7 @@
 #include <atomic>
 #include <thread>
 
-#include "runtime/fault_points.hpp"
+#include "runtime/base/fault_points.hpp"
 #include "storage/chunk_file.hpp"
 #include "tests/storage/store_fixture.hpp"
 

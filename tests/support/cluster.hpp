@@ -19,8 +19,8 @@
 
 #include "actors/http_client.hpp"
 #include "model/generate.hpp"
-#include "runtime/chat_template.hpp"
-#include "runtime/engine_setup.hpp"
+#include "runtime/serve/chat_template.hpp"
+#include "runtime/engine/engine_setup.hpp"
 #include "tests/support/process.hpp"
 
 namespace shoal::test {

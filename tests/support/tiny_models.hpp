@@ -11,7 +11,7 @@
 #include "model/generate.hpp"
 #include "model/tokenizer.hpp"
 #include "model/weights.hpp"
-#include "runtime/engine.hpp"
+#include "runtime/engine/engine.hpp"
 
 namespace shoal::test {
 

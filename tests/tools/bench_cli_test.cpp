@@ -8,7 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "runtime/cost_model.hpp"
+#include "runtime/core/cost_model.hpp"
 #include "tests/support/cluster.hpp"
 
 using namespace shoal;

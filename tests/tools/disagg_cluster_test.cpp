@@ -21,9 +21,9 @@
 #include <nlohmann/json.hpp>
 
 #include "actors/http_client.hpp"
-#include "runtime/chat_template.hpp"
-#include "runtime/cost_model.hpp"
-#include "runtime/engine_setup.hpp"
+#include "runtime/serve/chat_template.hpp"
+#include "runtime/core/cost_model.hpp"
+#include "runtime/engine/engine_setup.hpp"
 #include "tests/support/cluster.hpp"
 #include "tools/shoald/engine_options.hpp"
 
@@ -265,6 +265,12 @@ TEST_CASE("disaggregated cluster: requests land where the balancers' policies sa
     CHECK(report.find("prefill_balancer: policy=round_robin") != std::string::npos);
     CHECK(report.find("decode_balancer: policy=round_robin") != std::string::npos);
     for (const char* e : {"prefill-a/0", "prefill-b/0", "decode-a/0", "decode-b/0"}) CHECK(disagg_cluster::placed(report, e) == 4);
+    // The shell without --connect finds the cluster that `shoal up` recorded in its state directory
+    // (the sample listens on 72xx, not the shell's fallback 127.0.0.1:7100).
+    std::string nodes;
+    REQUIRE_MESSAGE(c.shoal({"shell", "--state-dir", c.state_dir.string(), "-c", "nodes"}, nodes) == 0, nodes);
+    for (const char* n : {"gateway", "prefill-a", "prefill-b", "decode-a", "decode-b"})
+      CHECK_MESSAGE(nodes.find(n) != std::string::npos, n << " missing from: " << nodes);
   }
   SUBCASE("tiered prefill: a repeated prompt stays on the engine that holds its prefix and hits its cache") {
     disagg_cluster c("tiny", 29, false);

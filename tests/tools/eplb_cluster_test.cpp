@@ -20,8 +20,8 @@
 #include "actors/http_client.hpp"
 #include "model/forward.hpp"
 #include "model/generate.hpp"
-#include "runtime/chat_template.hpp"
-#include "runtime/engine_setup.hpp"
+#include "runtime/serve/chat_template.hpp"
+#include "runtime/engine/engine_setup.hpp"
 #include "tests/support/cluster.hpp"
 #include "tools/shoald/engine_options.hpp"
 

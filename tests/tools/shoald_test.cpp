@@ -35,7 +35,7 @@
 #include "actors/interfaces.hpp"
 #include "actors/node_agent_actor.hpp"
 #include "model/generate.hpp"
-#include "runtime/engine_setup.hpp"
+#include "runtime/engine/engine_setup.hpp"
 #include "tests/support/cluster.hpp"
 #include "tests/support/process.hpp"
 #include "tools/shoald/engine_options.hpp"

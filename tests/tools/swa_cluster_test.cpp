@@ -21,7 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "actors/http_client.hpp"
-#include "runtime/engine_setup.hpp"
+#include "runtime/engine/engine_setup.hpp"
 #include "tests/support/cluster.hpp"
 #include "tests/support/tiny_models.hpp"
 #include "tools/shoald/engine_options.hpp"

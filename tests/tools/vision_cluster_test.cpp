@@ -20,9 +20,9 @@
 
 #include "actors/http_client.hpp"
 #include "model/generate.hpp"
-#include "runtime/chat_template.hpp"
-#include "runtime/engine_setup.hpp"
-#include "runtime/openai_api.hpp"
+#include "runtime/serve/chat_template.hpp"
+#include "runtime/engine/engine_setup.hpp"
+#include "runtime/serve/openai_api.hpp"
 #include "tests/support/cluster.hpp"
 #include "tests/support/image_files.hpp"
 #include "tools/shoald/engine_options.hpp"

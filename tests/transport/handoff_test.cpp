@@ -10,8 +10,8 @@
 #include <map>
 #include <thread>
 
-#include "runtime/fault_points.hpp"
-#include "runtime/engine.hpp"
+#include "runtime/base/fault_points.hpp"
+#include "runtime/engine/engine.hpp"
 #include "tests/support/tiny_models.hpp"
 #include "transport/fabric_transport.hpp"
 

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/engine_setup.hpp"
+#include "runtime/engine/engine_setup.hpp"
 
 int main(int argc, char** argv) {
   if (argc < 2) {

@@ -21,7 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "actors/http_client.hpp"
-#include "runtime/node_config.hpp"
+#include "runtime/config/node_config.hpp"
 #include "sim/cluster_sim.hpp"
 #include "sim/report.hpp"
 #include "tools/shoal/bench_util.hpp"

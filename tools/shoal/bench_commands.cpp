@@ -2,7 +2,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
-#include "runtime/prefix_trace.hpp"
+#include "sim/prefix_trace.hpp"
 #include "tools/shoal/commands.hpp"
 
 namespace shoal::tools {
@@ -33,14 +33,14 @@ void add_bench_commands(CLI::App& app) {
   pt->add_option("--capacity", *capacity, "cache capacity in blocks");
   pt->add_option("--policy", *policy, "lru | pool")->check(CLI::IsMember({"lru", "pool"}));
   pt->callback([=] {
-    auto t = runtime::load_mooncake_trace(*trace);
+    auto t = sim::load_mooncake_trace(*trace);
     if (!t) {
       fmt::print(stderr, "shoal bench prefix-trace: {}\n", t.error());
       set_exit_code(1);
       return;
     }
-    auto pol = *policy == "lru" ? runtime::cache_policy::lru : runtime::cache_policy::pool;
-    auto s = runtime::replay_trace(*t, *capacity, pol);
+    auto pol = *policy == "lru" ? sim::cache_policy::lru : sim::cache_policy::pool;
+    auto s = sim::replay_trace(*t, *capacity, pol);
     fmt::print("policy={} capacity={} requests={} blocks={} hit_blocks={} evictions={} hit_ratio={:.4f}\n",
                *policy, *capacity, s.requests, s.blocks, s.hit_blocks, s.evictions, s.hit_ratio());
   });

@@ -26,8 +26,8 @@
 #include <nlohmann/json.hpp>
 
 #include "model/generate.hpp"
-#include "runtime/engine.hpp"
-#include "runtime/prefix_trace.hpp"
+#include "runtime/engine/engine.hpp"
+#include "sim/prefix_trace.hpp"
 #include "tools/shoal/bench_swa.hpp"
 #include "tools/shoal/bench_util.hpp"
 #include "tools/shoal/commands.hpp"
@@ -302,7 +302,7 @@ double raw_gbps(const std::string& provider, uint64_t block_bytes, double total)
 
 int run_disagg_bench(const disagg_args& a) {
   json base = machine_facts();  // popen: before any thread of ours exists
-  auto trace = runtime::load_mooncake_trace(a.trace);
+  auto trace = sim::load_mooncake_trace(a.trace);
   if (!trace) throw std::runtime_error(trace.error());
   auto cfg = model::preset_config(a.preset);
   if (!cfg) throw std::runtime_error(cfg.error().message);

@@ -12,7 +12,7 @@
 #include "kernels/cpu/isa.hpp"
 #include "kernels/cpu/thread_pool.hpp"
 #include "model/generate.hpp"
-#include "runtime/engine_setup.hpp"
+#include "runtime/engine/engine_setup.hpp"
 #include "tools/shoal/bench_util.hpp"
 #include "tools/shoal/commands.hpp"
 

@@ -11,7 +11,7 @@
 #include <thread>
 
 #include "model/weights.hpp"
-#include "runtime/expert_residency.hpp"
+#include "runtime/ep/expert_residency.hpp"
 #include "tools/shoal/bench_util.hpp"
 #include "tools/shoal/commands.hpp"
 #include "transport/dual_transport.hpp"

@@ -15,8 +15,8 @@
 #include <sstream>
 
 #include "model/weights.hpp"
-#include "runtime/eplb.hpp"
-#include "runtime/expert_residency.hpp"
+#include "runtime/placement/eplb.hpp"
+#include "runtime/ep/expert_residency.hpp"
 #include "tools/shoal/bench_util.hpp"
 #include "tools/shoal/commands.hpp"
 

@@ -13,7 +13,7 @@
 #include <random>
 
 #include "model/tokenizer.hpp"
-#include "runtime/grammar.hpp"
+#include "runtime/structured/grammar.hpp"
 #include "tools/shoal/bench_util.hpp"
 #include "tools/shoal/commands.hpp"
 

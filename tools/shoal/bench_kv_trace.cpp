@@ -33,8 +33,8 @@
 #include "actors/kv_client.hpp"
 #include "model/generate.hpp"
 #include "model/weights.hpp"
-#include "runtime/engine.hpp"
-#include "runtime/prefix_trace.hpp"
+#include "runtime/engine/engine.hpp"
+#include "sim/prefix_trace.hpp"
 #include "storage/erasure.hpp"
 #include "tools/shoal/bench_util.hpp"
 #include "tools/shoal/commands.hpp"
@@ -62,7 +62,7 @@ constexpr double high_watermark = 0.98, low_watermark = 0.95;
 
 // The prompt of a trace request: `block_size` tokens per hash id (in [0, 256): plain bytes
 // of the test vocabulary), then one tail token.
-std::vector<int32_t> prompt_of(const runtime::trace_request& r, int64_t block_size) {
+std::vector<int32_t> prompt_of(const sim::trace_request& r, int64_t block_size) {
   std::vector<int32_t> out;
   out.reserve(r.hash_ids.size() * static_cast<size_t>(block_size) + 1);
   for (int64_t h : r.hash_ids)
@@ -82,7 +82,7 @@ struct point {
 
 // One capacity: fresh engines over the (empty) storage cluster of `child`.
 point replay(caf::actor_system& sys, const storage_child& child, int capacity,
-             const std::shared_ptr<model::model_weights>& w, const std::vector<runtime::trace_request>& reqs,
+             const std::shared_ptr<model::model_weights>& w, const std::vector<sim::trace_request>& reqs,
              const kv_trace_args& a) {
   actors::membership m = storage_members(sys, child);
   auto nodes = actors::kv_client::nodes_of(m);
@@ -145,7 +145,7 @@ point replay(caf::actor_system& sys, const storage_child& child, int capacity,
 
 int run_kv_trace(const kv_trace_args& a) {
   json base = machine_facts();  // popen: before any thread of ours exists
-  auto whole = runtime::load_mooncake_trace(a.trace);
+  auto whole = sim::load_mooncake_trace(a.trace);
   if (!whole) throw std::runtime_error(whole.error());
   auto w = std::make_shared<model::model_weights>();
   w->config = *model::preset_config("v3-tiny");
@@ -159,7 +159,7 @@ int run_kv_trace(const kv_trace_args& a) {
   model::init_random(*w, 1);
   const int64_t bs = w->config.block_size;
   const auto max_blocks = static_cast<size_t>((w->config.max_position_embeddings - 2) / bs);
-  std::vector<runtime::trace_request> reqs(whole->begin(), whole->begin() + std::min<size_t>(whole->size(), a.requests));
+  std::vector<sim::trace_request> reqs(whole->begin(), whole->begin() + std::min<size_t>(whole->size(), a.requests));
   size_t truncated = 0;
   for (auto& r : reqs)
     if (r.hash_ids.size() > max_blocks) {
@@ -202,12 +202,12 @@ int run_kv_trace(const kv_trace_args& a) {
   std::vector<point> points;
   for (size_t i = 0; i < a.capacities.size(); ++i) {
     point p = replay(sys, children[i], a.capacities[i], w, reqs, a);
-    p.lru_same = runtime::replay_trace(reqs, a.capacities[i], runtime::cache_policy::lru).hit_ratio();
-    p.lru_whole = runtime::replay_trace(*whole, a.capacities[i], runtime::cache_policy::lru).hit_ratio();
+    p.lru_same = sim::replay_trace(reqs, a.capacities[i], sim::cache_policy::lru).hit_ratio();
+    p.lru_whole = sim::replay_trace(*whole, a.capacities[i], sim::cache_policy::lru).hit_ratio();
     points.push_back(p);
     stop_storage_child(children[i]);
   }
-  auto ideal = runtime::replay_trace(reqs, std::numeric_limits<int32_t>::max(), runtime::cache_policy::lru).hit_ratio();
+  auto ideal = sim::replay_trace(reqs, std::numeric_limits<int32_t>::max(), sim::cache_policy::lru).hit_ratio();
 
   fmt::print("\n{:>9} {:>8} {:>9} {:>10} {:>10} {:>11} {:>11} {:>10} {:>9} {:>8}\n", "capacity", "blocks", "hit ratio",
              "from local", "from store", "LRU same rq", "LRU whole", "evicted ch", "fetch err", "s");

@@ -12,8 +12,8 @@
 #include "kernels/cpu/thread_pool.hpp"
 #include "model/forward.hpp"
 #include "model/generate.hpp"
-#include "runtime/cost_model.hpp"
-#include "runtime/engine.hpp"
+#include "runtime/core/cost_model.hpp"
+#include "runtime/engine/engine.hpp"
 #include "tools/shoal/bench_util.hpp"
 #include "tools/shoal/commands.hpp"
 

@@ -24,7 +24,7 @@
 
 #include "actors/http_client.hpp"
 #include "actors/interfaces.hpp"
-#include "runtime/engine_setup.hpp"
+#include "runtime/engine/engine_setup.hpp"
 #include "tools/shoal/bench_util.hpp"
 #include "tools/shoal/commands.hpp"
 #include "tools/shoald/engine_options.hpp"

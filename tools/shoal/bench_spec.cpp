@@ -10,8 +10,8 @@
 #include <fmt/core.h>
 
 #include "model/generate.hpp"
-#include "runtime/engine.hpp"
-#include "runtime/engine_setup.hpp"
+#include "runtime/engine/engine.hpp"
+#include "runtime/engine/engine_setup.hpp"
 #include "tools/shoal/bench_util.hpp"
 #include "tools/shoal/commands.hpp"
 

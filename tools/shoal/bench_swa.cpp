@@ -19,8 +19,8 @@
 
 #include "actors/swa_tier.hpp"
 #include "model/generate.hpp"
-#include "runtime/engine.hpp"
-#include "runtime/swa_pool.hpp"
+#include "runtime/engine/engine.hpp"
+#include "runtime/core/swa_pool.hpp"
 #include "tools/shoal/bench_swa.hpp"
 #include "tools/shoal/bench_util.hpp"
 #include "tools/shoal/commands.hpp"

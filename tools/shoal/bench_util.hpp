@@ -11,7 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "runtime/metrics.hpp"
+#include "runtime/base/metrics.hpp"
 
 namespace shoal::tools {
 
@@ -19,7 +19,7 @@ double now_s();
 // The Mooncake conversation trace in ../shared/traces (the benches' default load).
 std::string conversation_trace_path();
 double median(std::vector<double> v);
-using runtime::percentile;  // runtime/metrics.hpp
+using runtime::percentile;  // runtime/base/metrics.hpp
 // splitmix64's finaliser: seeded synthetic token ids for trace replays.
 uint64_t splitmix64(uint64_t x);
 // OpenBLAS sgemm GFLOP/s at (m, n, k) with OpenBLAS's own threading over `threads`: median of `reps`.

@@ -22,8 +22,8 @@
 #include "actors/http_client.hpp"
 #include "kernels/cpu/thread_pool.hpp"
 #include "model/vision.hpp"
-#include "runtime/engine_setup.hpp"
-#include "runtime/image.hpp"
+#include "runtime/engine/engine_setup.hpp"
+#include "runtime/vision/image.hpp"
 #include "tools/shoal/bench_util.hpp"
 #include "tools/shoal/commands.hpp"
 

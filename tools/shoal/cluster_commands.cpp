@@ -27,7 +27,7 @@
 
 #include "actors/cluster_tls.hpp"
 #include "actors/interfaces.hpp"
-#include "runtime/node_config.hpp"
+#include "runtime/config/node_config.hpp"
 #include "tools/shoal/commands.hpp"
 
 extern char** environ;
@@ -182,6 +182,15 @@ std::string read_text(const std::filesystem::path& p) {
   return s.str();
 }
 
+std::string recorded_cluster(const fs::path& state_dir) {
+  bool running = false;
+  for (const auto& [pid, name] : read_state(state_dir / "cluster.pids")) running = running || alive(pid);
+  if (!running) return "";
+  std::string addr = read_text(state_dir / "cluster.connect");
+  while (!addr.empty() && (addr.back() == '\n' || addr.back() == ' ')) addr.pop_back();
+  return addr;
+}
+
 int cluster_up(const fs::path& config, const fs::path& state_dir, int timeout_s) {
   fs::path state = state_dir / "cluster.pids";
   for (const auto& [pid, name] : read_state(state))
@@ -210,6 +219,8 @@ int cluster_up(const fs::path& config, const fs::path& state_dir, int timeout_s)
   }
   if (!wait_membership(nodes->front(), nodes->size(), deadline))
     return abort_up(nodes->front(), "does not see every node");
+  // `shoal shell` without --connect reaches the cluster through the first node (it knows every node).
+  std::ofstream(state_dir / "cluster.connect", std::ios::trunc) << runtime::to_string(nodes->front().config.listen) << '\n';
   for (const auto& n : *nodes)
     if (n.config.http_listen)
       fmt::print("cluster up: {} node(s); OpenAI API at http://{}/v1 ; shell: shoal shell --connect {}\n",
@@ -227,6 +238,7 @@ int cluster_down(const fs::path& state_dir, int timeout_s) {
   stop_all(nodes, std::chrono::seconds(timeout_s));
   std::error_code ec;
   fs::remove(state, ec);
+  fs::remove(state_dir / "cluster.connect", ec);
   return 0;
 }
 

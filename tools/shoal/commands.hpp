@@ -35,6 +35,9 @@ void add_cluster_bench(CLI::App& bench);    // bench cluster
 // `shoal up` / `shoal down` (cluster_commands.cpp): exit codes.
 int cluster_up(const std::filesystem::path& config, const std::filesystem::path& state_dir, int timeout_s);
 int cluster_down(const std::filesystem::path& state_dir, int timeout_s);
+// The node a shell reaches the cluster that `shoal up --state-dir DIR` started through
+// ("HOST:PORT", recorded in DIR/cluster.connect); empty when DIR records no running cluster.
+std::string recorded_cluster(const std::filesystem::path& state_dir);
 // The whole file as bytes; empty when it cannot be read.
 std::string read_text(const std::filesystem::path& p);
 int exit_code();

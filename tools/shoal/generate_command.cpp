@@ -4,8 +4,8 @@
 
 #include <fstream>
 
-#include "runtime/cost_model.hpp"
-#include "runtime/engine_setup.hpp"
+#include "runtime/core/cost_model.hpp"
+#include "runtime/engine/engine_setup.hpp"
 #include "tools/shoal/commands.hpp"
 
 namespace shoal::tools {

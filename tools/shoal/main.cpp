@@ -8,11 +8,11 @@
 #include <cstdlib>
 
 #include "kernels/cpu/isa.hpp"
-#include "runtime/allocator.hpp"
+#include "tools/allocator.hpp"
 #include "tools/shoal/commands.hpp"
 
 int main(int argc, char** argv) {
-  if (!std::getenv("SHOAL_DEFAULT_MALLOC")) shoal::runtime::tune_allocator();
+  if (!std::getenv("SHOAL_DEFAULT_MALLOC")) shoal::tools::tune_allocator();
   if (auto isa = shoal::kernels::select_isa_from_env(); !isa) {
     std::fprintf(stderr, "shoal: %s\n", isa.error().c_str());
     return 2;

@@ -600,14 +600,21 @@ int run_shell(const std::string& connect, const std::string& script, const actor
 
 void add_shell_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("shell", "interactive shell connected to a shoal node");
-  static std::string connect = "127.0.0.1:7100", script;
+  static std::string connect, script, state_dir = ".shoal";
   static actors::tls_files tls;
-  cmd->add_option("--connect", connect, "HOST:PORT of any node's node.listen")->capture_default_str();
+  cmd->add_option("--connect", connect,
+                  "HOST:PORT of any node's node.listen (default: the cluster `shoal up` started with --state-dir, "
+                  "else 127.0.0.1:7100)");
+  cmd->add_option("--state-dir", state_dir, "the state directory given to `shoal up`")->capture_default_str();
   cmd->add_option("-c", script, "run these ';'-separated commands and exit (exit code 1 when one failed)");
   cmd->add_option("--tls-cert", tls.certificate, "a certificate of the cluster CA (clusters with [cluster] tls_*)");
   cmd->add_option("--tls-key", tls.key, "its private key");
   cmd->add_option("--tls-ca", tls.ca_file, "the cluster CA");
-  cmd->callback([] { set_exit_code(run_shell(connect, script, tls)); });
+  cmd->callback([] {
+    if (connect.empty()) connect = recorded_cluster(state_dir);
+    if (connect.empty()) connect = "127.0.0.1:7100";
+    set_exit_code(run_shell(connect, script, tls));
+  });
 }
 
 }  // namespace shoal::tools

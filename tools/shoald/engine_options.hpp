@@ -5,8 +5,8 @@
 #pragma once
 
 #include "model/config.hpp"
-#include "runtime/engine.hpp"
-#include "runtime/engine_setup.hpp"
+#include "runtime/engine/engine.hpp"
+#include "runtime/engine/engine_setup.hpp"
 
 namespace shoal::tools::shoald {
 

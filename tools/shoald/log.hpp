@@ -9,7 +9,7 @@
 
 #include <fmt/core.h>
 
-#include "runtime/node_config.hpp"
+#include "runtime/config/node_config.hpp"
 
 namespace shoal::tools::shoald {
 

@@ -13,8 +13,8 @@
 #include <pthread.h>
 
 #include "kernels/cpu/isa.hpp"
-#include "runtime/allocator.hpp"
-#include "runtime/node_config.hpp"
+#include "tools/allocator.hpp"
+#include "runtime/config/node_config.hpp"
 #include "tools/shoald/log.hpp"
 #include "tools/shoald/node.hpp"
 
@@ -26,7 +26,7 @@ constexpr int exit_usage = 2;
 }  // namespace
 
 int main(int argc, char** argv) {
-  runtime::tune_allocator();
+  tools::tune_allocator();
   CLI::App app{"shoald: one shoal node"};
   std::string config_path;
   app.add_option("--config", config_path, "node config file (TOML)")->required();

@@ -36,14 +36,14 @@
 #include "actors/balancer_actors.hpp"
 #include "actors/storage_node_actor.hpp"
 #include "model/config.hpp"
-#include "runtime/engine_setup.hpp"
-#include "runtime/expert_residency.hpp"
+#include "runtime/engine/engine_setup.hpp"
+#include "runtime/ep/expert_residency.hpp"
 #include "actors/eplb_actor.hpp"
-#include "runtime/metrics.hpp"
+#include "runtime/serve/metric_families.hpp"
 #include "tools/shoald/engine_options.hpp"
 #include "transport/dual_transport.hpp"
 #include "actors/ve_actors.hpp"
-#include "runtime/ve_worker.hpp"
+#include "runtime/vision/ve_worker.hpp"
 
 namespace shoal::tools::shoald {
 
@@ -676,6 +676,7 @@ int run_node(const runtime::node_config& cfg, logger& log) {
     g.context_length = mcfg->max_position_embeddings;
     g.vocab_size = mcfg->vocab_size;
     g.request_timeout = std::chrono::milliseconds(cfg.request_timeout_ms);
+    g.max_in_flight = cfg.max_in_flight;
     g.tokenizer_config = cfg.model_dir / "tokenizer_config.json";
     g.vision = mcfg->vision;
     if (cfg.auth_token_file) {

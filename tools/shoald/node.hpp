@@ -4,7 +4,7 @@
 
 #include <csignal>
 
-#include "runtime/node_config.hpp"
+#include "runtime/config/node_config.hpp"
 #include "tools/shoald/log.hpp"
 
 namespace shoal::tools::shoald {

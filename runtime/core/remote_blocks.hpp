@@ -1,0 +1,72 @@
+// The engine's second cache tier (the KV-cache storage cluster) as the cache manager sees
+// it: keyed by the same prefix hash chain as the local pool. Reads never run on the step
+// loop: start_fetch hands the tier the keys that would extend a request's local hit and the
+// pool blocks reserved for them, and returns at once; the tier looks the keys up and writes
+// the leading run it holds straight into those blocks from its own threads, then marks the
+// remote_fetch done. The request waits meanwhile (request_status::waiting_for_remote_kv) and
+// the engine keeps stepping the others. Any failure is a miss: the engine recomputes, it
+// never reads data the tier could not verify. Writes are queued (store_async) and never
+// block either. actors/ implements it over the storage nodes (kv_block_store).
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "runtime/core/block_pool.hpp"
+#include "runtime/base/traffic_class.hpp"
+
+namespace shoal::runtime {
+
+// One remote read in flight, shared by the cache manager (polls it between steps, may
+// abandon it) and the tier (fills it from its own thread). The tier writes into the
+// destinations only until it calls complete(); the cache manager keeps them reserved until
+// done() is true, also after it gave up waiting.
+class remote_fetch {
+ public:
+  bool done() const { return done_.load(std::memory_order_acquire); }
+  // Blocks until done (shutdown only: never on the step loop).
+  void wait() const { done_.wait(false, std::memory_order_acquire); }
+  // Valid once done(): leading blocks the tier listed at lookup / wrote and verified; why it
+  // stopped short of `listed` ("" when it did not).
+  size_t listed() const { return listed_; }
+  size_t blocks() const { return blocks_; }
+  const std::string& error() const { return error_; }
+
+  // The cache manager no longer needs the bytes: the tier may skip work it has not begun.
+  void cancel() { cancelled_.store(true, std::memory_order_release); }
+  bool cancelled() const { return cancelled_.load(std::memory_order_acquire); }
+
+  // The tier, exactly once.
+  void complete(size_t listed, size_t blocks, std::string error = {}) {
+    listed_ = listed;
+    blocks_ = blocks;
+    error_ = std::move(error);
+    done_.store(true, std::memory_order_release);
+    done_.notify_all();
+  }
+
+ private:
+  std::atomic<bool> done_{false}, cancelled_{false};
+  size_t listed_ = 0, blocks_ = 0;
+  std::string error_;
+};
+
+class remote_blocks {
+ public:
+  virtual ~remote_blocks() = default;
+  // Starts reading the longest leading run of `keys` the tier holds, keys[i] into dsts[i]
+  // (exactly dsts[i].size() floats; a block of another size is a miss). Never blocks.
+  virtual std::shared_ptr<remote_fetch> start_fetch(std::vector<block_key> keys,
+                                                    std::vector<std::span<float>> dsts) = 0;
+  // Offers a computed block for writing under a traffic class (the storage side's TTL);
+  // never blocks the step loop: false when dropped (queue full). `src` is copied before the
+  // call returns.
+  virtual bool store_async(const block_key& key, std::span<const float> src, traffic_class cls) = 0;
+};
+
+}  // namespace shoal::runtime

@@ -1,0 +1,695 @@
+// Step loop of the engine: plan → dispatch (attach blocks, build forward items) → forward
+// (inline, or on the compute thread) → complete (sample, stop checks, commit caches,
+// finish). In async mode the next plan is made while the forward pass runs.
+#include "runtime/engine/engine.hpp"
+
+#include "model/vision.hpp"
+#include "runtime/ep/expert_residency.hpp"
+#include "runtime/structured/grammar.hpp"
+#include "runtime/vision/image.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <thread>
+
+#include <malloc.h>
+
+#include "kernels/assert.hpp"
+
+namespace shoal::runtime {
+namespace {
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+engine::engine(std::shared_ptr<const model::model_weights> weights, const engine_config& config,
+               std::shared_ptr<const model::tokenizer> tok)
+    : weights_(std::move(weights)), config_(config), tok_(std::move(tok)),
+      caches_(weights_->config, config.cache), sched_(config.sched, caches_), images_(config.image_cache_bytes) {
+  // Step buffers are large and short-lived: keep freed memory in the process instead of
+  // returning it to the kernel, so each step does not page-fault its buffers in again.
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);  // the largest value glibc accepts
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  if (config_.spec.mode != spec_mode::off) {
+    // A bad spec_config is the caller's error (engine_setup and shoald validate it first).
+    SHOAL_ASSERT(!validate(config_.spec, max_backtrack(weights_->config, config_.cache)));
+    SHOAL_ASSERT(!weights_->mtp.empty() && !config_.ep && config_.role != engine_role::prefill);
+    config_.async_scheduling = false;  // see engine_config::spec
+    const model::model_config& c = weights_->config;
+    draft_context_ = config_.spec.draft_context > 0 ? config_.spec.draft_context : (c.is_flash() ? c.window() : 64);
+  }
+  if (config_.ep) {
+    config_.async_scheduling = false;  // see engine_config::ep
+    ep_ = std::make_unique<ep_moe_exchange>(weights_, config_.ep->layout, config_.ep->transport,
+                                            config_.batch_invariant, config_.ep->limits);
+    ep_->set_load_window(config_.ep->load_window_steps);
+  }
+  if (config_.role == engine_role::prefill) {
+    SHOAL_ASSERT(config_.bulk);  // engine_config::bulk is required for role prefill (caller's error)
+    auto pool = caches_.pool().storage();
+    auto reg = config_.bulk->register_memory(std::as_bytes(pool));
+    SHOAL_ASSERT(reg.has_value());
+    pool_reg_ = std::move(*reg);
+  }
+  if (config_.async_scheduling) worker_ = std::thread([this] { compute_loop(); });
+}
+
+engine::~engine() {
+  if (config_.experts) config_.experts->release(this);
+  for (auto& [hash, rr] : rows_reads_) rr->t->wait();  // their buffers are the reads' destinations
+  if (worker_.joinable()) {
+    {
+      std::lock_guard lock(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    worker_.join();
+  }
+}
+
+std::expected<request_id, std::string> engine::add_request(std::vector<int32_t> prompt,
+                                                           const sampling_params& params, traffic_class cls,
+                                                           std::vector<prompt_image> images) {
+  if (!traffic_class_from_byte(static_cast<uint8_t>(cls)))
+    return std::unexpected("traffic class " + std::to_string(static_cast<int>(cls)) + " is not 0 (agent) or 1 (chat)");
+  if (!params.stop_strings.empty() && !tok_)
+    return std::unexpected("stop strings need a tokenizer, and this engine has none");
+  const model::model_config& c = weights_->config;
+  if (prompt.empty()) return std::unexpected("prompt is empty");
+  for (size_t i = 0; i < prompt.size(); ++i)
+    if (prompt[i] < 0 || prompt[i] >= c.vocab_size)
+      return std::unexpected("prompt token " + std::to_string(i) + " (id " + std::to_string(prompt[i]) +
+                             ") is outside the vocabulary [0, " + std::to_string(c.vocab_size) + ")");
+  if (auto bad = validate(params, c.vocab_size)) return std::unexpected(*bad);
+  if (auto why = check_prompt_images(c.vision, prompt, images); !why.empty()) return std::unexpected(why);
+  std::shared_ptr<grammar_matcher> matcher;
+  if (params.constraint.active()) {
+    auto m = make_matcher(params, {});
+    if (!m) return std::unexpected(m.error());
+    matcher = std::move(*m);
+  }
+  int64_t total = static_cast<int64_t>(prompt.size()) + params.max_tokens;
+  if (c.max_position_embeddings > 0 && total > c.max_position_embeddings)
+    return std::unexpected("prompt (" + std::to_string(prompt.size()) + ") + max_tokens (" +
+                           std::to_string(params.max_tokens) + ") exceeds the context length " +
+                           std::to_string(c.max_position_embeddings));
+  if (caches_.blocks_for(total) > caches_.pool().num_blocks())
+    return std::unexpected("request needs " + std::to_string(caches_.blocks_for(total)) +
+                           " cache blocks; the engine has " + std::to_string(caches_.pool().num_blocks()));
+  // Rows a vision-encoder worker holds: read here unless already cached (checked first, so a
+  // refused request starts no read).
+  std::vector<const prompt_image*> to_read;
+  if (config_.bulk)
+    for (size_t i = 0; i < images.size(); ++i) {
+      const prompt_image& im = images[i];
+      if (im.rows.owner.empty() || images_.contains(im.hash)) continue;
+      const uint64_t want = static_cast<uint64_t>(im.count) * static_cast<uint64_t>(c.hidden_size) * sizeof(float);
+      if (im.rows.length != want)
+        return std::unexpected("image " + std::to_string(i + 1) + ": its encoder rows are " +
+                               std::to_string(im.rows.length) + " bytes; " + std::to_string(im.count) + " rows of " +
+                               std::to_string(c.hidden_size) + " floats are " + std::to_string(want));
+      to_read.push_back(&im);
+    }
+  awaiting_rows wait{nullptr, {}};
+  for (const prompt_image* im : to_read) {
+    auto& rr = rows_reads_[im->hash];
+    if (!rr) {  // one read per image, shared by the requests that carry it
+      rr = std::make_shared<rows_read>();
+      rr->rows.resize(static_cast<size_t>(im->rows.length / sizeof(float)));
+      rr->t = config_.bulk->read(im->rows, std::as_writable_bytes(std::span<float>(rr->rows)),
+                                 config_.handoff_read_timeout);
+    }
+    wait.reads.push_back(rr);
+  }
+  auto r = std::make_unique<request>();
+  r->id = request_id(next_id_++);
+  r->prompt_len = static_cast<int64_t>(prompt.size());
+  r->tokens = std::move(prompt);
+  r->images = std::move(images);
+  r->params = params;
+  r->cls = cls;
+  r->seq_seed = sequence_seed(params, static_cast<uint64_t>(r->id.value));
+  r->matcher = std::move(matcher);
+  request* raw = r.get();
+  requests_[r->id.value] = std::move(r);
+  if (wait.reads.empty()) {
+    sched_.add(raw);
+  } else {
+    wait.r = raw;
+    awaiting_rows_.push_back(std::move(wait));
+  }
+  return raw->id;
+}
+
+void engine::poll_rows() {
+  for (auto it = rows_reads_.begin(); it != rows_reads_.end();) {
+    rows_read& rr = *it->second;
+    if (rr.t->done() && !rr.settled) {
+      rr.settled = true;
+      if (rr.t->ok()) {
+        images_.put(it->first, std::make_shared<const std::vector<float>>(std::move(rr.rows)));
+        ++stats_.image_rows_read;
+      } else {
+        ++stats_.image_row_read_failures;  // image_rows() encodes it when a step reaches it
+      }
+    }
+    it = rr.settled ? rows_reads_.erase(it) : std::next(it);
+  }
+  std::erase_if(awaiting_rows_, [&](const awaiting_rows& a) {
+    if (!std::ranges::all_of(a.reads, [](const auto& rr) { return rr->settled; })) return false;
+    sched_.add(a.r);
+    return true;
+  });
+}
+
+bool engine::abort(request_id id) {
+  auto it = requests_.find(id.value);
+  if (it == requests_.end() || it->second->status == request_status::finished) return false;
+  request* r = it->second.get();
+  if (auto a = std::ranges::find(awaiting_rows_, r, &awaiting_rows::r); a != awaiting_rows_.end()) {
+    awaiting_rows_.erase(a);  // its reads go on (other requests, the cache): only it leaves
+    r->finish = finish_reason::aborted;
+    r->status = request_status::finished;
+    return true;
+  }
+  if (flight_)  // a request in the running step finishes after it
+    for (auto& item : flight_->plan.items)
+      if (item.req == r) {
+        r->abort_requested = true;
+        return true;
+      }
+  r->finish = finish_reason::aborted;
+  leases_.erase(id.value);
+  sched_.finish(r);
+  return true;
+}
+
+bool engine::has_work() const {
+  // Reads no request waits on any more still hold blocks: polled until the tier lets go.
+  return sched_.running() + sched_.waiting() + sched_.remote_reads_out() + sched_.importing() > 0 ||
+         flight_.has_value() || !awaiting_rows_.empty() || !rows_reads_.empty();
+}
+
+// Pins r (it leaves the running set with its caches) and describes its blocks and rings.
+void engine::offer_handoff(request& r) {
+  handoff_state s;
+  s.source = r.id;
+  s.tokens = r.tokens;
+  s.prompt_len = r.prompt_len;
+  s.images = r.images;
+  s.params = r.params;
+  s.seq_seed = r.seq_seed;
+  s.cls = r.cls;
+  s.text = texts_[r.id.value];
+  s.computed = r.computed();
+  s.dec_from = r.dec_from;
+  s.ring_tokens = r.cache.ring_tokens;
+  s.ring_floor = r.cache.ring_floor;
+  s.cached_tokens = r.cached_tokens;
+  s.swa_approx = r.swa_approx;
+  s.snapshot_at = r.snapshot_at;
+  const uint64_t block_bytes = caches_.pool().block_floats() * sizeof(float);
+  for (int64_t i = 0; i < caches_.blocks_for(s.computed); ++i)
+    s.blocks.push_back(pool_reg_->describe(caches_.pool().offset_bytes(r.blocks[static_cast<size_t>(i)]), block_bytes));
+  std::vector<std::unique_ptr<registered_memory>> regs;
+  for (const auto& ring : r.cache.rings) {
+    if (ring.empty()) {  // nothing to read
+      s.rings.emplace_back();
+      continue;
+    }
+    auto reg = config_.bulk->register_memory(std::as_bytes(std::span(ring)));
+    if (!reg) {  // cannot lend this one: it stays here, colocated
+      last_error_ = "handoff of request " + std::to_string(r.id.value) + ": " + reg.error();
+      return;
+    }
+    s.rings.push_back((*reg)->describe(0, ring.size() * sizeof(float)));
+    regs.push_back(std::move(*reg));
+  }
+  r.handed_off = true;
+  ++stats_.handoffs_offered;
+  sched_.detach(&r);
+  leases_[r.id.value] = std::move(regs);
+  handoffs_.push_back(std::move(s));
+}
+
+std::vector<handoff_state> engine::take_handoffs() { return std::exchange(handoffs_, {}); }
+
+bool engine::handoff_done(request_id id, bool taken) {
+  auto it = requests_.find(id.value);
+  if (it == requests_.end() || it->second->status != request_status::handing_off) return false;
+  request* r = it->second.get();
+  leases_.erase(id.value);  // the registrations go before anything they cover can change
+  if (!taken) {
+    ++stats_.handoffs_kept;
+    sched_.resume(r);
+    return true;
+  }
+  ++stats_.handoffs_lent;
+  r->finish = finish_reason::handed_off;
+  sched_.finish(r);
+  return true;
+}
+
+std::expected<request_id, std::string> engine::add_handoff(const handoff_state& s) {
+  const model::model_config& c = weights_->config;
+  if (!config_.bulk) return std::unexpected("this engine has no transport to read a handoff with");
+  if (auto why = caches_.validate_handoff(s); !why.empty()) return std::unexpected("handoff: " + why);
+  for (size_t i = 0; i < s.tokens.size(); ++i)
+    if (s.tokens[i] < 0 || s.tokens[i] >= c.vocab_size)
+      return std::unexpected("handoff: token " + std::to_string(i) + " (id " + std::to_string(s.tokens[i]) +
+                             ") is outside the vocabulary");
+  if (auto bad = validate(s.params, c.vocab_size)) return std::unexpected("handoff: " + *bad);
+  if (!traffic_class_from_byte(static_cast<uint8_t>(s.cls))) return std::unexpected("handoff: unknown traffic class");
+  if (s.prompt_len < 0 || s.prompt_len > static_cast<int64_t>(s.tokens.size()))
+    return std::unexpected("handoff: prompt_len " + std::to_string(s.prompt_len) + " outside the tokens");
+  if (auto why = check_prompt_images(c.vision, std::span(s.tokens).first(static_cast<size_t>(s.prompt_len)), s.images);
+      !why.empty())
+    return std::unexpected("handoff: " + why);
+  if (!s.params.stop_strings.empty() && !tok_) return std::unexpected("stop strings need a tokenizer, and this engine has none");
+  std::shared_ptr<grammar_matcher> matcher;
+  if (s.params.constraint.active()) {  // it continues where the prefill engine's matcher was
+    auto m = make_matcher(s.params, std::span(s.tokens).subspan(static_cast<size_t>(s.prompt_len)));
+    if (!m) return std::unexpected("handoff: " + m.error());
+    matcher = std::move(*m);
+  }
+  const int64_t total = s.prompt_len + s.params.max_tokens;
+  if (caches_.blocks_for(total) > caches_.pool().num_blocks())
+    return std::unexpected("handoff: request needs " + std::to_string(caches_.blocks_for(total)) + " cache blocks; the engine has " +
+                           std::to_string(caches_.pool().num_blocks()));
+  auto r = std::make_unique<request>();
+  r->id = request_id(next_id_++);
+  r->tokens = s.tokens;
+  r->prompt_len = s.prompt_len;
+  r->params = s.params;
+  r->seq_seed = s.seq_seed;
+  r->cls = s.cls;
+  r->dec_from = s.dec_from;
+  r->images = s.images;
+  r->remote_checked = true;  // its prefix came with it
+  r->swa_checked = true;
+  r->matcher = std::move(matcher);
+  if (!caches_.start_import(*r, s, *config_.bulk, config_.handoff_read_timeout))
+    return std::unexpected("no room: " + std::to_string(caches_.blocks_for(s.computed) + 1) + " blocks needed, " +
+                           std::to_string(caches_.pool().num_free()) + " free");
+  request* raw = r.get();
+  texts_[r->id.value] = s.text;
+  requests_[r->id.value] = std::move(r);
+  sched_.add_importing(raw);
+  return raw->id;
+}
+
+std::expected<std::shared_ptr<grammar_matcher>, std::string> engine::make_matcher(const sampling_params& params,
+                                                                                  std::span<const int32_t> output) {
+  const constraint_spec& spec = params.constraint;
+  if (!tok_) return std::unexpected("structured output needs a tokenizer, and this engine has none");
+  if (!constraint_kind_from_byte(static_cast<uint8_t>(spec.kind)))
+    return std::unexpected("unknown constraint kind " + std::to_string(static_cast<int>(spec.kind)));
+  if (!vocab_)
+    vocab_ = make_token_vocab(*tok_, static_cast<int32_t>(weights_->config.vocab_size),
+                              static_cast<int32_t>(weights_->config.eos_token_id));
+  auto key = std::make_pair(static_cast<uint8_t>(spec.kind), spec.source);
+  auto it = grammars_.find(key);
+  if (it == grammars_.end()) {
+    auto compiled = compile_for(spec, vocab_);
+    if (auto* e = std::get_if<grammar_error>(&compiled))
+      return std::unexpected(std::string(to_string(spec.kind)) + ": " + e->text());
+    if (grammars_.size() >= 64) grammars_.erase(grammars_.begin());
+    it = grammars_.emplace(std::move(key), std::get<std::shared_ptr<compiled_grammar>>(std::move(compiled))).first;
+  }
+  auto m = std::make_shared<grammar_matcher>(it->second);
+  for (size_t i = 0; i < output.size(); ++i)
+    if (!m->accept_token(output[i]))
+      return std::unexpected("output token " + std::to_string(i) + " (id " + std::to_string(output[i]) +
+                             ") does not match the " + to_string(spec.kind) + " constraint");
+  return m;
+}
+
+embedding_cache::rows engine::image_rows(const prompt_image& im) {
+  if (auto hit = images_.get(im.hash)) return hit;
+  auto rows = std::make_shared<const std::vector<float>>(
+      model::encode_image(*weights_, im.pixels->rgb, im.pixels->width, im.pixels->height, config_.batch_invariant));
+  images_.put(im.hash, rows);
+  ++stats_.images_encoded;
+  stats_.image_patches_encoded += static_cast<uint64_t>(im.count);
+  return rows;
+}
+
+void engine::dispatch(step_plan plan) {
+  in_flight_step f;
+  f.plan = std::move(plan);
+  f.inputs.resize(f.plan.items.size());
+  f.verify_tokens.resize(f.plan.items.size());
+  for (size_t k = 0; k < f.plan.items.size(); ++k) {
+    auto& it = f.plan.items[k];
+    request* r = it.req;
+    caches_.attach(*r, it.new_blocks);
+    it.base = r->computed();
+    for (const prompt_image& im : r->images)  // images this run reaches: their encoder rows
+      if (im.pos < it.base + it.n_tokens && im.pos + im.count > it.base) {
+        f.rows.push_back(image_rows(im));
+        f.inputs[k].push_back({im.pos, im.count, f.rows.back()->data()});
+      }
+    model::forward_item fi;
+    fi.cache = &r->cache;
+    fi.tokens = std::span<const int32_t>(r->tokens).subspan(it.base, it.n_tokens);
+    fi.dec_from = r->dec_from;
+    fi.blocks_valid_until = r->blocks_valid_until;
+    fi.logits = it.base + it.n_tokens == r->num_tokens();
+    if (it.drafts > 0) {  // the pending token and the drafts it verifies
+      std::vector<int32_t>& vt = f.verify_tokens[k];
+      vt.push_back(r->tokens.back());
+      vt.insert(vt.end(), r->spec.drafts.begin(), r->spec.drafts.begin() + it.drafts);
+      fi.tokens = vt;
+      fi.logits = true;
+      fi.logit_rows = 1 + it.drafts;
+    }
+    fi.hidden = fi.logits && speculates(*r);
+    fi.inputs = f.inputs[k];
+    f.items.push_back(fi);
+    (it.n_tokens - it.drafts > 1 ? stats_.prefill_tokens : stats_.decode_tokens) += static_cast<uint64_t>(it.n_tokens);
+  }
+  flight_ = std::move(f);
+}
+
+void engine::run_forward() {
+  model::forward_options fo{config_.batch_invariant, config_.naive_prefill, ep_.get()};
+  double t0 = now_s();
+  if (last_done_ >= 0) stats_.idle_s += t0 - last_done_;
+  flight_->output = model::forward(*weights_, flight_->items, fo);
+  last_done_ = now_s();
+  stats_.forward_s += last_done_ - t0;
+}
+
+void engine::launch() {
+  if (!config_.async_scheduling) {
+    run_forward();
+    return;
+  }
+  {
+    std::lock_guard lock(mu_);
+    job_ready_ = true;
+    job_done_ = false;
+  }
+  cv_.notify_all();
+}
+
+void engine::compute_loop() {
+  for (;;) {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return stopping_ || job_ready_; });
+    if (stopping_) return;
+    job_ready_ = false;
+    lock.unlock();
+    run_forward();
+    lock.lock();
+    job_done_ = true;
+    cv_.notify_all();
+  }
+}
+
+void engine::wait_done() {
+  if (!config_.async_scheduling) return;
+  std::unique_lock lock(mu_);
+  cv_.wait(lock, [&] { return job_done_; });
+}
+
+bool engine::speculates(const request&) const { return config_.spec.mode != spec_mode::off; }
+
+// Emits `token` (drawn from the raw logits row `logits`): grammar, text, stop checks, the
+// event. True when r goes on.
+bool engine::emit(request& r, int32_t token, std::span<const float> logits, std::vector<token_event>& events) {
+  // The mask allowed only tokens the matcher takes; one it refuses would desynchronise the
+  // output from its grammar, so it ends the request (never expected).
+  const bool grammar_refused = r.matcher && !r.matcher->accept_token(token);
+  const bool grammar_done = r.matcher && !grammar_refused && r.matcher->terminated();
+  r.tokens.push_back(token);
+  std::string& text = texts_[r.id.value];
+  const size_t before = text.size();
+  if (tok_) text += tok_->decode_token(token);
+  stop_checker stop(r.params, static_cast<int32_t>(weights_->config.eos_token_id));
+  // Only the newest piece can complete a match: search from where one could start.
+  const size_t from = before >= stop.longest_stop() ? before - stop.longest_stop() + 1 : 0;
+  stop_result sr = stop.check(std::span<const int32_t>(r.tokens).subspan(static_cast<size_t>(r.prompt_len)),
+                              text, stop.longest_stop() ? from : 0);
+  if (sr.truncate_at) text.resize(*sr.truncate_at);
+  if (grammar_done && sr.reason == finish_reason::none) sr.reason = finish_reason::stop;  // nothing may follow
+  if (grammar_refused) sr.reason = finish_reason::error;
+  ++stats_.generated;
+  events.push_back({r.id, token, sr.reason != finish_reason::none, sr.reason, {}});
+  if (config_.capture_logits) events.back().logits.assign(logits.begin(), logits.end());
+  if (r.params.logprobs >= 0) events.back().logprobs = logprobs_of(logits, token, r.params.logprobs);
+  if (sr.reason != finish_reason::none) r.finish = sr.reason;
+  return sr.reason == finish_reason::none;
+}
+
+std::vector<token_event> engine::complete() {
+  std::vector<token_event> events;
+  in_flight_step& f = *flight_;
+  const int64_t V = weights_->config.vocab_size, d = weights_->config.hidden_size;
+  size_t row = 0;
+  std::vector<request*> drafting;
+  for (size_t i = 0; i < f.items.size(); ++i) {
+    request* r = f.plan.items[i].req;
+    if (f.items[i].logits) {
+      const int64_t n_rows = f.items[i].logit_rows;
+      const size_t before = r->tokens.size();
+      const int64_t accepted = verify(*r, {f.output.logits.data() + row * V, static_cast<size_t>(n_rows * V)}, n_rows, events);
+      row += static_cast<size_t>(n_rows);
+      if (speculates(*r) && f.plan.items[i].n_tokens - f.plan.items[i].drafts == 1) {  // a decode step
+        ++stats_.spec.decode_steps;
+        stats_.spec.verified += static_cast<uint64_t>(n_rows - 1);
+        stats_.spec.accepted += static_cast<uint64_t>(accepted);
+        stats_.spec.emitted += static_cast<uint64_t>(r->tokens.size() - before);
+        if (!config_.spec.synthetic && n_rows > 1) acceptance_.record(n_rows - 1, accepted);
+      }
+    }
+    if (f.plan.items[i].drafts > 0) {  // roll back to the accepted tokens: rejected entries are rewritten later
+      auto& sp = r->spec;
+      sp.ring_written = std::max(sp.ring_written, r->cache.computed);
+      r->cache.computed = std::min(r->cache.computed, r->num_tokens() - 1);
+    }
+    if (f.items[i].hidden) {  // keep the last draft_context hidden rows of accepted positions
+      auto& sp = r->spec;
+      const std::vector<float>& h = f.output.hidden[i];
+      const int64_t from = f.output.hidden_from[i];
+      const int64_t end = std::min(from + static_cast<int64_t>(h.size()) / d, r->computed());
+      if (end > from) {
+        if (sp.hidden_from + static_cast<int64_t>(sp.hidden.size()) / d != from) {
+          sp.hidden.clear();
+          sp.hidden_from = from;
+        }
+        sp.hidden.insert(sp.hidden.end(), h.begin(), h.begin() + (end - from) * d);
+        const int64_t extra = static_cast<int64_t>(sp.hidden.size()) / d - draft_context_;
+        if (extra > 0) {
+          sp.hidden.erase(sp.hidden.begin(), sp.hidden.begin() + extra * d);
+          sp.hidden_from += extra;
+        }
+      }
+    }
+    if (r->abort_requested && r->finish == finish_reason::none) {
+      r->finish = finish_reason::aborted;
+      events.push_back({r->id, -1, true, finish_reason::aborted, {}});
+    }
+    caches_.commit(*r);
+    if (r->finish != finish_reason::none) {
+      sched_.finish(r);
+    } else if (config_.role == engine_role::prefill && !r->handed_off && f.items[i].logits && r->output_len() == 1) {
+      offer_handoff(*r);  // its first token is out: the rest is a decode engine's
+    } else if (f.items[i].hidden) {
+      drafting.push_back(r);
+    }
+  }
+  if (!drafting.empty()) draft(drafting);
+  ++stats_.steps;
+  flight_.reset();
+  return events;
+}
+
+std::vector<token_event> engine::step() {
+  stalled_ = false;
+  if (!rows_reads_.empty() || !awaiting_rows_.empty()) poll_rows();
+  if (ep_) return step_ep();
+  double t0 = now_s();
+  if (!flight_) {
+    step_plan p = sched_.plan({});
+    add_drafts(p);
+    stats_.plan_s += now_s() - t0;
+    stalled_ = p.items.empty() && has_work();
+    if (p.items.empty()) return {};
+    dispatch(std::move(p));
+    launch();
+  }
+  // Plan the next step while this one computes (async), from the in-flight view.
+  std::optional<step_plan> next;
+  if (config_.async_scheduling) {
+    double t1 = now_s();
+    next = sched_.plan(flight_->plan.items);
+    stats_.plan_s += now_s() - t1;
+  }
+  wait_done();
+  std::vector<token_event> events = complete();
+  if (next) {
+    sched_.prune(*next);
+    if (next->needs_sync) next = sched_.plan({});
+    if (!next->items.empty()) {
+      dispatch(std::move(*next));
+      launch();
+    }
+  }
+  return events;
+}
+
+// One lockstep step: plan → forward with the EP hook (or no forward) → join the slots it did
+// not use → complete. Synchronous (engine_config::ep).
+std::vector<token_event> engine::step_ep() {
+  double t0 = now_s();
+  step_plan p = sched_.plan({});
+  stats_.plan_s += now_s() - t0;
+  stalled_ = p.items.empty() && has_work();
+  // This placement's experts (and an offered one's) in memory before any of them is computed.
+  // While the experts it gains are read from their holders, the rank steps on the current
+  // placement without advertising the offered one as ready.
+  const std::pair want{ep_->placement(), ep_->offered()};
+  if (config_.experts && held_for_ != want) {
+    auto experts = expert_residency::experts_for(*want.first, ep_->layout().rank, want.second.get());
+    if (!want.second || config_.experts->fetched(experts)) {
+      if (auto held = config_.experts->hold(this, experts); !held) {
+        // This rank cannot compute its experts: its requests fail (its peers' exchanges with
+        // it time out).
+        if (!p.items.empty()) dispatch(std::move(p));
+        return fail_step("EP rank " + std::to_string(ep_->layout().rank) + ": " + held.error());
+      }
+      // A switch means every rank was ready: every read of this process's lent experts ended.
+      if (held_for_.first && want.first->epoch() > held_for_.first->epoch())
+        config_.experts->end_loans(want.first->epoch());
+      held_for_ = want;
+    }
+  }
+  if (want.second && (!config_.experts || held_for_ == want)) ep_->mark_ready();  // (again, once ready)
+  ep_->begin_step();
+  if (!p.items.empty()) {
+    dispatch(std::move(p));
+    try {
+      run_forward();
+    } catch (const ep_error& e) {  // the step was abandoned by the exchange
+      return fail_step(e.what());
+    }
+  }
+  if (auto joined = ep_->end_step(); !joined) return fail_step(joined.error());
+  if (!flight_) {
+    ++stats_.steps;
+    return {};
+  }
+  return complete();
+}
+
+// The step's forward pass did not finish: its requests' caches are partly written past
+// `computed`, so they finish with an error (blocks freed, nothing committed: no prefix-cache
+// registration, no SWA snapshot).
+std::vector<token_event> engine::fail_step(const std::string& why) {
+  last_error_ = why;
+  ++stats_.failed_steps;
+  std::vector<token_event> events;
+  if (!flight_) return events;
+  for (auto& item : flight_->plan.items) {
+    request* r = item.req;
+    r->finish = finish_reason::error;
+    sched_.finish(r);
+    events.push_back({r->id, -1, true, finish_reason::error, {}});
+  }
+  flight_.reset();
+  return events;
+}
+
+uint64_t engine::steps_started() const { return ep_ ? ep_->steps_started() : stats_.steps; }
+
+std::expected<void, std::string> engine::offer_placement(std::shared_ptr<const ep_placement> next,
+                                                         const std::vector<expert_part>& sources) {
+  SHOAL_ASSERT(ep_ && !flight_);
+  if (auto offered = ep_->offer(next); !offered) return offered;
+  if (!config_.experts || !config_.ep->bulk || sources.empty()) return {};
+  // This rank's share: what it computes under the offered placement (the residency skips
+  // what the process holds or is reading already).
+  const auto mine = expert_residency::experts_for(*next, ep_->layout().rank);
+  std::vector<expert_part> wanted;
+  for (const expert_part& part : sources)
+    if (part.slot >= 0 && part.slot < static_cast<int32_t>(mine.size()) &&
+        std::binary_search(mine[part.slot].begin(), mine[part.slot].end(), part.expert))
+      wanted.push_back(part);
+  return config_.experts->fetch(next->epoch(), wanted, config_.ep->bulk, config_.ep->fetch_timeout);
+}
+
+std::expected<engine::lend_job, std::string> engine::prepare_lend(
+    uint64_t epoch, std::vector<std::pair<int32_t, int32_t>> experts, std::chrono::milliseconds lease) const {
+  if (!config_.experts) return std::unexpected("this engine holds every expert (no partitioned weights to lend)");
+  if (!config_.ep || !config_.ep->bulk)
+    return std::unexpected("this engine has no bulk transport for expert weights (engine.ep_frames = \"caf\")");
+  return [residency = config_.experts, bulk = config_.ep->bulk, epoch, experts = std::move(experts), lease] {
+    return residency->lend(epoch, experts, *bulk, lease);
+  };
+}
+
+std::expected<std::vector<expert_part>, std::string> engine::lend_experts(
+    uint64_t epoch, const std::vector<std::pair<int32_t, int32_t>>& experts, std::chrono::milliseconds lease) {
+  auto job = prepare_lend(epoch, experts, lease);
+  if (!job) return std::unexpected(job.error());
+  return (*job)();
+}
+
+void engine::set_ep_group(ep_layout layout, std::shared_ptr<expert_transport> transport) {
+  SHOAL_ASSERT(ep_ && !flight_);
+  config_.ep->layout = layout;
+  config_.ep->transport = transport;
+  ep_->reconfigure(layout, std::move(transport));
+  if (config_.experts) config_.experts->drop_fetches();  // an offered plan was dropped with the old group
+}
+
+std::vector<completion> engine::run_to_completion() {
+  std::vector<int64_t> ids;
+  for (auto& [id, r] : requests_)
+    if (r->status != request_status::finished) ids.push_back(id);
+  while (has_work()) {
+    step();
+    if (stalled_) std::this_thread::sleep_for(std::chrono::microseconds(200));  // remote reads pending
+  }
+  std::sort(ids.begin(), ids.end());
+  std::vector<completion> out;
+  for (int64_t id : ids) out.push_back(result(request_id(id)));
+  return out;
+}
+
+completion engine::result(request_id id) const {
+  const request& r = *requests_.at(id.value);
+  completion c{r.id, {r.tokens.begin(), r.tokens.begin() + r.prompt_len},
+               {r.tokens.begin() + r.prompt_len, r.tokens.end()}, {}, r.finish, r.cached_tokens};
+  if (auto t = texts_.find(id.value); t != texts_.end()) c.text = t->second;
+  return c;
+}
+
+void engine::forget(request_id id) {
+  auto it = requests_.find(id.value);
+  if (it != requests_.end() && it->second->status == request_status::finished) {
+    requests_.erase(it);
+    texts_.erase(id.value);
+  }
+}
+
+engine_stats engine::stats() const {
+  engine_stats s = stats_;
+  s.cache = caches_.stats();
+  s.swa = caches_.swa().stats();
+  s.blocks_free = caches_.pool().num_free();
+  s.blocks_total = caches_.pool().num_blocks();
+  s.running = static_cast<int64_t>(sched_.running());
+  for (const request* r : sched_.running_requests()) s.kv_tokens += r->computed();
+  s.waiting = static_cast<int64_t>(sched_.waiting());
+  s.waiting_for_remote = static_cast<int64_t>(sched_.waiting_for_remote() + awaiting_rows_.size());
+  s.image_cache = images_.stats();
+  return s;
+}
+
+}  // namespace shoal::runtime

@@ -1,0 +1,593 @@
+// Expert parallelism: expert ownership, the msgpack frame codec (every incoming field
+// checked), the per-slot dispatch → own experts → combine → weighted sum of ep_moe_exchange,
+// and the in-process mailbox hub tests use as the transport.
+#include "runtime/ep/expert_parallel.hpp"
+
+#include <algorithm>
+#include <bit>
+#include <condition_variable>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <tuple>
+
+#include <msgpack.hpp>
+
+#include "kernels/assert.hpp"
+#include "kernels/cpu/ops.hpp"
+#include "kernels/cpu/thread_pool.hpp"
+
+namespace shoal::runtime {
+
+static_assert(std::endian::native == std::endian::little, "frames carry little-endian tensors");
+
+// ---- frames ----
+
+namespace {
+
+constexpr const char* frame_magic = "shoal-ep";
+constexpr uint64_t frame_version = 2;
+constexpr uint32_t dispatch_fields = 14, combine_fields = 9;
+
+// msgpack::packer output straight into a byte vector.
+struct byte_sink {
+  std::vector<uint8_t> bytes;
+  void write(const char* p, size_t n) { bytes.insert(bytes.end(), p, p + n); }
+};
+
+void pack_header(msgpack::packer<byte_sink>& pk, uint32_t fields, uint64_t phase, uint64_t step,
+                 int32_t slot, int32_t source, int64_t hidden) {
+  pk.pack_array(fields);
+  pk.pack(std::string_view(frame_magic));
+  pk.pack(frame_version);
+  pk.pack(phase);
+  pk.pack(step);
+  pk.pack(static_cast<uint64_t>(slot));
+  pk.pack(static_cast<uint64_t>(source));
+  pk.pack(static_cast<uint64_t>(hidden));
+}
+
+template <class T>
+void pack_tensor(msgpack::packer<byte_sink>& pk, const T* data, size_t count) {
+  size_t bytes = count * sizeof(T);
+  SHOAL_ASSERT(bytes <= UINT32_MAX);
+  pk.pack_bin(static_cast<uint32_t>(bytes));
+  pk.pack_bin_body(reinterpret_cast<const char*>(data), static_cast<uint32_t>(bytes));
+}
+
+// A parsed frame's fields with checked access; every failure names the field.
+class frame_reader {
+ public:
+  frame_reader(const std::vector<uint8_t>& bytes, uint32_t fields, const char* kind) : kind_(kind) {
+    if (bytes.empty()) {
+      error_ = std::string(kind) + " frame is empty";
+      return;
+    }
+    try {
+      // bins stay in `bytes` (no copy); a tiny structure: one short array, no maps, depth 2
+      auto ref_bins = [](msgpack::type::object_type t, size_t, void*) { return t == msgpack::type::BIN; };
+      msgpack::unpack_limit limit(32, 0, 64, bytes.size(), 0, 2);
+      size_t off = 0;
+      handle_ = msgpack::unpack(reinterpret_cast<const char*>(bytes.data()), bytes.size(), off, ref_bins,
+                                nullptr, limit);
+      if (off != bytes.size()) { set_error("has " + std::to_string(bytes.size() - off) + " trailing bytes"); return; }
+    } catch (const std::exception& e) {
+      { set_error(std::string("is not valid msgpack (") + e.what() + ")"); return; }
+    }
+    const msgpack::object& o = handle_.get();
+    if (o.type != msgpack::type::ARRAY) { set_error("is not a msgpack array"); return; }
+    if (o.via.array.size != fields)
+      { set_error("has " + std::to_string(o.via.array.size) + " fields, expected " + std::to_string(fields)); return; }
+    fields_ = o.via.array.ptr;
+    const msgpack::object& magic = fields_[0];
+    if (magic.type != msgpack::type::STR || std::string_view(magic.via.str.ptr, magic.via.str.size) != frame_magic)
+      { set_error("field 0 (magic) is not \"shoal-ep\""); return; }
+  }
+  bool ok() const { return error_.empty(); }
+  const std::string& error() const { return error_; }
+
+  // Unsigned field `i` named `name`, required to equal `expect` when given, or ≤ `max`.
+  bool uint_field(uint32_t i, const char* name, uint64_t& value, std::optional<uint64_t> expect = {},
+                  uint64_t max = UINT64_MAX) {
+    if (!ok()) return false;
+    const msgpack::object& f = fields_[i];
+    if (f.type != msgpack::type::POSITIVE_INTEGER) {
+      set_error("field " + std::to_string(i) + " (" + name + ") is not an unsigned integer");
+      return false;
+    }
+    value = f.via.u64;
+    if (expect && value != *expect) {
+      set_error("field " + std::to_string(i) + " (" + name + ") is " + std::to_string(value) + ", expected " +
+                std::to_string(*expect));
+      return false;
+    }
+    if (value > max) {
+      set_error("field " + std::to_string(i) + " (" + name + ") is " + std::to_string(value) + ", above the limit " +
+                std::to_string(max));
+      return false;
+    }
+    return true;
+  }
+  // Bin field `i` holding exactly `count` values of T, copied out.
+  template <class T>
+  bool tensor_field(uint32_t i, const char* name, uint64_t count, std::vector<T>& out) {
+    if (!ok()) return false;
+    const msgpack::object& f = fields_[i];
+    if (f.type != msgpack::type::BIN) {
+      set_error("field " + std::to_string(i) + " (" + name + ") is not a bin");
+      return false;
+    }
+    if (f.via.bin.size != count * sizeof(T)) {
+      set_error("field " + std::to_string(i) + " (" + name + ") has " + std::to_string(f.via.bin.size) +
+                " bytes, expected " + std::to_string(count * sizeof(T)));
+      return false;
+    }
+    out.resize(count);
+    if (count > 0) std::memcpy(out.data(), f.via.bin.ptr, count * sizeof(T));
+    return true;
+  }
+  void set_error(const std::string& what) { error_ = std::string(kind_) + " frame " + what; }
+
+ private:
+  const char* kind_;
+  msgpack::object_handle handle_;
+  const msgpack::object* fields_ = nullptr;
+  std::string error_;
+};
+
+// Checks the common header fields 1…6.
+bool read_header(frame_reader& r, uint64_t phase, uint64_t step, int32_t slot, int32_t source, int64_t hidden) {
+  uint64_t v;
+  return r.uint_field(1, "version", v, frame_version) && r.uint_field(2, "phase", v, phase) &&
+         r.uint_field(3, "step", v, step) && r.uint_field(4, "slot", v, static_cast<uint64_t>(slot)) &&
+         r.uint_field(5, "source rank", v, static_cast<uint64_t>(source)) &&
+         r.uint_field(6, "hidden size", v, static_cast<uint64_t>(hidden));
+}
+
+}  // namespace
+
+std::vector<uint8_t> encode_dispatch(const dispatch_frame& f) {
+  SHOAL_ASSERT(static_cast<int64_t>(f.xn.size()) == f.rows * f.hidden && f.pair_row.size() == f.pair_expert.size());
+  byte_sink sink;
+  msgpack::packer<byte_sink> pk(sink);
+  pack_header(pk, dispatch_fields, 0, f.step, f.slot, f.source, f.hidden);
+  pk.pack(f.epoch);
+  pk.pack(f.ready);
+  pk.pack(static_cast<uint64_t>(f.rows));
+  pk.pack(static_cast<uint64_t>(f.pair_row.size()));
+  pack_tensor(pk, f.xn.data(), f.xn.size());
+  pack_tensor(pk, f.pair_row.data(), f.pair_row.size());
+  pack_tensor(pk, f.pair_expert.data(), f.pair_expert.size());
+  return std::move(sink.bytes);
+}
+
+std::expected<dispatch_frame, std::string> decode_dispatch(const std::vector<uint8_t>& bytes, uint64_t step,
+                                                           int32_t slot, int32_t source, const ep_placement& placement,
+                                                           int32_t rank, int64_t hidden, int64_t top_k,
+                                                           const ep_frame_limits& limits) {
+  frame_reader r(bytes, dispatch_fields, "dispatch");
+  dispatch_frame f;
+  uint64_t rows = 0, pairs = 0;
+  if (!read_header(r, 0, step, slot, source, hidden) || !r.uint_field(7, "epoch", f.epoch, placement.epoch()) ||
+      !r.uint_field(8, "ready", f.ready, {}, placement.epoch() + 1) ||
+      !r.uint_field(9, "rows", rows, {}, static_cast<uint64_t>(limits.max_rows)) ||
+      !r.uint_field(10, "pairs", pairs, {}, rows * static_cast<uint64_t>(top_k)) ||
+      !r.tensor_field(11, "xn", rows * static_cast<uint64_t>(hidden), f.xn) ||
+      !r.tensor_field(12, "pair_row", pairs, f.pair_row) || !r.tensor_field(13, "pair_expert", pairs, f.pair_expert))
+    return std::unexpected(r.error());
+  if (f.ready < f.epoch)
+    return std::unexpected("dispatch frame field 8 (ready) is " + std::to_string(f.ready) + ", below its epoch " +
+                           std::to_string(f.epoch));
+  if (slot < 0 || slot >= placement.slots())
+    return std::unexpected("dispatch frame slot " + std::to_string(slot) + " outside the placement's " +
+                           std::to_string(placement.slots()) + " slots");
+  std::vector<int32_t> per_row(rows, 0);
+  for (uint64_t p = 0; p < pairs; ++p) {
+    int32_t row = f.pair_row[p], e = f.pair_expert[p];
+    if (row < 0 || static_cast<uint64_t>(row) >= rows)
+      return std::unexpected("dispatch frame pair " + std::to_string(p) + ": row " + std::to_string(row) +
+                             " outside [0, " + std::to_string(rows) + ")");
+    if (e < 0 || e >= placement.logical() || !placement.holds(slot, rank, e))
+      return std::unexpected("dispatch frame pair " + std::to_string(p) + ": expert " + std::to_string(e) +
+                             " is not computed by rank " + std::to_string(rank) + " in slot " + std::to_string(slot) +
+                             " (placement epoch " + std::to_string(placement.epoch()) + ")");
+    if (++per_row[row] > top_k)
+      return std::unexpected("dispatch frame row " + std::to_string(row) + " has more than top_k = " +
+                             std::to_string(top_k) + " pairs");
+  }
+  f.step = step;
+  f.slot = slot;
+  f.source = source;
+  f.hidden = hidden;
+  f.rows = static_cast<int64_t>(rows);
+  return f;
+}
+
+std::vector<uint8_t> encode_combine(uint64_t step, int32_t slot, int32_t source, int64_t hidden, const float* out,
+                                    int64_t pairs) {
+  byte_sink sink;
+  msgpack::packer<byte_sink> pk(sink);
+  pack_header(pk, combine_fields, 1, step, slot, source, hidden);
+  pk.pack(static_cast<uint64_t>(pairs));
+  pack_tensor(pk, out, static_cast<size_t>(pairs * hidden));
+  return std::move(sink.bytes);
+}
+
+std::expected<std::vector<float>, std::string> decode_combine(const std::vector<uint8_t>& bytes, uint64_t step,
+                                                              int32_t slot, int32_t source, int64_t hidden,
+                                                              int64_t pairs) {
+  frame_reader r(bytes, combine_fields, "combine");
+  uint64_t n = 0;
+  std::vector<float> out;
+  if (!read_header(r, 1, step, slot, source, hidden) ||
+      !r.uint_field(7, "pairs", n, static_cast<uint64_t>(pairs)) ||
+      !r.tensor_field(8, "out", n * static_cast<uint64_t>(hidden), out))
+    return std::unexpected(r.error());
+  return out;
+}
+
+// ---- ep_moe_exchange ----
+
+ep_moe_exchange::ep_moe_exchange(std::shared_ptr<const model::model_weights> weights, ep_layout layout,
+                                 std::shared_ptr<expert_transport> transport, bool batch_invariant,
+                                 ep_frame_limits limits)
+    : weights_(std::move(weights)),
+      invariant_(batch_invariant),
+      slots_(model::moe_slot_count(weights_->config)),
+      experts_(weights_->config.n_routed_experts),
+      top_k_(weights_->config.num_experts_per_tok),
+      hidden_(weights_->config.hidden_size),
+      limits_(limits),
+      loads_(slots_, std::max<int64_t>(experts_, 1), eplb_policy::decode().window_steps) {
+  reconfigure(layout, std::move(transport));
+}
+
+void ep_moe_exchange::reconfigure(ep_layout layout, std::shared_ptr<expert_transport> transport) {
+  SHOAL_ASSERT(!in_step_);
+  SHOAL_ASSERT(layout.size >= 1 && layout.rank >= 0 && layout.rank < layout.size && transport);
+  layout_ = layout;
+  transport_ = std::move(transport);
+  steps_started_ = 0;
+  // A new group starts from contiguous blocks; a plan offered to the old one is aborted.
+  placement_ = std::make_shared<const ep_placement>(
+    ep_placement::contiguous(slots_, std::max<int64_t>(experts_, 1), layout.size));
+  offered_.reset();
+  ready_ = switch_agreed_ = false;
+}
+
+void ep_moe_exchange::set_load_window(int64_t steps) {
+  SHOAL_ASSERT(steps >= 1);
+  loads_ = expert_load_window(slots_, std::max<int64_t>(experts_, 1), steps);
+}
+
+std::expected<void, std::string> ep_moe_exchange::offer(std::shared_ptr<const ep_placement> next) {
+  SHOAL_ASSERT(!in_step_ && next);
+  if (offered_)
+    return std::unexpected("placement epoch " + std::to_string(offered_->epoch()) + " is still being adopted");
+  if (next->epoch() != placement_->epoch() + 1)
+    return std::unexpected("placement epoch " + std::to_string(next->epoch()) + " does not follow the current epoch " +
+                           std::to_string(placement_->epoch()));
+  if (next->ranks() != layout_.size || next->slots() != slots_ || next->logical() != placement_->logical())
+    return std::unexpected("placement is for " + std::to_string(next->ranks()) + " ranks, " +
+                           std::to_string(next->slots()) + " slots, " + std::to_string(next->logical()) +
+                           " experts; the group has " + std::to_string(layout_.size) + " ranks, " +
+                           std::to_string(slots_) + " slots, " + std::to_string(placement_->logical()) + " experts");
+  offered_ = std::move(next);
+  ready_ = false;
+  return {};
+}
+
+void ep_moe_exchange::mark_ready() {
+  SHOAL_ASSERT(!in_step_ && offered_);
+  ready_ = true;
+}
+
+void ep_moe_exchange::begin_step() {
+  SHOAL_ASSERT(!in_step_);
+  in_step_ = true;
+  next_slot_ = 0;
+  switch_agreed_ = false;
+  ++steps_started_;
+}
+
+std::expected<void, std::string> ep_moe_exchange::end_step() {
+  SHOAL_ASSERT(in_step_);
+  try {
+    for (int64_t s = next_slot_; s < slots_; ++s) {
+      next_slot_ = s + 1;
+      run_slot(s, nullptr, 0, nullptr, nullptr, nullptr);
+    }
+  } catch (const ep_error& e) {
+    return std::unexpected(e.what());  // fail() already abandoned the step
+  }
+  in_step_ = false;
+  finish_step();
+  return {};
+}
+
+void ep_moe_exchange::abandon_step() {
+  in_step_ = false;
+  finish_step();
+}
+
+// A switch agreed at slot 0 holds whatever happened later in the step: every rank that saw
+// the agreement switches, so the next step's frames carry the same epoch everywhere.
+void ep_moe_exchange::finish_step() {
+  loads_.end_step();
+  if (!switch_agreed_) return;
+  switch_agreed_ = false;
+  placement_ = std::move(offered_);
+  offered_.reset();
+  ready_ = false;
+  ++switches_;
+}
+
+void ep_moe_exchange::fail(const std::string& what) {
+  abandon_step();
+  throw ep_error("EP rank " + std::to_string(layout_.rank) + "/" + std::to_string(layout_.size) + " step " +
+                 std::to_string(steps_started_ - 1) + ": " + what);
+}
+
+ep_payloads ep_moe_exchange::exchange(int64_t slot, int32_t phase, ep_payloads outgoing) {
+  auto in = transport_->exchange(steps_started_ - 1, static_cast<int32_t>(slot), phase, std::move(outgoing));
+  if (!in) fail("slot " + std::to_string(slot) + (phase == 0 ? " dispatch: " : " combine: ") + in.error());
+  if (in->size() != static_cast<size_t>(layout_.size))
+    fail("transport returned " + std::to_string(in->size()) + " payloads for a group of " +
+         std::to_string(layout_.size));
+  return std::move(*in);
+}
+
+void ep_moe_exchange::routed_experts(const model::model_weights& w, int64_t moe_slot, const float* xn,
+                                     int64_t rows, const int32_t* ids, const float* weights,
+                                     bool batch_invariant, float* out) {
+  SHOAL_ASSERT(&w == weights_.get() && batch_invariant == invariant_);
+  SHOAL_ASSERT(in_step_);
+  // each slot at most once per step, in increasing order
+  SHOAL_ASSERT(moe_slot >= next_slot_ && moe_slot < slots_);
+  for (int64_t s = next_slot_; s < moe_slot; ++s) {  // slots this forward skipped: peers may need us
+    next_slot_ = s + 1;
+    run_slot(s, nullptr, 0, nullptr, nullptr, nullptr);
+  }
+  next_slot_ = moe_slot + 1;
+  run_slot(moe_slot, xn, rows, ids, weights, out);
+}
+
+namespace {
+
+// Every (row, expert) pair this rank computes in one slot, grouped by expert.
+struct owned_work {
+  struct ref {
+    int32_t source, pair;
+  };
+  std::vector<int32_t> experts;             // the experts this rank computes in the slot, ascending
+  std::vector<std::vector<ref>> by_expert;  // same order
+  int64_t index(int32_t e) const {
+    return std::lower_bound(experts.begin(), experts.end(), e) - experts.begin();
+  }
+};
+
+// Runs the owned experts over the dispatched rows; results[src] (pairs of src, d). Experts run
+// whole on one thread each (largest first to the least loaded thread), as ffn.cpp does.
+void compute_owned(const model::model_weights& w, int64_t slot, bool invariant, const owned_work& work,
+                   const std::vector<dispatch_frame>& in, std::vector<std::vector<float>>& results) {
+  int64_t d = w.config.hidden_size, n_exp = static_cast<int64_t>(work.by_expert.size());
+  std::vector<size_t> rows_of(static_cast<size_t>(n_exp));
+  for (int64_t e = 0; e < n_exp; ++e) rows_of[e] = work.by_expert[e].size();
+  int64_t parts = kernels::num_threads();
+  std::vector<std::vector<int64_t>> assigned = model::assign_experts(rows_of, parts);
+  kernels::parallel_for(parts, [&](int64_t p0, int64_t p1) {
+    std::vector<float> x, y;
+    for (int64_t part = p0; part < p1; ++part)
+      for (int64_t e : assigned[part]) {
+        const auto& list = work.by_expert[e];
+        int64_t n = static_cast<int64_t>(list.size());
+        x.resize(static_cast<size_t>(n * d));
+        y.resize(static_cast<size_t>(n * d));
+        for (int64_t i = 0; i < n; ++i) {
+          const dispatch_frame& f = in[list[i].source];
+          std::memcpy(x.data() + i * d, f.xn.data() + int64_t(f.pair_row[list[i].pair]) * d, sizeof(float) * d);
+        }
+        model::routed_expert(w, slot, work.experts[e], x.data(), n, invariant, y.data());
+        for (int64_t i = 0; i < n; ++i)
+          std::memcpy(results[list[i].source].data() + int64_t(list[i].pair) * d, y.data() + i * d,
+                      sizeof(float) * d);
+      }
+  });
+}
+
+}  // namespace
+
+void ep_moe_exchange::run_slot(int64_t slot, const float* xn, int64_t rows, const int32_t* ids,
+                               const float* weights, float* out) {
+  const int32_t R = layout_.size, me = layout_.rank;
+  const int64_t d = hidden_, k = top_k_;
+  const uint64_t step = steps_started_ - 1;
+  const int32_t s32 = static_cast<int32_t>(slot);
+  const ep_placement& place = *placement_;
+  const uint64_t ready = ready_ ? offered_->epoch() : place.epoch();
+  if (rows > 0) loads_.count(slot, {ids, static_cast<size_t>(rows * k)});
+  // Dispatch: each row once per computing rank, with its pairs for that rank in row order;
+  // the n-th pair of an expert goes to the replica replica_for picks.
+  std::vector<dispatch_frame> send(static_cast<size_t>(R));
+  std::vector<int64_t> last_row(static_cast<size_t>(R), -1);
+  std::vector<int64_t> nth(static_cast<size_t>(place.logical()), 0);
+  std::vector<int32_t> owner_of(static_cast<size_t>(rows * k)), pair_of(static_cast<size_t>(rows * k));
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < k; ++j) {
+      int32_t e = ids[i * k + j];
+      int32_t r = place.replica_for(slot, e, me, nth[e]++);
+      dispatch_frame& f = send[r];
+      if (last_row[r] != i) {
+        last_row[r] = i;
+        f.xn.insert(f.xn.end(), xn + i * d, xn + (i + 1) * d);
+        ++f.rows;
+      }
+      owner_of[i * k + j] = r;
+      pair_of[i * k + j] = static_cast<int32_t>(f.pair_row.size());
+      f.pair_row.push_back(static_cast<int32_t>(f.rows - 1));
+      f.pair_expert.push_back(e);
+    }
+  ep_payloads outgoing(static_cast<size_t>(R));
+  for (int32_t r = 0; r < R; ++r) {
+    send[r].step = step, send[r].slot = s32, send[r].source = me, send[r].hidden = d;
+    send[r].epoch = place.epoch(), send[r].ready = ready;
+    outgoing[r] = encode_dispatch(send[r]);
+    send[r].xn = {};  // only the pair counts are needed from here on
+  }
+  ep_payloads incoming = exchange(slot, 0, std::move(outgoing));
+
+  // Own experts over every source's rows.
+  std::vector<dispatch_frame> in(static_cast<size_t>(R));
+  owned_work work;
+  auto mine = place.experts_of(slot, me);
+  work.experts.assign(mine.begin(), mine.end());
+  work.by_expert.resize(work.experts.size());
+  uint64_t agreed = ready;
+  for (int32_t src = 0; src < R; ++src) {
+    auto f = decode_dispatch(incoming[src], step, s32, src, place, me, d, k, limits_);
+    if (!f) fail("slot " + std::to_string(slot) + ": from rank " + std::to_string(src) + ": " + f.error());
+    in[src] = std::move(*f);
+    agreed = std::min(agreed, in[src].ready);
+    for (size_t p = 0; p < in[src].pair_expert.size(); ++p)
+      work.by_expert[work.index(in[src].pair_expert[p])].push_back({src, static_cast<int32_t>(p)});
+    pairs_computed_ += static_cast<int64_t>(in[src].pair_expert.size());
+  }
+  // Every rank sees the same slot-0 frames, so every rank agrees on the switch alike.
+  if (slot == 0 && agreed > place.epoch()) switch_agreed_ = true;
+  incoming = {};
+  std::vector<std::vector<float>> results(static_cast<size_t>(R));
+  for (int32_t src = 0; src < R; ++src) results[src].resize(in[src].pair_row.size() * static_cast<size_t>(d));
+  compute_owned(*weights_, slot, invariant_, work, in, results);
+  outgoing.assign(static_cast<size_t>(R), {});
+  for (int32_t src = 0; src < R; ++src)
+    outgoing[src] = encode_combine(step, s32, me, d, results[src].data(),
+                                   static_cast<int64_t>(in[src].pair_row.size()));
+  in = {};
+  results = {};
+  incoming = exchange(slot, 1, std::move(outgoing));
+
+  // Combine: per row, contributions in ascending expert id, as the local path sums them.
+  std::vector<std::vector<float>> back(static_cast<size_t>(R));
+  for (int32_t r = 0; r < R; ++r) {
+    auto b = decode_combine(incoming[r], step, s32, r, d, static_cast<int64_t>(send[r].pair_row.size()));
+    if (!b) fail("slot " + std::to_string(slot) + ": from rank " + std::to_string(r) + ": " + b.error());
+    back[r] = std::move(*b);
+  }
+  // The order of ffn.cpp's local sum, hence the same bits.
+  model::sum_in_expert_order(rows, k, d, ids, weights, [&](int64_t i, int64_t j) {
+    return back[owner_of[i * k + j]].data() + int64_t(pair_of[i * k + j]) * d;
+  }, out);
+}
+
+// ---- local_ep_hub ----
+
+struct local_ep_hub::state {
+  using key = std::tuple<uint64_t, int32_t, int32_t, int32_t>;  // step, slot, phase, destination
+  int32_t size;
+  std::chrono::milliseconds timeout;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::map<key, std::vector<std::optional<std::vector<uint8_t>>>> boxes;  // [source]
+  std::vector<bool> failed;
+};
+
+namespace {
+
+class hub_transport final : public expert_transport {
+ public:
+  hub_transport(std::shared_ptr<local_ep_hub::state> s, int32_t rank) : s_(std::move(s)), rank_(rank) {}
+
+  std::expected<ep_payloads, std::string> exchange(uint64_t step, int32_t slot, int32_t phase,
+                                                   ep_payloads outgoing) override {
+    auto& s = *s_;
+    if (outgoing.size() != static_cast<size_t>(s.size))
+      return std::unexpected("outgoing has " + std::to_string(outgoing.size()) + " payloads for " +
+                             std::to_string(s.size) + " ranks");
+    std::unique_lock lock(s.mu);
+    auto lost = [&]() -> std::optional<std::string> {
+      for (int32_t r = 0; r < s.size; ++r)
+        if (s.failed[r]) return r == rank_ ? "this rank was failed" : "rank " + std::to_string(r) + " lost";
+      return std::nullopt;
+    };
+    if (s.failed[rank_]) return std::unexpected("this rank was failed");
+    // entries of abandoned earlier exchanges addressed to this rank are dead
+    using key = local_ep_hub::state::key;
+    for (auto it = s.boxes.begin(); it != s.boxes.end();) {
+      auto [st, sl, ph, dest] = it->first;
+      bool stale = dest == rank_ && std::tuple(st, sl, ph) < std::tuple(step, slot, phase);
+      it = stale ? s.boxes.erase(it) : std::next(it);
+    }
+    ep_payloads incoming(static_cast<size_t>(s.size));
+    for (int32_t r = 0; r < s.size; ++r) {
+      if (r == rank_) {
+        incoming[r] = std::move(outgoing[r]);
+        continue;
+      }
+      auto& box = s.boxes[key{step, slot, phase, r}];
+      box.resize(static_cast<size_t>(s.size));
+      box[rank_] = std::move(outgoing[r]);
+    }
+    s.cv.notify_all();
+    key mine{step, slot, phase, rank_};
+    auto complete = [&] {
+      auto it = s.boxes.find(mine);
+      if (s.size == 1) return true;
+      if (it == s.boxes.end()) return false;
+      for (int32_t r = 0; r < s.size; ++r)
+        if (r != rank_ && !it->second[r]) return false;
+      return true;
+    };
+    s.cv.wait_for(lock, s.timeout, [&] { return complete() || lost(); });
+    if (complete()) {
+      if (s.size > 1) {
+        auto it = s.boxes.find(mine);
+        for (int32_t r = 0; r < s.size; ++r)
+          if (r != rank_) incoming[r] = std::move(*it->second[r]);
+        s.boxes.erase(it);
+      }
+      return incoming;
+    }
+    if (auto why = lost()) return std::unexpected(*why);
+    std::string missing;
+    auto it = s.boxes.find(mine);
+    for (int32_t r = 0; r < s.size; ++r)
+      if (r != rank_ && (it == s.boxes.end() || !it->second[r])) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+    return std::unexpected("timed out after " + std::to_string(s.timeout.count()) + " ms waiting for rank(s) " +
+                           missing);
+  }
+
+ private:
+  std::shared_ptr<local_ep_hub::state> s_;
+  int32_t rank_;
+};
+
+}  // namespace
+
+local_ep_hub::local_ep_hub(int32_t size, std::chrono::milliseconds timeout) : state_(std::make_shared<state>()) {
+  SHOAL_ASSERT(size >= 1);
+  state_->size = size;
+  state_->timeout = timeout;
+  state_->failed.assign(static_cast<size_t>(size), false);
+  for (int32_t r = 0; r < size; ++r) transports_.push_back(std::make_shared<hub_transport>(state_, r));
+}
+
+local_ep_hub::~local_ep_hub() = default;
+
+std::shared_ptr<expert_transport> local_ep_hub::transport(int32_t rank) {
+  SHOAL_ASSERT(rank >= 0 && rank < state_->size);
+  return transports_[rank];
+}
+
+void local_ep_hub::fail(int32_t rank) {
+  SHOAL_ASSERT(rank >= 0 && rank < state_->size);
+  {
+    std::lock_guard lock(state_->mu);
+    state_->failed[rank] = true;
+  }
+  state_->cv.notify_all();
+}
+
+int32_t local_ep_hub::size() const { return state_->size; }
+
+}  // namespace shoal::runtime

@@ -1,0 +1,113 @@
+// The routed experts an expert-parallel process holds in memory. Its ranks share one
+// model_weights loaded without routed experts (model::load_options); each rank holds the
+// (MoE slot, expert) weights its group's placement gives it, and while a new placement is
+// being adopted those of both: the missing ones are read from the checkpoint, and weights no
+// rank of the process holds any more are dropped. A rank only computes experts it holds, and
+// changes what it holds only between its steps, so no forward pass ever reads an expert
+// being read or dropped.
+//
+// Migration (expert_migration.hpp): the missing experts of a placement being adopted are read
+// from the processes that hold them when their holders described them (lend → fetch), from
+// the checkpoint otherwise or when such a read fails. Lent weights stay in memory, even if
+// dropped meanwhile, until their loan ends (the placement they were lent for took effect
+// everywhere) or its lease passes: a peer's late read never reads freed memory.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <expected>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "model/weights.hpp"
+#include "runtime/ep/expert_migration.hpp"
+#include "runtime/ep/expert_parallel.hpp"
+
+namespace shoal::runtime {
+
+class expert_residency {
+ public:
+  // `weights` loaded from `dir` with no routed experts (they are filled in here: the one part
+  // of the shared weights that changes after loading). Errors name the file.
+  static std::expected<std::shared_ptr<expert_residency>, std::string> open(
+    const std::string& dir, std::shared_ptr<const model::model_weights> weights);
+
+  // experts[slot]: the experts of that MoE slot, ascending.
+  using expert_set = std::vector<std::vector<int32_t>>;
+  // The experts `holder` (one per rank) computes under `placement` for `rank`, with those of
+  // `also` (the placement being adopted) when given.
+  static expert_set experts_for(const ep_placement& placement, int32_t rank, const ep_placement* also = nullptr);
+
+  // Holder `holder` now holds `experts`: reads what no holder has, drops what no holder
+  // keeps. On a read error nothing changes for `holder` and the error names the tensor.
+  std::expected<void, std::string> hold(const void* holder, const expert_set& experts);
+  void release(const void* holder);
+  ~expert_residency();
+  // (MoE slot, routed expert) weights in memory, and their bytes.
+  int64_t resident_experts() const;
+  int64_t resident_bytes() const;
+
+  // -- migration --
+  // Registers the weights of `experts` (slot, expert; each resident here) with `bulk` and
+  // describes them for placement `epoch`. An error (nothing lent) names an expert not held
+  // here or the registration that failed.
+  std::expected<std::vector<expert_part>, std::string> lend(uint64_t epoch,
+                                                            const std::vector<std::pair<int32_t, int32_t>>& experts,
+                                                            transport& bulk, std::chrono::milliseconds lease);
+  // Placement `epoch` took effect in the whole group: its loans (and older ones) end.
+  void end_loans(uint64_t epoch);
+  // Starts reading the experts `parts` describe that are neither resident nor being read,
+  // each within `timeout`. An expert whose parts do not describe this model's weights
+  // exactly is not read (hold then reads it from the checkpoint): the error says why. Only
+  // the descriptions are checked on the caller's thread (an engine's, between steps): the
+  // buffers the reads land in are allocated, and the reads posted, on a thread of their own,
+  // since the first touch of that much fresh memory costs as much as reading it.
+  std::expected<void, std::string> fetch(uint64_t epoch, const std::vector<expert_part>& parts,
+                                         std::shared_ptr<transport> bulk, std::chrono::milliseconds timeout);
+  // No read started by fetch for an expert of `experts` is still in flight.
+  bool fetched(const expert_set& experts) const;
+  // The plan the reads were for was dropped: their weights are discarded.
+  void drop_fetches();
+  struct migration_stats {
+    int64_t fetched_experts = 0, fetched_bytes = 0;        // read from a holder and installed
+    int64_t checkpoint_experts = 0, checkpoint_bytes = 0;  // read from the checkpoint
+    int64_t fetch_failures = 0;                            // reads from a holder that failed (then the checkpoint)
+    int64_t lent_experts = 0, lent_bytes = 0;              // described for peers
+    std::string last_failure;
+  };
+  migration_stats migration() const;
+
+ private:
+  struct fetch_entry;
+  struct loan;
+  expert_residency(model::expert_reader reader, std::shared_ptr<const model::model_weights> weights);
+  void drop(int64_t slot, int64_t expert);  // mu_ held
+  void drop_unheld();                       // mu_ held
+  void expire_loans();                      // mu_ held
+  // mu_ held: the fetched weights of (slot, expert) installed; false (and the reason kept) when
+  // the read failed or what arrived is not valid weights.
+  bool install(int64_t slot, int64_t expert, fetch_entry& f);
+  std::expected<void, std::string> read_checkpoint(int64_t slot, int64_t expert);  // mu_ held
+
+  model::expert_reader reader_;
+  std::shared_ptr<const model::model_weights> weights_;
+  model::model_weights& mutable_weights_;  // the routed experts only
+  int64_t slots_, experts_;
+  mutable std::mutex mu_;
+  std::map<const void*, expert_set> held_;
+  std::vector<bool> resident_;  // [slot·experts + expert]
+  std::map<std::pair<int64_t, int64_t>, std::unique_ptr<fetch_entry>> fetches_;
+  std::vector<std::unique_ptr<fetch_entry>> draining_;  // discarded, reads still landing
+  // Threads preparing fetches (allocating their buffers, posting their reads), each with
+  // whether it ended; joined by the next fetch and by the destructor.
+  std::vector<std::pair<std::thread, std::shared_ptr<std::atomic<bool>>>> preparing_;
+  std::vector<std::unique_ptr<loan>> loans_;
+  migration_stats stats_;
+};
+
+}  // namespace shoal::runtime
