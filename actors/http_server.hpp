@@ -52,7 +52,6 @@ class admission_bound {
   }
   void release() { used_.fetch_sub(1); }
   int limit() const { return limit_; }
-  int used() const { return used_.load(); }
 
  private:
   std::atomic<int> used_{0};
