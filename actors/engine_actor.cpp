@@ -1,9 +1,11 @@
 // The engine actor's state and handlers. The state owns the runtime::engine and routes each
-// engine request to its caller's id and sink; the handlers translate messages into engine
-// calls. Each step message runs exactly one engine step, so submit/cancel/stats queued
+// request (by the id its caller gave it, the engine's too) to its sink; the handlers translate
+// messages into engine calls. Each step message runs exactly one engine step, so submit/cancel/stats queued
 // meanwhile are handled between steps.
 #include "actors/engine_actor.hpp"
 
+#include <algorithm>
+#include <deque>
 #include <map>
 #include <optional>
 #include <unordered_map>
@@ -26,19 +28,32 @@ namespace shoal::actors {
 
 namespace {
 
+// The last requests that left an engine (stats: the shell and tests follow a request by id).
+class request_history {
+ public:
+  void add(request_id id, runtime::finish_reason reason) {
+    if (records_.size() == capacity) records_.pop_front();
+    records_.push_back({id, reason});
+  }
+  std::vector<request_record> list() const { return {records_.begin(), records_.end()}; }
+
+ private:
+  static constexpr size_t capacity = 64;
+  std::deque<request_record> records_;
+};
+
 struct engine_state {
   // Where the events of one queued request go.
   struct route {
-    request_id id;  // the caller's id
     token_sink_actor sink;
   };
 
   static inline const char* name = "engine";
 
   std::unique_ptr<runtime::engine> engine;
-  std::unordered_map<request_id, route> routes;           // engine request id → route
-  std::unordered_map<request_id, request_id> engine_ids;  // caller's id → engine request id
+  std::unordered_map<request_id, route> routes;           // request → where its events go
   std::map<caf::actor_addr, int64_t> sinks;               // monitored sink → open requests
+  request_history history;                                // the last requests that left
   bool step_pending = false;                              // a step message is in the mailbox
   bool draining = false;                                  // refuses new requests
   std::shared_ptr<caf_ep_transport> ep;                   // expert parallelism, else null
@@ -46,21 +61,22 @@ struct engine_state {
 
   // Prefill side: a request lent to a decode engine, its caches pinned until the decode
   // engine releases them or the lease deadline passes. Until placed, the route stays (a
-  // refused handoff is decoded here); once placed, the route goes (the caller's id may come
-  // back with a re-routed attempt) and only the lease is left.
+  // refused handoff is decoded here); once placed, the route goes and only the lease is left
+  // (a re-routed attempt of the same id that arrives meanwhile ends it: see make_room).
   struct lease {
+    uint64_t offer = 0;   // its number in the offer (a decode engine's release names it)
     uint64_t number = 0;  // which deadline message is current
     bool placed = false;
   };
-  std::unordered_map<request_id, lease> leases;  // engine id → lease
+  std::unordered_map<request_id, lease> leases;
   uint64_t lease_numbers = 0;
   std::chrono::milliseconds lease_timeout{10'000};
-  // Decode side: who lent each imported request, told when its reads are over.
+  // Decode side: who lent each imported request (and which lease), told when its reads are over.
   struct lender {
     caf::actor prefill;
-    request_id source;
+    uint64_t lease = 0;
   };
-  std::unordered_map<request_id, lender> lenders;  // engine id → lender
+  std::unordered_map<request_id, lender> lenders;
 
   // Refusals that need no engine: bad id, id still running, nowhere to stream.
   std::optional<error_reply> check_submit(const generation_request& req,
@@ -72,43 +88,44 @@ struct engine_state {
       return error_reply{errc::invalid_request, "sampling.bias_tokens holds " + std::to_string(req.sampling.bias_tokens.size()) +
                                                     " ids for " + std::to_string(req.sampling.bias_values.size()) +
                                                     " bias values"};
-    if (engine_ids.contains(req.id))
-      return error_reply{errc::duplicate_request,
-                         "request " + std::to_string(req.id.value) + " is still running"};
+    if (routes.contains(req.id))
+      return error_reply{errc::duplicate_request, "request " + to_string(req.id) + " is still running"};
     return std::nullopt;
   }
 
   // Records a route; true when its sink is new and needs a monitor.
-  bool add_route(request_id engine_id, request_id id, token_sink_actor sink) {
-    engine_ids.emplace(id, engine_id);
+  bool add_route(request_id id, token_sink_actor sink) {
     bool fresh = sinks[sink.address()]++ == 0;
-    routes.emplace(engine_id, route{id, std::move(sink)});
+    routes.emplace(id, route{std::move(sink)});
     return fresh;
   }
 
-  // Removes the route of `engine_id` (must exist) and returns it.
-  route remove_route(request_id engine_id) {
-    auto it = routes.find(engine_id);
+  // Removes the route of `id` (must exist) and returns it.
+  route remove_route(request_id id) {
+    auto it = routes.find(id);
     SHOAL_ASSERT(it != routes.end());
     route r = std::move(it->second);
     routes.erase(it);
-    engine_ids.erase(r.id);
     if (auto s = sinks.find(r.sink.address()); s != sinks.end() && --s->second == 0) sinks.erase(s);
     return r;
   }
 
-  // Stops engine request `engine_id` and drops its route; its later events are discarded.
-  route drop(request_id engine_id) {
-    engine->abort(engine_id);
-    leases.erase(engine_id);
-    route r = remove_route(engine_id);
-    engine->forget(engine_id);  // no-op while it is in the running step; see deliver
+  // Stops request `id` and drops its route; its later events are discarded.
+  route drop(request_id id) {
+    engine->abort(id);
+    leases.erase(id);
+    route r = remove_route(id);
+    history.add(id, runtime::finish_reason::aborted);
+    engine->forget(id);  // no-op while it is in the running step; see deliver
     return r;
   }
 
   engine_stats_snapshot snapshot() const {
     runtime::engine_stats s = engine->stats();
     const std::vector<double> fetch_s = engine->swa_fetch_seconds();
+    std::vector<request_id> running;
+    for (const auto& [id, r] : routes) running.push_back(id);
+    std::ranges::sort(running);
     return {s.steps,
             s.prefill_tokens,
             s.decode_tokens,
@@ -144,7 +161,9 @@ struct engine_state {
             s.image_patches_encoded,
             s.image_cache.hits,
             s.image_rows_read,
-            s.image_row_read_failures};
+            s.image_row_read_failures,
+            std::move(running),
+            history.list()};
   }
 };
 
@@ -170,38 +189,65 @@ void deliver(self_pointer self, const runtime::token_event& ev) {
   auto& st = self->state;
   if (auto it = st.routes.find(ev.id); it != st.routes.end()) {
     int32_t cached = ev.finished ? static_cast<int32_t>(st.engine->cached_tokens(ev.id)) : 0;
-    token_event out{it->second.id, ev.token, ev.finished, ev.reason, cached};
+    token_event out{ev.id, ev.token, ev.finished, ev.reason, cached};
     if (ev.logprobs) {
       out.has_logprobs = true;
       out.logprob = ev.logprobs->logprob;
       for (const auto& [id, lp] : ev.logprobs->top) out.top_ids.push_back(id), out.top_logprobs.push_back(lp);
     }
     self->send(it->second.sink, std::move(out));
-    if (ev.finished) release_sink(self, st.remove_route(ev.id).sink);
+    if (ev.finished) {
+      st.history.add(ev.id, ev.reason);
+      release_sink(self, st.remove_route(ev.id).sink);
+    }
   }
   if (ev.finished) st.engine->forget(ev.id);
+}
+
+// A runtime refusal as the reply's code: decided by its errc, never by its text.
+error_reply to_reply(runtime::error e) {
+  switch (e.code) {
+    case runtime::errc::no_room: return {errc::no_room, std::move(e.message)};
+    case runtime::errc::duplicate: return {errc::duplicate_request, std::move(e.message)};
+    case runtime::errc::timed_out: return {errc::timed_out, std::move(e.message)};
+    case runtime::errc::not_found: return {errc::not_found, std::move(e.message)};
+    case runtime::errc::invalid_argument:
+    case runtime::errc::unavailable:  // this engine cannot serve it, nor could its peers (same config)
+      return {errc::invalid_request, std::move(e.message)};
+    default: return {errc::unknown, std::move(e.message)};
+  }
+}
+
+void end_lease(self_pointer self, request_id id, bool taken);
+
+// A re-routed attempt of a request this engine lent to a decode engine that the relay gave up
+// on: that lease ends as if its deadline passed (a late read of the freed blocks fails its
+// checksum), so the id is free for the new attempt.
+void make_room(self_pointer self, request_id id) {
+  auto& st = self->state;
+  if (auto l = st.leases.find(id); l != st.leases.end() && l->second.placed && !st.routes.contains(id))
+    end_lease(self, id, true);
 }
 
 caf::result<request_id> submit(self_pointer self, generation_request& req, token_sink_actor sink) {
   auto& st = self->state;
   if (auto refused = st.check_submit(req, sink)) return make_error(std::move(*refused));
-  auto engine_id =
-      st.engine->add_request(std::move(req.prompt), to_sampling_params(req.sampling), req.cls, from_payloads(req.images));
-  if (!engine_id) return make_error(errc::invalid_request, std::move(engine_id.error()));
-  if (st.add_route(*engine_id, req.id, sink)) self->monitor(sink);
+  make_room(self, req.id);
+  auto id = st.engine->add_request(req.id, std::move(req.prompt), to_sampling_params(req.sampling), req.cls,
+                                   from_payloads(req.images));
+  if (!id) return make_error(to_reply(std::move(id.error())));
+  if (st.add_route(*id, sink)) self->monitor(sink);
   schedule_step(self);
-  return req.id;
+  return *id;
 }
 
-void release_lender(self_pointer self, request_id engine_id);
+void release_lender(self_pointer self, request_id id);
 
 bool cancel(self_pointer self, request_id id) {
   auto& st = self->state;
-  auto it = st.engine_ids.find(id);
-  if (it == st.engine_ids.end()) return false;
-  const request_id engine_id = it->second;
-  auto sink = st.drop(engine_id).sink;
-  release_lender(self, engine_id);
+  if (!st.routes.contains(id)) return false;
+  auto sink = st.drop(id).sink;
+  release_lender(self, id);
   self->send(sink, token_event{id, -1, true, runtime::finish_reason::aborted});
   release_sink(self, sink);
   return true;
@@ -209,9 +255,9 @@ bool cancel(self_pointer self, request_id id) {
 
 // -- handoff ------------------------------------------------------------------------------
 
-void arm_lease(self_pointer self, request_id engine_id, engine_state::lease& l) {
+void arm_lease(self_pointer self, request_id id, engine_state::lease& l) {
   l.number = ++self->state.lease_numbers;
-  self->delayed_send(self, self->state.lease_timeout, lease_atom_v, engine_id, l.number);
+  self->delayed_send(self, self->state.lease_timeout, lease_atom_v, id, l.number);
 }
 
 // Prefill side, after a step: every request that just streamed its first token is offered
@@ -219,61 +265,63 @@ void arm_lease(self_pointer self, request_id engine_id, engine_state::lease& l) 
 void offer_handoffs(self_pointer self) {
   auto& st = self->state;
   for (runtime::handoff_state& h : st.engine->take_handoffs()) {
-    auto it = st.routes.find(h.source);
+    auto it = st.routes.find(h.id);
     if (it == st.routes.end()) {  // dropped in the meantime: nothing to lend
-      st.engine->handoff_done(h.source, true);
-      st.engine->forget(h.source);
+      st.engine->handoff_done(h.id, true);
+      st.engine->forget(h.id);
       continue;
     }
-    arm_lease(self, h.source, st.leases[h.source]);
+    auto& l = st.leases[h.id];
+    arm_lease(self, h.id, l);
+    l.offer = l.number;
     const int64_t need = st.engine->handoff_blocks_needed(h);
-    self->send(it->second.sink, handoff_atom_v,
-               to_handoff_offer(h, it->second.id, caf::actor_cast<caf::actor>(self), need));
+    self->send(it->second.sink, handoff_atom_v, to_handoff_offer(h, caf::actor_cast<caf::actor>(self), need, l.offer));
   }
 }
 
-// Prefill side: the lease of `engine_id` ends; taken = the decode engine has the request.
-void end_lease(self_pointer self, request_id engine_id, bool taken) {
+// Prefill side: the lease of `id` ends; taken = the decode engine has the request.
+void end_lease(self_pointer self, request_id id, bool taken) {
   auto& st = self->state;
-  st.leases.erase(engine_id);
-  st.engine->handoff_done(engine_id, taken);
+  st.leases.erase(id);
+  st.engine->handoff_done(id, taken);
   if (!taken) return schedule_step(self);
-  if (st.routes.contains(engine_id)) release_sink(self, st.remove_route(engine_id).sink);
-  st.engine->forget(engine_id);
+  if (st.routes.contains(id)) release_sink(self, st.remove_route(id).sink);
+  st.engine->forget(id);
 }
 
 // Prefill side, from the sink: placed on a decode engine (wait for its release) or not.
-void on_placed(self_pointer self, request_id caller, bool placed) {
+void on_placed(self_pointer self, request_id id, bool placed) {
   auto& st = self->state;
-  auto id = st.engine_ids.find(caller);
-  if (id == st.engine_ids.end()) return;  // released already, or cancelled
-  const request_id engine_id = id->second;
-  auto l = st.leases.find(engine_id);
+  if (!st.routes.contains(id)) return;  // released already, or cancelled
+  auto l = st.leases.find(id);
   if (l == st.leases.end() || l->second.placed) return;
-  if (!placed) return end_lease(self, engine_id, false);
+  if (!placed) return end_lease(self, id, false);
   l->second.placed = true;
-  release_sink(self, st.remove_route(engine_id).sink);
-  arm_lease(self, engine_id, l->second);
+  st.history.add(id, runtime::finish_reason::handed_off);
+  release_sink(self, st.remove_route(id).sink);
+  arm_lease(self, id, l->second);
 }
 
-// Prefill side, from the decode engine: its reads of `source` are over.
-void on_release(self_pointer self, request_id source) {
-  if (self->state.leases.contains(source)) end_lease(self, source, true);
+// Prefill side, from the decode engine: its reads of lease `offer` of `id` are over (this
+// engine may lend `id` again after a re-routed attempt: a stale release names an older lease).
+void on_release(self_pointer self, request_id id, uint64_t offer) {
+  auto l = self->state.leases.find(id);
+  if (l != self->state.leases.end() && l->second.offer == offer) end_lease(self, id, true);
 }
 
-void on_lease_deadline(self_pointer self, request_id engine_id, uint64_t number) {
-  auto l = self->state.leases.find(engine_id);
+void on_lease_deadline(self_pointer self, request_id id, uint64_t number) {
+  auto l = self->state.leases.find(id);
   if (l == self->state.leases.end() || l->second.number != number) return;
   // Placed: the decode engine went quiet (a late read fails its checksum). Never placed: the
   // sink did not answer, so the request is decoded here.
-  end_lease(self, engine_id, l->second.placed);
+  end_lease(self, id, l->second.placed);
 }
 
-void release_lender(self_pointer self, request_id engine_id) {
+void release_lender(self_pointer self, request_id id) {
   auto& st = self->state;
-  auto it = st.lenders.find(engine_id);
+  auto it = st.lenders.find(id);
   if (it == st.lenders.end()) return;
-  self->send(caf::actor_cast<engine_actor>(it->second.prefill), release_atom_v, it->second.source);
+  self->send(caf::actor_cast<engine_actor>(it->second.prefill), release_atom_v, id, it->second.lease);
   st.lenders.erase(it);
 }
 
@@ -283,15 +331,13 @@ caf::result<request_id> take_handoff(self_pointer self, const handoff_offer& off
   generation_request probe;
   probe.id = offer.id;
   if (auto refused = st.check_submit(probe, sink)) return make_error(std::move(*refused));
-  auto engine_id = st.engine->add_handoff(to_handoff_state(offer));
-  if (!engine_id) {
-    const bool no_room = engine_id.error().rfind("no room: ", 0) == 0;
-    return make_error(no_room ? errc::no_room : errc::invalid_request, std::move(engine_id.error()));
-  }
-  if (st.add_route(*engine_id, offer.id, sink)) self->monitor(sink);
-  st.lenders[*engine_id] = {offer.prefill, offer.source};
+  make_room(self, offer.id);
+  auto id = st.engine->add_handoff(to_handoff_state(offer));
+  if (!id) return make_error(to_reply(std::move(id.error())));
+  if (st.add_route(*id, sink)) self->monitor(sink);
+  st.lenders[*id] = {offer.prefill, offer.lease};
   schedule_step(self);
-  return offer.id;
+  return *id;
 }
 
 // One engine step (with expert parallelism: one lockstep step of the group, which runs even
@@ -424,11 +470,11 @@ caf::result<bool> take_placement(self_pointer self, const placement_msg& m,
 void on_sink_down(self_pointer self, const caf::down_msg& msg) {
   auto& st = self->state;
   std::vector<request_id> orphans;
-  for (const auto& [engine_id, r] : st.routes)
-    if (r.sink.address() == msg.source) orphans.push_back(engine_id);
-  for (request_id engine_id : orphans) {
-    st.drop(engine_id);
-    release_lender(self, engine_id);
+  for (const auto& [id, r] : st.routes)
+    if (r.sink.address() == msg.source) orphans.push_back(id);
+  for (request_id id : orphans) {
+    st.drop(id);
+    release_lender(self, id);
   }
   st.sinks.erase(msg.source);
 }
@@ -463,9 +509,9 @@ engine_actor_impl::behavior_type engine_behavior(self_pointer self,
     [self](handoff_atom, const handoff_offer& offer, token_sink_actor& sink) -> caf::result<request_id> {
       return take_handoff(self, offer, std::move(sink));
     },
-    [self](handoff_atom, request_id caller, bool placed) { on_placed(self, caller, placed); },
-    [self](release_atom, request_id source) { on_release(self, source); },
-    [self](lease_atom, request_id engine_id, uint64_t number) { on_lease_deadline(self, engine_id, number); },
+    [self](handoff_atom, request_id id, bool placed) { on_placed(self, id, placed); },
+    [self](release_atom, request_id id, uint64_t lease) { on_release(self, id, lease); },
+    [self](lease_atom, request_id id, uint64_t number) { on_lease_deadline(self, id, number); },
     [self](step_atom) { step(self); },
     [self](lockstep_atom, uint64_t group, uint64_t s) { join(self, group, s); },
     [self](lockstep_atom, uint64_t group, int32_t rank, std::vector<caf::actor>& ranks) {

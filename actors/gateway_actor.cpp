@@ -229,9 +229,8 @@ double seconds_since(clock_type::time_point t) {
 }
 
 // One generation from an HTTP request to its last byte. Returns the HTTP status sent.
-int serve_generation(gateway_shared& g, const runtime::completion_request& r, std::vector<int32_t> prompt,
+int serve_generation(gateway_shared& g, int64_t id, const runtime::completion_request& r, std::vector<int32_t> prompt,
                      http_writer& w) {
-  const int64_t id = g.next_id++;
   const auto started = clock_type::now();
   const auto n_prompt = static_cast<int64_t>(prompt.size());
   {
@@ -242,7 +241,7 @@ int serve_generation(gateway_shared& g, const runtime::completion_request& r, st
   relay_options ro;
   ro.request_timeout = g.config.request_timeout;
   caf::actor relay = spawn_request_relay(*g.sys, g.bal, make_generation(id, std::move(prompt), r), channel, ro);
-  runtime::response_meta meta{runtime::make_response_id(r.chat, static_cast<uint64_t>(id)), unix_now(), r.model};
+  runtime::response_meta meta{runtime::make_response_id(r.chat, request_id(id)), unix_now(), r.model};
   text_stream text(*g.tok, r.stop);
   std::string whole;
   bool client_ok = true;
@@ -397,7 +396,14 @@ int serve_generate(gateway_shared& g, const http_request& req, http_writer& w, b
   if (g.config.context_length > 0)  // 0: no limit (gateway_config); check_context would refuse everything
     if (auto e = runtime::check_context(static_cast<int64_t>(ids->size()), parsed->max_tokens, g.config.context_length))
       return send_error(w, *e), e->status;
-  return serve_generation(g, *parsed, std::move(*ids), w);
+  const int64_t id = g.next_id++;
+  const auto started = clock_type::now();
+  const int64_t n_prompt = static_cast<int64_t>(ids->size());
+  const int status = serve_generation(g, id, *parsed, std::move(*ids), w);
+  if (g.config.request_log)
+    g.config.request_log(fmt::format("request {} {} status={} prompt_tokens={} seconds={:.3f}", to_string(request_id(id)),
+                                     chat ? "chat" : "completion", status, n_prompt, seconds_since(started)));
+  return status;
 }
 
 int handle(gateway_shared& g, const http_request& req, http_writer& w) {
@@ -469,7 +475,8 @@ gateway_actor::behavior_type gateway_behavior(gateway_actor::stateful_pointer<ga
       std::vector<std::string> out;
       std::lock_guard lock(g.mu);
       for (const auto& [id, e] : g.table)
-        out.push_back(fmt::format("request {} {} prompt={} generated={} age={:.1f}s", id, e.chat ? "chat" : "completion",
+        out.push_back(fmt::format("request {} {} prompt={} generated={} age={:.1f}s", to_string(request_id(id)),
+                                  e.chat ? "chat" : "completion",
                                   e.prompt_tokens, e.generated, seconds_since(e.started)));
       return out;
     },

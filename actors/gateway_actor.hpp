@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <expected>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -38,6 +39,8 @@ struct gateway_config {
   model::vision_config vision;
   int32_t max_images = 8;                   // per request
   runtime::image_limits image_limits;
+  // Called once per finished HTTP generation with a line naming its request id (the node log).
+  std::function<void(const std::string&)> request_log;
 };
 
 // Reads an auth token file: one token per line, blank lines and '#' comments skipped.

@@ -126,9 +126,9 @@ std::vector<runtime::prompt_image> from_payloads(const std::vector<image_payload
   return out;
 }
 
-handoff_offer to_handoff_offer(const runtime::handoff_state& s, request_id id, caf::actor prefill,
-                               int64_t blocks_needed) {
-  return {id,          std::move(prefill), blocks_needed, s.source,        s.tokens,     s.prompt_len,
+handoff_offer to_handoff_offer(const runtime::handoff_state& s, caf::actor prefill, int64_t blocks_needed,
+                               uint64_t lease) {
+  return {s.id,        std::move(prefill), blocks_needed, lease,         s.tokens,     s.prompt_len,
           to_payloads(s.images),           to_sampling_options(s.params),   s.seq_seed,    s.cls,           s.text,       s.computed,
           s.dec_from,  s.ring_tokens,      s.ring_floor,  s.cached_tokens, s.swa_approx, s.snapshot_at,
           s.blocks,    s.rings};
@@ -136,7 +136,7 @@ handoff_offer to_handoff_offer(const runtime::handoff_state& s, request_id id, c
 
 runtime::handoff_state to_handoff_state(const handoff_offer& o) {
   runtime::handoff_state s;
-  s.source = o.source;
+  s.id = o.id;
   s.tokens = o.tokens;
   s.prompt_len = o.prompt_len;
   s.images = from_payloads(o.images);

@@ -86,7 +86,7 @@ using engine_actor = caf::typed_actor<
   caf::reacts_to<handoff_atom, request_id, bool>,
   // Prefill side, from the decode engine: it is done reading the lent request `source` (the
   // prefill engine's own id); the lease ends. No reply.
-  caf::reacts_to<release_atom, request_id>,
+  caf::reacts_to<release_atom, request_id, uint64_t>,
   // Expert parallelism, from the engine's rank actor: join lockstep step `step` of group
   // `group` unless this engine has begun it already. No reply.
   caf::reacts_to<lockstep_atom, uint64_t, uint64_t>,

@@ -197,6 +197,19 @@ typename Inspector::result_type inspect(Inspector& f, token_event& x) {
            x.logprob, x.top_ids, x.top_logprobs);
 }
 
+// A request that left an engine, by its one id, and how it ended there (handed_off: a
+// decode engine took it on).
+struct request_record {
+  request_id id;
+  runtime::finish_reason reason = runtime::finish_reason::none;
+  friend bool operator==(const request_record&, const request_record&) = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, request_record& x) {
+  return f(caf::meta::type_name("request_record"), x.id, x.reason);
+}
+
 // A snapshot of an engine's counters (runtime::engine_stats plus the actor's own).
 struct engine_stats_snapshot {
   uint64_t steps = 0;
@@ -234,6 +247,8 @@ struct engine_stats_snapshot {
   uint64_t image_cache_hits = 0;       // images whose rows came from the embedding cache
   uint64_t image_rows_read = 0;        // images whose rows were read from a vision-encoder worker
   uint64_t image_row_read_failures = 0;  // of those reads, failed (encoded here instead)
+  std::vector<request_id> running;       // the requests routed here now, by id
+  std::vector<request_record> recent;    // the last (≤ 64) that left, oldest first
   friend bool operator==(const engine_stats_snapshot&, const engine_stats_snapshot&) = default;
 };
 
@@ -246,7 +261,7 @@ typename Inspector::result_type inspect(Inspector& f, engine_stats_snapshot& x) 
            x.handoffs_taken, x.handoff_failures, x.swa_restores, x.swa_replays, x.swa_lookups, x.swa_fetches,
            x.swa_fetch_failures, x.swa_fetch_p50_ms, x.swa_fetch_p99_ms, x.kv_tokens, x.waiting,
            x.prefix_lookups, x.forward_s, x.images_encoded, x.image_patches_encoded, x.image_cache_hits,
-           x.image_rows_read, x.image_row_read_failures);
+           x.image_rows_read, x.image_row_read_failures, x.running, x.recent);
 }
 
 
@@ -274,10 +289,10 @@ typename Inspector::result_type inspect(Inspector& f, text_event& x) {
 // over. Every field comes from another process: the decode engine validates it
 // (runtime::engine::add_handoff) before reserving anything.
 struct handoff_offer {
-  request_id id;               // the caller's id (the relay's)
+  request_id id;               // the request's (the gateway's, on every engine)
   caf::actor prefill;          // the engine actor holding the lease
   int64_t blocks_needed = 0;   // decode blocks to take it and decode one token
-  request_id source;           // the request's id on the prefill engine
+  uint64_t lease = 0;          // which of the prefill engine's leases of `id` (release names it)
   std::vector<int32_t> tokens; // prompt ++ output so far
   int64_t prompt_len = 0;
   std::vector<image_payload> images;  // of the prompt (a failed read recomputes with them)
@@ -296,13 +311,13 @@ struct handoff_offer {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, handoff_offer& x) {
-  return f(caf::meta::type_name("handoff_offer"), x.id, x.prefill, x.blocks_needed, x.source, x.tokens, x.prompt_len,
+  return f(caf::meta::type_name("handoff_offer"), x.id, x.prefill, x.blocks_needed, x.lease, x.tokens, x.prompt_len,
            x.images, x.sampling, x.seq_seed, x.cls, x.text, x.computed, x.dec_from, x.ring_tokens, x.ring_floor, x.cached_tokens,
            x.swa_approx, x.snapshot_at, x.blocks, x.rings);
 }
 
-handoff_offer to_handoff_offer(const runtime::handoff_state& s, request_id id, caf::actor prefill,
-                               int64_t blocks_needed);
+handoff_offer to_handoff_offer(const runtime::handoff_state& s, caf::actor prefill, int64_t blocks_needed,
+                               uint64_t lease);
 runtime::handoff_state to_handoff_state(const handoff_offer& o);
 
 // -- the vision-encoder pool -------------------------------------------------------------------

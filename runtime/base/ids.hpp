@@ -4,6 +4,7 @@
 #include <compare>
 #include <cstdint>
 #include <functional>
+#include <string>
 
 namespace shoal {
 
@@ -18,6 +19,16 @@ struct strong_id {
 
 using request_id = strong_id<struct request_tag>;
 using block_id = strong_id<struct block_tag, int32_t>;
+
+// A request's id as every layer prints it (shell, engine stats, logs, the API's response id
+// "chatcmpl-<this>"): 16 hex digits.
+inline std::string to_string(request_id id) {
+  static constexpr char hex[] = "0123456789abcdef";
+  const auto v = static_cast<uint64_t>(id.value);
+  std::string out(16, '0');
+  for (int i = 0; i < 16; ++i) out[static_cast<size_t>(i)] = hex[(v >> (60 - 4 * i)) & 0xF];
+  return out;
+}
 
 }  // namespace shoal
 

@@ -22,7 +22,7 @@
 namespace shoal::runtime {
 
 struct handoff_state {
-  request_id source;               // the request's id on the prefill engine
+  request_id id;                   // the request's (the same on both engines)
   std::vector<int32_t> tokens;     // prompt ++ output so far (≥ 1 generated token)
   int64_t prompt_len = 0;
   std::vector<prompt_image> images;  // of the prompt: a failed read recomputes with them

@@ -71,34 +71,37 @@ engine::~engine() {
   }
 }
 
-std::expected<request_id, std::string> engine::add_request(std::vector<int32_t> prompt,
-                                                           const sampling_params& params, traffic_class cls,
-                                                           std::vector<prompt_image> images) {
+std::expected<request_id, error> engine::add_request(request_id id, std::vector<int32_t> prompt,
+                                                     const sampling_params& params, traffic_class cls,
+                                                     std::vector<prompt_image> images) {
+  if (!id.valid()) return fail(errc::invalid_argument, "request id must be >= 0");
+  if (requests_.contains(id.value))
+    return fail(errc::duplicate, "request " + to_string(id) + " is still held by this engine");
   if (!traffic_class_from_byte(static_cast<uint8_t>(cls)))
-    return std::unexpected("traffic class " + std::to_string(static_cast<int>(cls)) + " is not 0 (agent) or 1 (chat)");
+    return fail(errc::invalid_argument, "traffic class " + std::to_string(static_cast<int>(cls)) + " is not 0 (agent) or 1 (chat)");
   if (!params.stop_strings.empty() && !tok_)
-    return std::unexpected("stop strings need a tokenizer, and this engine has none");
+    return fail(errc::unavailable, "stop strings need a tokenizer, and this engine has none");
   const model::model_config& c = weights_->config;
-  if (prompt.empty()) return std::unexpected("prompt is empty");
+  if (prompt.empty()) return fail(errc::invalid_argument, "prompt is empty");
   for (size_t i = 0; i < prompt.size(); ++i)
     if (prompt[i] < 0 || prompt[i] >= c.vocab_size)
-      return std::unexpected("prompt token " + std::to_string(i) + " (id " + std::to_string(prompt[i]) +
+      return fail(errc::invalid_argument, "prompt token " + std::to_string(i) + " (id " + std::to_string(prompt[i]) +
                              ") is outside the vocabulary [0, " + std::to_string(c.vocab_size) + ")");
-  if (auto bad = validate(params, c.vocab_size)) return std::unexpected(*bad);
-  if (auto why = check_prompt_images(c.vision, prompt, images); !why.empty()) return std::unexpected(why);
+  if (auto bad = validate(params, c.vocab_size)) return fail(errc::invalid_argument, *bad);
+  if (auto why = check_prompt_images(c.vision, prompt, images); !why.empty()) return fail(errc::invalid_argument, why);
   std::shared_ptr<grammar_matcher> matcher;
   if (params.constraint.active()) {
     auto m = make_matcher(params, {});
-    if (!m) return std::unexpected(m.error());
+    if (!m) return fail(tok_ ? errc::invalid_argument : errc::unavailable, m.error());
     matcher = std::move(*m);
   }
   int64_t total = static_cast<int64_t>(prompt.size()) + params.max_tokens;
   if (c.max_position_embeddings > 0 && total > c.max_position_embeddings)
-    return std::unexpected("prompt (" + std::to_string(prompt.size()) + ") + max_tokens (" +
+    return fail(errc::invalid_argument, "prompt (" + std::to_string(prompt.size()) + ") + max_tokens (" +
                            std::to_string(params.max_tokens) + ") exceeds the context length " +
                            std::to_string(c.max_position_embeddings));
   if (caches_.blocks_for(total) > caches_.pool().num_blocks())
-    return std::unexpected("request needs " + std::to_string(caches_.blocks_for(total)) +
+    return fail(errc::invalid_argument, "request needs " + std::to_string(caches_.blocks_for(total)) +
                            " cache blocks; the engine has " + std::to_string(caches_.pool().num_blocks()));
   // Rows a vision-encoder worker holds: read here unless already cached (checked first, so a
   // refused request starts no read).
@@ -109,7 +112,7 @@ std::expected<request_id, std::string> engine::add_request(std::vector<int32_t> 
       if (im.rows.owner.empty() || images_.contains(im.hash)) continue;
       const uint64_t want = static_cast<uint64_t>(im.count) * static_cast<uint64_t>(c.hidden_size) * sizeof(float);
       if (im.rows.length != want)
-        return std::unexpected("image " + std::to_string(i + 1) + ": its encoder rows are " +
+        return fail(errc::invalid_argument, "image " + std::to_string(i + 1) + ": its encoder rows are " +
                                std::to_string(im.rows.length) + " bytes; " + std::to_string(im.count) + " rows of " +
                                std::to_string(c.hidden_size) + " floats are " + std::to_string(want));
       to_read.push_back(&im);
@@ -126,7 +129,8 @@ std::expected<request_id, std::string> engine::add_request(std::vector<int32_t> 
     wait.reads.push_back(rr);
   }
   auto r = std::make_unique<request>();
-  r->id = request_id(next_id_++);
+  r->id = id;
+  next_id_ = std::max(next_id_, id.value + 1);
   r->prompt_len = static_cast<int64_t>(prompt.size());
   r->tokens = std::move(prompt);
   r->images = std::move(images);
@@ -197,7 +201,7 @@ bool engine::has_work() const {
 // Pins r (it leaves the running set with its caches) and describes its blocks and rings.
 void engine::offer_handoff(request& r) {
   handoff_state s;
-  s.source = r.id;
+  s.id = r.id;
   s.tokens = r.tokens;
   s.prompt_len = r.prompt_len;
   s.images = r.images;
@@ -254,34 +258,39 @@ bool engine::handoff_done(request_id id, bool taken) {
   return true;
 }
 
-std::expected<request_id, std::string> engine::add_handoff(const handoff_state& s) {
+std::expected<request_id, error> engine::add_handoff(const handoff_state& s) {
+  if (!s.id.valid()) return fail(errc::invalid_argument, "handoff: request id must be >= 0");
+  if (requests_.contains(s.id.value))
+    return fail(errc::duplicate, "handoff: request " + to_string(s.id) + " is still held by this engine");
   const model::model_config& c = weights_->config;
-  if (!config_.bulk) return std::unexpected("this engine has no transport to read a handoff with");
-  if (auto why = caches_.validate_handoff(s); !why.empty()) return std::unexpected("handoff: " + why);
+  if (!config_.bulk) return fail(errc::unavailable, "this engine has no transport to read a handoff with");
+  if (auto why = caches_.validate_handoff(s); !why.empty()) return fail(errc::invalid_argument, "handoff: " + why);
   for (size_t i = 0; i < s.tokens.size(); ++i)
     if (s.tokens[i] < 0 || s.tokens[i] >= c.vocab_size)
-      return std::unexpected("handoff: token " + std::to_string(i) + " (id " + std::to_string(s.tokens[i]) +
+      return fail(errc::invalid_argument, "handoff: token " + std::to_string(i) + " (id " + std::to_string(s.tokens[i]) +
                              ") is outside the vocabulary");
-  if (auto bad = validate(s.params, c.vocab_size)) return std::unexpected("handoff: " + *bad);
-  if (!traffic_class_from_byte(static_cast<uint8_t>(s.cls))) return std::unexpected("handoff: unknown traffic class");
+  if (auto bad = validate(s.params, c.vocab_size)) return fail(errc::invalid_argument, "handoff: " + *bad);
+  if (!traffic_class_from_byte(static_cast<uint8_t>(s.cls))) return fail(errc::invalid_argument, "handoff: unknown traffic class");
   if (s.prompt_len < 0 || s.prompt_len > static_cast<int64_t>(s.tokens.size()))
-    return std::unexpected("handoff: prompt_len " + std::to_string(s.prompt_len) + " outside the tokens");
+    return fail(errc::invalid_argument, "handoff: prompt_len " + std::to_string(s.prompt_len) + " outside the tokens");
   if (auto why = check_prompt_images(c.vision, std::span(s.tokens).first(static_cast<size_t>(s.prompt_len)), s.images);
       !why.empty())
-    return std::unexpected("handoff: " + why);
-  if (!s.params.stop_strings.empty() && !tok_) return std::unexpected("stop strings need a tokenizer, and this engine has none");
+    return fail(errc::invalid_argument, "handoff: " + why);
+  if (!s.params.stop_strings.empty() && !tok_)
+    return fail(errc::unavailable, "stop strings need a tokenizer, and this engine has none");
   std::shared_ptr<grammar_matcher> matcher;
   if (s.params.constraint.active()) {  // it continues where the prefill engine's matcher was
     auto m = make_matcher(s.params, std::span(s.tokens).subspan(static_cast<size_t>(s.prompt_len)));
-    if (!m) return std::unexpected("handoff: " + m.error());
+    if (!m) return fail(tok_ ? errc::invalid_argument : errc::unavailable, "handoff: " + m.error());
     matcher = std::move(*m);
   }
   const int64_t total = s.prompt_len + s.params.max_tokens;
   if (caches_.blocks_for(total) > caches_.pool().num_blocks())
-    return std::unexpected("handoff: request needs " + std::to_string(caches_.blocks_for(total)) + " cache blocks; the engine has " +
+    return fail(errc::invalid_argument, "handoff: request needs " + std::to_string(caches_.blocks_for(total)) + " cache blocks; the engine has " +
                            std::to_string(caches_.pool().num_blocks()));
   auto r = std::make_unique<request>();
-  r->id = request_id(next_id_++);
+  r->id = s.id;
+  next_id_ = std::max(next_id_, s.id.value + 1);
   r->tokens = s.tokens;
   r->prompt_len = s.prompt_len;
   r->params = s.params;
@@ -293,7 +302,7 @@ std::expected<request_id, std::string> engine::add_handoff(const handoff_state& 
   r->swa_checked = true;
   r->matcher = std::move(matcher);
   if (!caches_.start_import(*r, s, *config_.bulk, config_.handoff_read_timeout))
-    return std::unexpected("no room: " + std::to_string(caches_.blocks_for(s.computed) + 1) + " blocks needed, " +
+    return fail(errc::no_room, "no room: " + std::to_string(caches_.blocks_for(s.computed) + 1) + " blocks needed, " +
                            std::to_string(caches_.pool().num_free()) + " free");
   request* raw = r.get();
   texts_[r->id.value] = s.text;

@@ -23,6 +23,7 @@
 #include "runtime/ep/expert_migration.hpp"
 #include "runtime/ep/expert_parallel.hpp"
 #include "runtime/core/handoff.hpp"
+#include "runtime/base/error.hpp"
 #include "runtime/base/transport.hpp"
 #include "runtime/core/scheduler.hpp"
 #include "runtime/core/speculative.hpp"
@@ -139,10 +140,19 @@ class engine {
   // here) are read with engine_config::bulk first: the request waits for those reads outside
   // the scheduler (counted in waiting_for_remote), and an image whose read fails is encoded
   // here. Without a transport the rows are not read and the engine encodes.
-  std::expected<request_id, std::string> add_request(std::vector<int32_t> prompt,
-                                                     const sampling_params& params,
-                                                     traffic_class cls = traffic_class::chat,
-                                                     std::vector<prompt_image> images = {});
+  // id: the caller's (the gateway's in a cluster): events, handoffs and stats carry it
+  // unchanged. Refused with errc::duplicate while this engine still holds a request `id`
+  // (until forget()); errc::invalid_argument names what is wrong with the request.
+  std::expected<request_id, error> add_request(request_id id, std::vector<int32_t> prompt,
+                                               const sampling_params& params, traffic_class cls = traffic_class::chat,
+                                               std::vector<prompt_image> images = {});
+  // The same with the next id this engine has not seen (for callers that do not number
+  // their requests: the offline runner, benches).
+  std::expected<request_id, error> add_request(std::vector<int32_t> prompt, const sampling_params& params,
+                                               traffic_class cls = traffic_class::chat,
+                                               std::vector<prompt_image> images = {}) {
+    return add_request(request_id(next_id_), std::move(prompt), params, cls, std::move(images));
+  }
   bool abort(request_id id);
 
   // Handoff, prefill side: requests that sampled their first token since the last call, their
@@ -153,9 +163,10 @@ class engine {
   bool handoff_done(request_id id, bool taken);
   // Handoff, decode side: validates `s` (it comes from another process), reserves blocks and
   // starts reading its cache; the request then continues exactly as on the prefill engine (a
-  // failed read recomputes it from its tokens). Errors: "no room: ..." (nothing reserved: ask
-  // another engine) or what is wrong with `s`.
-  std::expected<request_id, std::string> add_handoff(const handoff_state& s);
+  // failed read recomputes it from its tokens), under its id s.id. Errors: errc::no_room
+  // (nothing reserved: ask another engine), errc::duplicate, errc::unavailable (no transport)
+  // or errc::invalid_argument naming what is wrong with `s`.
+  std::expected<request_id, error> add_handoff(const handoff_state& s);
   // Handoff, decode side: requests whose reads are over since the last call (imported, or
   // failed and queued to recompute): their prefill engines' leases can end.
   std::vector<request_id> take_imports_over() { return sched_.take_imports_over(); }
@@ -278,7 +289,7 @@ class engine {
   std::unique_ptr<registered_memory> pool_reg_;  // the block pool, registered once (prefill)
   std::unordered_map<int64_t, std::vector<std::unique_ptr<registered_memory>>> leases_;  // ring registrations
   std::vector<handoff_state> handoffs_;
-  int64_t next_id_ = 0;
+  int64_t next_id_ = 0;  // above every id seen (add_request without one)
   std::optional<in_flight_step> flight_;
   engine_stats stats_;
   std::unique_ptr<ep_moe_exchange> ep_;

@@ -659,12 +659,7 @@ std::vector<chat_message> with_tools_prompt(std::vector<chat_message> messages, 
   return messages;
 }
 
-std::string make_response_id(bool chat, uint64_t unique) {
-  static constexpr char hex[] = "0123456789abcdef";
-  std::string id = chat ? "chatcmpl-" : "cmpl-";
-  for (int shift = 60; shift >= 0; shift -= 4) id += hex[(unique >> shift) & 0xF];
-  return id;
-}
+std::string make_response_id(bool chat, request_id id) { return (chat ? "chatcmpl-" : "cmpl-") + to_string(id); }
 
 namespace {
 

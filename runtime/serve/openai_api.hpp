@@ -10,6 +10,7 @@
 #include "runtime/vision/prompt_image.hpp"
 #include "runtime/structured/tool_calls.hpp"
 #include "runtime/base/traffic_class.hpp"
+#include "runtime/base/ids.hpp"
 
 #include <cstddef>
 #include <memory>
@@ -135,8 +136,8 @@ struct response_meta {
   std::string model;
 };
 
-// "cmpl-<16 hex>" or "chatcmpl-<16 hex>" from a per-node unique number.
-std::string make_response_id(bool chat, uint64_t unique);
+// "cmpl-<id>" or "chatcmpl-<id>": the request's id as every layer prints it (to_string).
+std::string make_response_id(bool chat, request_id id);
 
 // One generated token's log probabilities as a response shows them: its bytes (invalid
 // UTF-8 written with U+FFFD in "token"; chat also lists the bytes), where it starts in the

@@ -325,7 +325,7 @@ actors::handoff_offer offer_example(caf::actor prefill) {
   o.id = request_id(77);
   o.prefill = std::move(prefill);
   o.blocks_needed = 3;
-  o.source = request_id(4);
+  o.lease = 4;
   o.tokens = {256, 5, 6, 7, 99};
   o.prompt_len = 4;
   o.images = {{1, 2, 3, 4, 14, 14, std::vector<uint8_t>(14 * 14 * 3, 9), {}}};
@@ -429,7 +429,10 @@ TEST_CASE("every type of the type-ID block round-trips through a remote actor") 
   round_trip(self, remote, token_event{request_id(3), 77, true, runtime::finish_reason::stop});
   round_trip(self, remote, token_event{request_id(4), 12, true, runtime::finish_reason::length, 48});
   round_trip(self, remote, engine_stats_snapshot{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 30, 31, "read failed", "decode", 12, 13, 14, 15, 16,
-                                                 17, 18, 19, 20, 21, 0.25, 12.5, 22, 23, 24, 1.5, 25, 26, 27, 28, 29});
+                                                 17, 18, 19, 20, 21, 0.25, 12.5, 22, 23, 24, 1.5, 25, 26, 27, 28, 29,
+                                                 {request_id(3), request_id(1ll << 40)},
+                                                 {{request_id(5), runtime::finish_reason::handed_off},
+                                                  {request_id(6), runtime::finish_reason::length}}});
   round_trip(self, remote, sink);  // a local handle comes back as itself
   round_trip(self, remote, caf::actor_cast<actors::engine_actor>(locals[0]));
   round_trip(self, remote, rank0);
@@ -534,7 +537,7 @@ TEST_CASE("every message of the typed interfaces that crosses processes round-tr
   round_trip(self, remote, lockstep_atom_v, uint64_t{43}, int32_t{0}, std::vector<caf::actor>{});
   round_trip(self, remote, handoff_atom_v, offer_example(other), sink);
   round_trip(self, remote, handoff_atom_v, request_id(5), true);
-  round_trip(self, remote, release_atom_v, request_id(6));
+  round_trip(self, remote, release_atom_v, request_id(6), uint64_t{2});
   round_trip(self, remote, true);
   // token_sink_actor and the shell's text sink
   round_trip(self, remote, token_event{request_id(5), -1, true, runtime::finish_reason::aborted});

@@ -210,8 +210,8 @@ TEST_CASE("bad requests get errors naming the problem, and leave nothing queued"
   auto check_err = [&](std::vector<int32_t> prompt, sampling_params p, const char* needle) {
     auto r = e.add_request(std::move(prompt), p);
     REQUIRE_FALSE(r.has_value());
-    CAPTURE(r.error());
-    CHECK(r.error().find(needle) != std::string::npos);
+    CAPTURE(r.error().message);
+    CHECK(r.error().message.find(needle) != std::string::npos);
   };
   check_err({}, greedy(4), "empty");
   check_err({1, 2, 999}, greedy(4), "vocabulary");
@@ -253,5 +253,5 @@ TEST_CASE("stop strings end a request in the engine at the first match, text cut
   engine blind(w, test::exact_engine_config(64));
   auto refused = blind.add_request(prompt, p);
   REQUIRE(!refused);
-  CHECK(refused.error().find("stop strings need a tokenizer") != std::string::npos);
+  CHECK(refused.error().message.find("stop strings need a tokenizer") != std::string::npos);
 }

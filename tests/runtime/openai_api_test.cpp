@@ -397,8 +397,8 @@ TEST_CASE("openai_api: whole responses carry OpenAI's fields") {
   CHECK(ch["choices"][0]["finish_reason"] == "stop");
   CHECK(ch["usage"]["total_tokens"] == 15);
 
-  CHECK(make_response_id(false, 255) == "cmpl-00000000000000ff");
-  CHECK(make_response_id(true, 0x0123456789abcdefull) == "chatcmpl-0123456789abcdef");
+  CHECK(make_response_id(false, shoal::request_id(255)) == "cmpl-00000000000000ff");
+  CHECK(make_response_id(true, shoal::request_id(0x0123456789abcdefll)) == "chatcmpl-0123456789abcdef");
 }
 
 TEST_CASE("openai_api: streamed chunks, SSE framing and the model list") {

@@ -21,7 +21,7 @@ using test::byte_tokenizer;
 
 completion run(engine& e, const std::vector<int32_t>& prompt, const sampling_params& p) {
   auto id = e.add_request(prompt, p);
-  REQUIRE_MESSAGE(id, (id ? "" : id.error()));
+  REQUIRE_MESSAGE(id, (id ? "" : id.error().message));
   auto done = e.run_to_completion();
   REQUIRE(done.size() == 1);
   return done[0];
@@ -84,15 +84,15 @@ TEST_CASE("structured output: bad constraints and engines without a tokenizer ar
   p.constraint = {constraint_kind::json_schema, R"({"type":"integer","minimum":0})"};
   auto r = e.add_request({1, 2, 3}, p);
   REQUIRE_FALSE(r);
-  CHECK(r.error() == "json_schema: unsupported keyword \"minimum\" at /");
+  CHECK(r.error().message == "json_schema: unsupported keyword \"minimum\" at /");
   p.constraint = {constraint_kind::regex, "a("};
   r = e.add_request({1, 2, 3}, p);
   REQUIRE_FALSE(r);
-  CHECK(r.error() == "regex: unterminated group at offset 1");
+  CHECK(r.error().message == "regex: unterminated group at offset 1");
   CHECK_FALSE(e.has_work());
   engine blind(w, test::exact_engine_config(64));
   p.constraint = {constraint_kind::json_object, ""};
   r = blind.add_request({1, 2, 3}, p);
   REQUIRE_FALSE(r);
-  CHECK(r.error() == "structured output needs a tokenizer, and this engine has none");
+  CHECK(r.error().message == "structured output needs a tokenizer, and this engine has none");
 }

@@ -133,7 +133,7 @@ TEST_CASE("vision engine: images that do not fit the prompt or the encoder are r
   auto refused = [&](runtime::prompt_image bad, const std::string& what) {
     auto r = e.add_request(prompt, greedy(2), runtime::traffic_class::chat, {bad});
     REQUIRE_FALSE(r.has_value());
-    CHECK_MESSAGE(r.error().find(what) != std::string::npos, r.error());
+    CHECK_MESSAGE(r.error().message.find(what) != std::string::npos, r.error().message);
   };
   auto shifted = im;
   shifted.pos = 4;
@@ -160,7 +160,7 @@ TEST_CASE("vision engine: images that do not fit the prompt or the encoder are r
   runtime::engine plain(test::tiny_model("tiny"), test::exact_engine_config(64));
   auto r = plain.add_request(prompt, greedy(2), runtime::traffic_class::chat, {im});
   REQUIRE_FALSE(r.has_value());
-  CHECK(r.error().find("no vision encoder") != std::string::npos);
+  CHECK(r.error().message.find("no vision encoder") != std::string::npos);
 }
 
 TEST_CASE("embedding cache: bounded in bytes, least recently used out first, oversize rows not kept") {

@@ -106,7 +106,7 @@ struct disagg_cluster : test::cli_cluster {
     std::vector<std::pair<std::string, int64_t>> out;
     for (const auto& prompt : prompts) {
       auto id = local.add_request(prompt, p);
-      REQUIRE_MESSAGE(id, (id ? "" : id.error()));
+      REQUIRE_MESSAGE(id, (id ? "" : id.error().message));
       auto done = local.run_to_completion();
       REQUIRE(done.size() == 1);
       out.emplace_back(test::as_json_text(model->tokenizer->decode(done[0].output)), done[0].cached_tokens);
@@ -198,6 +198,64 @@ TEST_CASE("disaggregated cluster: 2 prefill + 2 decode nodes equal the colocated
       CHECK(j["usage"]["prompt_tokens_details"]["cached_tokens"] == ref[static_cast<size_t>(k)].second);
     }
   }
+}
+
+TEST_CASE("disaggregated cluster: one request id from the gateway through prefill, handoff and decode") {
+  disagg_cluster c("tiny", 31, false);
+  c.start();
+  auto shell = [&](const std::string& command) {
+    std::string out;
+    const int rc = c.shoal({"shell", "--state-dir", c.state_dir.string(), "-c", command}, out);
+    CHECK_MESSAGE(rc == 0, out);
+    return out;
+  };
+  // Requests enough (and long enough) to be seen in flight on a fast machine.
+  const int clients = 24;
+  std::vector<std::expected<actors::http_response, std::string>> responses(clients);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < clients; ++i)
+    threads.emplace_back([&, i] {
+      responses[static_cast<size_t>(i)] =
+        c.post("/v1/completions", completion_body("follow request " + std::to_string(i), 400, false));
+    });
+  // The gateway lists one by its id ("request <16 hex> completion ..."); the decode engine
+  // that took its handoff shows the same id among the requests it runs.
+  const std::regex listed("gateway: request ([0-9a-f]{16}) completion");
+  std::string id, decoding_on;
+  for (int tries = 0; tries < 400 && decoding_on.empty(); ++tries) {
+    std::smatch m;
+    const std::string requests = shell("requests");
+    if (id.empty() && std::regex_search(requests, m, listed)) id = m[1];
+    if (!id.empty())
+      for (const char* node : {"decode-a", "decode-b"})
+        if (shell(std::string("stats ") + node + "/rank0").find(id) != std::string::npos) decoding_on = node;
+    if (decoding_on.empty()) std::this_thread::sleep_for(10ms);
+  }
+  for (auto& t : threads) t.join();
+  REQUIRE_MESSAGE(!id.empty(), "the gateway never listed a request");
+  CHECK_MESSAGE(!decoding_on.empty(), "no decode engine listed request " << id);
+  // One client's response carries that id.
+  int answered = 0;
+  for (const auto& r : responses) {
+    REQUIRE(r);
+    REQUIRE_MESSAGE(r->status == 200, r->body);
+    answered += json::parse(r->body)["id"] == "cmpl-" + id;
+  }
+  CHECK(answered == 1);
+  // Once it finished: exactly one prefill engine lent it (handed_off), exactly one decode
+  // engine (the one seen running it) finished it at its length, both by the same id.
+  int lent = 0, finished = 0;
+  for (const char* node : {"prefill-a", "prefill-b"}) lent += shell(std::string("stats ") + node + "/rank0").find(id + ":handed_off") != std::string::npos;
+  for (const char* node : {"decode-a", "decode-b"}) {
+    const bool here = shell(std::string("stats ") + node + "/rank0").find(id + ":length") != std::string::npos;
+    finished += here;
+    if (here) CHECK(node == decoding_on);
+  }
+  CHECK(lent == 1);
+  CHECK(finished == 1);
+  // The gateway node's log names it with its outcome.
+  const std::string log = read_text(c.state_dir / "gateway.log");
+  CHECK_MESSAGE(log.find("request " + id + " completion status=200") != std::string::npos, log);
 }
 
 TEST_CASE("disaggregated cluster: kill -9 of a decode node under 50 streams, every stream completes exactly") {

@@ -110,7 +110,7 @@ struct vision_cluster : test::cli_cluster {
     p.max_tokens = max_tokens;
     p.ignore_eos = true;
     auto id = local.add_request(*ids, p, runtime::traffic_class::chat, parsed->images);
-    REQUIRE_MESSAGE(id, (id ? "" : id.error()));
+    REQUIRE_MESSAGE(id, (id ? "" : id.error().message));
     auto done = local.run_to_completion();
     REQUIRE(done.size() == 1);
     return test::as_json_text(model->tokenizer->decode(done[0].output));

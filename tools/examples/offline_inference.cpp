@@ -40,7 +40,7 @@ int main(int argc, char** argv) {
     params.seed = i;
     auto id = eng.add_request(shoal::runtime::encode_prompt(*m->tokenizer, prompts[i]), params);
     if (!id) {
-      std::fprintf(stderr, "prompt %zu: %s\n", i, id.error().c_str());
+      std::fprintf(stderr, "prompt %zu: %s\n", i, id.error().message.c_str());
       return 1;
     }
   }

@@ -188,7 +188,7 @@ run_result run_colocated(std::shared_ptr<const model::model_weights> w, const ru
     }
     es[e]->post([&, i, e](runtime::engine& en) {
       auto id = en.add_request(jobs[i].prompt, params_for(jobs[i]));
-      if (!id) throw std::runtime_error(id.error());
+      if (!id) throw std::runtime_error(id.error().message);
       index[e][id->value] = i;
     });
   }
@@ -216,13 +216,11 @@ run_result run_disagg(std::shared_ptr<const model::model_weights> w, runtime::en
   pc.bulk = make();
   dc.role = runtime::engine_role::decode;
   dc.bulk = make();
-  std::map<int64_t, size_t> p_index, d_index;       // engine id → job, per engine
-  std::map<int64_t, int64_t> d_source;              // D id → P id
-  std::mutex fig_mu;
+  std::mutex fig_mu;  // request id = job index, on both engines
   std::unique_ptr<engine_thread> p, d;
   d = std::make_unique<engine_thread>(w, dc, [&](runtime::engine& en, std::vector<runtime::token_event>& evs) {
     for (auto& ev : evs) {
-      tl.token(d_index.at(ev.id.value), now_s() - t0);
+      tl.token(static_cast<size_t>(ev.id.value), now_s() - t0);
       if (ev.finished) en.forget(ev.id);
     }
     auto stats = en.stats();
@@ -234,32 +232,28 @@ run_result run_disagg(std::shared_ptr<const model::model_weights> w, runtime::en
       hf.failed = static_cast<int64_t>(stats.cache.import_failures);
     }
     for (request_id id : en.take_imports_over()) {
-      const int64_t source = d_source.at(id.value);
-      p->post([source](runtime::engine& pe) {
-        pe.handoff_done(request_id(source), true);
-        pe.forget(request_id(source));
+      p->post([id](runtime::engine& pe) {
+        pe.handoff_done(id, true);
+        pe.forget(id);
       });
     }
   });
   p = std::make_unique<engine_thread>(w, pc, [&](runtime::engine& en, std::vector<runtime::token_event>& evs) {
     for (auto& ev : evs) {
-      tl.token(p_index.at(ev.id.value), now_s() - t0);
+      tl.token(static_cast<size_t>(ev.id.value), now_s() - t0);
       if (ev.finished) en.forget(ev.id);
     }
     for (auto& h : en.take_handoffs()) {
-      const size_t i = p_index.at(h.source.value);
       if (!h.blocks.empty()) hf.block_bytes = h.blocks[0].length;
       hf.blocks += h.blocks.size() + h.rings.size();
-      d->post([&, h, i](runtime::engine& de) {
+      d->post([&, h](runtime::engine& de) {
         auto id = de.add_handoff(h);
         if (!id) {  // no room: the prefill engine decodes it
-          p->post([src = h.source](runtime::engine& pe) { pe.handoff_done(src, false); });
+          p->post([id = h.id](runtime::engine& pe) { pe.handoff_done(id, false); });
           std::lock_guard lock(fig_mu);
           ++hf.kept;
           return;
         }
-        d_index[id->value] = i;
-        d_source[id->value] = h.source.value;
         std::lock_guard lock(fig_mu);
         ++hf.taken;
       });
@@ -268,9 +262,8 @@ run_result run_disagg(std::shared_ptr<const model::model_weights> w, runtime::en
   for (size_t i = 0; i < jobs.size(); ++i) {
     wait_until(t0, jobs[i].arrival);
     p->post([&, i](runtime::engine& en) {
-      auto id = en.add_request(jobs[i].prompt, params_for(jobs[i]));
-      if (!id) throw std::runtime_error(id.error());
-      p_index[id->value] = i;
+      auto id = en.add_request(request_id(static_cast<int64_t>(i)), jobs[i].prompt, params_for(jobs[i]));
+      if (!id) throw std::runtime_error(id.error().message);
     });
   }
   wait_all(tl, jobs);

@@ -109,7 +109,7 @@ point replay(caf::actor_system& sys, const storage_child& child, int capacity,
   for (size_t i = 0; i < reqs.size(); ++i) {
     auto& eng = *engines[i % engines.size()];
     auto id = eng.add_request(prompt_of(reqs[i], bs), sp);
-    if (!id) throw std::runtime_error("request " + std::to_string(i) + ": " + id.error());
+    if (!id) throw std::runtime_error("request " + std::to_string(i) + ": " + id.error().message);
     while (eng.has_work()) eng.step();
     int64_t cached = eng.cached_tokens(*id);
     eng.forget(*id);

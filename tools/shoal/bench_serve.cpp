@@ -133,7 +133,7 @@ level_result run_offline(const runtime::loaded_model& m, const serve_args& a, in
   auto admit = [&] {
     while (static_cast<int>(live.size()) < conc && next < n) {
       auto id = e.add_request(runtime::encode_prompt(*m.tokenizer, prompt_text(next++)), p);
-      if (!id) throw std::runtime_error(id.error());
+      if (!id) throw std::runtime_error(id.error().message);
       live[id->value] = {now_s()};
     }
   };

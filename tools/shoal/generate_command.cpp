@@ -50,7 +50,7 @@ int run_generate(const generate_args& a) {
     p.seed = a.seed + static_cast<uint64_t>(i);
     auto id = eng.add_request(ids, p);
     if (!id) {
-      fmt::print(stderr, "shoal generate: {}\n", id.error());
+      fmt::print(stderr, "shoal generate: {}\n", id.error().message);
       return 2;
     }
   }

@@ -133,6 +133,12 @@ std::string describe_engine(caf::actor_system& sys, const actors::engine_actor& 
                              "handoff_failures={}",
                              s.role, s.handoffs_offered, s.handoffs_placed, s.handoffs_kept, s.handoffs_taken,
                              s.handoff_failures);
+        // Requests by their one id: routed here now, and the last that left (how they ended).
+        std::vector<std::string> running, recent;
+        for (request_id id : s.running) running.push_back(to_string(id));
+        for (const auto& r : s.recent) recent.push_back(to_string(r.id) + ":" + runtime::to_string(r.reason));
+        if (!running.empty()) out += fmt::format(" running=[{}]", fmt::join(running, ","));
+        if (!recent.empty()) out += fmt::format(" recent=[{}]", fmt::join(recent, ","));
         if (s.images_encoded + s.image_cache_hits + s.image_rows_read > 0)
           out += fmt::format(" images_encoded={} image_patches_encoded={} image_cache_hits={} image_rows_read={} "
                              "image_row_read_failures={}",
@@ -679,6 +685,7 @@ int run_node(const runtime::node_config& cfg, logger& log) {
     g.max_in_flight = cfg.max_in_flight;
     g.tokenizer_config = cfg.model_dir / "tokenizer_config.json";
     g.vision = mcfg->vision;
+    g.request_log = [&log](const std::string& line) { log.info("{}", line); };
     if (cfg.auth_token_file) {
       auto tokens = actors::read_auth_tokens(*cfg.auth_token_file);
       if (!tokens) {
