@@ -9,46 +9,24 @@
 
 namespace shoal::actors {
 
+// A fetch refused at once when this many wait for a reader (the engine recomputes its blocks).
+constexpr size_t fetch_queue_limit = 1024;
+
 kv_block_store::kv_block_store(std::unique_ptr<kv_client> client, size_t queue_blocks, size_t write_batch,
                                size_t readers)
-    : client_(std::move(client)), capacity_(queue_blocks), write_batch_(std::max<size_t>(1, write_batch)) {
-  writer_ = std::thread([this] { run(); });
-  for (size_t i = 0; i < std::max<size_t>(1, readers); ++i) readers_.emplace_back([this] { read_loop(); });
-}
+    : client_(std::move(client)),
+      writes_(1, queue_blocks, write_batch, [this](std::span<pending> batch) { write(batch); },
+              runtime::work_queue<pending>::on_stop::drop),
+      fetches_(readers, fetch_queue_limit, 1, [this](std::span<fetch_job> jobs) { serve(jobs.front()); }) {}
 
-kv_block_store::~kv_block_store() {
-  {
-    std::lock_guard lock(mu_);
-    stopping_ = true;
-  }
-  cv_.notify_all();
-  read_cv_.notify_all();
-  writer_.join();
-  for (auto& r : readers_) r.join();
-}
+kv_block_store::~kv_block_store() = default;
 
 std::shared_ptr<runtime::remote_fetch> kv_block_store::start_fetch(std::vector<runtime::block_key> keys,
                                                                    std::vector<std::span<float>> dsts) {
   auto fetch = std::make_shared<runtime::remote_fetch>();
-  {
-    std::lock_guard lock(mu_);
-    fetches_.push_back({std::move(keys), std::move(dsts), fetch});
-  }
-  read_cv_.notify_one();
+  if (!fetches_.push({std::move(keys), std::move(dsts), fetch}))
+    fetch->complete(0, 0, std::to_string(fetch_queue_limit) + " storage fetches wait already");
   return fetch;
-}
-
-void kv_block_store::read_loop() {
-  std::unique_lock lock(mu_);
-  for (;;) {
-    read_cv_.wait(lock, [&] { return !fetches_.empty() || stopping_; });
-    if (fetches_.empty()) return;  // stopping, and every queued fetch was served
-    fetch_job job = std::move(fetches_.front());
-    fetches_.pop_front();
-    lock.unlock();
-    serve(job);
-    lock.lock();
-  }
 }
 
 // Lookup, then the listed run straight into the caller's blocks; the fetch ends at the first
@@ -72,46 +50,26 @@ bool kv_block_store::store_async(const runtime::block_key& key, std::span<const 
                                  runtime::traffic_class cls) {
   std::vector<uint8_t> bytes(src.size_bytes());
   std::memcpy(bytes.data(), src.data(), bytes.size());
-  {
-    std::lock_guard lock(mu_);
-    if (queue_.size() >= capacity_) {
-      ++counters_.dropped;
-      return false;
-    }
-    queue_.push_back({key, std::move(bytes), cls});
-  }
-  cv_.notify_one();
-  return true;
+  if (writes_.push({key, std::move(bytes), cls})) return true;
+  std::lock_guard lock(mu_);
+  ++counters_.dropped;
+  return false;
 }
 
 void kv_block_store::set_nodes(std::vector<storage_endpoint> nodes) { client_->set_nodes(std::move(nodes)); }
 
 kv_block_store::counters kv_block_store::stats(bool drain, std::chrono::milliseconds timeout) {
-  std::unique_lock lock(mu_);
-  if (drain) idle_cv_.wait_for(lock, timeout, [&] { return queue_.empty() && !busy_; });
+  if (drain) writes_.wait_idle(timeout);
+  std::lock_guard lock(mu_);
   return counters_;
 }
 
-void kv_block_store::run() {
-  std::unique_lock lock(mu_);
-  for (;;) {
-    cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-    if (stopping_) return;
-    std::vector<pending> jobs;
-    while (!queue_.empty() && jobs.size() < write_batch_) {
-      jobs.push_back(std::move(queue_.front()));
-      queue_.pop_front();
-    }
-    busy_ = true;
-    lock.unlock();
-    std::vector<kv_client::put_item> items;
-    for (const auto& j : jobs) items.push_back({j.key, j.bytes, j.cls});
-    auto results = client_->put_many(items);
-    lock.lock();
-    busy_ = false;
-    for (const auto& r : results) ++(r ? counters_.written : counters_.failed);
-    if (queue_.empty()) idle_cv_.notify_all();
-  }
+void kv_block_store::write(std::span<pending> batch) {
+  std::vector<kv_client::put_item> items;
+  for (const auto& j : batch) items.push_back({j.key, j.bytes, j.cls});
+  auto results = client_->put_many(items);
+  std::lock_guard lock(mu_);
+  for (const auto& r : results) ++(r ? counters_.written : counters_.failed);
 }
 
 caf::actor spawn_storage_watcher(caf::actor_system& sys, std::shared_ptr<kv_block_store> store) {

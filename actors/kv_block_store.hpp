@@ -9,13 +9,12 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
-#include <deque>
 #include <memory>
 #include <mutex>
 #include <thread>
 
 #include "actors/kv_client.hpp"
+#include "runtime/base/work_queue.hpp"
 #include "runtime/core/remote_blocks.hpp"
 
 namespace shoal::actors {
@@ -46,26 +45,21 @@ class kv_block_store final : public runtime::remote_blocks {
     std::vector<std::span<float>> dsts;
     std::shared_ptr<runtime::remote_fetch> fetch;
   };
-  void run();
-  void read_loop();
-  void serve(fetch_job& job);
-
-  std::unique_ptr<kv_client> client_;  // thread-safe: the engines' threads and the writer share it
   struct pending {
     runtime::block_key key;
     std::vector<uint8_t> bytes;
     runtime::traffic_class cls;
   };
-  size_t capacity_, write_batch_;
+  void write(std::span<pending> batch);
+  void serve(fetch_job& job);
+
+  std::unique_ptr<kv_client> client_;  // thread-safe: the engines' threads and the workers share it
   std::mutex mu_;
-  std::condition_variable cv_, idle_cv_;
-  std::deque<pending> queue_;
-  bool busy_ = false, stopping_ = false;
-  counters counters_;
-  std::thread writer_;
-  std::deque<fetch_job> fetches_;  // under mu_; taken by the readers
-  std::condition_variable read_cv_;
-  std::vector<std::thread> readers_;
+  counters counters_;  // under mu_
+  // Last: their workers use what is above, and stop (writes queued then are dropped, fetches
+  // queued are served) before it goes.
+  runtime::work_queue<pending> writes_;
+  runtime::work_queue<fetch_job> fetches_;
 };
 
 // Spawns an actor that hands every membership it receives (subscribe it to the node agent)

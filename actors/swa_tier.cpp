@@ -194,48 +194,27 @@ std::expected<swa_store_actor, std::string> spawn_swa_store(caf::actor_system& s
 
 // -- fetcher ----------------------------------------------------------------------------------
 
+// A fetch misses at once when this many wait for a reader (the engine replays the window).
+constexpr size_t swa_fetch_queue_limit = 1024;
+
 swa_fetcher::swa_fetcher(caf::actor_system& sys, std::shared_ptr<runtime::transport> transport, std::string node,
                          std::chrono::milliseconds timeout, size_t readers)
-    : sys_(sys), transport_(std::move(transport)), node_(std::move(node)), timeout_(timeout) {
-  for (size_t i = 0; i < std::max<size_t>(1, readers); ++i) readers_.emplace_back([this] { read_loop(); });
-}
+    : sys_(sys), transport_(std::move(transport)), node_(std::move(node)), timeout_(timeout),
+      jobs_(readers, swa_fetch_queue_limit, 1, [this](std::span<job> js) { serve(js.front()); }) {}
 
-swa_fetcher::~swa_fetcher() {
-  {
-    std::lock_guard lock(mu_);
-    stopping_ = true;
-  }
-  cv_.notify_all();
-  for (auto& r : readers_) r.join();
-}
+swa_fetcher::~swa_fetcher() = default;
 
 std::shared_ptr<runtime::slot_fetch> swa_fetcher::start_fetch(std::vector<runtime::block_key> keys,
                                                               size_t max_bytes) {
   auto f = std::make_shared<runtime::slot_fetch>();
-  {
-    std::lock_guard lock(mu_);
-    jobs_.push_back({std::move(keys), max_bytes, f});
-  }
-  cv_.notify_one();
+  if (!jobs_.push({std::move(keys), max_bytes, f}))
+    f->complete(-1, {}, std::to_string(swa_fetch_queue_limit) + " SWA slot fetches wait already");
   return f;
 }
 
 void swa_fetcher::set_directory(caf::actor directory) {
   std::lock_guard lock(mu_);
   directory_ = std::move(directory);
-}
-
-void swa_fetcher::read_loop() {
-  std::unique_lock lock(mu_);
-  for (;;) {
-    cv_.wait(lock, [&] { return !jobs_.empty() || stopping_; });
-    if (jobs_.empty()) return;
-    job j = std::move(jobs_.front());
-    jobs_.pop_front();
-    lock.unlock();
-    serve(j);
-    lock.lock();
-  }
 }
 
 void swa_fetcher::serve(job& j) {

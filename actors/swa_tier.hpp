@@ -10,8 +10,6 @@
 //   fetcher's timeout. Any failure completes the fetch with an error (the engine replays).
 #pragma once
 
-#include <condition_variable>
-#include <deque>
 #include <expected>
 #include <map>
 #include <memory>
@@ -24,6 +22,7 @@
 #include "actors/interfaces.hpp"
 #include "runtime/core/swa_store.hpp"
 #include "runtime/base/transport.hpp"
+#include "runtime/base/work_queue.hpp"
 
 namespace shoal::actors {
 
@@ -66,7 +65,6 @@ class swa_fetcher final : public runtime::remote_swa {
     size_t max_bytes = 0;
     std::shared_ptr<runtime::slot_fetch> fetch;
   };
-  void read_loop();
   void serve(job& j);
 
   caf::actor_system& sys_;
@@ -74,11 +72,8 @@ class swa_fetcher final : public runtime::remote_swa {
   std::string node_;
   std::chrono::milliseconds timeout_;
   std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<job> jobs_;
-  caf::actor directory_;
-  bool stopping_ = false;
-  std::vector<std::thread> readers_;
+  caf::actor directory_;  // under mu_
+  runtime::work_queue<job> jobs_;  // last: its readers use what is above
 };
 
 struct swa_store_config {

@@ -70,6 +70,7 @@ struct expert_residency::loan {
   std::set<std::pair<int64_t, int64_t>> experts;
   std::vector<std::shared_ptr<model::expert_weights>> kept;       // dropped while lent
   std::vector<std::unique_ptr<registered_memory>> registrations;  // destroyed first
+  bool registering = true;  // lend is registering it outside the lock: it may not end yet
 };
 
 std::expected<std::shared_ptr<expert_residency>, std::string> expert_residency::open(
@@ -87,7 +88,10 @@ expert_residency::expert_residency(model::expert_reader reader, std::shared_ptr<
       mutable_weights_(const_cast<model::model_weights&>(*weights_)),
       slots_(model::moe_slot_count(weights_->config)),
       experts_(weights_->config.n_routed_experts),
-      resident_(static_cast<size_t>(slots_ * experts_), false) {
+      resident_(static_cast<size_t>(slots_ * experts_), false),
+      preparing_(1, 64, 1, [](std::span<std::function<void()>> jobs) {
+        for (auto& job : jobs) job();
+      }) {
   for (int64_t s = 0; s < slots_; ++s)  // whatever the load kept counts as resident
     for (int64_t e = 0; e < experts_; ++e)
       resident_[s * experts_ + e] = !model::routed_expert_weights(mutable_weights_, s, e).gate_up.empty();
@@ -110,8 +114,8 @@ expert_residency::expert_set expert_residency::experts_for(const ep_placement& p
 }
 
 expert_residency::~expert_residency() {
-  // Reads still landing in buffers of this object end first (each within its timeout).
-  for (auto& [t, ended] : preparing_) t.join();
+  // Reads still landing in buffers of this object end first (each within its timeout); the
+  // preparing thread posts what is queued meanwhile.
   for (auto& [k, f] : fetches_) f->wait();
   for (auto& f : draining_) f->wait();
 }
@@ -238,47 +242,67 @@ namespace shoal::runtime {
 
 void expert_residency::expire_loans() {
   const auto now = std::chrono::steady_clock::now();
-  std::erase_if(loans_, [&](const auto& l) { return l->until <= now; });
+  std::erase_if(loans_, [&](const auto& l) { return l->until <= now && !l->registering; });
   std::erase_if(draining_, [](const auto& f) { return f->done(); });
 }
 
 std::expected<std::vector<expert_part>, std::string> expert_residency::lend(
     uint64_t epoch, const std::vector<std::pair<int32_t, int32_t>>& experts, transport& bulk,
     std::chrono::milliseconds lease) {
-  std::lock_guard lock(mu_);
-  expire_loans();
-  auto l = std::make_unique<loan>();
+  struct lent_array {
+    int32_t slot, expert, tensor, field;
+    int64_t block_in;
+    std::span<std::byte> bytes;
+  };
+  auto l = std::make_shared<loan>();
   l->epoch = epoch;
   l->until = std::chrono::steady_clock::now() + lease;
-  std::vector<expert_part> parts;
+  std::vector<lent_array> arrays;
   int64_t bytes = 0;
-  for (auto [s, e] : experts) {
-    if (s < 0 || s >= slots_ || e < 0 || e >= experts_)
-      return std::unexpected(name_of(s, e) + " does not exist (" + std::to_string(slots_) + " MoE slots of " +
-                             std::to_string(experts_) + " experts)");
-    if (!resident_[s * experts_ + e]) return std::unexpected(name_of(s, e) + " is not held here");
-    auto& x = model::routed_expert_weights(mutable_weights_, s, e);
-    for (int32_t t = 0; t < 2; ++t) {
-      linear& lin = t == 0 ? x.gate_up : x.down;
-      for (const array_ref& a : arrays_of(lin)) {
-        auto reg = bulk.register_memory(a.bytes);
-        if (!reg) return std::unexpected("registering " + name_of(s, e) + " with " + bulk.name() + ": " + reg.error());
-        parts.push_back({s, e, t, static_cast<int32_t>(a.field), lin.w_fp8.block_in, (*reg)->describe(0, a.bytes.size())});
-        l->registrations.push_back(std::move(*reg));
+  {  // pin: from here a drop() of these experts moves their weights into the loan
+    std::lock_guard lock(mu_);
+    expire_loans();
+    for (auto [s, e] : experts) {
+      if (s < 0 || s >= slots_ || e < 0 || e >= experts_)
+        return std::unexpected(name_of(s, e) + " does not exist (" + std::to_string(slots_) + " MoE slots of " +
+                               std::to_string(experts_) + " experts)");
+      if (!resident_[s * experts_ + e]) return std::unexpected(name_of(s, e) + " is not held here");
+      auto& x = model::routed_expert_weights(mutable_weights_, s, e);
+      for (int32_t t = 0; t < 2; ++t) {
+        linear& lin = t == 0 ? x.gate_up : x.down;
+        for (const array_ref& a : arrays_of(lin))
+          arrays.push_back({s, e, t, static_cast<int32_t>(a.field), lin.w_fp8.block_in, a.bytes});
       }
+      bytes += static_cast<int64_t>(x.gate_up.bytes() + x.down.bytes());
+      l->experts.insert({s, e});
     }
-    bytes += static_cast<int64_t>(x.gate_up.bytes() + x.down.bytes());
-    l->experts.insert({s, e});
+    loans_.push_back(l);
   }
+  std::vector<expert_part> parts;
+  std::vector<std::unique_ptr<registered_memory>> regs;
+  for (const lent_array& a : arrays) {
+    auto reg = bulk.register_memory(a.bytes);
+    if (!reg) {
+      std::lock_guard lock(mu_);
+      std::erase(loans_, l);
+      return std::unexpected("registering " + name_of(a.slot, a.expert) + " with " + bulk.name() + ": " + reg.error());
+    }
+    parts.push_back({a.slot, a.expert, a.tensor, a.field, a.block_in, (*reg)->describe(0, a.bytes.size())});
+    regs.push_back(std::move(*reg));
+  }
+  std::lock_guard lock(mu_);
+  l->registrations = std::move(regs);
+  l->registering = false;
+  if (ended_epoch_ && l->epoch <= *ended_epoch_) std::erase(loans_, l);  // its placement took effect meanwhile
   stats_.lent_experts += static_cast<int64_t>(l->experts.size());
   stats_.lent_bytes += bytes;
-  loans_.push_back(std::move(l));
   return parts;
 }
 
 void expert_residency::end_loans(uint64_t epoch) {
   std::lock_guard lock(mu_);
-  std::erase_if(loans_, [&](const auto& l) { return l->epoch <= epoch; });
+  ended_epoch_ = std::max(ended_epoch_.value_or(0), epoch);
+  std::erase_if(loans_, [&](const auto& l) { return l->epoch <= epoch && !l->registering; });
 }
 
 namespace {
@@ -355,11 +379,6 @@ std::expected<void, std::string> expert_residency::fetch(uint64_t epoch, const s
                                                          std::chrono::milliseconds timeout) {
   std::lock_guard lock(mu_);
   expire_loans();
-  std::erase_if(preparing_, [](auto& job) {
-    if (!job.second->load(std::memory_order_acquire)) return false;
-    job.first.join();
-    return true;
-  });
   const auto& c = weights_->config;
   std::map<std::pair<int64_t, int64_t>, std::array<std::vector<expert_part>, 2>> by_expert;
   for (const expert_part& p : parts) {
@@ -399,10 +418,9 @@ std::expected<void, std::string> expert_residency::fetch(uint64_t epoch, const s
     fetches_[key] = std::move(f);
   }
   if (!batch.empty()) {
-    // The entries outlive this thread: the destructor joins it before any entry goes, and an
-    // entry dropped meanwhile waits in draining_ until done() (posted and read).
-    auto ended = std::make_shared<std::atomic<bool>>(false);
-    std::thread job([batch = std::move(batch), bulk = std::move(bulk), timeout, out_of, in_of, ended] {
+    // The entries outlive the job: the destructor waits until each is posted and read, and
+    // an entry dropped meanwhile waits in draining_ until done() (posted and read).
+    auto job = [batch, bulk = std::move(bulk), timeout, out_of, in_of] {
       for (fetch_entry* f : batch) {
         std::vector<remote_memory> srcs;
         std::vector<std::span<std::byte>> dsts;
@@ -415,9 +433,15 @@ std::expected<void, std::string> expert_residency::fetch(uint64_t epoch, const s
         f->reads = bulk->read_all(srcs, dsts, timeout);
         f->posted.store(true, std::memory_order_release);  // f may be gone from here on
       }
-      ended->store(true, std::memory_order_release);
-    });
-    preparing_.emplace_back(std::move(job), std::move(ended));
+    };
+    if (!preparing_.push(std::move(job))) {  // nothing posted: these come from the checkpoint
+      for (fetch_entry* f : batch)
+        std::erase_if(fetches_, [f](const auto& kv) { return kv.second.get() == f; });
+      ++stats_.fetch_failures;
+      stats_.last_failure = "placement epoch " + std::to_string(epoch) + ": " + std::to_string(preparing_.capacity()) +
+                            " expert fetch batches wait to be prepared already";
+      if (error.empty()) error = stats_.last_failure;
+    }
   }
   if (!error.empty()) return std::unexpected(error);
   return {};

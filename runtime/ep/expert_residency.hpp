@@ -20,8 +20,11 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
+
+#include "runtime/base/work_queue.hpp"
 #include <vector>
 
 #include "model/weights.hpp"
@@ -55,7 +58,9 @@ class expert_residency {
   // -- migration --
   // Registers the weights of `experts` (slot, expert; each resident here) with `bulk` and
   // describes them for placement `epoch`. An error (nothing lent) names an expert not held
-  // here or the registration that failed.
+  // here or the registration that failed. The lock that hold() and the stats take is held
+  // only to pin the experts (the loan keeps them alive if dropped meanwhile), not while
+  // their bytes are registered.
   std::expected<std::vector<expert_part>, std::string> lend(uint64_t epoch,
                                                             const std::vector<std::pair<int32_t, int32_t>>& experts,
                                                             transport& bulk, std::chrono::milliseconds lease);
@@ -65,8 +70,10 @@ class expert_residency {
   // each within `timeout`. An expert whose parts do not describe this model's weights
   // exactly is not read (hold then reads it from the checkpoint): the error says why. Only
   // the descriptions are checked on the caller's thread (an engine's, between steps): the
-  // buffers the reads land in are allocated, and the reads posted, on a thread of their own,
-  // since the first touch of that much fresh memory costs as much as reading it.
+  // buffers the reads land in are allocated, and the reads posted, on this object's one
+  // preparing thread, since the first touch of that much fresh memory costs as much as
+  // reading it. When that thread has 64 batches queued already, the batch is not read (an
+  // error; hold reads those experts from the checkpoint).
   std::expected<void, std::string> fetch(uint64_t epoch, const std::vector<expert_part>& parts,
                                          std::shared_ptr<transport> bulk, std::chrono::milliseconds timeout);
   // No read started by fetch for an expert of `experts` is still in flight.
@@ -103,11 +110,12 @@ class expert_residency {
   std::vector<bool> resident_;  // [slot·experts + expert]
   std::map<std::pair<int64_t, int64_t>, std::unique_ptr<fetch_entry>> fetches_;
   std::vector<std::unique_ptr<fetch_entry>> draining_;  // discarded, reads still landing
-  // Threads preparing fetches (allocating their buffers, posting their reads), each with
-  // whether it ended; joined by the next fetch and by the destructor.
-  std::vector<std::pair<std::thread, std::shared_ptr<std::atomic<bool>>>> preparing_;
-  std::vector<std::unique_ptr<loan>> loans_;
+  std::vector<std::shared_ptr<loan>> loans_;  // shared: lend registers outside mu_
+  std::optional<uint64_t> ended_epoch_;       // the latest end_loans
   migration_stats stats_;
+  // Prepares fetch batches (allocates their buffers, posts their reads); last, so it stops
+  // (finishing what is queued) before the entries it writes go.
+  work_queue<std::function<void()>> preparing_;
 };
 
 }  // namespace shoal::runtime
