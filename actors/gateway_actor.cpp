@@ -273,7 +273,7 @@ int serve_generation(gateway_shared& g, int64_t id, const runtime::completion_re
     }
     const runtime::logprob_list* lp = want_logprobs ? &logprobs : nullptr;
     std::string chunk = r.chat ? runtime::chat_content_chunk_json(meta, delta, lp)
-                               : runtime::completion_chunk_json(meta, delta, runtime::api_finish::none, lp);
+                               : runtime::completion_chunk_json(meta, delta, runtime::finish_reason::none, lp);
     client_ok = client_ok && w.send(runtime::sse_event(chunk));
     logprobs.clear();
   };
@@ -334,15 +334,15 @@ int serve_generation(gateway_shared& g, int64_t id, const runtime::completion_re
   g.metrics_set.cached_tokens.inc(static_cast<double>(last->cached_tokens), r.model);
   if (first_token && n_out > 1)
     g.metrics_set.tpot.observe(seconds_since(*first_token) / static_cast<double>(n_out - 1), r.model);
-  runtime::api_finish fin = last->reason == runtime::finish_reason::stop ? runtime::api_finish::stop
-                                                                         : runtime::api_finish::length;
+  runtime::finish_reason fin = last->reason == runtime::finish_reason::stop ? runtime::finish_reason::stop
+                                                                         : runtime::finish_reason::length;
   // A calls block: its whole calls, finish "tool_calls" when the block closed ("length" when
   // max_tokens cut it; a cut before the first whole call leaves the raw text as content).
   std::optional<runtime::tool_output> calls;
   if (kind == reply::calls) {
     calls = runtime::parse_tool_calls(held, "call_" + meta.id.substr(meta.id.find('-') + 1) + "_");
     if (calls && calls->calls.empty()) calls.reset();
-    if (calls && calls->complete && !last->error) fin = runtime::api_finish::tool_calls;
+    if (calls && calls->complete && !last->error) fin = runtime::finish_reason::tool_calls;
     if (!calls && !r.stream) whole += held;
     if (!calls && r.stream && !held.empty()) {
       client_ok = w.send(runtime::sse_event(runtime::chat_content_chunk_json(meta, held, want_logprobs ? &logprobs : nullptr)));
@@ -454,15 +454,16 @@ void pump_text(std::shared_ptr<gateway_shared> g, std::shared_ptr<stream_channel
   for (;;) {
     auto item = channel->pop(deadline);
     if (!item) {
-      caf::anon_send(sink, text_event{id, text.flush(), true, "error: no token within the request timeout"});
+      caf::anon_send(sink, text_event{id, text.flush(), true, runtime::finish_reason::error,
+                                      "no token within the request timeout"});
       return;
     }
     if (item->finished) {
-      std::string reason = item->error ? "error: " + item->error->message : runtime::to_string(item->reason);
-      caf::anon_send(sink, text_event{id, text.flush(), true, reason});
+      if (item->error) caf::anon_send(sink, text_event{id, text.flush(), true, runtime::finish_reason::error, item->error->message});
+      else caf::anon_send(sink, text_event{id, text.flush(), true, item->reason, ""});
       return;
     }
-    if (auto delta = text.add(item->token); !delta.empty()) caf::anon_send(sink, text_event{id, delta, false, ""});
+    if (auto delta = text.add(item->token); !delta.empty()) caf::anon_send(sink, text_event{id, delta, false, runtime::finish_reason::none, ""});
   }
 }
 

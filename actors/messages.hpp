@@ -271,13 +271,14 @@ struct text_event {
   request_id id;
   std::string text;
   bool finished = false;
-  std::string finish_reason;  // "stop", "length", "aborted", or "error: <message>"; set when finished
+  runtime::finish_reason reason = runtime::finish_reason::none;  // set when finished
+  std::string error;  // why, when reason is error
   friend bool operator==(const text_event&, const text_event&) = default;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, text_event& x) {
-  return f(caf::meta::type_name("text_event"), x.id, x.text, x.finished, x.finish_reason);
+  return f(caf::meta::type_name("text_event"), x.id, x.text, x.finished, x.reason, x.error);
 }
 
 // -- disaggregation --------------------------------------------------------------------------

@@ -1,5 +1,6 @@
-// The bulk data path (see bulk.hpp): msgpack frames over TCP, the server's threads, the
-// client's connection pool and poll loop.
+// The bulk data path (see bulk.hpp): msgpack frames over TCP (runtime/base/msgpack_frame, the
+// codec the expert-parallel frames use too), the server's threads, the client's connection
+// pool and poll loop.
 #include "storage/bulk.hpp"
 
 #include <algorithm>
@@ -23,8 +24,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-#include <msgpack.hpp>
-
+#include "runtime/base/msgpack_frame.hpp"
 #include "storage/gc.hpp"
 
 namespace shoal::storage {
@@ -35,11 +35,6 @@ constexpr std::string_view frame_magic = "shoal-kv";
 constexpr uint64_t frame_version = 1;
 constexpr uint32_t request_fields = 9, reply_fields = 4;
 constexpr uint64_t max_reply_frame = 1ull << 30;
-
-struct byte_sink {
-  std::vector<uint8_t> bytes;
-  void write(const char* p, size_t n) { bytes.insert(bytes.end(), p, p + n); }
-};
 
 std::string errno_text(int e) { return std::strerror(e); }
 
@@ -79,73 +74,9 @@ bool send_frame(int fd, std::span<const uint8_t> head, std::span<const uint8_t> 
   return true;
 }
 
-// A parsed msgpack array with bins left in the source bytes; every failure names the field.
-class fields {
- public:
-  fields(std::span<const uint8_t> body, uint32_t count, const char* what) : what_(what) {
-    if (body.empty()) {
-      error_ = std::string(what) + " frame is empty";
-      return;
-    }
-    try {
-      auto ref_bins = [](msgpack::type::object_type t, size_t, void*) { return t == msgpack::type::BIN; };
-      msgpack::unpack_limit limit(16, 0, 256, body.size(), 0, 2);
-      size_t off = 0;
-      handle_ = msgpack::unpack(reinterpret_cast<const char*>(body.data()), body.size(), off, ref_bins, nullptr, limit);
-      if (off != body.size()) {
-        error_ = std::string(what) + " frame has " + std::to_string(body.size() - off) + " trailing byte(s)";
-        return;
-      }
-    } catch (const std::exception& e) {
-      error_ = std::string(what) + " frame is not valid msgpack (" + e.what() + ")";
-      return;
-    }
-    const msgpack::object& o = handle_.get();
-    if (o.type != msgpack::type::ARRAY || o.via.array.size != count) {
-      error_ = std::string(what) + " frame is not an array of " + std::to_string(count) + " fields";
-      return;
-    }
-    f_ = o.via.array.ptr;
-  }
-  const std::string& error() const { return error_; }
-  bool ok() const { return error_.empty(); }
-
-  std::optional<uint64_t> uint(size_t i, const char* name) {
-    if (!ok()) return std::nullopt;
-    if (f_[i].type != msgpack::type::POSITIVE_INTEGER) {
-      error_ = std::string(what_) + " field " + name + " is not an unsigned integer";
-      return std::nullopt;
-    }
-    return f_[i].via.u64;
-  }
-  std::optional<std::string_view> str(size_t i, const char* name) {
-    if (!ok()) return std::nullopt;
-    if (f_[i].type != msgpack::type::STR) {
-      error_ = std::string(what_) + " field " + name + " is not a string";
-      return std::nullopt;
-    }
-    return std::string_view(f_[i].via.str.ptr, f_[i].via.str.size);
-  }
-  std::optional<std::span<const uint8_t>> bin(size_t i, const char* name) {
-    if (!ok()) return std::nullopt;
-    if (f_[i].type != msgpack::type::BIN) {
-      error_ = std::string(what_) + " field " + name + " is not binary";
-      return std::nullopt;
-    }
-    return std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(f_[i].via.bin.ptr), f_[i].via.bin.size);
-  }
-  void fail(std::string why) { error_ = std::string(what_) + " " + std::move(why); }
-
- private:
-  const char* what_;
-  std::string error_;
-  msgpack::object_handle handle_;
-  const msgpack::object* f_ = nullptr;
-};
-
 std::vector<uint8_t> encode_reply_head(const bulk_reply& r, size_t payload_bytes) {
-  byte_sink s;
-  msgpack::packer<byte_sink> pk(s);
+  runtime::frame_sink s;
+  runtime::frame_packer pk(s);
   pk.pack_array(reply_fields);
   pk.pack(r.id);
   pk.pack(static_cast<uint64_t>(r.status));
@@ -157,8 +88,8 @@ std::vector<uint8_t> encode_reply_head(const bulk_reply& r, size_t payload_bytes
 }  // namespace
 
 std::vector<uint8_t> encode_request_head(const bulk_request& r) {
-  byte_sink s;
-  msgpack::packer<byte_sink> pk(s);
+  runtime::frame_sink s;
+  runtime::frame_packer pk(s);
   pk.pack_array(request_fields);
   pk.pack(frame_magic);
   pk.pack(frame_version);
@@ -179,7 +110,7 @@ std::vector<uint8_t> encode_reply(const bulk_reply& r) {
 }
 
 std::expected<parsed_request, std::string> parse_request(std::span<const uint8_t> body) {
-  fields f(body, request_fields, "request");
+  runtime::frame_fields f(body, request_fields, "request");
   auto magic = f.str(0, "magic");
   if (magic && *magic != frame_magic) f.fail("magic is not \"shoal-kv\"");
   auto version = f.uint(1, "version");
@@ -204,7 +135,7 @@ std::expected<parsed_request, std::string> parse_request(std::span<const uint8_t
 }
 
 std::expected<bulk_reply, std::string> parse_reply(std::span<const uint8_t> body) {
-  fields f(body, reply_fields, "reply");
+  runtime::frame_fields f(body, reply_fields, "reply");
   auto id = f.uint(0, "id");
   auto status = f.uint(1, "status");
   auto message = f.str(2, "message");

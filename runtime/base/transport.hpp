@@ -17,6 +17,8 @@
 #include <string>
 #include <vector>
 
+#include "runtime/base/one_shot.hpp"
+
 namespace shoal::runtime {
 
 // A range of registered memory in another process.
@@ -30,25 +32,10 @@ struct remote_memory {
 };
 
 // One read in flight: filled by the backend's progress thread, polled by the reader.
-class transfer {
+class transfer : public one_shot<bool> {
  public:
-  bool done() const { return done_.load(std::memory_order_acquire); }
-  void wait() const { done_.wait(false, std::memory_order_acquire); }
-  bool ok() const { return done() && error_.empty(); }
-  const std::string& error() const { return error_; }  // valid once done()
-  // When the backend completed it (valid once done()): read throughput without the poller's cadence.
-  std::chrono::steady_clock::time_point finished_at() const { return finished_at_; }
-  void complete(std::string error = {}) {               // the backend, exactly once
-    error_ = std::move(error);
-    finished_at_ = std::chrono::steady_clock::now();
-    done_.store(true, std::memory_order_release);
-    done_.notify_all();
-  }
-
- private:
-  std::atomic<bool> done_{false};
-  std::string error_;
-  std::chrono::steady_clock::time_point finished_at_{};
+  bool ok() const { return done() && error().empty(); }
+  void complete(std::string error = {}) { set(true, std::move(error)); }  // the backend, exactly once
 };
 
 // A registration: memory the owner keeps alive (and unchanged while described ranges may be

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "runtime/core/block_pool.hpp"
+#include "runtime/base/one_shot.hpp"
 #include "runtime/base/traffic_class.hpp"
 
 namespace shoal::runtime {
@@ -26,34 +27,19 @@ namespace shoal::runtime {
 // abandon it) and the tier (fills it from its own thread). The tier writes into the
 // destinations only until it calls complete(); the cache manager keeps them reserved until
 // done() is true, also after it gave up waiting.
-class remote_fetch {
+struct fetched_blocks {
+  size_t listed = 0;  // leading blocks the tier listed at lookup
+  size_t blocks = 0;  // of those, written and verified
+};
+
+class remote_fetch : public one_shot<fetched_blocks> {
  public:
-  bool done() const { return done_.load(std::memory_order_acquire); }
-  // Blocks until done (shutdown only: never on the step loop).
-  void wait() const { done_.wait(false, std::memory_order_acquire); }
   // Valid once done(): leading blocks the tier listed at lookup / wrote and verified; why it
-  // stopped short of `listed` ("" when it did not).
-  size_t listed() const { return listed_; }
-  size_t blocks() const { return blocks_; }
-  const std::string& error() const { return error_; }
-
-  // The cache manager no longer needs the bytes: the tier may skip work it has not begun.
-  void cancel() { cancelled_.store(true, std::memory_order_release); }
-  bool cancelled() const { return cancelled_.load(std::memory_order_acquire); }
-
+  // stopped short of `listed` (error(), "" when it did not).
+  size_t listed() const { return value().listed; }
+  size_t blocks() const { return value().blocks; }
   // The tier, exactly once.
-  void complete(size_t listed, size_t blocks, std::string error = {}) {
-    listed_ = listed;
-    blocks_ = blocks;
-    error_ = std::move(error);
-    done_.store(true, std::memory_order_release);
-    done_.notify_all();
-  }
-
- private:
-  std::atomic<bool> done_{false}, cancelled_{false};
-  size_t listed_ = 0, blocks_ = 0;
-  std::string error_;
+  void complete(size_t listed, size_t blocks, std::string error = {}) { set({listed, blocks}, std::move(error)); }
 };
 
 class remote_blocks {

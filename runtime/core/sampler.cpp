@@ -249,18 +249,6 @@ int32_t sample_token(std::span<const float> logits, const sampling_params& p, ui
   return draw_from(distribution_of(logits, p, generated), uniform_at(seq_seed, step));
 }
 
-const char* to_string(finish_reason r) {
-  switch (r) {
-    case finish_reason::none: return "none";
-    case finish_reason::stop: return "stop";
-    case finish_reason::length: return "length";
-    case finish_reason::aborted: return "aborted";
-    case finish_reason::error: return "error";
-    case finish_reason::handed_off: return "handed_off";
-  }
-  return "unknown";
-}
-
 stop_checker::stop_checker(const sampling_params& p, int32_t eos_id)
     : stop_ids_(p.stop_token_ids), stop_strings_(p.stop_strings), max_tokens_(p.max_tokens) {
   if (!p.ignore_eos) stop_ids_.push_back(eos_id);

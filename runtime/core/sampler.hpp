@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "runtime/base/finish_reason.hpp"
 #include "runtime/structured/constraint.hpp"
 
 namespace shoal::runtime {
@@ -91,10 +92,6 @@ struct token_logprobs {
 };
 token_logprobs logprobs_of(std::span<const float> logits, int32_t token, int32_t n);
 
-// handed_off: the request continues on another engine (prefill → decode handoff).
-enum class finish_reason { none, stop, length, aborted, error, handed_off };
-
-const char* to_string(finish_reason r);
 
 struct stop_result {
   finish_reason reason = finish_reason::none;

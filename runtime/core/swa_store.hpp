@@ -89,36 +89,22 @@ class swa_store {
 
 // One lookup + read of a slot from another machine, shared by the cache manager (polls it,
 // may drop it) and the tier (fills it from its own thread).
-class slot_fetch {
+struct fetched_slot {
+  int64_t index = -1;  // of the key whose slot arrived (−1: none held elsewhere, or failed)
+  std::vector<uint8_t> bytes;
+};
+
+class slot_fetch : public one_shot<fetched_slot> {
  public:
-  bool done() const { return done_.load(std::memory_order_acquire); }
-  void wait() const { done_.wait(false, std::memory_order_acquire); }
-  void cancel() { cancelled_.store(true, std::memory_order_release); }
-  bool cancelled() const { return cancelled_.load(std::memory_order_acquire); }
   // Valid once done(): the index of the key whose slot arrived (−1: no other machine holds
   // one, or it failed: see error()), its bytes, and the time from start to completion.
-  int64_t index() const { return index_; }
-  const std::vector<uint8_t>& bytes() const { return bytes_; }
-  const std::string& error() const { return error_; }
-  double seconds() const { return seconds_; }
-
+  int64_t index() const { return value().index; }
+  const std::vector<uint8_t>& bytes() const { return value().bytes; }
   // The tier, exactly once.
   void complete(int64_t index, std::vector<uint8_t> bytes, std::string error = {}) {
-    index_ = error.empty() ? index : -1;
-    bytes_ = std::move(bytes);
-    error_ = std::move(error);
-    seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
-    done_.store(true, std::memory_order_release);
-    done_.notify_all();
+    const int64_t at = error.empty() ? index : -1;
+    set({at, std::move(bytes)}, std::move(error));
   }
-
- private:
-  std::atomic<bool> done_{false}, cancelled_{false};
-  int64_t index_ = -1;
-  std::vector<uint8_t> bytes_;
-  std::string error_;
-  double seconds_ = 0;
-  std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
 };
 
 class remote_swa {

@@ -12,11 +12,10 @@
 #include <optional>
 #include <tuple>
 
-#include <msgpack.hpp>
-
 #include "kernels/assert.hpp"
 #include "kernels/cpu/ops.hpp"
 #include "kernels/cpu/thread_pool.hpp"
+#include "runtime/base/msgpack_frame.hpp"
 
 namespace shoal::runtime {
 
@@ -30,14 +29,8 @@ constexpr const char* frame_magic = "shoal-ep";
 constexpr uint64_t frame_version = 2;
 constexpr uint32_t dispatch_fields = 14, combine_fields = 9;
 
-// msgpack::packer output straight into a byte vector.
-struct byte_sink {
-  std::vector<uint8_t> bytes;
-  void write(const char* p, size_t n) { bytes.insert(bytes.end(), p, p + n); }
-};
-
-void pack_header(msgpack::packer<byte_sink>& pk, uint32_t fields, uint64_t phase, uint64_t step,
-                 int32_t slot, int32_t source, int64_t hidden) {
+void pack_header(frame_packer& pk, uint32_t fields, uint64_t phase, uint64_t step, int32_t slot, int32_t source,
+                 int64_t hidden) {
   pk.pack_array(fields);
   pk.pack(std::string_view(frame_magic));
   pk.pack(frame_version);
@@ -49,108 +42,28 @@ void pack_header(msgpack::packer<byte_sink>& pk, uint32_t fields, uint64_t phase
 }
 
 template <class T>
-void pack_tensor(msgpack::packer<byte_sink>& pk, const T* data, size_t count) {
-  size_t bytes = count * sizeof(T);
-  SHOAL_ASSERT(bytes <= UINT32_MAX);
-  pk.pack_bin(static_cast<uint32_t>(bytes));
-  pk.pack_bin_body(reinterpret_cast<const char*>(data), static_cast<uint32_t>(bytes));
+void pack_tensor(frame_packer& pk, const T* data, size_t count) {
+  SHOAL_ASSERT(count * sizeof(T) <= UINT32_MAX);
+  pack_bin_of(pk, data, count);
 }
 
-// A parsed frame's fields with checked access; every failure names the field.
-class frame_reader {
- public:
-  frame_reader(const std::vector<uint8_t>& bytes, uint32_t fields, const char* kind) : kind_(kind) {
-    if (bytes.empty()) {
-      error_ = std::string(kind) + " frame is empty";
-      return;
-    }
-    try {
-      // bins stay in `bytes` (no copy); a tiny structure: one short array, no maps, depth 2
-      auto ref_bins = [](msgpack::type::object_type t, size_t, void*) { return t == msgpack::type::BIN; };
-      msgpack::unpack_limit limit(32, 0, 64, bytes.size(), 0, 2);
-      size_t off = 0;
-      handle_ = msgpack::unpack(reinterpret_cast<const char*>(bytes.data()), bytes.size(), off, ref_bins,
-                                nullptr, limit);
-      if (off != bytes.size()) { set_error("has " + std::to_string(bytes.size() - off) + " trailing bytes"); return; }
-    } catch (const std::exception& e) {
-      { set_error(std::string("is not valid msgpack (") + e.what() + ")"); return; }
-    }
-    const msgpack::object& o = handle_.get();
-    if (o.type != msgpack::type::ARRAY) { set_error("is not a msgpack array"); return; }
-    if (o.via.array.size != fields)
-      { set_error("has " + std::to_string(o.via.array.size) + " fields, expected " + std::to_string(fields)); return; }
-    fields_ = o.via.array.ptr;
-    const msgpack::object& magic = fields_[0];
-    if (magic.type != msgpack::type::STR || std::string_view(magic.via.str.ptr, magic.via.str.size) != frame_magic)
-      { set_error("field 0 (magic) is not \"shoal-ep\""); return; }
-  }
-  bool ok() const { return error_.empty(); }
-  const std::string& error() const { return error_; }
-
-  // Unsigned field `i` named `name`, required to equal `expect` when given, or ≤ `max`.
-  bool uint_field(uint32_t i, const char* name, uint64_t& value, std::optional<uint64_t> expect = {},
-                  uint64_t max = UINT64_MAX) {
-    if (!ok()) return false;
-    const msgpack::object& f = fields_[i];
-    if (f.type != msgpack::type::POSITIVE_INTEGER) {
-      set_error("field " + std::to_string(i) + " (" + name + ") is not an unsigned integer");
-      return false;
-    }
-    value = f.via.u64;
-    if (expect && value != *expect) {
-      set_error("field " + std::to_string(i) + " (" + name + ") is " + std::to_string(value) + ", expected " +
-                std::to_string(*expect));
-      return false;
-    }
-    if (value > max) {
-      set_error("field " + std::to_string(i) + " (" + name + ") is " + std::to_string(value) + ", above the limit " +
-                std::to_string(max));
-      return false;
-    }
-    return true;
-  }
-  // Bin field `i` holding exactly `count` values of T, copied out.
-  template <class T>
-  bool tensor_field(uint32_t i, const char* name, uint64_t count, std::vector<T>& out) {
-    if (!ok()) return false;
-    const msgpack::object& f = fields_[i];
-    if (f.type != msgpack::type::BIN) {
-      set_error("field " + std::to_string(i) + " (" + name + ") is not a bin");
-      return false;
-    }
-    if (f.via.bin.size != count * sizeof(T)) {
-      set_error("field " + std::to_string(i) + " (" + name + ") has " + std::to_string(f.via.bin.size) +
-                " bytes, expected " + std::to_string(count * sizeof(T)));
-      return false;
-    }
-    out.resize(count);
-    if (count > 0) std::memcpy(out.data(), f.via.bin.ptr, count * sizeof(T));
-    return true;
-  }
-  void set_error(const std::string& what) { error_ = std::string(kind_) + " frame " + what; }
-
- private:
-  const char* kind_;
-  msgpack::object_handle handle_;
-  const msgpack::object* fields_ = nullptr;
-  std::string error_;
-};
-
-// Checks the common header fields 1…6.
-bool read_header(frame_reader& r, uint64_t phase, uint64_t step, int32_t slot, int32_t source, int64_t hidden) {
+// Checks the magic and the common header fields 1…6.
+bool read_header(frame_fields& r, uint64_t phase, uint64_t step, int32_t slot, int32_t source, int64_t hidden) {
   uint64_t v;
-  return r.uint_field(1, "version", v, frame_version) && r.uint_field(2, "phase", v, phase) &&
-         r.uint_field(3, "step", v, step) && r.uint_field(4, "slot", v, static_cast<uint64_t>(slot)) &&
-         r.uint_field(5, "source rank", v, static_cast<uint64_t>(source)) &&
-         r.uint_field(6, "hidden size", v, static_cast<uint64_t>(hidden));
+  auto magic = r.str(0, "magic");
+  if (magic && *magic != frame_magic) r.fail("field 0 (magic) is not \"shoal-ep\"");
+  return r.ok() && r.uint(1, "version", v, frame_version) && r.uint(2, "phase", v, phase) &&
+         r.uint(3, "step", v, step) && r.uint(4, "slot", v, static_cast<uint64_t>(slot)) &&
+         r.uint(5, "source rank", v, static_cast<uint64_t>(source)) &&
+         r.uint(6, "hidden size", v, static_cast<uint64_t>(hidden));
 }
 
 }  // namespace
 
 std::vector<uint8_t> encode_dispatch(const dispatch_frame& f) {
   SHOAL_ASSERT(static_cast<int64_t>(f.xn.size()) == f.rows * f.hidden && f.pair_row.size() == f.pair_expert.size());
-  byte_sink sink;
-  msgpack::packer<byte_sink> pk(sink);
+  frame_sink sink;
+  frame_packer pk(sink);
   pack_header(pk, dispatch_fields, 0, f.step, f.slot, f.source, f.hidden);
   pk.pack(f.epoch);
   pk.pack(f.ready);
@@ -166,15 +79,15 @@ std::expected<dispatch_frame, std::string> decode_dispatch(const std::vector<uin
                                                            int32_t slot, int32_t source, const ep_placement& placement,
                                                            int32_t rank, int64_t hidden, int64_t top_k,
                                                            const ep_frame_limits& limits) {
-  frame_reader r(bytes, dispatch_fields, "dispatch");
+  frame_fields r(bytes, dispatch_fields, "dispatch");
   dispatch_frame f;
   uint64_t rows = 0, pairs = 0;
-  if (!read_header(r, 0, step, slot, source, hidden) || !r.uint_field(7, "epoch", f.epoch, placement.epoch()) ||
-      !r.uint_field(8, "ready", f.ready, {}, placement.epoch() + 1) ||
-      !r.uint_field(9, "rows", rows, {}, static_cast<uint64_t>(limits.max_rows)) ||
-      !r.uint_field(10, "pairs", pairs, {}, rows * static_cast<uint64_t>(top_k)) ||
-      !r.tensor_field(11, "xn", rows * static_cast<uint64_t>(hidden), f.xn) ||
-      !r.tensor_field(12, "pair_row", pairs, f.pair_row) || !r.tensor_field(13, "pair_expert", pairs, f.pair_expert))
+  if (!read_header(r, 0, step, slot, source, hidden) || !r.uint(7, "epoch", f.epoch, placement.epoch()) ||
+      !r.uint(8, "ready", f.ready, {}, placement.epoch() + 1) ||
+      !r.uint(9, "rows", rows, {}, static_cast<uint64_t>(limits.max_rows)) ||
+      !r.uint(10, "pairs", pairs, {}, rows * static_cast<uint64_t>(top_k)) ||
+      !r.bin_of(11, "xn", rows * static_cast<uint64_t>(hidden), f.xn) ||
+      !r.bin_of(12, "pair_row", pairs, f.pair_row) || !r.bin_of(13, "pair_expert", pairs, f.pair_expert))
     return std::unexpected(r.error());
   if (f.ready < f.epoch)
     return std::unexpected("dispatch frame field 8 (ready) is " + std::to_string(f.ready) + ", below its epoch " +
@@ -206,8 +119,8 @@ std::expected<dispatch_frame, std::string> decode_dispatch(const std::vector<uin
 
 std::vector<uint8_t> encode_combine(uint64_t step, int32_t slot, int32_t source, int64_t hidden, const float* out,
                                     int64_t pairs) {
-  byte_sink sink;
-  msgpack::packer<byte_sink> pk(sink);
+  frame_sink sink;
+  frame_packer pk(sink);
   pack_header(pk, combine_fields, 1, step, slot, source, hidden);
   pk.pack(static_cast<uint64_t>(pairs));
   pack_tensor(pk, out, static_cast<size_t>(pairs * hidden));
@@ -217,12 +130,12 @@ std::vector<uint8_t> encode_combine(uint64_t step, int32_t slot, int32_t source,
 std::expected<std::vector<float>, std::string> decode_combine(const std::vector<uint8_t>& bytes, uint64_t step,
                                                               int32_t slot, int32_t source, int64_t hidden,
                                                               int64_t pairs) {
-  frame_reader r(bytes, combine_fields, "combine");
+  frame_fields r(bytes, combine_fields, "combine");
   uint64_t n = 0;
   std::vector<float> out;
   if (!read_header(r, 1, step, slot, source, hidden) ||
-      !r.uint_field(7, "pairs", n, static_cast<uint64_t>(pairs)) ||
-      !r.tensor_field(8, "out", n * static_cast<uint64_t>(hidden), out))
+      !r.uint(7, "pairs", n, static_cast<uint64_t>(pairs)) ||
+      !r.bin_of(8, "out", n * static_cast<uint64_t>(hidden), out))
     return std::unexpected(r.error());
   return out;
 }

@@ -538,8 +538,10 @@ check parse_extensions(const json& j, completion_request& r) {
   return std::nullopt;
 }
 
-const char* finish_string(api_finish f) {
-  return f == api_finish::stop ? "stop" : f == api_finish::tool_calls ? "tool_calls" : "length";
+// The API knows stop, length and tool_calls; the gateway sends an engine's other endings
+// (error, aborted) as error events.
+const char* finish_string(finish_reason f) {
+  return f == finish_reason::stop ? "stop" : f == finish_reason::tool_calls ? "tool_calls" : "length";
 }
 
 ojson tool_calls_json(const std::vector<tool_call>& calls, bool indexed) {
@@ -554,7 +556,7 @@ ojson tool_calls_json(const std::vector<tool_call>& calls, bool indexed) {
   }
   return a;
 }
-ojson finish_json(api_finish f) { return f == api_finish::none ? ojson(nullptr) : ojson(finish_string(f)); }
+ojson finish_json(finish_reason f) { return f == finish_reason::none ? ojson(nullptr) : ojson(finish_string(f)); }
 
 ojson usage_json(const usage_info& u) {
   return {{"prompt_tokens", u.prompt_tokens},
@@ -710,7 +712,7 @@ ojson chat_logprobs(const logprob_list* lp) {
 
 }  // namespace
 
-std::string completion_response_json(const response_meta& m, const std::string& text, api_finish f,
+std::string completion_response_json(const response_meta& m, const std::string& text, finish_reason f,
                                      const usage_info& u, const logprob_list* lp) {
   ojson j = envelope(m, "text_completion");
   j["choices"] = ojson::array(
@@ -719,7 +721,7 @@ std::string completion_response_json(const response_meta& m, const std::string& 
   return dump(j);
 }
 
-std::string chat_completion_response_json(const response_meta& m, const std::string& content, api_finish f,
+std::string chat_completion_response_json(const response_meta& m, const std::string& content, finish_reason f,
                                           const usage_info& u, const logprob_list* lp,
                                           const std::vector<tool_call>* calls) {
   ojson j = envelope(m, "chat.completion");
@@ -736,7 +738,7 @@ std::string chat_completion_response_json(const response_meta& m, const std::str
   return dump(j);
 }
 
-std::string completion_chunk_json(const response_meta& m, const std::string& text, api_finish f,
+std::string completion_chunk_json(const response_meta& m, const std::string& text, finish_reason f,
                                   const logprob_list* lp) {
   ojson j = envelope(m, "text_completion");
   j["choices"] = ojson::array(
@@ -745,7 +747,7 @@ std::string completion_chunk_json(const response_meta& m, const std::string& tex
 }
 
 namespace {
-std::string chat_chunk(const response_meta& m, ojson delta, api_finish f, const logprob_list* lp = nullptr) {
+std::string chat_chunk(const response_meta& m, ojson delta, finish_reason f, const logprob_list* lp = nullptr) {
   ojson j = envelope(m, "chat.completion.chunk");
   j["choices"] = ojson::array(
       {{{"index", 0}, {"delta", std::move(delta)}, {"logprobs", chat_logprobs(lp)}, {"finish_reason", finish_json(f)}}});
@@ -754,16 +756,16 @@ std::string chat_chunk(const response_meta& m, ojson delta, api_finish f, const 
 }  // namespace
 
 std::string chat_role_chunk_json(const response_meta& m) {
-  return chat_chunk(m, {{"role", "assistant"}, {"content", ""}}, api_finish::none);
+  return chat_chunk(m, {{"role", "assistant"}, {"content", ""}}, finish_reason::none);
 }
 std::string chat_content_chunk_json(const response_meta& m, const std::string& content, const logprob_list* lp) {
-  return chat_chunk(m, {{"content", content}}, api_finish::none, lp);
+  return chat_chunk(m, {{"content", content}}, finish_reason::none, lp);
 }
 std::string chat_tool_calls_chunk_json(const response_meta& m, const std::vector<tool_call>& calls,
                                        const logprob_list* lp) {
-  return chat_chunk(m, {{"tool_calls", tool_calls_json(calls, true)}}, api_finish::none, lp);
+  return chat_chunk(m, {{"tool_calls", tool_calls_json(calls, true)}}, finish_reason::none, lp);
 }
-std::string chat_finish_chunk_json(const response_meta& m, api_finish f) {
+std::string chat_finish_chunk_json(const response_meta& m, finish_reason f) {
   return chat_chunk(m, ojson::object(), f);
 }
 

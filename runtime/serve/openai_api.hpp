@@ -11,6 +11,7 @@
 #include "runtime/structured/tool_calls.hpp"
 #include "runtime/base/traffic_class.hpp"
 #include "runtime/base/ids.hpp"
+#include "runtime/base/finish_reason.hpp"
 
 #include <cstddef>
 #include <memory>
@@ -117,7 +118,6 @@ std::expected<std::vector<int32_t>, api_error> expand_image_tokens(const std::ve
 // code context_length_exceeded, message with the numbers).
 std::optional<api_error> check_context(int64_t prompt_tokens, int32_t max_tokens, int64_t context_length);
 
-enum class api_finish : uint8_t { none, stop, length, tool_calls };  // none: still generating (JSON null)
 
 // The messages the chat template renders for a request with tools: the tools' description
 // (tools_prompt) appended to the first system message, or a system message of its own first.
@@ -152,18 +152,18 @@ using logprob_list = std::vector<token_logprob>;
 
 // Whole responses (stream = false). Text that is not valid UTF-8 is written with U+FFFD.
 // `lp`: the tokens' log probabilities when the request asked for them ("logprobs": null else).
-std::string completion_response_json(const response_meta& m, const std::string& text, api_finish f,
+std::string completion_response_json(const response_meta& m, const std::string& text, finish_reason f,
                                      const usage_info& u, const logprob_list* lp = nullptr);
 // `calls` (non-empty): the message's tool_calls; its content is null when `content` is empty.
 std::string chat_completion_response_json(const response_meta& m, const std::string& content,
-                                          api_finish f, const usage_info& u, const logprob_list* lp = nullptr,
+                                          finish_reason f, const usage_info& u, const logprob_list* lp = nullptr,
                                           const std::vector<tool_call>* calls = nullptr);
 
 // Streamed chunks (stream = true), each sent as sse_event(...). Completions: text chunks, the
 // last with its finish_reason. Chat: chat_role_chunk_json first (delta {role, content ""}),
 // then content deltas (or chat_tool_calls_chunk_json), then chat_finish_chunk_json (empty delta, finish_reason). With
 // include_usage, usage_chunk_json (choices []) goes last, before sse_done().
-std::string completion_chunk_json(const response_meta& m, const std::string& text, api_finish f,
+std::string completion_chunk_json(const response_meta& m, const std::string& text, finish_reason f,
                                   const logprob_list* lp = nullptr);
 std::string chat_role_chunk_json(const response_meta& m);
 std::string chat_content_chunk_json(const response_meta& m, const std::string& content,
@@ -172,7 +172,7 @@ std::string chat_content_chunk_json(const response_meta& m, const std::string& c
 // with the log probabilities of the tokens that wrote them when asked.
 std::string chat_tool_calls_chunk_json(const response_meta& m, const std::vector<tool_call>& calls,
                                        const logprob_list* lp = nullptr);
-std::string chat_finish_chunk_json(const response_meta& m, api_finish f);
+std::string chat_finish_chunk_json(const response_meta& m, finish_reason f);
 std::string usage_chunk_json(const response_meta& m, bool chat, const usage_info& u);
 
 std::string sse_event(std::string_view json);  // "data: " + json + "\n\n"

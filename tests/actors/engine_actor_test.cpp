@@ -443,8 +443,8 @@ TEST_CASE("every type of the type-ID block round-trips through a remote actor") 
   round_trip(self, remote, actors::ep_frame{0xabcdef0123456789ull, 1ull << 33, 5, 1, 3, mib, {}});
   round_trip(self, remote, actors::ep_frame{1, 0, 0, 0, 0, {}, {}});
   round_trip(self, remote, actors::ep_frame{2, 9, 3, 0, 1, {}, runtime::remote_memory{{1, 2}, 1ull << 40, 77, 4096, 0xabcd}});
-  round_trip(self, remote, actors::text_event{request_id(8), "h\xc3\xa9llo \xe2\x9c\x93", false, ""});
-  round_trip(self, remote, actors::text_event{request_id(8), "", true, "error: rank 1 lost"});
+  round_trip(self, remote, actors::text_event{request_id(8), "h\xc3\xa9llo \xe2\x9c\x93", false, runtime::finish_reason::none, ""});
+  round_trip(self, remote, actors::text_event{request_id(8), "", true, runtime::finish_reason::error, "rank 1 lost"});
   round_trip(self, remote, caf::actor_cast<actors::rank_actor>(locals[1]));
   round_trip(self, remote, caf::actor_cast<actors::node_agent_actor>(self));
   round_trip(self, remote, caf::actor_cast<actors::prefill_balancer_actor>(locals[2]));
@@ -541,7 +541,7 @@ TEST_CASE("every message of the typed interfaces that crosses processes round-tr
   round_trip(self, remote, true);
   // token_sink_actor and the shell's text sink
   round_trip(self, remote, token_event{request_id(5), -1, true, runtime::finish_reason::aborted});
-  round_trip(self, remote, actors::text_event{request_id(5), "abc", true, "stop"});
+  round_trip(self, remote, actors::text_event{request_id(5), "abc", true, runtime::finish_reason::stop, ""});
   round_trip(self, remote, handoff_atom_v, offer_example(remote));
   // rank_actor
   round_trip(self, remote, expert_atom_v, frame);

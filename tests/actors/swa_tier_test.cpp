@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <map>
+#include <optional>
 #include <thread>
 
 #include <caf/actor_system.hpp>
@@ -229,7 +230,7 @@ TEST_CASE("SWA tier: an engine whose slot holder never answers keeps serving its
 
   auto rcfg = base;
   rcfg.cache.swa_remote = fetcher;
-  rcfg.cache.swa_timeout_s = 1.0;
+  rcfg.cache.swa_timeout_s = 2.0;  // room for the other request on a loaded machine
   runtime::engine e(w, rcfg);
   test::run_alone(e, shared, p);
   const auto t0 = std::chrono::steady_clock::now();
@@ -238,21 +239,28 @@ TEST_CASE("SWA tier: an engine whose slot holder never answers keeps serving its
   REQUIRE(waiting);
   REQUIRE(other);
   std::map<int64_t, std::vector<runtime::token_event>> events;
+  // When the other request finished: had the waiting one produced a token, or given up yet?
+  std::optional<size_t> waiting_events_then;
+  std::optional<uint64_t> timeouts_then;
   double other_done_s = -1;
   while (e.has_work() && std::chrono::steady_clock::now() - t0 < 20s) {
     for (auto& ev : e.step()) {
-      if (ev.id == *other && ev.finished)
+      if (ev.id == *other && ev.finished) {
         other_done_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        waiting_events_then = events[waiting->value].size();
+        timeouts_then = e.stats().cache.swa_fetch_timeouts;
+      }
       events[ev.id.value].push_back(std::move(ev));
     }
     if (e.stalled()) std::this_thread::sleep_for(1ms);
   }
   const double waited_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  // The other request finished long before the waiting one gave up on the silent holder.
-  REQUIRE(other_done_s >= 0);
-  CHECK(other_done_s < 0.9);
-  CHECK(waited_s >= 1.0);
-  CHECK(waited_s < 5.0);
+  // The other request finished while the waiting one still waited on the silent holder (no
+  // token yet, its fetch not yet given up): an order of events, not a wall-clock bound.
+  REQUIRE(waiting_events_then.has_value());
+  CHECK(*waiting_events_then == 0);
+  CHECK(*timeouts_then == 0);
+  CHECK(waited_s >= 2.0);  // the engine's 2 s fetch timeout is honoured, never cut short
   REQUIRE(events[waiting->value].size() == ref_waiting.size());
   for (size_t i = 0; i < ref_waiting.size(); ++i) CHECK(events[waiting->value][i].logits == ref_waiting[i].logits);
   REQUIRE(events[other->value].size() == ref_other.size());

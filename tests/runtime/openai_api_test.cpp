@@ -235,20 +235,20 @@ TEST_CASE("openai_api: logprobs and top_logprobs are read per endpoint and writt
   const response_meta m{"cmpl-1", 7, "small"};
   const logprob_list lp = {{"He", -0.25f, {{"He", -0.25f}, {"We", -1.5f}}, 0},
                            {"\xe2\x82", -std::numeric_limits<float>::infinity(), {}, 2}};
-  const auto comp = nlohmann::json::parse(completion_response_json(m, "He", api_finish::stop, {}, &lp));
+  const auto comp = nlohmann::json::parse(completion_response_json(m, "He", finish_reason::stop, {}, &lp));
   const auto& cl = comp["choices"][0]["logprobs"];
   CHECK(cl["tokens"] == nlohmann::json({"He", "\xef\xbf\xbd"}));  // a split character as U+FFFD
   CHECK(cl["token_logprobs"] == nlohmann::json({-0.25, -9999.0}));
   CHECK(cl["top_logprobs"][0] == nlohmann::json({{"He", -0.25}, {"We", -1.5}}));
   CHECK(cl["text_offset"] == nlohmann::json({0, 2}));
-  const auto chat = nlohmann::json::parse(chat_completion_response_json(m, "He", api_finish::stop, {}, &lp));
+  const auto chat = nlohmann::json::parse(chat_completion_response_json(m, "He", finish_reason::stop, {}, &lp));
   const auto& ch = chat["choices"][0]["logprobs"];
   CHECK(ch["refusal"].is_null());
   CHECK(ch["content"][0] == nlohmann::json({{"token", "He"}, {"logprob", -0.25}, {"bytes", {72, 101}},
                                             {"top_logprobs", {{{"token", "He"}, {"logprob", -0.25}, {"bytes", {72, 101}}},
                                                               {{"token", "We"}, {"logprob", -1.5}, {"bytes", {87, 101}}}}}}));
   CHECK(ch["content"][1]["bytes"] == nlohmann::json({226, 130}));
-  CHECK(nlohmann::json::parse(completion_response_json(m, "He", api_finish::stop, {}))["choices"][0]["logprobs"].is_null());
+  CHECK(nlohmann::json::parse(completion_response_json(m, "He", finish_reason::stop, {}))["choices"][0]["logprobs"].is_null());
   CHECK(nlohmann::json::parse(chat_content_chunk_json(m, "x", &lp))["choices"][0]["logprobs"]["content"].size() == 2);
 }
 
@@ -350,7 +350,7 @@ TEST_CASE("openai_api: tools and tool_choice become a tool-call constraint, call
 
   response_meta meta{"chatcmpl-1", 7, "small"};
   const std::vector<tool_call> calls = {{"call_a_0", "ping", "{}"}};
-  const json whole = json::parse(chat_completion_response_json(meta, "", api_finish::tool_calls, {}, nullptr, &calls));
+  const json whole = json::parse(chat_completion_response_json(meta, "", finish_reason::tool_calls, {}, nullptr, &calls));
   CHECK(whole["choices"][0]["finish_reason"] == "tool_calls");
   CHECK(whole["choices"][0]["message"] ==
         json::parse(R"({"role":"assistant","content":null,"tool_calls":[{"id":"call_a_0","type":"function","function":{"name":"ping","arguments":"{}"}}]})"));
@@ -380,7 +380,7 @@ TEST_CASE("openai_api: chat requests parse messages and max_completion_tokens") 
 
 TEST_CASE("openai_api: whole responses carry OpenAI's fields") {
   const usage_info u{10, 5, 8};
-  const json c = json::parse(completion_response_json(meta, "Hello", api_finish::length, u));
+  const json c = json::parse(completion_response_json(meta, "Hello", finish_reason::length, u));
   CHECK(c["id"] == "cmpl-00000000000000ff");
   CHECK(c["object"] == "text_completion");
   CHECK(c["created"] == 1700000000);
@@ -390,7 +390,7 @@ TEST_CASE("openai_api: whole responses carry OpenAI's fields") {
   CHECK(c["usage"] == json::parse(R"({"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15,
                                       "prompt_tokens_details": {"cached_tokens": 8}})"));
 
-  const json ch = json::parse(chat_completion_response_json(meta, "Hi \xff", api_finish::stop, u));
+  const json ch = json::parse(chat_completion_response_json(meta, "Hi \xff", finish_reason::stop, u));
   CHECK(ch["object"] == "chat.completion");
   CHECK(ch["choices"][0]["index"] == 0);
   CHECK(ch["choices"][0]["message"] == json::parse(R"({"role": "assistant", "content": "Hi \ufffd"})"));
@@ -402,11 +402,11 @@ TEST_CASE("openai_api: whole responses carry OpenAI's fields") {
 }
 
 TEST_CASE("openai_api: streamed chunks, SSE framing and the model list") {
-  const json t = json::parse(completion_chunk_json(meta, "He", api_finish::none));
+  const json t = json::parse(completion_chunk_json(meta, "He", finish_reason::none));
   CHECK(t["object"] == "text_completion");
   CHECK(t["choices"][0]["text"] == "He");
   CHECK(t["choices"][0]["finish_reason"].is_null());
-  CHECK(json::parse(completion_chunk_json(meta, "", api_finish::stop))["choices"][0]["finish_reason"] == "stop");
+  CHECK(json::parse(completion_chunk_json(meta, "", finish_reason::stop))["choices"][0]["finish_reason"] == "stop");
 
   const json role = json::parse(chat_role_chunk_json(meta));
   CHECK(role["object"] == "chat.completion.chunk");
@@ -414,7 +414,7 @@ TEST_CASE("openai_api: streamed chunks, SSE framing and the model list") {
   CHECK(role["choices"][0]["finish_reason"].is_null());
   const json content = json::parse(chat_content_chunk_json(meta, "llo"));
   CHECK(content["choices"][0]["delta"] == json::parse(R"({"content": "llo"})"));
-  const json fin = json::parse(chat_finish_chunk_json(meta, api_finish::length));
+  const json fin = json::parse(chat_finish_chunk_json(meta, finish_reason::length));
   CHECK(fin["choices"][0]["delta"] == json::object());
   CHECK(fin["choices"][0]["finish_reason"] == "length");
 

@@ -265,8 +265,8 @@ bool shell::cmd_submit(const std::string& prompt) {
       std::fflush(stdout);
       if (ev.finished) {
         done = true;
-        ok = ev.finish_reason.rfind("error", 0) != 0;
-        fmt::print("\n[{}]\n", ev.finish_reason);
+        ok = ev.reason != runtime::finish_reason::error;
+        fmt::print("\n[{}{}{}]\n", runtime::to_string(ev.reason), ev.error.empty() ? "" : ": ", ev.error);
       }
     },
     caf::after(std::chrono::seconds(120)) >> [&] {
