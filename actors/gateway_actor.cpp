@@ -228,6 +228,163 @@ double seconds_since(clock_type::time_point t) {
   return std::chrono::duration<double>(clock_type::now() - t).count();
 }
 
+// One generation from an HTTP request to its last byte: the relay's tokens become text
+// (streamed chunks or one response), log probabilities and, with active tools, a held calls
+// block sent as one tool_calls delta at the end.
+class generation_reply {
+ public:
+  generation_reply(gateway_shared& g, int64_t id, const runtime::completion_request& r, http_writer& w)
+      : g_(g), r_(r), w_(w), meta_{runtime::make_response_id(r.chat, request_id(id)), unix_now(), r.model},
+        text_(*g.tok, r.stop), want_logprobs_(r.logprobs >= 0),
+        kind_(r.chat && r.tools.active() ? reply::undecided : reply::content),
+        calls_begin_id_(g.tok->token_id(runtime::tool_calls_begin_token)) {}
+
+  // Opens the stream (its role chunk first for chat); false when the client left.
+  bool open() {
+    if (!r_.stream) return true;
+    client_ok_ = w_.start_stream("text/event-stream");
+    if (client_ok_ && r_.chat) client_ok_ = w_.send(runtime::sse_event(runtime::chat_role_chunk_json(meta_)));
+    return client_ok_;
+  }
+
+  // Takes the relay's items until the last (or the deadline, or the client leaving); the
+  // last item, or nullopt when the client left.
+  std::optional<stream_item> pump(int64_t id, stream_channel& channel, const caf::actor& relay,
+                                  clock_type::time_point started) {
+    const auto deadline = started + g_.config.request_timeout + std::chrono::seconds(5);
+    while (client_ok_) {
+      auto item = channel.pop(deadline);
+      if (!item)
+        return stream_item{-1, true, runtime::finish_reason::error,
+                           error_reply{errc::timed_out, "no token within the request timeout"}, 0};
+      if (item->finished) return item;
+      if (!first_token_) {
+        first_token_ = clock_type::now();
+        g_.metrics_set.ttft.observe(seconds_since(started), r_.model);
+      }
+      add_logprobs(*item);
+      if (kind_ == reply::undecided) kind_ = item->token == calls_begin_id_ ? reply::calls : reply::content;
+      emit(text_.add(item->token));
+      {
+        std::lock_guard lock(g_.mu);
+        g_.table[id].generated = text_.tokens();
+      }
+      if (text_.stopped()) {
+        caf::anon_send(relay, cancel_atom_v);
+        if (!client_ok_) break;
+        return stream_item{-1, true, runtime::finish_reason::stop, std::nullopt, 0};
+      }
+    }
+    return std::nullopt;
+  }
+
+  // The rest of the text, the usage counters and the response or the stream's last chunks.
+  int finish(const stream_item& last, int64_t n_prompt) {
+    if (last.error && text_.tokens() == 0 && !r_.stream) {
+      runtime::api_error e = routing_error(*last.error);
+      send_error(w_, e);
+      return e.status;
+    }
+    emit(text_.flush(), true);
+    const int64_t n_out = text_.tokens();
+    count(last, n_prompt, n_out);
+    runtime::finish_reason fin =
+      last.reason == runtime::finish_reason::stop ? runtime::finish_reason::stop : runtime::finish_reason::length;
+    std::optional<runtime::tool_output> calls = take_calls(last, fin);
+    runtime::usage_info usage{n_prompt, n_out, last.cached_tokens};
+    const runtime::logprob_list* lp = want_logprobs_ ? &logprobs_ : nullptr;
+    if (!r_.stream) {
+      w_.respond(200, "application/json",
+                 r_.chat ? runtime::chat_completion_response_json(meta_, calls ? calls->content : whole_, fin, usage, lp,
+                                                                  calls ? &calls->calls : nullptr)
+                         : runtime::completion_response_json(meta_, whole_, fin, usage, lp));
+      return 200;
+    }
+    if (calls) w_.send(runtime::sse_event(runtime::chat_tool_calls_chunk_json(meta_, calls->calls, lp)));
+    if (last.error) {  // mid-stream failure: an error event, then the end of the stream
+      w_.send(runtime::sse_event(runtime::to_json(routing_error(*last.error))));
+    } else {
+      w_.send(runtime::sse_event(r_.chat ? runtime::chat_finish_chunk_json(meta_, fin)
+                                         : runtime::completion_chunk_json(meta_, "", fin)));
+      if (r_.include_usage) w_.send(runtime::sse_event(runtime::usage_chunk_json(meta_, r_.chat, usage)));
+    }
+    w_.send(runtime::sse_done());
+    return 200;
+  }
+
+ private:
+  // With active tools the reply is content or tool calls (the grammar allows one or the
+  // other), decided by the first token: the calls-begin token itself (not text that spells
+  // it) opens a calls block, held whole.
+  enum class reply { undecided, content, calls };
+
+  void emit(const std::string& delta, bool force = false) {
+    if (kind_ == reply::calls) {
+      held_ += delta;
+      return;
+    }
+    if (delta.empty() && !(force && !logprobs_.empty())) return;
+    if (!r_.stream) {
+      whole_ += delta;
+      return;
+    }
+    const runtime::logprob_list* lp = want_logprobs_ ? &logprobs_ : nullptr;
+    std::string chunk = r_.chat ? runtime::chat_content_chunk_json(meta_, delta, lp)
+                                : runtime::completion_chunk_json(meta_, delta, runtime::finish_reason::none, lp);
+    client_ok_ = client_ok_ && w_.send(runtime::sse_event(chunk));
+    logprobs_.clear();
+  }
+
+  // Log probabilities (when asked): every token's, sent with the first chunk whose text
+  // follows it (streamed), or all in the response.
+  void add_logprobs(const stream_item& item) {
+    if (!want_logprobs_ || !item.logprobs) return;
+    runtime::token_logprob t{g_.tok->decode_token(item.token), item.logprobs->logprob, {}, text_offset_};
+    text_offset_ += static_cast<int64_t>(t.token.size());
+    for (const auto& [id, v] : item.logprobs->top) t.top.emplace_back(g_.tok->decode_token(id), v);
+    logprobs_.push_back(std::move(t));
+  }
+
+  void count(const stream_item& last, int64_t n_prompt, int64_t n_out) {
+    g_.metrics_set.prompt_tokens.inc(static_cast<double>(n_prompt), r_.model);
+    g_.metrics_set.generated_tokens.inc(static_cast<double>(n_out), r_.model);
+    g_.metrics_set.cached_tokens.inc(static_cast<double>(last.cached_tokens), r_.model);
+    if (first_token_ && n_out > 1)
+      g_.metrics_set.tpot.observe(seconds_since(*first_token_) / static_cast<double>(n_out - 1), r_.model);
+  }
+
+  // A calls block: its whole calls, finish "tool_calls" when the block closed ("length" when
+  // max_tokens cut it; a cut before the first whole call leaves the raw text as content).
+  std::optional<runtime::tool_output> take_calls(const stream_item& last, runtime::finish_reason& fin) {
+    if (kind_ != reply::calls) return std::nullopt;
+    auto calls = runtime::parse_tool_calls(held_, "call_" + meta_.id.substr(meta_.id.find('-') + 1) + "_");
+    if (calls && calls->calls.empty()) calls.reset();
+    if (calls && calls->complete && !last.error) fin = runtime::finish_reason::tool_calls;
+    if (!calls && !r_.stream) whole_ += held_;
+    if (!calls && r_.stream && !held_.empty()) {
+      client_ok_ = w_.send(
+        runtime::sse_event(runtime::chat_content_chunk_json(meta_, held_, want_logprobs_ ? &logprobs_ : nullptr)));
+      logprobs_.clear();
+    }
+    return calls;
+  }
+
+  gateway_shared& g_;
+  const runtime::completion_request& r_;
+  http_writer& w_;
+  const runtime::response_meta meta_;
+  text_stream text_;
+  std::string whole_;  // the response's text (not streamed)
+  bool client_ok_ = true;
+  const bool want_logprobs_;
+  runtime::logprob_list logprobs_;
+  int64_t text_offset_ = 0;
+  reply kind_;
+  const int32_t calls_begin_id_;
+  std::string held_;  // a calls block, whole
+  std::optional<clock_type::time_point> first_token_;
+};
+
 // One generation from an HTTP request to its last byte. Returns the HTTP status sent.
 int serve_generation(gateway_shared& g, int64_t id, const runtime::completion_request& r, std::vector<int32_t> prompt,
                      http_writer& w) {
@@ -241,134 +398,18 @@ int serve_generation(gateway_shared& g, int64_t id, const runtime::completion_re
   relay_options ro;
   ro.request_timeout = g.config.request_timeout;
   caf::actor relay = spawn_request_relay(*g.sys, g.bal, make_generation(id, std::move(prompt), r), channel, ro);
-  runtime::response_meta meta{runtime::make_response_id(r.chat, request_id(id)), unix_now(), r.model};
-  text_stream text(*g.tok, r.stop);
-  std::string whole;
-  bool client_ok = true;
-  if (r.stream) {
-    client_ok = w.start_stream("text/event-stream");
-    if (client_ok && r.chat) client_ok = w.send(runtime::sse_event(runtime::chat_role_chunk_json(meta)));
-  }
-  // Log probabilities (when asked): every token's, sent with the first chunk whose text
-  // follows it (streamed), or all in the response.
-  const bool want_logprobs = r.logprobs >= 0;
-  runtime::logprob_list logprobs;
-  int64_t text_offset = 0;
-  // With active tools the reply is content or tool calls (the grammar allows one or the
-  // other), decided by the first token: the calls-begin token itself (not text that spells
-  // it) opens a calls block, held whole and sent as one tool_calls delta at the end.
-  enum class reply { undecided, content, calls };
-  reply kind = r.chat && r.tools.active() ? reply::undecided : reply::content;
-  const int32_t calls_begin_id = g.tok->token_id(runtime::tool_calls_begin_token);
-  std::string held;
-  auto emit = [&](const std::string& delta, bool force = false) {
-    if (kind == reply::calls) {
-      held += delta;
-      return;
-    }
-    if (delta.empty() && !(force && !logprobs.empty())) return;
-    if (!r.stream) {
-      whole += delta;
-      return;
-    }
-    const runtime::logprob_list* lp = want_logprobs ? &logprobs : nullptr;
-    std::string chunk = r.chat ? runtime::chat_content_chunk_json(meta, delta, lp)
-                               : runtime::completion_chunk_json(meta, delta, runtime::finish_reason::none, lp);
-    client_ok = client_ok && w.send(runtime::sse_event(chunk));
-    logprobs.clear();
-  };
-  auto add_logprobs = [&](const stream_item& item) {
-    if (!want_logprobs || !item.logprobs) return;
-    runtime::token_logprob t{g.tok->decode_token(item.token), item.logprobs->logprob, {}, text_offset};
-    text_offset += static_cast<int64_t>(t.token.size());
-    for (const auto& [id, v] : item.logprobs->top) t.top.emplace_back(g.tok->decode_token(id), v);
-    logprobs.push_back(std::move(t));
-  };
+  generation_reply reply(g, id, r, w);
   std::optional<stream_item> last;
-  std::optional<clock_type::time_point> first_token;
-  auto deadline = started + g.config.request_timeout + std::chrono::seconds(5);
-  while (client_ok && !last) {
-    auto item = channel->pop(deadline);
-    if (!item) {
-      last = stream_item{-1, true, runtime::finish_reason::error,
-                         error_reply{errc::timed_out, "no token within the request timeout"}, 0};
-      break;
-    }
-    if (item->finished) {
-      last = std::move(item);
-      break;
-    }
-    if (!first_token) {
-      first_token = clock_type::now();
-      g.metrics_set.ttft.observe(seconds_since(started), r.model);
-    }
-    add_logprobs(*item);
-    if (kind == reply::undecided) kind = item->token == calls_begin_id ? reply::calls : reply::content;
-    emit(text.add(item->token));
-    {
-      std::lock_guard lock(g.mu);
-      g.table[id].generated = text.tokens();
-    }
-    if (text.stopped()) {
-      caf::anon_send(relay, cancel_atom_v);
-      last = stream_item{-1, true, runtime::finish_reason::stop, std::nullopt, 0};
-    }
-  }
+  if (reply.open()) last = reply.pump(id, *channel, relay, started);
   {
     std::lock_guard lock(g.mu);
     g.table.erase(id);
   }
-  if (!client_ok) {  // the client left: stop generating, free the blocks
+  if (!last) {  // the client left: stop generating, free the blocks
     caf::anon_send(relay, cancel_atom_v);
     return 499;
   }
-  if (last->error && text.tokens() == 0 && !r.stream) {
-    runtime::api_error e = routing_error(*last->error);
-    send_error(w, e);
-    return e.status;
-  }
-  emit(text.flush(), true);
-  const int64_t n_out = text.tokens();
-  g.metrics_set.prompt_tokens.inc(static_cast<double>(n_prompt), r.model);
-  g.metrics_set.generated_tokens.inc(static_cast<double>(n_out), r.model);
-  g.metrics_set.cached_tokens.inc(static_cast<double>(last->cached_tokens), r.model);
-  if (first_token && n_out > 1)
-    g.metrics_set.tpot.observe(seconds_since(*first_token) / static_cast<double>(n_out - 1), r.model);
-  runtime::finish_reason fin = last->reason == runtime::finish_reason::stop ? runtime::finish_reason::stop
-                                                                         : runtime::finish_reason::length;
-  // A calls block: its whole calls, finish "tool_calls" when the block closed ("length" when
-  // max_tokens cut it; a cut before the first whole call leaves the raw text as content).
-  std::optional<runtime::tool_output> calls;
-  if (kind == reply::calls) {
-    calls = runtime::parse_tool_calls(held, "call_" + meta.id.substr(meta.id.find('-') + 1) + "_");
-    if (calls && calls->calls.empty()) calls.reset();
-    if (calls && calls->complete && !last->error) fin = runtime::finish_reason::tool_calls;
-    if (!calls && !r.stream) whole += held;
-    if (!calls && r.stream && !held.empty()) {
-      client_ok = w.send(runtime::sse_event(runtime::chat_content_chunk_json(meta, held, want_logprobs ? &logprobs : nullptr)));
-      logprobs.clear();
-    }
-  }
-  runtime::usage_info usage{n_prompt, n_out, last->cached_tokens};
-  if (!r.stream) {
-    const runtime::logprob_list* lp = want_logprobs ? &logprobs : nullptr;
-    w.respond(200, "application/json",
-              r.chat ? runtime::chat_completion_response_json(meta, calls ? calls->content : whole, fin, usage, lp,
-                                                              calls ? &calls->calls : nullptr)
-                     : runtime::completion_response_json(meta, whole, fin, usage, lp));
-    return 200;
-  }
-  if (calls)
-    w.send(runtime::sse_event(runtime::chat_tool_calls_chunk_json(meta, calls->calls, want_logprobs ? &logprobs : nullptr)));
-  if (last->error) {  // mid-stream failure: an error event, then the end of the stream
-    w.send(runtime::sse_event(runtime::to_json(routing_error(*last->error))));
-  } else {
-    w.send(runtime::sse_event(r.chat ? runtime::chat_finish_chunk_json(meta, fin)
-                                     : runtime::completion_chunk_json(meta, "", fin)));
-    if (r.include_usage) w.send(runtime::sse_event(runtime::usage_chunk_json(meta, r.chat, usage)));
-  }
-  w.send(runtime::sse_done());
-  return 200;
+  return reply.finish(*last, n_prompt);
 }
 
 // tool_choice "none" with tools described in the prompt: the tool-call tokens get logit bias

@@ -2,6 +2,7 @@
 // roles' actors, the node agent published on node.listen, the join through the seeds, and
 // the drain. Leaves with _Exit (see the end of run_node).
 #include "tools/shoald/node.hpp"
+#include "tools/shoald/node_parts.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -51,26 +52,7 @@ namespace {
 
 using namespace std::chrono_literals;
 using clock_type = std::chrono::steady_clock;
-constexpr int exit_failure = 1;
 constexpr auto join_deadline = 60s;
-
-struct node_parts {
-  std::vector<actors::engine_actor> engines;  // by rank
-  std::vector<actors::rank_actor> ranks;      // by rank, with expert parallelism
-  std::vector<actors::storage_node_actor> storage;  // by index, storage role
-  std::shared_ptr<actors::kv_block_store> kv;       // engine.kv_storage: the ranks' remote tier
-  caf::actor kv_watcher;                            // feeds it the storage nodes
-  std::optional<actors::gateway_actor> gateway;
-  std::optional<actors::balancers> balancers;
-  std::shared_ptr<actors::swa_fetcher> swa_fetcher;    // shoal_flash: other machines' SWA slots
-  std::optional<actors::swa_store_actor> swa_store;    // this machine's
-  std::optional<actors::swa_directory_actor> swa_directory;  // directory role
-  std::optional<actors::ve_worker_actor> ve_worker;          // ve role
-  std::shared_ptr<runtime::expert_residency> experts;        // engine.expert_parallel: the ranks' routed experts
-  std::shared_ptr<actors::eplb_board> eplb;                  // engine.expert_parallel: the group's balancer
-  std::vector<std::shared_ptr<actors::caf_ep_transport>> ep_transports;  // by rank, with expert parallelism
-  std::vector<std::shared_ptr<runtime::transport>> bulk;     // the engine ranks' bulk transports (engine.transport)
-};
 
 actors::tls_files tls_of(const runtime::node_config& cfg) {
   if (!cfg.tls_certificate || !cfg.tls_key || !cfg.tls_ca_file) return {};
@@ -364,53 +346,89 @@ sigset_t stop_signals() {
   return set;
 }
 
-int run_node(const runtime::node_config& cfg, logger& log) {
-  // CPUs and compute threads first: every thread started from here on inherits the mask.
-  if (!cfg.cpus.empty()) {
-    if (std::string e = kernels::pin_to_cpus(cfg.cpus); !e.empty()) {
-      log.error("key 'node.cpus': {}", e);
-      return exit_failure;
-    }
-  }
-  if (cfg.threads > 0) kernels::set_num_threads(cfg.threads);
-  if (cfg.has_role(runtime::role::engine))
-    log.info("compute threads: {} on {} CPU{}", kernels::num_threads(), kernels::available_cpus(),
-             kernels::available_cpus() == 1 ? "" : "s");
-  // Everything the node needs from its model directory, before any actor exists.
-  std::shared_ptr<const model::model_weights> weights;
-  std::shared_ptr<const model::tokenizer> tok;
-  std::optional<model::model_config> mcfg;
-  if (cfg.has_role(runtime::role::engine) || cfg.has_role(runtime::role::ve)) {
-    log.info("loading model {}", cfg.model_dir.string());
-    // Expert-parallel ranks read their routed experts when they adopt a group (expert_residency).
-    model::load_options options;
-    if (cfg.has_role(runtime::role::engine) && cfg.expert_parallel)
-      options.keep_routed_expert = [](int64_t, int64_t) { return false; };
-    auto m = runtime::load_model_dir(cfg.model_dir.string(), false, options);
-    if (!m) {
-      log.error("cannot load model dir {}: {}", cfg.model_dir.string(), m.error().message);
-      return exit_failure;
-    }
-    weights = m->weights;
-    tok = m->tokenizer;
-    mcfg = weights->config;
-    if (cfg.has_role(runtime::role::ve) && !mcfg->vision.present) {
-      log.error("node.roles has 've' but the model in {} has no vision encoder (config.json \"vision\")",
-                cfg.model_dir.string());
-      return exit_failure;
-    }
-  } else if (cfg.has_role(runtime::role::gateway)) {
-    auto c = model::load_config(cfg.model_dir.string());
-    auto t = c ? model::tokenizer::load((cfg.model_dir / "tokenizer.json").string())
-               : model::result<model::tokenizer>(std::unexpected(c.error()));
-    if (!t) {
-      log.error("cannot load model dir {}: {}", cfg.model_dir.string(), t.error().message);
-      return exit_failure;
-    }
-    mcfg = *c;
-    tok = std::make_shared<const model::tokenizer>(std::move(*t));
-  }
+namespace {
 
+// Leaves at once once actors exist (see the end of run_node); what was logged is written.
+[[noreturn]] void leave(int code) {
+  std::fflush(stdout);
+  std::fflush(stderr);
+  std::_Exit(code);
+}
+
+// node.metrics_listen: GET /metrics renders the node's ranks and storage nodes.
+bool start_metrics(caf::actor_system& sys, const runtime::node_config& cfg, node_parts& parts,
+                   node_metrics_server& metrics, logger& log) {
+  if (!cfg.metrics_listen) return true;
+  auto srv = actors::http_server::start(
+    cfg.metrics_listen->host, cfg.metrics_listen->port,
+    [&sys, &parts, &metrics](const actors::http_request& req, actors::http_writer& w) {
+      if (req.target != "/metrics" && req.target.rfind("/metrics?", 0) != 0) {
+        w.respond(404, "text/plain", "not found: " + req.target + " (this endpoint serves /metrics)\n");
+        return;
+      }
+      if (req.method != "GET") {
+        w.respond(405, "text/plain", "method " + req.method + " not allowed (GET /metrics)\n");
+        return;
+      }
+      scrape(sys, parts, metrics);
+      w.respond(200, "text/plain; version=0.0.4", metrics.registry.render());
+    },
+    {});
+  if (!srv) {
+    log.error("key 'node.metrics_listen' ({}): {}", runtime::to_string(*cfg.metrics_listen), srv.error());
+    return false;
+  }
+  metrics.server = std::move(*srv);
+  fmt::print("shoald: metrics on {}:{}\n", cfg.metrics_listen->host, metrics.server->port());
+  log.info("Prometheus metrics on http://{}:{}/metrics", cfg.metrics_listen->host, metrics.server->port());
+  return true;
+}
+
+// The node agent on node.listen, told of the actors that follow the membership; the bound
+// address, or nullopt (logged).
+std::optional<runtime::host_port> publish(caf::actor_system& sys, const runtime::node_config& cfg, node_parts& parts,
+                                          actors::node_info& me, actors::node_agent_actor& agent, logger& log) {
+  agent = actors::spawn_node_agent(sys, me, make_hooks(sys, parts, log));
+  auto port = actors::publish_agent(sys, agent, cfg.listen.host, cfg.listen.port);
+  if (!port) {
+    log.error("cannot listen on {}: {}", runtime::to_string(cfg.listen), port.error());
+    return std::nullopt;
+  }
+  me.port = *port;
+  me.agent = caf::actor_cast<caf::actor>(agent);
+  caf::anon_send(agent, update_atom_v, me);
+  auto follow = [&](const caf::actor& a) { caf::anon_send(agent, subscribe_atom_v, a); };
+  if (parts.balancers) {
+    follow(caf::actor_cast<caf::actor>(parts.balancers->prefill));
+    follow(caf::actor_cast<caf::actor>(parts.balancers->decode));
+    if (parts.balancers->ve) follow(caf::actor_cast<caf::actor>(parts.balancers->ve));
+  }
+  for (const auto& r : parts.ranks) follow(caf::actor_cast<caf::actor>(r));
+  if (parts.eplb) follow(parts.eplb->actor);
+  if (parts.kv_watcher) follow(parts.kv_watcher);
+  if (parts.swa_store) follow(caf::actor_cast<caf::actor>(*parts.swa_store));
+  return runtime::host_port{cfg.listen.host, *port};
+}
+
+// Every role's actors; false once one could not start (logged).
+bool start_roles(caf::actor_system& sys, const runtime::node_config& cfg, const node_model& m, node_parts& parts,
+                 actors::node_info& me, logger& log) {
+  using runtime::role;
+  if (cfg.has_role(role::engine) && !start_engines(sys, cfg, m, parts, me, log)) return false;
+  if (cfg.has_role(role::storage) && !start_storage(sys, cfg, parts, me, log)) return false;
+  if (cfg.has_role(role::ve) && !start_ve_worker(sys, cfg, m, parts, me, log)) return false;
+  if (cfg.has_role(role::directory)) start_directory(sys, parts, me, log);
+  return !cfg.has_role(role::gateway) || start_gateway(sys, cfg, m, parts, me, log);
+}
+
+}  // namespace
+
+int run_node(const runtime::node_config& cfg, logger& log) {
+  // CPUs and compute threads first, then everything the node needs from its model directory,
+  // before any actor exists.
+  if (!set_compute_threads(cfg, log)) return exit_failure;
+  std::optional<node_model> model = load_node_model(cfg, log);
+  if (!model) return exit_failure;
   if (const actors::tls_files tls = tls_of(cfg); tls.enabled()) {
     if (std::string bad = actors::check_tls_files(tls); !bad.empty()) {
       log.error("[cluster] {}", bad);
@@ -422,337 +440,14 @@ int run_node(const runtime::node_config& cfg, logger& log) {
   caf::actor_system sys{sys_cfg};
   node_parts parts;
   actors::node_info me{cfg.name, cfg.listen.host, cfg.listen.port, role_names(cfg), {}, {}, {}, false, {}, "both", {}, {}, {}, {}};
-
-  if (cfg.has_role(runtime::role::engine)) {
-    runtime::engine_config ecfg = engine_config_for(weights->config, static_cast<double>(cfg.cache_mib));
-    me.engine_role = runtime::to_string(cfg.disagg_role);
-    if (cfg.cost_model) {  // prefill chunks sized so a step takes about engine.step_ms
-      auto cm = runtime::read_cost_model_file(cfg.cost_model->string());
-      if (!cm) {
-        log.error("key 'engine.cost_model': {}", cm.error());
-        return exit_failure;
-      }
-      if (cm->machine() != runtime::machine_id())
-        log.warn("engine.cost_model was fitted on {}, this machine is {}: its step times may be off", cm->machine(),
-                 runtime::machine_id());
-      ecfg.sched.cost = *cm;
-      ecfg.sched.step_time_budget_s = static_cast<double>(cfg.step_ms) / 1000.0;
-      log.info("prefill chunks from cost model {} (step budget {} ms)", cfg.cost_model->string(), cfg.step_ms);
-    }
-    if (cfg.speculative != "off") {  // DSpark: MTP drafts verified each decode step
-      if (weights->mtp.empty()) {
-        log.error("key 'engine.speculative': the model in {} has no MTP module (num_nextn_predict_layers = 0) to draft with",
-                  cfg.model_dir.string());
-        return exit_failure;
-      }
-      ecfg.spec.mode = *runtime::spec_mode_from(cfg.speculative);
-      ecfg.spec.nextn = cfg.spec_nextn;
-      ecfg.spec.adaptive_from = cfg.spec_adaptive_from;
-      if (cfg.spec_cost_model) {
-        auto cm = runtime::read_cost_model_file(cfg.spec_cost_model->string());
-        if (!cm) {
-          log.error("key 'engine.spec_cost_model': {}", cm.error());
-          return exit_failure;
-        }
-        ecfg.spec.cost = *cm;
-      }
-      if (auto bad = runtime::validate(ecfg.spec, runtime::max_backtrack(weights->config, ecfg.cache))) {
-        log.error("key 'engine.speculative': {}", *bad);
-        return exit_failure;
-      }
-      log.info("speculative decoding: {} with {} MTP drafts per step", cfg.speculative, cfg.spec_nextn);
-    }
-    const bool swa_tier = weights->config.is_flash() && cfg.swa_slots > 0;
-    const bool vision = weights->config.vision.present;  // reads rows the VE workers encoded
-    if (!weights->config.is_flash()) {  // keys that only shoal_flash models use: said, not silently dropped
-      const runtime::node_config defaults;
-      if (cfg.swa_slots != defaults.swa_slots || cfg.swa_timeout_ms != defaults.swa_timeout_ms)
-        log.warn("engine.swa_slots / engine.swa_timeout_ms unused: {} has no SWA window (shoal_flash only)",
-                 cfg.model_dir.string());
-      if (cfg.disagg_role == runtime::engine_role::both && !vision && !cfg.expert_parallel &&
-          cfg.transport != defaults.transport)
-        log.warn("engine.transport unused: a colocated deepseek_v3 engine without vision or expert parallelism "
-                 "moves no handoffs, reads no encoder rows, has no SWA slots and sends no expert frames");
-    }
-    std::shared_ptr<runtime::transport> bulk;
-    if (cfg.disagg_role != runtime::engine_role::both || swa_tier || vision) {
-      // Handoff bytes, SWA slots and the encoder rows of vision-encoder workers: one libfabric
-      // endpoint for the node's ranks, bound to the listen host (shm needs no address).
-      auto t = transport::open_transport(cfg.transport, cfg.listen.host);
-      if (!t) {
-        log.error("key 'engine.transport' (\"{}\"): {}", cfg.transport, t.error());
-        return exit_failure;
-      }
-      bulk = std::shared_ptr<runtime::transport>(std::move(*t));
-      parts.bulk.push_back(bulk);
-    }
-    if (swa_tier) {
-      // The machine's SWA slot store, shared by its ranks, and the reads of other machines'.
-      auto store = std::make_shared<runtime::swa_store>(
-          cfg.swa_slots, runtime::swa_snapshot_bytes(weights->config, ecfg.cache.snapshot_storage));
-      const auto timeout = std::chrono::milliseconds(cfg.swa_timeout_ms);
-      parts.swa_fetcher = std::make_shared<actors::swa_fetcher>(sys, bulk, cfg.name, timeout);
-      auto a = actors::spawn_swa_store(sys, {cfg.name, store, bulk, parts.swa_fetcher});
-      if (!a) {
-        log.error("key 'engine.swa_slots' ({}): {}", cfg.swa_slots, a.error());
-        return exit_failure;
-      }
-      parts.swa_store = *a;
-      me.swa_store = caf::actor_cast<caf::actor>(*a);
-      ecfg.cache.swa_machine_store = store;
-      ecfg.cache.swa_remote = parts.swa_fetcher;
-      ecfg.cache.swa_timeout_s = std::chrono::duration<double>(timeout).count();
-      log.info("SWA store: {} slots of {} bytes, slot reads over {}", store->capacity(), store->slot_bytes(),
-               bulk->name());
-    }
-    if (cfg.disagg_role != runtime::engine_role::both) {
-      ecfg.role = cfg.disagg_role;
-      ecfg.bulk = bulk;
-      ecfg.handoff_read_timeout = std::chrono::milliseconds(cfg.handoff_timeout_ms);
-      log.info("{} engine: handoffs over {}", me.engine_role, ecfg.bulk->name());
-    } else if (vision) {
-      ecfg.bulk = bulk;
-      ecfg.handoff_read_timeout = std::chrono::milliseconds(cfg.handoff_timeout_ms);
-      log.info("engine: encoder rows of vision-encoder workers over {}", ecfg.bulk->name());
-    }
-    if (cfg.kv_storage) {
-      actors::kv_client_config kc;
-      kc.timeout = std::chrono::milliseconds(std::min<int64_t>(cfg.request_timeout_ms, 5000));
-      auto client = actors::kv_client::create(sys, kc);
-      if (!client) {
-        log.error("{}", client.error());
-        std::_Exit(exit_failure);
-      }
-      parts.kv = std::make_shared<actors::kv_block_store>(std::move(*client));
-      parts.kv_watcher = actors::spawn_storage_watcher(sys, parts.kv);
-      ecfg.cache.remote = parts.kv;
-      ecfg.cache.remote_timeout_s = std::chrono::duration<double>(kc.timeout).count();  // then recompute
-    }
-    // A silent peer fails an expert-parallel exchange after this long at the latest (a dead
-    // one sooner: the membership change interrupts it).
-    auto ep_timeout = std::chrono::milliseconds(std::max<int64_t>(2 * cfg.connection_timeout_ms, 5000));
-    if (cfg.expert_parallel) {
-      auto residency = runtime::expert_residency::open(cfg.model_dir.string(), weights);
-      if (!residency) {
-        log.error("cannot open model dir {} for its routed experts: {}", cfg.model_dir.string(), residency.error());
-        return exit_failure;
-      }
-      ecfg.experts = *residency;
-      parts.experts = *residency;
-      // the transport is the rank's own, set by spawn_engine; the load window is the balancer's
-      ecfg.ep = runtime::engine_config::ep_config{};
-      ecfg.ep->load_window_steps = cfg.eplb_window_steps;
-      log.info("routed experts: each rank reads its own when it joins a group (none read yet)");
-    }
-    // Expert-parallel frames: control over CAF, the bytes over libfabric (engine.transport),
-    // read one-sided from the sender's registered memory.
-    actors::caf_ep_transport::bulk_options ep_bulk;
-    if (cfg.expert_parallel && cfg.ep_frames == "transport") {
-      if (bulk) {
-        ep_bulk.transport = bulk;
-      } else {
-        auto t = transport::open_transport(cfg.transport, cfg.listen.host);
-        if (!t) {
-          log.error("key 'engine.transport' (\"{}\"): {}", cfg.transport, t.error());
-          return exit_failure;
-        }
-        ep_bulk.transport = std::shared_ptr<runtime::transport>(std::move(*t));
-        parts.bulk.push_back(ep_bulk.transport);
-      }
-      ep_bulk.bulk_from = static_cast<size_t>(cfg.ep_bulk_min_bytes);
-      if (cfg.tls_certificate)
-        log.warn("engine.ep_frames = \"transport\" under cluster TLS: expert frames travel unencrypted over {}",
-                 cfg.transport);
-      log.info("expert-parallel frames from {} bytes over {}, control over CAF", ep_bulk.bulk_from,
-               ep_bulk.transport->name());
-      // The experts a rank gains from the balancer's plans move over the same transport.
-      ecfg.ep->bulk = ep_bulk.transport;
-      ecfg.ep->fetch_timeout = std::chrono::milliseconds(cfg.eplb_fetch_timeout_ms);
-    }
-    for (int32_t r = 0; r < cfg.ranks; ++r) {
-      std::shared_ptr<actors::caf_ep_transport> ep;
-      if (cfg.expert_parallel) {
-        ep = std::make_shared<actors::caf_ep_transport>(ep_timeout, ep_bulk);
-        parts.ep_transports.push_back(ep);
-      }
-      parts.engines.push_back(actors::spawn_engine(sys, weights, ecfg, /*detached=*/true, ep, tok));
-      caf::actor rank;
-      if (ep) {
-        parts.ranks.push_back(actors::spawn_rank(sys, ep, parts.engines.back()));
-        rank = caf::actor_cast<caf::actor>(parts.ranks.back());
-      }
-      me.ranks.push_back({r, caf::actor_cast<caf::actor>(parts.engines.back()), rank});
-    }
-    log.info("{} engine rank(s), {} cache blocks each, batch-invariant{}", cfg.ranks, ecfg.cache.num_blocks,
-             cfg.expert_parallel ? ", expert-parallel" : "");
-    if (cfg.expert_parallel) {
-      parts.eplb = std::make_shared<actors::eplb_board>();
-      const runtime::eplb_policy policy{cfg.eplb_redundant_per_rank, cfg.eplb_period_steps, cfg.eplb_window_steps,
-                                        cfg.eplb_expert_groups, 1};  // nodes: the group's processes
-      actors::spawn_eplb(sys, cfg.name, policy, std::chrono::milliseconds(cfg.eplb_interval_ms),
-                         std::chrono::milliseconds(cfg.eplb_fetch_timeout_ms), parts.eplb);
-      log.info("expert-parallel balancer: {} preset, {} redundant expert(s) per rank, a plan every {} steps",
-               cfg.eplb_preset, policy.redundant_per_rank, policy.period_steps);
-    }
-  }
-  if (cfg.has_role(runtime::role::storage)) {
-    for (int32_t i = 0; i < cfg.storage_nodes; ++i) {
-      actors::storage_node_config sc;
-      sc.store.root = (*cfg.storage_dir / std::to_string(i)).string();
-      std::error_code ec;
-      std::filesystem::create_directories(sc.store.root, ec);
-      if (ec) {
-        log.error("key 'storage.dir': cannot create {}: {}", sc.store.root, ec.message());
-        std::_Exit(exit_failure);
-      }
-      sc.store.capacity_bytes = static_cast<uint64_t>(cfg.storage_capacity_mib) << 20;
-      sc.store.gc_high_watermark = cfg.storage_high_watermark_pct / 100.0;
-      sc.store.gc_low_watermark = cfg.storage_low_watermark_pct / 100.0;
-      sc.store.sync = cfg.storage_fsync ? storage::sync_policy::always : storage::sync_policy::never;
-      sc.store.ttl.agent_ms = cfg.storage_ttl_agent_s * 1000;
-      sc.store.ttl.chat_ms = cfg.storage_ttl_chat_s * 1000;
-      sc.store.now_ms = [] {
-        return std::chrono::duration_cast<std::chrono::milliseconds>(
-                 std::chrono::system_clock::now().time_since_epoch())
-          .count();
-      };
-      sc.bulk_host = cfg.listen.host;
-      sc.bulk_port = cfg.storage_bulk_port > 0 ? static_cast<uint16_t>(cfg.storage_bulk_port + i) : uint16_t{0};
-      auto node = actors::spawn_storage_node(sys, sc);
-      if (!node) {
-        log.error("{}", node.error());
-        std::_Exit(exit_failure);
-      }
-      parts.storage.push_back(node->actor);
-      me.storage.push_back(caf::actor_cast<caf::actor>(node->actor));
-      me.storage_ports.push_back(node->bulk_port);
-      log.info("storage{}: bulk data path on {}:{}", i, sc.bulk_host, node->bulk_port);
-    }
-    log.info("{} storage node(s) under {}, {} MiB each, fsync {}", cfg.storage_nodes, cfg.storage_dir->string(),
-             cfg.storage_capacity_mib, cfg.storage_fsync ? "always" : "never");
-  }
-  if (cfg.has_role(runtime::role::ve)) {
-    // The vision encoder's rows are read by the prefill engines from this node's endpoint.
-    auto t = transport::open_transport(cfg.ve_transport, cfg.listen.host);
-    if (!t) {
-      log.error("key 've.transport' (\"{}\"): {}", cfg.ve_transport, t.error());
-      return exit_failure;
-    }
-    std::shared_ptr<runtime::transport> bulk(std::move(*t));
-    auto worker = std::make_unique<runtime::ve_worker>(weights, bulk, cfg.ve_cache_mib << 20,
-                                                       engine_config_for(weights->config).batch_invariant);
-    parts.ve_worker = actors::spawn_ve_worker(sys, cfg.name, std::move(worker));
-    me.ve_worker = caf::actor_cast<caf::actor>(*parts.ve_worker);
-    log.info("vision-encoder worker: rows over {}, cache {} MiB", bulk->name(), cfg.ve_cache_mib);
-  }
-  if (cfg.has_role(runtime::role::directory)) {
-    parts.swa_directory = actors::spawn_swa_directory(sys);
-    me.swa_directory = caf::actor_cast<caf::actor>(*parts.swa_directory);
-    log.info("SWA directory: rebuilt from the stores' reports as they arrive");
-  }
-  if (cfg.has_role(runtime::role::gateway)) {
-    actors::balancer_options bo;
-    auto pp = runtime::prefill_policy_named(cfg.prefill_policy);  // validated by the config parser
-    bo.prefill.policy = pp ? *pp : runtime::prefill_policy::tiered;
-    bo.prefill.tier_bounds = cfg.tier_bounds;
-    bo.prefill.round_s = static_cast<double>(cfg.balancer_round_ms) / 1000.0;
-    bo.prefill.block_size = mcfg->block_size;
-    bo.decode_policy = cfg.decode_policy;
-    if (cfg.balancer_cost_model) {
-      auto cm = runtime::read_cost_model_file(cfg.balancer_cost_model->string());
-      if (!cm) {
-        log.error("key 'gateway.balancer_cost_model': {}", cm.error());
-        return exit_failure;
-      }
-      bo.cost = *cm;
-      bo.cost_fitted = true;
-    }
-    parts.balancers = actors::spawn_balancers(sys, bo);
-    me.balancers = {caf::actor_cast<caf::actor>(parts.balancers->prefill), caf::actor_cast<caf::actor>(parts.balancers->decode)};
-    if (mcfg->vision.present) {  // images go to the VE workers that join (the engines encode while none is up)
-      parts.balancers->ve = actors::spawn_ve_balancer(sys, {std::chrono::milliseconds(cfg.request_timeout_ms), 4});
-      me.balancers.push_back(caf::actor_cast<caf::actor>(parts.balancers->ve));
-    }
-    log.info("balancers: prefill {} (tiers {}, round {} ms), decode {}", cfg.prefill_policy, fmt::join(cfg.tier_bounds, "/"),
-             cfg.balancer_round_ms, cfg.decode_policy);
-    actors::gateway_config g;
-    g.host = cfg.http_listen->host;
-    g.port = cfg.http_listen->port;
-    g.model_id = cfg.model_dir.filename().string();
-    g.context_length = mcfg->max_position_embeddings;
-    g.vocab_size = mcfg->vocab_size;
-    g.request_timeout = std::chrono::milliseconds(cfg.request_timeout_ms);
-    g.max_in_flight = cfg.max_in_flight;
-    g.tokenizer_config = cfg.model_dir / "tokenizer_config.json";
-    g.vision = mcfg->vision;
-    g.request_log = [&log](const std::string& line) { log.info("{}", line); };
-    if (cfg.auth_token_file) {
-      auto tokens = actors::read_auth_tokens(*cfg.auth_token_file);
-      if (!tokens) {
-        log.error("key 'gateway.auth_token_file': {}", tokens.error());
-        return exit_failure;
-      }
-      g.auth_tokens = std::move(*tokens);
-    }
-    auto gw = actors::spawn_gateway(sys, *parts.balancers, tok, g);
-    if (!gw) {
-      log.error("gateway: {}", gw.error());
-      std::_Exit(exit_failure);
-    }
-    parts.gateway = gw->actor;
-    fmt::print("shoald: http on {}:{}\n", g.host, gw->port);
-    log.info("gateway: OpenAI API on http://{}:{} (model id '{}'{})", g.host, gw->port, g.model_id,
-             g.auth_tokens.empty() ? "" : ", bearer auth");
-  }
-
   node_metrics_server metrics;
-  if (cfg.metrics_listen) {
-    auto srv = actors::http_server::start(
-        cfg.metrics_listen->host, cfg.metrics_listen->port,
-        [&sys, &parts, &metrics](const actors::http_request& req, actors::http_writer& w) {
-          if (req.target != "/metrics" && req.target.rfind("/metrics?", 0) != 0) {
-            w.respond(404, "text/plain", "not found: " + req.target + " (this endpoint serves /metrics)\n");
-            return;
-          }
-          if (req.method != "GET") {
-            w.respond(405, "text/plain", "method " + req.method + " not allowed (GET /metrics)\n");
-            return;
-          }
-          scrape(sys, parts, metrics);
-          w.respond(200, "text/plain; version=0.0.4", metrics.registry.render());
-        },
-        {});
-    if (!srv) {
-      log.error("key 'node.metrics_listen' ({}): {}", runtime::to_string(*cfg.metrics_listen), srv.error());
-      std::_Exit(exit_failure);
-    }
-    metrics.server = std::move(*srv);
-    fmt::print("shoald: metrics on {}:{}\n", cfg.metrics_listen->host, metrics.server->port());
-    log.info("Prometheus metrics on http://{}:{}/metrics", cfg.metrics_listen->host, metrics.server->port());
-  }
-
-  auto agent = actors::spawn_node_agent(sys, me, make_hooks(sys, parts, log));
-  auto port = actors::publish_agent(sys, agent, cfg.listen.host, cfg.listen.port);
-  if (!port) {
-    log.error("cannot listen on {}: {}", runtime::to_string(cfg.listen), port.error());
-    std::_Exit(exit_failure);
-  }
-  me.port = *port;
-  me.agent = caf::actor_cast<caf::actor>(agent);
-  caf::anon_send(agent, update_atom_v, me);
-  if (parts.balancers) {
-    caf::anon_send(agent, subscribe_atom_v, caf::actor_cast<caf::actor>(parts.balancers->prefill));
-    caf::anon_send(agent, subscribe_atom_v, caf::actor_cast<caf::actor>(parts.balancers->decode));
-    if (parts.balancers->ve) caf::anon_send(agent, subscribe_atom_v, caf::actor_cast<caf::actor>(parts.balancers->ve));
-  }
-  for (const auto& r : parts.ranks) caf::anon_send(agent, subscribe_atom_v, caf::actor_cast<caf::actor>(r));
-  if (parts.eplb) caf::anon_send(agent, subscribe_atom_v, parts.eplb->actor);
-  if (parts.kv_watcher) caf::anon_send(agent, subscribe_atom_v, parts.kv_watcher);
-  if (parts.swa_store) caf::anon_send(agent, subscribe_atom_v, caf::actor_cast<caf::actor>(*parts.swa_store));
-
+  actors::node_agent_actor agent;
+  if (!start_roles(sys, cfg, *model, parts, me, log) || !start_metrics(sys, cfg, parts, metrics, log)) leave(exit_failure);
+  std::optional<runtime::host_port> bound = publish(sys, cfg, parts, me, agent, log);
+  if (!bound) leave(exit_failure);
   if (!cfg.seeds.empty()) {
     auto m = join(sys, cfg, agent, log);
-    if (!m) std::_Exit(exit_failure);
+    if (!m) leave(exit_failure);
     log.info("joined the cluster: {} node(s)", m->nodes.size());
   }
   // Partitions heal: members lost from the view are tried again, with back-off, on a thread of
@@ -762,10 +457,9 @@ int run_node(const runtime::node_config& cfg, logger& log) {
     actors::heal_membership(sys, agent, 1s, std::chrono::milliseconds(timeout), healer_stop,
                             [&log](const std::string& line) { log.info("membership: {}", line); });
   }).detach();
-  runtime::host_port bound{cfg.listen.host, *port};
-  fmt::print("shoald: listening on {}\n", runtime::to_string(bound));
+  fmt::print("shoald: listening on {}\n", runtime::to_string(*bound));
   std::fflush(stdout);
-  log.info("node '{}' up on {}", cfg.name, runtime::to_string(bound));
+  log.info("node '{}' up on {}", cfg.name, runtime::to_string(*bound));
 
   sigset_t set = stop_signals();
   int sig = 0;
@@ -778,9 +472,7 @@ int run_node(const runtime::node_config& cfg, logger& log) {
   // await_detached_threads once remote peers have connected (a terminated detached engine
   // still referenced by the middleman). Everything owed to clients is done at this point:
   // requests drained, log lines flushed as written.
-  std::fflush(stdout);
-  std::fflush(stderr);
-  std::_Exit(0);
+  leave(0);
 }
 
 }  // namespace shoal::tools::shoald
