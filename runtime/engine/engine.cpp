@@ -55,20 +55,13 @@ engine::engine(std::shared_ptr<const model::model_weights> weights, const engine
     SHOAL_ASSERT(reg.has_value());
     pool_reg_ = std::move(*reg);
   }
-  if (config_.async_scheduling) worker_ = std::thread([this] { compute_loop(); });
+  worker_ = std::make_unique<forward_worker>(config_.async_scheduling, [this] { run_forward(); });
 }
 
 engine::~engine() {
   if (config_.experts) config_.experts->release(this);
   for (auto& [hash, rr] : rows_reads_) rr->t->wait();  // their buffers are the reads' destinations
-  if (worker_.joinable()) {
-    {
-      std::lock_guard lock(mu_);
-      stopping_ = true;
-    }
-    cv_.notify_all();
-    worker_.join();
-  }
+  worker_.reset();
 }
 
 std::expected<request_id, error> engine::add_request(request_id id, std::vector<int32_t> prompt,
@@ -198,119 +191,6 @@ bool engine::has_work() const {
          flight_.has_value() || !awaiting_rows_.empty() || !rows_reads_.empty();
 }
 
-// Pins r (it leaves the running set with its caches) and describes its blocks and rings.
-void engine::offer_handoff(request& r) {
-  handoff_state s;
-  s.id = r.id;
-  s.tokens = r.tokens;
-  s.prompt_len = r.prompt_len;
-  s.images = r.images;
-  s.params = r.params;
-  s.seq_seed = r.seq_seed;
-  s.cls = r.cls;
-  s.text = texts_[r.id.value];
-  s.computed = r.computed();
-  s.dec_from = r.dec_from;
-  s.ring_tokens = r.cache.ring_tokens;
-  s.ring_floor = r.cache.ring_floor;
-  s.cached_tokens = r.cached_tokens;
-  s.swa_approx = r.swa_approx;
-  s.snapshot_at = r.snapshot_at;
-  const uint64_t block_bytes = caches_.pool().block_floats() * sizeof(float);
-  for (int64_t i = 0; i < caches_.blocks_for(s.computed); ++i)
-    s.blocks.push_back(pool_reg_->describe(caches_.pool().offset_bytes(r.blocks[static_cast<size_t>(i)]), block_bytes));
-  std::vector<std::unique_ptr<registered_memory>> regs;
-  for (const auto& ring : r.cache.rings) {
-    if (ring.empty()) {  // nothing to read
-      s.rings.emplace_back();
-      continue;
-    }
-    auto reg = config_.bulk->register_memory(std::as_bytes(std::span(ring)));
-    if (!reg) {  // cannot lend this one: it stays here, colocated
-      last_error_ = "handoff of request " + std::to_string(r.id.value) + ": " + reg.error();
-      return;
-    }
-    s.rings.push_back((*reg)->describe(0, ring.size() * sizeof(float)));
-    regs.push_back(std::move(*reg));
-  }
-  r.handed_off = true;
-  ++stats_.handoffs_offered;
-  sched_.detach(&r);
-  leases_[r.id.value] = std::move(regs);
-  handoffs_.push_back(std::move(s));
-}
-
-std::vector<handoff_state> engine::take_handoffs() { return std::exchange(handoffs_, {}); }
-
-bool engine::handoff_done(request_id id, bool taken) {
-  auto it = requests_.find(id.value);
-  if (it == requests_.end() || it->second->status != request_status::handing_off) return false;
-  request* r = it->second.get();
-  leases_.erase(id.value);  // the registrations go before anything they cover can change
-  if (!taken) {
-    ++stats_.handoffs_kept;
-    sched_.resume(r);
-    return true;
-  }
-  ++stats_.handoffs_lent;
-  r->finish = finish_reason::handed_off;
-  sched_.finish(r);
-  return true;
-}
-
-std::expected<request_id, error> engine::add_handoff(const handoff_state& s) {
-  if (!s.id.valid()) return fail(errc::invalid_argument, "handoff: request id must be >= 0");
-  if (requests_.contains(s.id.value))
-    return fail(errc::duplicate, "handoff: request " + to_string(s.id) + " is still held by this engine");
-  const model::model_config& c = weights_->config;
-  if (!config_.bulk) return fail(errc::unavailable, "this engine has no transport to read a handoff with");
-  if (auto why = caches_.validate_handoff(s); !why.empty()) return fail(errc::invalid_argument, "handoff: " + why);
-  for (size_t i = 0; i < s.tokens.size(); ++i)
-    if (s.tokens[i] < 0 || s.tokens[i] >= c.vocab_size)
-      return fail(errc::invalid_argument, "handoff: token " + std::to_string(i) + " (id " + std::to_string(s.tokens[i]) +
-                             ") is outside the vocabulary");
-  if (auto bad = validate(s.params, c.vocab_size)) return fail(errc::invalid_argument, "handoff: " + *bad);
-  if (!traffic_class_from_byte(static_cast<uint8_t>(s.cls))) return fail(errc::invalid_argument, "handoff: unknown traffic class");
-  if (s.prompt_len < 0 || s.prompt_len > static_cast<int64_t>(s.tokens.size()))
-    return fail(errc::invalid_argument, "handoff: prompt_len " + std::to_string(s.prompt_len) + " outside the tokens");
-  if (auto why = check_prompt_images(c.vision, std::span(s.tokens).first(static_cast<size_t>(s.prompt_len)), s.images);
-      !why.empty())
-    return fail(errc::invalid_argument, "handoff: " + why);
-  if (!s.params.stop_strings.empty() && !tok_)
-    return fail(errc::unavailable, "stop strings need a tokenizer, and this engine has none");
-  std::shared_ptr<grammar_matcher> matcher;
-  if (s.params.constraint.active()) {  // it continues where the prefill engine's matcher was
-    auto m = make_matcher(s.params, std::span(s.tokens).subspan(static_cast<size_t>(s.prompt_len)));
-    if (!m) return fail(tok_ ? errc::invalid_argument : errc::unavailable, "handoff: " + m.error());
-    matcher = std::move(*m);
-  }
-  const int64_t total = s.prompt_len + s.params.max_tokens;
-  if (caches_.blocks_for(total) > caches_.pool().num_blocks())
-    return fail(errc::invalid_argument, "handoff: request needs " + std::to_string(caches_.blocks_for(total)) + " cache blocks; the engine has " +
-                           std::to_string(caches_.pool().num_blocks()));
-  auto r = std::make_unique<request>();
-  r->id = s.id;
-  next_id_ = std::max(next_id_, s.id.value + 1);
-  r->tokens = s.tokens;
-  r->prompt_len = s.prompt_len;
-  r->params = s.params;
-  r->seq_seed = s.seq_seed;
-  r->cls = s.cls;
-  r->dec_from = s.dec_from;
-  r->images = s.images;
-  r->remote_checked = true;  // its prefix came with it
-  r->swa_checked = true;
-  r->matcher = std::move(matcher);
-  if (!caches_.start_import(*r, s, *config_.bulk, config_.handoff_read_timeout))
-    return fail(errc::no_room, "no room: " + std::to_string(caches_.blocks_for(s.computed) + 1) + " blocks needed, " +
-                           std::to_string(caches_.pool().num_free()) + " free");
-  request* raw = r.get();
-  texts_[r->id.value] = s.text;
-  requests_[r->id.value] = std::move(r);
-  sched_.add_importing(raw);
-  return raw->id;
-}
-
 std::expected<std::shared_ptr<grammar_matcher>, std::string> engine::make_matcher(const sampling_params& params,
                                                                                   std::span<const int32_t> output) {
   const constraint_spec& spec = params.constraint;
@@ -393,38 +273,9 @@ void engine::run_forward() {
   stats_.forward_s += last_done_ - t0;
 }
 
-void engine::launch() {
-  if (!config_.async_scheduling) {
-    run_forward();
-    return;
-  }
-  {
-    std::lock_guard lock(mu_);
-    job_ready_ = true;
-    job_done_ = false;
-  }
-  cv_.notify_all();
-}
+void engine::launch() { worker_->launch(); }
 
-void engine::compute_loop() {
-  for (;;) {
-    std::unique_lock lock(mu_);
-    cv_.wait(lock, [&] { return stopping_ || job_ready_; });
-    if (stopping_) return;
-    job_ready_ = false;
-    lock.unlock();
-    run_forward();
-    lock.lock();
-    job_done_ = true;
-    cv_.notify_all();
-  }
-}
-
-void engine::wait_done() {
-  if (!config_.async_scheduling) return;
-  std::unique_lock lock(mu_);
-  cv_.wait(lock, [&] { return job_done_; });
-}
+void engine::wait_done() { worker_->wait(); }
 
 bool engine::speculates(const request&) const { return config_.spec.mode != spec_mode::off; }
 
@@ -552,110 +403,7 @@ std::vector<token_event> engine::step() {
   return events;
 }
 
-// One lockstep step: plan → forward with the EP hook (or no forward) → join the slots it did
-// not use → complete. Synchronous (engine_config::ep).
-std::vector<token_event> engine::step_ep() {
-  double t0 = now_s();
-  step_plan p = sched_.plan({});
-  stats_.plan_s += now_s() - t0;
-  stalled_ = p.items.empty() && has_work();
-  // This placement's experts (and an offered one's) in memory before any of them is computed.
-  // While the experts it gains are read from their holders, the rank steps on the current
-  // placement without advertising the offered one as ready.
-  const std::pair want{ep_->placement(), ep_->offered()};
-  if (config_.experts && held_for_ != want) {
-    auto experts = expert_residency::experts_for(*want.first, ep_->layout().rank, want.second.get());
-    if (!want.second || config_.experts->fetched(experts)) {
-      if (auto held = config_.experts->hold(this, experts); !held) {
-        // This rank cannot compute its experts: its requests fail (its peers' exchanges with
-        // it time out).
-        if (!p.items.empty()) dispatch(std::move(p));
-        return fail_step("EP rank " + std::to_string(ep_->layout().rank) + ": " + held.error());
-      }
-      // A switch means every rank was ready: every read of this process's lent experts ended.
-      if (held_for_.first && want.first->epoch() > held_for_.first->epoch())
-        config_.experts->end_loans(want.first->epoch());
-      held_for_ = want;
-    }
-  }
-  if (want.second && (!config_.experts || held_for_ == want)) ep_->mark_ready();  // (again, once ready)
-  ep_->begin_step();
-  if (!p.items.empty()) {
-    dispatch(std::move(p));
-    try {
-      run_forward();
-    } catch (const ep_error& e) {  // the step was abandoned by the exchange
-      return fail_step(e.what());
-    }
-  }
-  if (auto joined = ep_->end_step(); !joined) return fail_step(joined.error());
-  if (!flight_) {
-    ++stats_.steps;
-    return {};
-  }
-  return complete();
-}
-
-// The step's forward pass did not finish: its requests' caches are partly written past
-// `computed`, so they finish with an error (blocks freed, nothing committed: no prefix-cache
-// registration, no SWA snapshot).
-std::vector<token_event> engine::fail_step(const std::string& why) {
-  last_error_ = why;
-  ++stats_.failed_steps;
-  std::vector<token_event> events;
-  if (!flight_) return events;
-  for (auto& item : flight_->plan.items) {
-    request* r = item.req;
-    r->finish = finish_reason::error;
-    sched_.finish(r);
-    events.push_back({r->id, -1, true, finish_reason::error, {}});
-  }
-  flight_.reset();
-  return events;
-}
-
 uint64_t engine::steps_started() const { return ep_ ? ep_->steps_started() : stats_.steps; }
-
-std::expected<void, std::string> engine::offer_placement(std::shared_ptr<const ep_placement> next,
-                                                         const std::vector<expert_part>& sources) {
-  SHOAL_ASSERT(ep_ && !flight_);
-  if (auto offered = ep_->offer(next); !offered) return offered;
-  if (!config_.experts || !config_.ep->bulk || sources.empty()) return {};
-  // This rank's share: what it computes under the offered placement (the residency skips
-  // what the process holds or is reading already).
-  const auto mine = expert_residency::experts_for(*next, ep_->layout().rank);
-  std::vector<expert_part> wanted;
-  for (const expert_part& part : sources)
-    if (part.slot >= 0 && part.slot < static_cast<int32_t>(mine.size()) &&
-        std::binary_search(mine[part.slot].begin(), mine[part.slot].end(), part.expert))
-      wanted.push_back(part);
-  return config_.experts->fetch(next->epoch(), wanted, config_.ep->bulk, config_.ep->fetch_timeout);
-}
-
-std::expected<engine::lend_job, std::string> engine::prepare_lend(
-    uint64_t epoch, std::vector<std::pair<int32_t, int32_t>> experts, std::chrono::milliseconds lease) const {
-  if (!config_.experts) return std::unexpected("this engine holds every expert (no partitioned weights to lend)");
-  if (!config_.ep || !config_.ep->bulk)
-    return std::unexpected("this engine has no bulk transport for expert weights (engine.ep_frames = \"caf\")");
-  return [residency = config_.experts, bulk = config_.ep->bulk, epoch, experts = std::move(experts), lease] {
-    return residency->lend(epoch, experts, *bulk, lease);
-  };
-}
-
-std::expected<std::vector<expert_part>, std::string> engine::lend_experts(
-    uint64_t epoch, const std::vector<std::pair<int32_t, int32_t>>& experts, std::chrono::milliseconds lease) {
-  auto job = prepare_lend(epoch, experts, lease);
-  if (!job) return std::unexpected(job.error());
-  return (*job)();
-}
-
-void engine::set_ep_group(ep_layout layout, std::shared_ptr<expert_transport> transport) {
-  SHOAL_ASSERT(ep_ && !flight_);
-  config_.ep->layout = layout;
-  config_.ep->transport = transport;
-  ep_->reconfigure(layout, std::move(transport));
-  if (config_.experts) config_.experts->drop_fetches();  // an offered plan was dropped with the old group
-}
 
 std::vector<completion> engine::run_to_completion() {
   std::vector<int64_t> ids;

@@ -23,6 +23,7 @@
 #include "runtime/ep/expert_migration.hpp"
 #include "runtime/ep/expert_parallel.hpp"
 #include "runtime/core/handoff.hpp"
+#include "runtime/engine/forward_worker.hpp"
 #include "runtime/base/error.hpp"
 #include "runtime/base/transport.hpp"
 #include "runtime/core/scheduler.hpp"
@@ -272,7 +273,6 @@ class engine {
   std::vector<token_event> step_ep();
   std::vector<token_event> fail_step(const std::string& why);
   std::vector<token_event> complete();
-  void compute_loop();
   void run_forward();
   void launch();
   void wait_done();
@@ -312,10 +312,7 @@ class engine {
   int64_t draft_context_ = 0;
 
   // compute thread (async scheduling)
-  std::thread worker_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool job_ready_ = false, job_done_ = false, stopping_ = false;
+  std::unique_ptr<forward_worker> worker_;  // the compute thread (async scheduling)
   double last_done_ = -1;  // clock of the last forward end, for idle accounting
 };
 

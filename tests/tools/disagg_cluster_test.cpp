@@ -253,9 +253,15 @@ TEST_CASE("disaggregated cluster: one request id from the gateway through prefil
   }
   CHECK(lent == 1);
   CHECK(finished == 1);
-  // The gateway node's log names it with its outcome.
-  const std::string log = read_text(c.state_dir / "gateway.log");
-  CHECK_MESSAGE(log.find("request " + id + " completion status=200") != std::string::npos, log);
+  // The gateway node's log names it with its outcome (written once the response left, so
+  // it may trail the client by a moment).
+  const std::string line = "request " + id + " completion status=200";
+  std::string log = read_text(c.state_dir / "gateway.log");
+  for (int tries = 0; tries < 200 && log.find(line) == std::string::npos; ++tries) {
+    std::this_thread::sleep_for(25ms);
+    log = read_text(c.state_dir / "gateway.log");
+  }
+  CHECK_MESSAGE(log.find(line) != std::string::npos, log);
 }
 
 TEST_CASE("disaggregated cluster: kill -9 of a decode node under 50 streams, every stream completes exactly") {

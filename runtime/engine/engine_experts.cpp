@@ -1,0 +1,122 @@
+// The engine under expert parallelism: the lockstep step of the group, a failed exchange,
+// the group and placement changes, and lending this process's experts to its peers.
+#include "runtime/engine/engine.hpp"
+
+#include <chrono>
+
+#include "kernels/assert.hpp"
+#include "runtime/ep/expert_residency.hpp"
+
+namespace shoal::runtime {
+
+namespace {
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+// One lockstep step: plan → forward with the EP hook (or no forward) → join the slots it did
+// not use → complete. Synchronous (engine_config::ep).
+std::vector<token_event> engine::step_ep() {
+  double t0 = now_s();
+  step_plan p = sched_.plan({});
+  stats_.plan_s += now_s() - t0;
+  stalled_ = p.items.empty() && has_work();
+  // This placement's experts (and an offered one's) in memory before any of them is computed.
+  // While the experts it gains are read from their holders, the rank steps on the current
+  // placement without advertising the offered one as ready.
+  const std::pair want{ep_->placement(), ep_->offered()};
+  if (config_.experts && held_for_ != want) {
+    auto experts = expert_residency::experts_for(*want.first, ep_->layout().rank, want.second.get());
+    if (!want.second || config_.experts->fetched(experts)) {
+      if (auto held = config_.experts->hold(this, experts); !held) {
+        // This rank cannot compute its experts: its requests fail (its peers' exchanges with
+        // it time out).
+        if (!p.items.empty()) dispatch(std::move(p));
+        return fail_step("EP rank " + std::to_string(ep_->layout().rank) + ": " + held.error());
+      }
+      // A switch means every rank was ready: every read of this process's lent experts ended.
+      if (held_for_.first && want.first->epoch() > held_for_.first->epoch())
+        config_.experts->end_loans(want.first->epoch());
+      held_for_ = want;
+    }
+  }
+  if (want.second && (!config_.experts || held_for_ == want)) ep_->mark_ready();  // (again, once ready)
+  ep_->begin_step();
+  if (!p.items.empty()) {
+    dispatch(std::move(p));
+    try {
+      run_forward();
+    } catch (const ep_error& e) {  // the step was abandoned by the exchange
+      return fail_step(e.what());
+    }
+  }
+  if (auto joined = ep_->end_step(); !joined) return fail_step(joined.error());
+  if (!flight_) {
+    ++stats_.steps;
+    return {};
+  }
+  return complete();
+}
+
+// The step's forward pass did not finish: its requests' caches are partly written past
+// `computed`, so they finish with an error (blocks freed, nothing committed: no prefix-cache
+// registration, no SWA snapshot).
+std::vector<token_event> engine::fail_step(const std::string& why) {
+  last_error_ = why;
+  ++stats_.failed_steps;
+  std::vector<token_event> events;
+  if (!flight_) return events;
+  for (auto& item : flight_->plan.items) {
+    request* r = item.req;
+    r->finish = finish_reason::error;
+    sched_.finish(r);
+    events.push_back({r->id, -1, true, finish_reason::error, {}});
+  }
+  flight_.reset();
+  return events;
+}
+
+std::expected<void, std::string> engine::offer_placement(std::shared_ptr<const ep_placement> next,
+                                                         const std::vector<expert_part>& sources) {
+  SHOAL_ASSERT(ep_ && !flight_);
+  if (auto offered = ep_->offer(next); !offered) return offered;
+  if (!config_.experts || !config_.ep->bulk || sources.empty()) return {};
+  // This rank's share: what it computes under the offered placement (the residency skips
+  // what the process holds or is reading already).
+  const auto mine = expert_residency::experts_for(*next, ep_->layout().rank);
+  std::vector<expert_part> wanted;
+  for (const expert_part& part : sources)
+    if (part.slot >= 0 && part.slot < static_cast<int32_t>(mine.size()) &&
+        std::binary_search(mine[part.slot].begin(), mine[part.slot].end(), part.expert))
+      wanted.push_back(part);
+  return config_.experts->fetch(next->epoch(), wanted, config_.ep->bulk, config_.ep->fetch_timeout);
+}
+
+std::expected<engine::lend_job, std::string> engine::prepare_lend(
+    uint64_t epoch, std::vector<std::pair<int32_t, int32_t>> experts, std::chrono::milliseconds lease) const {
+  if (!config_.experts) return std::unexpected("this engine holds every expert (no partitioned weights to lend)");
+  if (!config_.ep || !config_.ep->bulk)
+    return std::unexpected("this engine has no bulk transport for expert weights (engine.ep_frames = \"caf\")");
+  return [residency = config_.experts, bulk = config_.ep->bulk, epoch, experts = std::move(experts), lease] {
+    return residency->lend(epoch, experts, *bulk, lease);
+  };
+}
+
+std::expected<std::vector<expert_part>, std::string> engine::lend_experts(
+    uint64_t epoch, const std::vector<std::pair<int32_t, int32_t>>& experts, std::chrono::milliseconds lease) {
+  auto job = prepare_lend(epoch, experts, lease);
+  if (!job) return std::unexpected(job.error());
+  return (*job)();
+}
+
+void engine::set_ep_group(ep_layout layout, std::shared_ptr<expert_transport> transport) {
+  SHOAL_ASSERT(ep_ && !flight_);
+  config_.ep->layout = layout;
+  config_.ep->transport = transport;
+  ep_->reconfigure(layout, std::move(transport));
+  if (config_.experts) config_.experts->drop_fetches();  // an offered plan was dropped with the old group
+}
+}  // namespace shoal::runtime
