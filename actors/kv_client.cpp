@@ -241,16 +241,60 @@ std::expected<std::vector<uint8_t>, std::string> kv_client::get(const block_key&
 
 namespace {
 
-// The chunks of every block of `keys`, all in flight at once: calls on_block(b, refs, why)
-// once per block with the valid chunks received (at most k, each verified on arrival; refs
-// valid during the call only) and why others failed, or with refs null when the block has
-// no placement group (why then says so).
-template <class OnBlock>
-void gather(kv_client::impl& im, std::span<const block_key> keys, OnBlock&& on_block) {
-  const int k = im.codec.k();
-  const size_t first_wave = static_cast<size_t>(k + 1);
-  const auto start = std::chrono::steady_clock::now();
-  auto ex = im.exchange();
+// The chunks of every block of `keys`, all in flight at once, each verified on arrival: the
+// first k + 1 chunks of every block; where k valid are not in after the hedge delay (a hung
+// node only shows as a timeout) or a first-wave chunk already failed, the rest too.
+class chunk_gather {
+ public:
+  chunk_gather(kv_client::impl& im, std::span<const block_key> keys)
+      : im_(im), keys_(keys), k_(im.codec.k()), start_(std::chrono::steady_clock::now()), ex_(im.exchange()),
+        flights_(keys.size()) {}
+
+  // Runs the exchange until every block has k valid chunks or cannot get them, or the timeout
+  // (the rest are abandoned, cancelled).
+  void run() {
+    const size_t first_wave = static_cast<size_t>(k_ + 1);
+    for (size_t b = 0; b < keys_.size(); ++b) {
+      flights_[b].g = im_.group_of(keys_[b]);
+      if (flights_[b].g) ask(b, 0, std::min(first_wave, flights_[b].g->size()));
+    }
+    auto on_reply = [this](size_t call) { take(call); };
+    auto all_enough = [this] { return std::all_of(flights_.begin(), flights_.end(), [this](const flight& f) { return enough(f); }); };
+    hedge();
+    ex_.run_until(start_ + im_.cfg.hedge, [&] {
+      hedge();  // a failed chunk asks for the rest at once, without waiting for the delay
+      return all_enough();
+    }, on_reply);
+    hedge();
+    ex_.run_until(start_ + im_.cfg.timeout, all_enough, on_reply);
+  }
+
+  // on_block(b, refs, why) once per block with the valid chunks received (at most k; refs
+  // valid during the call only) and why others failed, or with refs null when the block has
+  // no placement group (why then says so).
+  template <class OnBlock>
+  void report(OnBlock&& on_block) {
+    for (size_t b = 0; b < keys_.size(); ++b) {
+      auto& f = flights_[b];
+      if (!f.g) {
+        on_block(b, nullptr, im_.too_few_nodes());
+        continue;
+      }
+      std::vector<storage::chunk_ref> refs;
+      std::vector<std::string> why = f.why;
+      for (auto& [call, i] : f.calls) {
+        auto& r = ex_[call];
+        if (accepted_[call]) {
+          if (static_cast<int>(refs.size()) < k_) refs.push_back({i, r.payload});
+        } else if (!r.ok) {
+          why.push_back("chunk " + std::to_string(i) + ": " + (r.done ? r.error : "no reply"));
+        }
+      }
+      on_block(b, &refs, why.empty() ? std::string() : " (" + joined(why) + ")");
+    }
+  }
+
+ private:
   struct flight {
     std::optional<kv_client::impl::group> g;
     std::vector<std::pair<size_t, uint32_t>> calls;  // (exchange call, chunk index)
@@ -258,83 +302,70 @@ void gather(kv_client::impl& im, std::span<const block_key> keys, OnBlock&& on_b
     int valid = 0;
     size_t asked = 0;  // chunk indices [0, asked) asked (or down)
   };
-  std::vector<flight> flights(keys.size());
-  std::vector<std::pair<size_t, uint32_t>> owner;  // exchange call → (block, chunk index)
-  std::vector<bool> accepted;                      // exchange call → valid chunk
-  auto ask = [&](size_t b, size_t first, size_t last) {
-    auto& f = flights[b];
+
+  // Asks for chunks [first, last) of block b (a down node's chunk counts as failed).
+  void ask(size_t b, size_t first, size_t last) {
+    auto& f = flights_[b];
     for (size_t i = first; i < last; ++i) {
       const auto& e = (*f.g)[i];
       if (!e.up()) {
         f.why.push_back("chunk " + std::to_string(i) + ": " + e.bulk.name + " is down");
         continue;
       }
-      size_t call = ex.add(e.bulk, {storage::bulk_op::get, 0, {keys[b], static_cast<uint8_t>(i)}, 0, {}});
+      size_t call = ex_.add(e.bulk, {storage::bulk_op::get, 0, {keys_[b], static_cast<uint8_t>(i)}, 0, {}});
       f.calls.emplace_back(call, static_cast<uint32_t>(i));
-      owner.resize(call + 1);
-      accepted.resize(call + 1);
-      owner[call] = {b, static_cast<uint32_t>(i)};
+      owner_.resize(call + 1);
+      accepted_.resize(call + 1);
+      owner_[call] = {b, static_cast<uint32_t>(i)};
     }
     f.asked = last;
-  };
-  // Checksums are checked once per chunk as it arrives; a bad one is an erasure.
-  auto on_reply = [&](size_t call) {
-    auto [b, i] = owner[call];
-    auto& r = ex[call];
-    if (r.ok && storage::verify_chunk(r.payload)) {
-      accepted[call] = true;
-      ++flights[b].valid;
-    } else if (r.ok) {
-      flights[b].why.push_back("chunk " + std::to_string(i) + " failed its checksum");
-    }
-  };
-  for (size_t b = 0; b < keys.size(); ++b) {
-    flights[b].g = im.group_of(keys[b]);
-    if (flights[b].g) ask(b, 0, std::min(first_wave, flights[b].g->size()));
   }
-  auto enough = [&](const flight& f) {
-    return !f.g || f.valid >= k ||
-           (f.asked >= f.g->size() && std::all_of(f.calls.begin(), f.calls.end(), [&](auto& c) { return ex[c.first].done; }));
-  };
-  auto all_enough = [&] { return std::all_of(flights.begin(), flights.end(), enough); };
-  // The first k + 1 chunks of every block; where k valid are not in after the hedge delay (a
-  // hung node only shows as a timeout) or a first-wave chunk already failed, the rest too.
-  auto hedge = [&] {
-    for (size_t b = 0; b < flights.size(); ++b) {
-      auto& f = flights[b];
-      if (!f.g || f.valid >= k || f.asked >= f.g->size()) continue;
-      int lost = 0;
-      for (auto& c : f.calls) lost += ex[c.first].done && !accepted[c.first] ? 1 : 0;
-      lost += static_cast<int>(f.asked) - static_cast<int>(f.calls.size());  // down nodes
-      if (lost > 0 || std::chrono::steady_clock::now() >= start + im.cfg.hedge) ask(b, f.asked, f.g->size());
-    }
-  };
-  hedge();
-  ex.run_until(start + im.cfg.hedge, [&] {
-    hedge();  // a failed chunk asks for the rest at once, without waiting for the delay
-    return all_enough();
-  }, on_reply);
-  hedge();
-  ex.run_until(start + im.cfg.timeout, all_enough, on_reply);  // the rest are abandoned (cancelled)
 
-  for (size_t b = 0; b < keys.size(); ++b) {
-    auto& f = flights[b];
-    if (!f.g) {
-      on_block(b, nullptr, im.too_few_nodes());
-      continue;
+  // A reply: its checksum checked once, as it arrives; a bad one is an erasure.
+  void take(size_t call) {
+    auto [b, i] = owner_[call];
+    auto& r = ex_[call];
+    if (r.ok && storage::verify_chunk(r.payload)) {
+      accepted_[call] = true;
+      ++flights_[b].valid;
+    } else if (r.ok) {
+      flights_[b].why.push_back("chunk " + std::to_string(i) + " failed its checksum");
     }
-    std::vector<storage::chunk_ref> refs;
-    std::vector<std::string> why = f.why;
-    for (auto& [call, i] : f.calls) {
-      auto& r = ex[call];
-      if (accepted[call]) {
-        if (static_cast<int>(refs.size()) < k) refs.push_back({i, r.payload});
-      } else if (!r.ok) {
-        why.push_back("chunk " + std::to_string(i) + ": " + (r.done ? r.error : "no reply"));
-      }
-    }
-    on_block(b, &refs, why.empty() ? std::string() : " (" + joined(why) + ")");
   }
+
+  bool enough(const flight& f) {
+    return !f.g || f.valid >= k_ ||
+           (f.asked >= f.g->size() &&
+            std::all_of(f.calls.begin(), f.calls.end(), [&](auto& c) { return ex_[c.first].done; }));
+  }
+
+  // The rest of a block's chunks once one of its asked chunks failed or the hedge delay passed.
+  void hedge() {
+    for (size_t b = 0; b < flights_.size(); ++b) {
+      auto& f = flights_[b];
+      if (!f.g || f.valid >= k_ || f.asked >= f.g->size()) continue;
+      int lost = 0;
+      for (auto& c : f.calls) lost += ex_[c.first].done && !accepted_[c.first] ? 1 : 0;
+      lost += static_cast<int>(f.asked) - static_cast<int>(f.calls.size());  // down nodes
+      if (lost > 0 || std::chrono::steady_clock::now() >= start_ + im_.cfg.hedge) ask(b, f.asked, f.g->size());
+    }
+  }
+
+  kv_client::impl& im_;
+  std::span<const block_key> keys_;
+  const int k_;
+  const std::chrono::steady_clock::time_point start_;
+  storage::bulk_exchange ex_;
+  std::vector<flight> flights_;
+  std::vector<std::pair<size_t, uint32_t>> owner_;  // exchange call → (block, chunk index)
+  std::vector<bool> accepted_;                      // exchange call → valid chunk
+};
+
+template <class OnBlock>
+void gather(kv_client::impl& im, std::span<const block_key> keys, OnBlock&& on_block) {
+  chunk_gather g(im, keys);
+  g.run();
+  g.report(std::forward<OnBlock>(on_block));
 }
 
 }  // namespace

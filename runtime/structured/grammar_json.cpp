@@ -269,48 +269,76 @@ struct schema_compiler {
       return fail("the schema false matches nothing", where);
     }
     if (!s.is_object()) return fail("a schema must be an object or a boolean", where);
+    auto present = keywords(s, where);
+    if (!present) return std::nullopt;
+    if (present->contains("$ref") || present->contains("anyOf") || present->contains("oneOf"))
+      return combinator(s, where);
+    std::vector<std::string> types;
+    if (!read_types(s, where, types)) return std::nullopt;
+    if (present->contains("const") || present->contains("enum")) return value_rule(s, *present, types, where);
+    return typed_rule(s, *present, std::move(types), where);
+  }
+
+  // The schema's keywords (annotations skipped); nullopt (failed) on an unsupported one, or a
+  // combinator beside others.
+  std::optional<std::set<std::string>> keywords(const json& s, const std::string& where) {
     static const std::set<std::string> known = {"type", "properties", "required", "additionalProperties", "items",
                                                 "minItems", "maxItems", "minLength", "maxLength", "pattern",
                                                 "enum", "const", "anyOf", "oneOf", "$ref"};
     std::set<std::string> present;
     for (auto it = s.begin(); it != s.end(); ++it) {
       if (annotations().contains(it.key())) continue;
-      if (!known.contains(it.key())) return fail("unsupported keyword \"" + it.key() + "\"", where);
+      if (!known.contains(it.key())) return fail("unsupported keyword \"" + it.key() + "\"", where), std::nullopt;
       present.insert(it.key());
     }
     for (const char* combinator : {"$ref", "anyOf", "oneOf"})
       if (present.contains(combinator) && present.size() > 1)
-        return fail(std::string(combinator) + " together with other keywords is not supported", where);
+        return fail(std::string(combinator) + " together with other keywords is not supported", where), std::nullopt;
+    return present;
+  }
+
+  // $ref, anyOf or oneOf (alone in their schema).
+  std::optional<uint32_t> combinator(const json& s, const std::string& where) {
     if (auto it = s.find("$ref"); it != s.end()) {
       if (!it->is_string()) return fail("$ref must be a string", where + "/$ref");
       return resolve(it->get<std::string>(), where);
     }
-    for (const char* combinator : {"anyOf", "oneOf"}) {
-      auto it = s.find(combinator);
-      if (it == s.end()) continue;
-      if (!it->is_array() || it->empty()) return fail(std::string(combinator) + " must be a non-empty array", where);
-      std::vector<grammar_builder::sequence> alts;
-      for (size_t i = 0; i < it->size(); ++i) {
-        auto r = compile((*it)[i], where + "/" + combinator + "/" + std::to_string(i));
-        if (!r) return std::nullopt;
-        alts.push_back({b.ref(*r)});
+    const char* name = s.contains("anyOf") ? "anyOf" : "oneOf";
+    const json& list = s[name];
+    if (!list.is_array() || list.empty()) return fail(std::string(name) + " must be a non-empty array", where);
+    std::vector<grammar_builder::sequence> alts;
+    for (size_t i = 0; i < list.size(); ++i) {
+      auto r = compile(list[i], where + "/" + name + "/" + std::to_string(i));
+      if (!r) return std::nullopt;
+      alts.push_back({b.ref(*r)});
+    }
+    return b.choice(std::move(alts), where + "/" + name);
+  }
+
+  // "type" (a name or a list of names) into `types`; false (failed) when malformed.
+  bool read_types(const json& s, const std::string& where, std::vector<std::string>& types) {
+    auto it = s.find("type");
+    if (it == s.end()) return true;
+    if (it->is_string()) {
+      types.push_back(it->get<std::string>());
+    } else if (it->is_array()) {
+      for (const auto& t : *it) {
+        if (!t.is_string()) return fail("type must be a string or an array of strings", where + "/type"), false;
+        types.push_back(t.get<std::string>());
       }
-      return b.choice(std::move(alts), where + "/" + combinator);
+    } else {
+      return fail("type must be a string or an array of strings", where + "/type"), false;
     }
-    std::vector<std::string> types;
-    if (auto it = s.find("type"); it != s.end()) {
-      if (it->is_string()) types.push_back(it->get<std::string>());
-      else if (it->is_array())
-        for (const auto& t : *it) {
-          if (!t.is_string()) return fail("type must be a string or an array of strings", where + "/type");
-          types.push_back(t.get<std::string>());
-        }
-      else return fail("type must be a string or an array of strings", where + "/type");
-      static const std::set<std::string> names = {"string", "integer", "number", "boolean", "null", "object", "array"};
-      for (const auto& t : types)
-        if (!names.contains(t)) return fail("unknown type \"" + t + "\"", where + "/type");
-      if (types.empty()) return fail("type must not be an empty array", where + "/type");
-    }
+    static const std::set<std::string> names = {"string", "integer", "number", "boolean", "null", "object", "array"};
+    for (const auto& t : types)
+      if (!names.contains(t)) return fail("unknown type \"" + t + "\"", where + "/type"), false;
+    if (types.empty()) return fail("type must not be an empty array", where + "/type"), false;
+    return true;
+  }
+
+  // const or enum: the listed values that the schema's types allow.
+  std::optional<uint32_t> value_rule(const json& s, const std::set<std::string>& present,
+                                     const std::vector<std::string>& types, const std::string& where) {
     auto allowed = [&](const json& v) {
       return types.empty() || std::any_of(types.begin(), types.end(), [&](const std::string& t) { return type_matches(v, t); });
     };
@@ -319,15 +347,20 @@ struct schema_compiler {
       if (!allowed(*it)) return fail("const does not match the schema's type", where + "/const");
       return literal_rule(*it, where + "/const");
     }
-    if (auto it = s.find("enum"); it != s.end()) {
-      if (!it->is_array() || it->empty()) return fail("enum must be a non-empty array", where + "/enum");
-      std::vector<grammar_builder::sequence> alts;
-      for (const auto& v : *it)
-        if (allowed(v)) alts.push_back(b.literal(v.dump()));
-      if (alts.empty()) return fail("no enum value matches the schema's type", where + "/enum");
-      return b.choice(std::move(alts), where + "/enum");
-    }
-    if (types.empty()) {  // inferred from the keywords present, else any value
+    const json& values = s["enum"];
+    if (!values.is_array() || values.empty()) return fail("enum must be a non-empty array", where + "/enum");
+    std::vector<grammar_builder::sequence> alts;
+    for (const auto& v : values)
+      if (allowed(v)) alts.push_back(b.literal(v.dump()));
+    if (alts.empty()) return fail("no enum value matches the schema's type", where + "/enum");
+    return b.choice(std::move(alts), where + "/enum");
+  }
+
+  // The schema's types (listed, else inferred from its keywords, else any value), each by its
+  // own rule; a keyword that applies to none of them is refused rather than ignored.
+  std::optional<uint32_t> typed_rule(const json& s, const std::set<std::string>& present, std::vector<std::string> types,
+                                     const std::string& where) {
+    if (types.empty()) {
       if (present.contains("properties") || present.contains("required") || present.contains("additionalProperties"))
         types.push_back("object");
       if (present.contains("items") || present.contains("minItems") || present.contains("maxItems"))
@@ -336,7 +369,6 @@ struct schema_compiler {
         types.push_back("string");
       if (types.empty()) return j.value();
     }
-    // Keywords that apply to no listed type would be ignored: refuse them.
     auto needs = [&](const char* key, const char* type) -> bool {
       if (present.contains(key) && std::find(types.begin(), types.end(), type) == types.end()) {
         fail(std::string(key) + " applies to type " + type + ", which the schema does not allow", where);
