@@ -450,40 +450,63 @@ void read_storage(error_sink& sink, const section& s, const fs::path& base, node
   }
 }
 
-void read_sections(error_sink& sink, const sections& f, const fs::path& base, node_config& c) {
-  read_node(sink, f.node, base, c);
-  if (std::optional<int64_t> n = read_integer(sink, f.engine, "ranks", 1, 1024)) c.ranks = static_cast<int32_t>(*n);
-  if (std::optional<int64_t> n = read_integer(sink, f.engine, "threads", 0, 1024)) c.threads = static_cast<int32_t>(*n);
-  if (std::optional<int64_t> n = read_integer(sink, f.engine, "cache_mib", 16, 1 << 20)) c.cache_mib = *n;
-  if (std::optional<bool> b = read_bool(sink, f.engine, "expert_parallel")) c.expert_parallel = *b;
-  if (auto n = read_integer(sink, f.engine, "ep_bulk_min_bytes", 0, int64_t{1} << 30)) c.ep_bulk_min_bytes = *n;
-  if (std::optional<std::string> v = read_string(sink, f.engine, "ep_frames")) {
+// [engine]: ranks, threads, cache, expert parallelism, disaggregation and its transport.
+void read_engine(error_sink& sink, const section& e, node_config& c) {
+  if (std::optional<int64_t> n = read_integer(sink, e, "ranks", 1, 1024)) c.ranks = static_cast<int32_t>(*n);
+  if (std::optional<int64_t> n = read_integer(sink, e, "threads", 0, 1024)) c.threads = static_cast<int32_t>(*n);
+  if (std::optional<int64_t> n = read_integer(sink, e, "cache_mib", 16, 1 << 20)) c.cache_mib = *n;
+  if (std::optional<bool> b = read_bool(sink, e, "expert_parallel")) c.expert_parallel = *b;
+  if (auto n = read_integer(sink, e, "ep_bulk_min_bytes", 0, int64_t{1} << 30)) c.ep_bulk_min_bytes = *n;
+  if (std::optional<std::string> v = read_string(sink, e, "ep_frames")) {
     if (*v == "transport" || *v == "caf") c.ep_frames = *v;
-    else sink.fail(config_errc::bad_value, f.engine.pos("ep_frames"), f.engine.path("ep_frames"),
+    else sink.fail(config_errc::bad_value, e.pos("ep_frames"), e.path("ep_frames"),
                    "expected \"transport\" or \"caf\", got \"" + *v + "\"");
   }
-  if (std::optional<bool> b = read_bool(sink, f.engine, "kv_storage")) c.kv_storage = *b;
-  if (std::optional<std::string> v = read_string(sink, f.engine, "role")) {
+  if (std::optional<bool> b = read_bool(sink, e, "kv_storage")) c.kv_storage = *b;
+  if (std::optional<std::string> v = read_string(sink, e, "role")) {
     if (*v == "both") c.disagg_role = engine_role::both;
     else if (*v == "prefill") c.disagg_role = engine_role::prefill;
     else if (*v == "decode") c.disagg_role = engine_role::decode;
     else
-      sink.fail(config_errc::bad_value, f.engine.pos("role"), f.engine.path("role"),
+      sink.fail(config_errc::bad_value, e.pos("role"), e.path("role"),
                 "expected \"both\", \"prefill\" or \"decode\", got \"" + *v + "\"");
   }
-  if (std::optional<std::string> v = read_string(sink, f.engine, "transport")) {
+  if (std::optional<std::string> v = read_string(sink, e, "transport")) {
     if (!v->empty()) c.transport = *v;
-    else sink.fail(config_errc::bad_value, f.engine.pos("transport"), f.engine.path("transport"),
+    else sink.fail(config_errc::bad_value, e.pos("transport"), e.path("transport"),
                    "expected a libfabric provider such as \"shm\" or \"tcp;ofi_rxm\", got \"\"");
   }
-  if (auto ms = read_integer(sink, f.engine, "handoff_timeout_ms", 1, hour_ms)) c.handoff_timeout_ms = *ms;
-  if (std::optional<std::string> v = read_string(sink, f.ve, "transport")) {
+  if (auto ms = read_integer(sink, e, "handoff_timeout_ms", 1, hour_ms)) c.handoff_timeout_ms = *ms;
+}
+
+// [engine]: the step-time model, the SWA tier and speculative decoding.
+void read_engine_compute(error_sink& sink, const section& e, const fs::path& base, node_config& c) {
+  c.cost_model = read_path(sink, e, "cost_model", base);
+  if (auto ms = read_integer(sink, e, "step_ms", 1, 60'000)) c.step_ms = *ms;
+  if (auto n = read_integer(sink, e, "swa_slots", 0, 1 << 20)) c.swa_slots = *n;
+  if (auto ms = read_integer(sink, e, "swa_timeout_ms", 1, hour_ms)) c.swa_timeout_ms = *ms;
+  if (std::optional<std::string> v = read_string(sink, e, "speculative")) {
+    if (*v == "off" || *v == "fixed" || *v == "adaptive") c.speculative = *v;
+    else sink.fail(config_errc::bad_value, e.pos("speculative"), e.path("speculative"),
+                   "expected \"off\", \"fixed\" or \"adaptive\", got \"" + *v + "\"");
+  }
+  if (auto n = read_integer(sink, e, "spec_nextn", 1, 8)) c.spec_nextn = *n;
+  if (auto n = read_integer(sink, e, "spec_adaptive_from", 0, 1 << 20)) c.spec_adaptive_from = *n;
+  c.spec_cost_model = read_path(sink, e, "spec_cost_model", base);
+}
+
+void read_ve(error_sink& sink, const section& vs, node_config& c) {
+  if (std::optional<std::string> v = read_string(sink, vs, "transport")) {
     if (!v->empty()) c.ve_transport = *v;
-    else sink.fail(config_errc::bad_value, f.ve.pos("transport"), f.ve.path("transport"),
+    else sink.fail(config_errc::bad_value, vs.pos("transport"), vs.path("transport"),
                    "expected a libfabric provider such as \"tcp;ofi_rxm\", got \"\"");
   }
-  if (auto n = read_integer(sink, f.ve, "cache_mib", 1, 1 << 20)) c.ve_cache_mib = *n;
-  if (std::optional<std::string> v = read_string(sink, f.eplb, "preset")) {
+  if (auto n = read_integer(sink, vs, "cache_mib", 1, 1 << 20)) c.ve_cache_mib = *n;
+}
+
+// [eplb]: a preset, then the keys that override it.
+void read_eplb(error_sink& sink, const section& e, node_config& c) {
+  if (std::optional<std::string> v = read_string(sink, e, "preset")) {
     if (*v == "decode" || *v == "prefill") {
       c.eplb_preset = *v;
       const bool prefill = *v == "prefill";
@@ -491,43 +514,43 @@ void read_sections(error_sink& sink, const sections& f, const fs::path& base, no
       c.eplb_period_steps = prefill ? 1'000 : 10'000;
       c.eplb_window_steps = prefill ? 100 : 1'000;
     } else {
-      sink.fail(config_errc::bad_value, f.eplb.pos("preset"), f.eplb.path("preset"),
+      sink.fail(config_errc::bad_value, e.pos("preset"), e.path("preset"),
                 "expected \"decode\" or \"prefill\", got \"" + *v + "\"");
     }
   }
-  if (auto n = read_integer(sink, f.eplb, "redundant_per_rank", 0, 1024)) c.eplb_redundant_per_rank = *n;
-  if (auto n = read_integer(sink, f.eplb, "period_steps", 1, int64_t{1} << 40)) c.eplb_period_steps = *n;
-  if (auto n = read_integer(sink, f.eplb, "window_steps", 1, 1'000'000)) c.eplb_window_steps = *n;
-  if (auto n = read_integer(sink, f.eplb, "interval_ms", 10, hour_ms)) c.eplb_interval_ms = *n;
-  if (auto n = read_integer(sink, f.eplb, "fetch_timeout_ms", 100, hour_ms)) c.eplb_fetch_timeout_ms = *n;
-  if (auto n = read_integer(sink, f.eplb, "expert_groups", 1, 1 << 16)) c.eplb_expert_groups = *n;
-  c.cost_model = read_path(sink, f.engine, "cost_model", base);
-  if (auto ms = read_integer(sink, f.engine, "step_ms", 1, 60'000)) c.step_ms = *ms;
-  if (auto n = read_integer(sink, f.engine, "swa_slots", 0, 1 << 20)) c.swa_slots = *n;
-  if (auto ms = read_integer(sink, f.engine, "swa_timeout_ms", 1, hour_ms)) c.swa_timeout_ms = *ms;
-  if (std::optional<std::string> v = read_string(sink, f.engine, "speculative")) {
-    if (*v == "off" || *v == "fixed" || *v == "adaptive") c.speculative = *v;
-    else sink.fail(config_errc::bad_value, f.engine.pos("speculative"), f.engine.path("speculative"),
-                   "expected \"off\", \"fixed\" or \"adaptive\", got \"" + *v + "\"");
-  }
-  if (auto n = read_integer(sink, f.engine, "spec_nextn", 1, 8)) c.spec_nextn = *n;
-  if (auto n = read_integer(sink, f.engine, "spec_adaptive_from", 0, 1 << 20)) c.spec_adaptive_from = *n;
-  c.spec_cost_model = read_path(sink, f.engine, "spec_cost_model", base);
-  c.http_listen = read_host_port(sink, f.gateway, "listen", true);
-  c.auth_token_file = read_path(sink, f.gateway, "auth_token_file", base);
-  read_balancers(sink, f.gateway, base, c);
-  for (const auto& [text, pos] : read_string_array(sink, f.cluster, "seeds")) {
+  if (auto n = read_integer(sink, e, "redundant_per_rank", 0, 1024)) c.eplb_redundant_per_rank = *n;
+  if (auto n = read_integer(sink, e, "period_steps", 1, int64_t{1} << 40)) c.eplb_period_steps = *n;
+  if (auto n = read_integer(sink, e, "window_steps", 1, 1'000'000)) c.eplb_window_steps = *n;
+  if (auto n = read_integer(sink, e, "interval_ms", 10, hour_ms)) c.eplb_interval_ms = *n;
+  if (auto n = read_integer(sink, e, "fetch_timeout_ms", 100, hour_ms)) c.eplb_fetch_timeout_ms = *n;
+  if (auto n = read_integer(sink, e, "expert_groups", 1, 1 << 16)) c.eplb_expert_groups = *n;
+}
+
+// [cluster]: seeds, the failure detector, TLS.
+void read_cluster(error_sink& sink, const section& cl, const fs::path& base, node_config& c) {
+  for (const auto& [text, pos] : read_string_array(sink, cl, "seeds")) {
     std::expected<host_port, std::string> a = parse_host_port(text, false);
     if (a) c.seeds.push_back(*a);
-    else sink.fail(config_errc::bad_value, pos, f.cluster.path("seeds"), a.error());
+    else sink.fail(config_errc::bad_value, pos, cl.path("seeds"), a.error());
   }
-  const section& cl = f.cluster;
   if (auto ms = read_integer(sink, cl, "heartbeat_interval_ms", 1, hour_ms)) c.heartbeat_interval_ms = *ms;
   if (auto ms = read_integer(sink, cl, "connection_timeout_ms", 1, day_ms)) c.connection_timeout_ms = *ms;
   if (auto ms = read_integer(sink, cl, "request_timeout_ms", 1, day_ms)) c.request_timeout_ms = *ms;
   c.tls_certificate = read_path(sink, cl, "tls_certificate", base);
   c.tls_key = read_path(sink, cl, "tls_key", base);
   c.tls_ca_file = read_path(sink, cl, "tls_ca_file", base);
+}
+
+void read_sections(error_sink& sink, const sections& f, const fs::path& base, node_config& c) {
+  read_node(sink, f.node, base, c);
+  read_engine(sink, f.engine, c);
+  read_ve(sink, f.ve, c);
+  read_eplb(sink, f.eplb, c);
+  read_engine_compute(sink, f.engine, base, c);
+  c.http_listen = read_host_port(sink, f.gateway, "listen", true);
+  c.auth_token_file = read_path(sink, f.gateway, "auth_token_file", base);
+  read_balancers(sink, f.gateway, base, c);
+  read_cluster(sink, f.cluster, base, c);
   read_storage(sink, f.storage, base, c);
   if (std::optional<log_level> l = read_log_level(sink, f.log)) c.level = *l;
   c.log_file = read_path(sink, f.log, "file", base);
@@ -543,9 +566,8 @@ void check_required(error_sink& sink, const sections& f) {
       sink.fail(config_errc::missing_key, f.node.pos(), f.node.path(key), "required key missing");
 }
 
-// Rules between keys: sections that match the roles, model_dir where a role needs it, the
-// failure detector's timeout above its heartbeat, distinct listen addresses.
-void check_consistency(error_sink& sink, const sections& f, const node_config& c) {
+// Sections that match the roles, and the keys a role needs (model_dir, listen, storage.dir).
+void check_roles(error_sink& sink, const sections& f, const node_config& c) {
   const bool gateway = c.has_role(role::gateway);
   const bool engine = c.has_role(role::engine);
   const bool storage = c.has_role(role::storage);
@@ -577,6 +599,10 @@ void check_consistency(error_sink& sink, const sections& f, const node_config& c
   if (!gateway && !engine && !ve && f.node.get("model_dir"))
     sink.fail(config_errc::bad_value, f.node.pos("model_dir"), "node.model_dir",
               "only the gateway, engine and ve roles use a model");
+}
+
+// Cluster TLS's three files together, the failure detector's timeout above its heartbeat.
+void check_cluster(error_sink& sink, const sections& f, const node_config& c) {
   // Cluster TLS: the three files together (a certificate without its key or CA is no credential).
   const int tls_keys = (c.tls_certificate ? 1 : 0) + (c.tls_key ? 1 : 0) + (c.tls_ca_file ? 1 : 0);
   if (tls_keys > 0 && tls_keys < 3)
@@ -593,6 +619,11 @@ void check_consistency(error_sink& sink, const sections& f, const node_config& c
               std::string(blame_timeout ? "must exceed" : "must be below") + " cluster." + other + " (" +
                   std::to_string(other_ms) + (f.cluster.get(other) ? "" : ", the default") + ")");
   }
+}
+
+// Engine keys that only apply with others: expert-parallel frames and the balancer,
+// speculation, step budgets, handoffs.
+void check_engine(error_sink& sink, const sections& f, const node_config& c) {
   for (const char* key : {"ep_frames", "ep_bulk_min_bytes"})
     if (f.engine.get(key) && !c.expert_parallel)
       sink.fail(config_errc::bad_value, f.engine.pos(key), f.engine.path(key),
@@ -633,6 +664,10 @@ void check_consistency(error_sink& sink, const sections& f, const node_config& c
   if (c.disagg_role == engine_role::both && f.engine.get("handoff_timeout_ms"))
     sink.fail(config_errc::bad_value, f.engine.pos("handoff_timeout_ms"), f.engine.path("handoff_timeout_ms"),
               "only prefill and decode engines move handoffs (engine.role is \"both\")");
+}
+
+// Distinct listen addresses.
+void check_addresses(error_sink& sink, const sections& f, const node_config& c) {
   if (c.metrics_listen && c.metrics_listen->port != 0 &&
       (*c.metrics_listen == c.listen || (c.http_listen && *c.metrics_listen == *c.http_listen)))
     sink.fail(config_errc::bad_value, f.node.pos("metrics_listen"), "node.metrics_listen",
@@ -641,6 +676,14 @@ void check_consistency(error_sink& sink, const sections& f, const node_config& c
   if (c.http_listen && c.http_listen->port != 0 && *c.http_listen == c.listen)
     sink.fail(config_errc::bad_value, f.gateway.pos("listen"), "gateway.listen",
               "same address as node.listen (" + to_string(c.listen) + ")");
+}
+
+// Rules between keys (each group above).
+void check_consistency(error_sink& sink, const sections& f, const node_config& c) {
+  check_roles(sink, f, c);
+  check_cluster(sink, f, c);
+  check_engine(sink, f, c);
+  check_addresses(sink, f, c);
 }
 
 config_error syntax_error(const std::string& file, const toml::parse_error& e) {
