@@ -118,91 +118,93 @@ struct window {
   double shape = 0, scale = 0;
 };
 
-}  // namespace
+struct arrival {
+  double t;
+  int64_t in, out;
+};
 
-std::expected<std::vector<sim_request>, std::string> servegen_workload(const std::string& dir, const workload_options& o,
-                                                                       uint64_t seed) {
-  namespace fs = std::filesystem;
-  if (!(o.duration_s > 0)) return std::unexpected("a ServeGen workload needs a duration (seconds of the day)");
-  if (!(o.speed > 0) || !(o.length_scale > 0)) return std::unexpected("speed and length scale must be > 0");
-  std::vector<std::pair<int, fs::path>> chunks;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    const std::string n = e.path().filename().string();
-    if (n.starts_with("chunk-") && n.ends_with("-trace.csv")) chunks.emplace_back(std::stoi(n.substr(6)), e.path());
+using length_pdfs = std::map<double, std::pair<pdf, pdf>>;  // window start → (input, output)
+
+// A chunk's rate windows (chunk-N-trace.csv: start, rate, _, family, shape, scale).
+std::expected<std::vector<window>, std::string> read_windows(const std::filesystem::path& trace_path) {
+  std::ifstream f(trace_path);
+  std::vector<window> windows;
+  std::string line;
+  int ln = 0;
+  while (std::getline(f, line)) {
+    ++ln;
+    if (line.empty()) continue;
+    std::stringstream ss(line);
+    std::string cell[6];
+    for (auto& c : cell) std::getline(ss, c, ',');
+    window w;
+    try {
+      w.start = std::stod(cell[0]);
+      w.rate = std::stod(cell[1]);
+      w.family = cell[3];
+      w.shape = cell[4].empty() ? 0 : std::stod(cell[4]);
+      w.scale = cell[5].empty() ? 0 : std::stod(cell[5]);
+    } catch (const std::exception&) {
+      return std::unexpected(trace_path.string() + ":" + std::to_string(ln) + ": bad number");
+    }
+    if (w.rate > 0 && ((w.family != "Gamma" && w.family != "Weibull") || !(w.shape > 0) || !(w.scale > 0)))
+      return std::unexpected(trace_path.string() + ":" + std::to_string(ln) + ": active window without a Gamma/Weibull (shape, scale)");
+    windows.push_back(w);
   }
-  if (ec || chunks.empty()) return std::unexpected(dir + ": no chunk-N-trace.csv files");
-  std::sort(chunks.begin(), chunks.end());
-  struct arrival {
-    double t;
-    int64_t in, out;
-  };
-  std::vector<arrival> all;
+  return windows;
+}
+
+// A chunk's length distributions by window (chunk-N-dataset.json).
+std::expected<length_pdfs, std::string> read_lengths(const std::filesystem::path& ds_path) {
+  std::ifstream df(ds_path);
+  nlohmann::json ds = nlohmann::json::parse(df, nullptr, false);
+  if (ds.is_discarded() || !ds.is_object()) return std::unexpected(ds_path.string() + ": not a JSON object");
+  length_pdfs lengths;
+  for (auto& [k, v] : ds.items()) {
+    if (!v.is_object() || !v.contains("input_tokens") || !v.contains("output_tokens") ||
+        !v["input_tokens"].is_string() || !v["output_tokens"].is_string())
+      return std::unexpected(ds_path.string() + ": window " + k + ": input_tokens / output_tokens strings missing");
+    auto in = parse_pdf(v["input_tokens"].get<std::string>(), ds_path.string() + ": " + k + ".input_tokens");
+    if (!in) return std::unexpected(in.error());
+    auto out = parse_pdf(v["output_tokens"].get<std::string>(), ds_path.string() + ": " + k + ".output_tokens");
+    if (!out) return std::unexpected(out.error());
+    lengths.emplace(std::stod(k), std::make_pair(std::move(*in), std::move(*out)));
+  }
+  if (lengths.empty()) return std::unexpected(ds_path.string() + ": no windows");
+  return lengths;
+}
+
+// The arrivals of one chunk's windows inside [o.start_s, o.start_s + o.duration_s), each
+// with lengths drawn from the distribution of its window (or the last one before it).
+std::expected<void, std::string> sample_chunk(const std::vector<window>& windows, length_pdfs& lengths,
+                                              const std::string& ds_name, const workload_options& o,
+                                              std::mt19937_64& rng, std::vector<arrival>& all) {
   const double end_s = o.start_s + o.duration_s;
-  for (const auto& [id, trace_path] : chunks) {
-    std::mt19937_64 rng(seed * 1000003u + static_cast<uint64_t>(id));
-    std::ifstream f(trace_path);
-    std::vector<window> windows;
-    std::string line;
-    int ln = 0;
-    while (std::getline(f, line)) {
-      ++ln;
-      if (line.empty()) continue;
-      std::stringstream ss(line);
-      std::string cell[6];
-      for (auto& c : cell) std::getline(ss, c, ',');
-      window w;
-      try {
-        w.start = std::stod(cell[0]);
-        w.rate = std::stod(cell[1]);
-        w.family = cell[3];
-        w.shape = cell[4].empty() ? 0 : std::stod(cell[4]);
-        w.scale = cell[5].empty() ? 0 : std::stod(cell[5]);
-      } catch (const std::exception&) {
-        return std::unexpected(trace_path.string() + ":" + std::to_string(ln) + ": bad number");
-      }
-      if (w.rate > 0 && ((w.family != "Gamma" && w.family != "Weibull") || !(w.shape > 0) || !(w.scale > 0)))
-        return std::unexpected(trace_path.string() + ":" + std::to_string(ln) + ": active window without a Gamma/Weibull (shape, scale)");
-      windows.push_back(w);
-    }
-    const fs::path ds_path = trace_path.parent_path() / ("chunk-" + std::to_string(id) + "-dataset.json");
-    std::ifstream df(ds_path);
-    nlohmann::json ds = nlohmann::json::parse(df, nullptr, false);
-    if (ds.is_discarded() || !ds.is_object()) return std::unexpected(ds_path.string() + ": not a JSON object");
-    std::map<double, std::pair<pdf, pdf>> lengths;  // block start → (input, output)
-    for (auto& [k, v] : ds.items()) {
-      if (!v.is_object() || !v.contains("input_tokens") || !v.contains("output_tokens") ||
-          !v["input_tokens"].is_string() || !v["output_tokens"].is_string())
-        return std::unexpected(ds_path.string() + ": window " + k + ": input_tokens / output_tokens strings missing");
-      auto in = parse_pdf(v["input_tokens"].get<std::string>(), ds_path.string() + ": " + k + ".input_tokens");
-      if (!in) return std::unexpected(in.error());
-      auto out = parse_pdf(v["output_tokens"].get<std::string>(), ds_path.string() + ": " + k + ".output_tokens");
-      if (!out) return std::unexpected(out.error());
-      lengths.emplace(std::stod(k), std::make_pair(std::move(*in), std::move(*out)));
-    }
-    if (lengths.empty()) return std::unexpected(ds_path.string() + ": no windows");
-    for (size_t wi = 0; wi < windows.size(); ++wi) {
-      const window& w = windows[wi];
-      const double w_end = wi + 1 < windows.size() ? windows[wi + 1].start : w.start + 600;
-      if (w.rate <= 0 || w_end <= o.start_s || w.start >= end_s) continue;
-      auto block = lengths.upper_bound(w.start);
-      if (block != lengths.begin()) --block;
-      while (block != lengths.begin() && (block->second.first.values.empty() || block->second.second.values.empty())) --block;
-      if (block->second.first.values.empty() || block->second.second.values.empty())
-        return std::unexpected(ds_path.string() + ": window at " + std::to_string(static_cast<int64_t>(w.start)) +
-                               " s has traffic but no length distribution at or before it");
-      auto& [in_pdf, out_pdf] = block->second;
-      double t = w.start;
-      std::gamma_distribution<double> gamma(w.shape, w.scale);
-      std::weibull_distribution<double> weibull(w.shape, w.scale);
-      while (true) {
-        t += w.family == "Gamma" ? gamma(rng) : weibull(rng);
-        if (t >= w_end || t >= end_s) break;
-        const int64_t in = in_pdf.values[in_pdf.pick(rng)], out = out_pdf.values[out_pdf.pick(rng)];
-        if (t >= o.start_s) all.push_back({t - o.start_s, in, out});
-      }
+  for (size_t wi = 0; wi < windows.size(); ++wi) {
+    const window& w = windows[wi];
+    const double w_end = wi + 1 < windows.size() ? windows[wi + 1].start : w.start + 600;
+    if (w.rate <= 0 || w_end <= o.start_s || w.start >= end_s) continue;
+    auto block = lengths.upper_bound(w.start);
+    if (block != lengths.begin()) --block;
+    while (block != lengths.begin() && (block->second.first.values.empty() || block->second.second.values.empty())) --block;
+    if (block->second.first.values.empty() || block->second.second.values.empty())
+      return std::unexpected(ds_name + ": window at " + std::to_string(static_cast<int64_t>(w.start)) +
+                             " s has traffic but no length distribution at or before it");
+    auto& [in_pdf, out_pdf] = block->second;
+    double t = w.start;
+    std::gamma_distribution<double> gamma(w.shape, w.scale);
+    std::weibull_distribution<double> weibull(w.shape, w.scale);
+    while (true) {
+      t += w.family == "Gamma" ? gamma(rng) : weibull(rng);
+      if (t >= w_end || t >= end_s) break;
+      const int64_t in = in_pdf.values[in_pdf.pick(rng)], out = out_pdf.values[out_pdf.pick(rng)];
+      if (t >= o.start_s) all.push_back({t - o.start_s, in, out});
     }
   }
+  return {};
+}
+
+std::vector<sim_request> to_requests(std::vector<arrival>& all, const workload_options& o) {
   std::stable_sort(all.begin(), all.end(), [](const arrival& a, const arrival& b) { return a.t < b.t; });
   std::vector<sim_request> out;
   for (const arrival& a : all) {
@@ -218,6 +220,34 @@ std::expected<std::vector<sim_request>, std::string> servegen_workload(const std
     out.push_back(std::move(r));
   }
   return out;
+}
+
+}  // namespace
+
+std::expected<std::vector<sim_request>, std::string> servegen_workload(const std::string& dir, const workload_options& o,
+                                                                       uint64_t seed) {
+  namespace fs = std::filesystem;
+  if (!(o.duration_s > 0)) return std::unexpected("a ServeGen workload needs a duration (seconds of the day)");
+  if (!(o.speed > 0) || !(o.length_scale > 0)) return std::unexpected("speed and length scale must be > 0");
+  std::vector<std::pair<int, fs::path>> chunks;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string n = e.path().filename().string();
+    if (n.starts_with("chunk-") && n.ends_with("-trace.csv")) chunks.emplace_back(std::stoi(n.substr(6)), e.path());
+  }
+  if (ec || chunks.empty()) return std::unexpected(dir + ": no chunk-N-trace.csv files");
+  std::sort(chunks.begin(), chunks.end());
+  std::vector<arrival> all;
+  for (const auto& [id, trace_path] : chunks) {
+    std::mt19937_64 rng(seed * 1000003u + static_cast<uint64_t>(id));
+    auto windows = read_windows(trace_path);
+    if (!windows) return std::unexpected(windows.error());
+    const fs::path ds_path = trace_path.parent_path() / ("chunk-" + std::to_string(id) + "-dataset.json");
+    auto lengths = read_lengths(ds_path);
+    if (!lengths) return std::unexpected(lengths.error());
+    if (auto ok = sample_chunk(*windows, *lengths, ds_path.string(), o, rng, all); !ok) return std::unexpected(ok.error());
+  }
+  return to_requests(all, o);
 }
 
 }  // namespace shoal::sim
