@@ -165,6 +165,91 @@ std::vector<int64_t> experts_moved(const eplb_plan& previous, const eplb_plan& n
   return out;
 }
 
+namespace {
+
+// The GPUs of one node of layer l's plan (node n, gpn GPUs of `per` slots): swaps of replicas
+// between its most loaded GPU and another while that lowers the larger of the two loads.
+int64_t swap_balance(std::span<const double> weight, eplb_plan& p, int64_t l, int64_t n, int64_t gpn, int64_t per) {
+  const eplb_shape& sh = p.shape;
+  int32_t* slots = p.phy2log.data() + l * sh.physical;
+  const auto replica_load = [&](int64_t s) { return weight[l * sh.logical + slots[s]] / p.logcnt[l * sh.logical + slots[s]]; };
+  int64_t swaps = 0;
+  std::vector<double> load(static_cast<size_t>(gpn), 0.0);
+  for (int64_t g = 0; g < gpn; ++g)
+    for (int64_t k = 0; k < per; ++k) load[g] += replica_load((n * gpn + g) * per + k);
+  for (int guard = 0; guard < 10000; ++guard) {
+    const int64_t a = std::max_element(load.begin(), load.end()) - load.begin();
+    // The best swap of a slot of GPU a with a slot of another GPU: the lowest resulting
+    // max of the two loads, taken only when below a's load now.
+    double best = load[a];
+    int64_t bs = -1, bt = -1, bb = -1;
+    for (int64_t b = 0; b < gpn; ++b) {
+      if (b == a) continue;
+      for (int64_t i = 0; i < per; ++i)
+        for (int64_t j = 0; j < per; ++j) {
+          const int64_t s = (n * gpn + a) * per + i, t = (n * gpn + b) * per + j;
+          const double d = replica_load(s) - replica_load(t);
+          if (d <= 0) continue;
+          const double m = std::max(load[a] - d, load[b] + d);
+          if (m < best - 1e-12 * load[a]) best = m, bs = s, bt = t, bb = b;
+        }
+    }
+    if (bs < 0) break;
+    const double d = replica_load(bs) - replica_load(bt);
+    load[a] -= d, load[bb] += d;
+    std::swap(slots[bs], slots[bt]);
+    ++swaps;
+  }
+  return swaps;
+}
+
+// Layer l of `p` with its GPUs' expert sets kept where `previous` had them: each new GPU of a
+// node matched to the old GPU of that node holding most of its experts (greedy, largest
+// overlap first), then each GPU's experts in the slots that already hold them.
+void keep_in_place(eplb_plan& p, const eplb_plan& previous, int64_t l, int64_t nodes, int64_t gpn, int64_t per) {
+  const eplb_shape& sh = p.shape;
+  int32_t* slots = p.phy2log.data() + l * sh.physical;
+  const int32_t* old = previous.phy2log.data() + l * sh.physical;
+  std::vector<int32_t> moved_slots(slots, slots + sh.physical);
+  for (int64_t n = 0; n < nodes; ++n) {
+    std::vector<std::tuple<int64_t, int64_t, int64_t>> pairs;  // (−overlap, new gpu, old gpu)
+    for (int64_t g = 0; g < gpn; ++g)
+      for (int64_t h = 0; h < gpn; ++h) {
+        std::vector<int32_t> had(old + (n * gpn + h) * per, old + (n * gpn + h + 1) * per);
+        int64_t common = 0;
+        for (int64_t k = 0; k < per; ++k)
+          if (auto it = std::find(had.begin(), had.end(), slots[(n * gpn + g) * per + k]); it != had.end()) ++common, *it = -1;
+        pairs.emplace_back(-common, g, h);
+      }
+    std::sort(pairs.begin(), pairs.end());
+    std::vector<int64_t> target(static_cast<size_t>(gpn), -1);
+    std::vector<bool> taken(static_cast<size_t>(gpn), false);
+    for (auto [c, g, h] : pairs)
+      if (target[g] < 0 && !taken[h]) target[g] = h, taken[h] = true;
+    for (int64_t g = 0; g < gpn; ++g) {
+      const int64_t h = target[g];
+      std::vector<int32_t> mine(slots + (n * gpn + g) * per, slots + (n * gpn + g + 1) * per);
+      int32_t* dst = moved_slots.data() + (n * gpn + h) * per;
+      std::vector<bool> used(static_cast<size_t>(per), false), placed(static_cast<size_t>(per), false);
+      for (int64_t k = 0; k < per; ++k)  // experts already in slot k of the old GPU stay there
+        for (int64_t i = 0; i < per; ++i)
+          if (!placed[i] && mine[i] == old[(n * gpn + h) * per + k]) {
+            dst[k] = mine[i], used[k] = true, placed[i] = true;
+            break;
+          }
+      int64_t k = 0;
+      for (int64_t i = 0; i < per; ++i) {
+        if (placed[i]) continue;
+        while (used[k]) ++k;
+        dst[k] = mine[i], used[k] = true;
+      }
+    }
+  }
+  std::copy(moved_slots.begin(), moved_slots.end(), slots);
+}
+
+}  // namespace
+
 eplb_refined refine_placement(std::span<const double> weight, const eplb_plan& plan, const eplb_plan* previous) {
   eplb_refined out;
   out.plan = plan;
@@ -173,77 +258,8 @@ eplb_refined refine_placement(std::span<const double> weight, const eplb_plan& p
   const int64_t per = sh.physical / sh.gpus;
   const int64_t nodes = p.hierarchical ? sh.nodes : 1, gpn = sh.gpus / nodes;
   for (int64_t l = 0; l < sh.layers; ++l) {
-    int32_t* slots = p.phy2log.data() + l * sh.physical;
-    const auto replica_load = [&](int64_t s) { return weight[l * sh.logical + slots[s]] / p.logcnt[l * sh.logical + slots[s]]; };
-    for (int64_t n = 0; n < nodes; ++n) {
-      std::vector<double> load(static_cast<size_t>(gpn), 0.0);
-      for (int64_t g = 0; g < gpn; ++g)
-        for (int64_t k = 0; k < per; ++k) load[g] += replica_load((n * gpn + g) * per + k);
-      for (int guard = 0; guard < 10000; ++guard) {
-        const int64_t a = std::max_element(load.begin(), load.end()) - load.begin();
-        // The best swap of a slot of GPU a with a slot of another GPU: the lowest resulting
-        // max of the two loads, taken only when below a's load now.
-        double best = load[a];
-        int64_t bs = -1, bt = -1, bb = -1;
-        for (int64_t b = 0; b < gpn; ++b) {
-          if (b == a) continue;
-          for (int64_t i = 0; i < per; ++i)
-            for (int64_t j = 0; j < per; ++j) {
-              const int64_t s = (n * gpn + a) * per + i, t = (n * gpn + b) * per + j;
-              const double d = replica_load(s) - replica_load(t);
-              if (d <= 0) continue;
-              const double m = std::max(load[a] - d, load[b] + d);
-              if (m < best - 1e-12 * load[a]) best = m, bs = s, bt = t, bb = b;
-            }
-        }
-        if (bs < 0) break;
-        const double d = replica_load(bs) - replica_load(bt);
-        load[a] -= d, load[bb] += d;
-        std::swap(slots[bs], slots[bt]);
-        ++out.swaps;
-      }
-    }
-    if (!previous) continue;
-    // Keep weights where they are: match each new GPU of a node to the old GPU of that node
-    // holding most of its experts (greedy, largest overlap first), then place each GPU's
-    // experts in the slots that already hold them.
-    const int32_t* old = previous->phy2log.data() + l * sh.physical;
-    std::vector<int32_t> moved_slots(slots, slots + sh.physical);
-    for (int64_t n = 0; n < nodes; ++n) {
-      std::vector<std::tuple<int64_t, int64_t, int64_t>> pairs;  // (−overlap, new gpu, old gpu)
-      for (int64_t g = 0; g < gpn; ++g)
-        for (int64_t h = 0; h < gpn; ++h) {
-          std::vector<int32_t> had(old + (n * gpn + h) * per, old + (n * gpn + h + 1) * per);
-          int64_t common = 0;
-          for (int64_t k = 0; k < per; ++k)
-            if (auto it = std::find(had.begin(), had.end(), slots[(n * gpn + g) * per + k]); it != had.end()) ++common, *it = -1;
-          pairs.emplace_back(-common, g, h);
-        }
-      std::sort(pairs.begin(), pairs.end());
-      std::vector<int64_t> target(static_cast<size_t>(gpn), -1);
-      std::vector<bool> taken(static_cast<size_t>(gpn), false);
-      for (auto [c, g, h] : pairs)
-        if (target[g] < 0 && !taken[h]) target[g] = h, taken[h] = true;
-      for (int64_t g = 0; g < gpn; ++g) {
-        const int64_t h = target[g];
-        std::vector<int32_t> mine(slots + (n * gpn + g) * per, slots + (n * gpn + g + 1) * per);
-        int32_t* dst = moved_slots.data() + (n * gpn + h) * per;
-        std::vector<bool> used(static_cast<size_t>(per), false), placed(static_cast<size_t>(per), false);
-        for (int64_t k = 0; k < per; ++k)  // experts already in slot k of the old GPU stay there
-          for (int64_t i = 0; i < per; ++i)
-            if (!placed[i] && mine[i] == old[(n * gpn + h) * per + k]) {
-              dst[k] = mine[i], used[k] = true, placed[i] = true;
-              break;
-            }
-        int64_t k = 0;
-        for (int64_t i = 0; i < per; ++i) {
-          if (placed[i]) continue;
-          while (used[k]) ++k;
-          dst[k] = mine[i], used[k] = true;
-        }
-      }
-    }
-    std::copy(moved_slots.begin(), moved_slots.end(), slots);
+    for (int64_t n = 0; n < nodes; ++n) out.swaps += swap_balance(weight, p, l, n, gpn, per);
+    if (previous) keep_in_place(p, *previous, l, nodes, gpn, per);
   }
   rebuild_log2phy(p);
   if (previous) {
