@@ -84,10 +84,6 @@ struct engine_state {
     if (draining) return error_reply{errc::draining, "engine is draining: it takes no new requests"};
     if (!sink) return error_reply{errc::no_sink, "no actor to stream tokens to (anonymous sender?)"};
     if (!req.id.valid()) return error_reply{errc::invalid_request, "request id must be >= 0"};
-    if (req.sampling.bias_tokens.size() != req.sampling.bias_values.size())
-      return error_reply{errc::invalid_request, "sampling.bias_tokens holds " + std::to_string(req.sampling.bias_tokens.size()) +
-                                                    " ids for " + std::to_string(req.sampling.bias_values.size()) +
-                                                    " bias values"};
     if (routes.contains(req.id))
       return error_reply{errc::duplicate_request, "request " + to_string(req.id) + " is still running"};
     return std::nullopt;
@@ -233,7 +229,7 @@ caf::result<request_id> submit(self_pointer self, generation_request& req, token
   auto& st = self->state;
   if (auto refused = st.check_submit(req, sink)) return make_error(std::move(*refused));
   make_room(self, req.id);
-  auto id = st.engine->add_request(req.id, std::move(req.prompt), to_sampling_params(req.sampling), req.cls,
+  auto id = st.engine->add_request(req.id, std::move(req.prompt), req.sampling, req.cls,
                                    from_payloads(req.images));
   if (!id) return make_error(to_reply(std::move(id.error())));
   if (st.add_route(*id, sink)) self->monitor(sink);

@@ -206,14 +206,12 @@ generation_request make_generation(int64_t id, std::vector<int32_t> prompt, cons
   req.sampling.top_p = r.top_p;
   req.sampling.max_tokens = r.max_tokens;
   req.sampling.ignore_eos = r.ignore_eos;
-  req.sampling.has_seed = true;  // re-routing recomputes the same tokens
-  req.sampling.seed = r.seed.value_or(static_cast<uint64_t>(id));
+  req.sampling.seed = r.seed.value_or(static_cast<uint64_t>(id));  // re-routing recomputes the same tokens
   req.sampling.stop_strings = r.stop;  // the engine stops at the first match
-  for (const auto& [id, bias] : r.logit_bias) req.sampling.bias_tokens.push_back(id), req.sampling.bias_values.push_back(bias);
+  req.sampling.logit_bias.assign(r.logit_bias.begin(), r.logit_bias.end());
   req.sampling.presence_penalty = r.presence_penalty;
   req.sampling.frequency_penalty = r.frequency_penalty;
-  req.sampling.constraint_kind = static_cast<uint8_t>(r.constraint.kind);
-  req.sampling.constraint = r.constraint.source;
+  req.sampling.constraint = r.constraint;
   req.sampling.logprobs = r.logprobs;
   req.cls = r.cls;
   req.images = to_payloads(r.images);

@@ -74,38 +74,6 @@ error_reply to_error_reply(const caf::error& e) {
   return {errc::unknown, caf::to_string(e)};
 }
 
-sampling_options to_sampling_options(const runtime::sampling_params& p) {
-  sampling_options o;
-  o.temperature = p.temperature, o.top_k = p.top_k, o.top_p = p.top_p, o.max_tokens = p.max_tokens;
-  o.stop_token_ids = p.stop_token_ids, o.stop_strings = p.stop_strings, o.ignore_eos = p.ignore_eos;
-  o.has_seed = p.seed.has_value(), o.seed = p.seed.value_or(0);
-  for (const auto& [id, bias] : p.logit_bias) o.bias_tokens.push_back(id), o.bias_values.push_back(bias);
-  o.presence_penalty = p.presence_penalty, o.frequency_penalty = p.frequency_penalty;
-  o.constraint_kind = static_cast<uint8_t>(p.constraint.kind), o.constraint = p.constraint.source;
-  o.logprobs = p.logprobs;
-  return o;
-}
-
-runtime::sampling_params to_sampling_params(const sampling_options& o) {
-  runtime::sampling_params p;
-  p.temperature = o.temperature;
-  p.top_k = o.top_k;
-  p.top_p = o.top_p;
-  p.max_tokens = o.max_tokens;
-  p.stop_token_ids = o.stop_token_ids;
-  p.stop_strings = o.stop_strings;
-  p.ignore_eos = o.ignore_eos;
-  if (o.has_seed) p.seed = o.seed;
-  // Pairs up to the shorter list (the engine actor refuses lists of different lengths).
-  for (size_t i = 0; i < std::min(o.bias_tokens.size(), o.bias_values.size()); ++i)
-    p.logit_bias.emplace_back(o.bias_tokens[i], o.bias_values[i]);
-  p.presence_penalty = o.presence_penalty, p.frequency_penalty = o.frequency_penalty;
-  // An unknown kind byte (another process's) stays as it is: the engine refuses it by number.
-  p.constraint = {static_cast<runtime::constraint_kind>(o.constraint_kind), o.constraint};
-  p.logprobs = o.logprobs;  // validate() refuses one outside [-1, 20]
-  return p;
-}
-
 std::vector<image_payload> to_payloads(const std::vector<runtime::prompt_image>& images) {
   std::vector<image_payload> out;
   for (const auto& im : images) {
@@ -129,7 +97,7 @@ std::vector<runtime::prompt_image> from_payloads(const std::vector<image_payload
 handoff_offer to_handoff_offer(const runtime::handoff_state& s, caf::actor prefill, int64_t blocks_needed,
                                uint64_t lease) {
   return {s.id,        std::move(prefill), blocks_needed, lease,         s.tokens,     s.prompt_len,
-          to_payloads(s.images),           to_sampling_options(s.params),   s.seq_seed,    s.cls,           s.text,       s.computed,
+          to_payloads(s.images),           s.params,   s.seq_seed,    s.cls,           s.text,       s.computed,
           s.dec_from,  s.ring_tokens,      s.ring_floor,  s.cached_tokens, s.swa_approx, s.snapshot_at,
           s.blocks,    s.rings};
 }
@@ -140,7 +108,7 @@ runtime::handoff_state to_handoff_state(const handoff_offer& o) {
   s.tokens = o.tokens;
   s.prompt_len = o.prompt_len;
   s.images = from_payloads(o.images);
-  s.params = to_sampling_params(o.sampling);
+  s.params = o.sampling;
   s.seq_seed = o.seq_seed;
   s.cls = o.cls;
   s.text = o.text;

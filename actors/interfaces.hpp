@@ -259,7 +259,7 @@ using engine_actor_impl = engine_actor::extend<
 CAF_BEGIN_TYPE_ID_BLOCK(shoal, caf::first_custom_type_id)
   CAF_ADD_TYPE_ID(shoal, (shoal::request_id))
   CAF_ADD_TYPE_ID(shoal, (shoal::actors::error_reply))
-  CAF_ADD_TYPE_ID(shoal, (shoal::actors::sampling_options))
+  CAF_ADD_TYPE_ID(shoal, (shoal::runtime::sampling_params))
   CAF_ADD_TYPE_ID(shoal, (shoal::actors::generation_request))
   CAF_ADD_TYPE_ID(shoal, (shoal::actors::token_event))
   CAF_ADD_TYPE_ID(shoal, (shoal::actors::engine_stats_snapshot))

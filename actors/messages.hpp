@@ -8,7 +8,10 @@
 #include <vector>
 
 #include <caf/fwd.hpp>
+#include <caf/error.hpp>
+#include <caf/meta/load_callback.hpp>
 #include <caf/meta/type_name.hpp>
+#include <caf/sec.hpp>
 #include <caf/replies_to.hpp>
 #include <caf/type_id.hpp>
 #include <caf/typed_actor.hpp>
@@ -103,36 +106,38 @@ error_reply to_error_reply(const caf::error& e);
 
 // -- generation -----------------------------------------------------------------------------
 
-// runtime::sampling_params on the wire (std::optional<uint64_t> seed → has_seed + seed).
-struct sampling_options {
-  float temperature = 0.0f;  // 0 = greedy
-  int32_t top_k = 0;         // 0 = off
-  float top_p = 1.0f;        // in (0, 1]; 1 = off
-  int32_t max_tokens = 16;   // generated tokens, ≥ 1
-  std::vector<int32_t> stop_token_ids;
-  std::vector<std::string> stop_strings;
-  bool ignore_eos = false;
-  bool has_seed = false;
-  uint64_t seed = 0;         // meaningful only with has_seed
-  std::vector<int32_t> bias_tokens;  // logit_bias: token ids and their biases, pairwise
-  std::vector<float> bias_values;
-  float presence_penalty = 0.0f;
-  float frequency_penalty = 0.0f;
-  uint8_t constraint_kind = 0;  // runtime::constraint_kind (structured output); 0: none
-  std::string constraint;       // its schema, regex or grammar text
-  int32_t logprobs = -1;        // runtime::sampling_params::logprobs
-  friend bool operator==(const sampling_options&, const sampling_options&) = default;
-};
+}  // namespace shoal::actors
 
+namespace shoal::runtime {
+
+// runtime::sampling_params on the wire, the struct itself: the optional seed as has_seed +
+// seed, logit_bias as two lists of equal length (unequal ones from another process fail the
+// message), the constraint's kind as its byte (an unknown one is refused by the engine, by
+// number).
 template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, sampling_options& x) {
-  return f(caf::meta::type_name("sampling_options"), x.temperature, x.top_k, x.top_p, x.max_tokens,
-           x.stop_token_ids, x.stop_strings, x.ignore_eos, x.has_seed, x.seed, x.bias_tokens, x.bias_values,
-           x.presence_penalty, x.frequency_penalty, x.constraint_kind, x.constraint, x.logprobs);
+typename Inspector::result_type inspect(Inspector& f, sampling_params& x) {
+  bool has_seed = x.seed.has_value();
+  uint64_t seed = x.seed.value_or(0);
+  std::vector<int32_t> bias_tokens;
+  std::vector<float> bias_values;
+  for (const auto& [token, bias] : x.logit_bias) bias_tokens.push_back(token), bias_values.push_back(bias);
+  uint8_t kind = static_cast<uint8_t>(x.constraint.kind);
+  auto loaded = caf::meta::load_callback([&]() -> caf::error {
+    if (bias_tokens.size() != bias_values.size()) return caf::make_error(caf::sec::invalid_argument);
+    x.seed = has_seed ? std::optional<uint64_t>(seed) : std::nullopt;
+    x.logit_bias.clear();
+    for (size_t i = 0; i < bias_tokens.size(); ++i) x.logit_bias.emplace_back(bias_tokens[i], bias_values[i]);
+    x.constraint.kind = static_cast<constraint_kind>(kind);
+    return caf::none;
+  });
+  return f(caf::meta::type_name("sampling_params"), x.temperature, x.top_k, x.top_p, x.max_tokens, x.stop_token_ids,
+           x.stop_strings, x.ignore_eos, has_seed, seed, bias_tokens, bias_values, x.presence_penalty,
+           x.frequency_penalty, kind, x.constraint.source, x.logprobs, loaded);
 }
 
-sampling_options to_sampling_options(const runtime::sampling_params& p);
-runtime::sampling_params to_sampling_params(const sampling_options& o);
+}  // namespace shoal::runtime
+
+namespace shoal::actors {
 
 // One image of a prompt on the wire: its placeholder tokens, content hash and pixels (fit to
 // the encoder's patches), and where a vision-encoder worker holds its encoder rows (an empty
@@ -162,7 +167,7 @@ std::vector<runtime::prompt_image> from_payloads(const std::vector<image_payload
 struct generation_request {
   request_id id;
   std::vector<int32_t> prompt;  // (n_prompt,) token ids, BOS included when the model wants one
-  sampling_options sampling;
+  runtime::sampling_params sampling;
   runtime::traffic_class cls = runtime::traffic_class::chat;  // storage TTL of the blocks it writes back
   std::vector<image_payload> images = {};  // of the prompt, in order
   friend bool operator==(const generation_request&, const generation_request&) = default;
@@ -297,7 +302,7 @@ struct handoff_offer {
   std::vector<int32_t> tokens; // prompt ++ output so far
   int64_t prompt_len = 0;
   std::vector<image_payload> images;  // of the prompt (a failed read recomputes with them)
-  sampling_options sampling;
+  runtime::sampling_params sampling;
   uint64_t seq_seed = 0;
   runtime::traffic_class cls = runtime::traffic_class::chat;
   std::string text;

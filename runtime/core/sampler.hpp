@@ -41,6 +41,7 @@ struct sampling_params {
   // temperature or mask).
   int32_t logprobs = -1;
   bool adjusts_logits() const { return !logit_bias.empty() || presence_penalty != 0 || frequency_penalty != 0; }
+  friend bool operator==(const sampling_params&, const sampling_params&) = default;
 };
 
 // Bad request parameters are operating errors: returns a message naming the first bad field

@@ -625,7 +625,7 @@ runtime::engine_config ep_engine_config() {
 }
 
 actors::generation_request greedy_request(int64_t id, std::vector<int32_t> prompt, int32_t max_tokens) {
-  actors::sampling_options o;
+  runtime::sampling_params o;
   o.max_tokens = max_tokens;
   o.ignore_eos = true;
   return {request_id(id), std::move(prompt), o};
@@ -695,7 +695,7 @@ TEST_CASE("expert parallelism across two actor systems: tokens equal a plain eng
                                                   greedy_request(2, test::random_tokens(37, 12), 5),
                                                   greedy_request(3, test::random_tokens(9, 13), 11)};
   runtime::engine plain(weights, ep_engine_config());
-  for (const auto& r : reqs) REQUIRE(plain.add_request(r.prompt, actors::to_sampling_params(r.sampling)));
+  for (const auto& r : reqs) REQUIRE(plain.add_request(r.prompt, r.sampling));
   std::vector<std::vector<int32_t>> expected;
   for (auto& c : plain.run_to_completion()) expected.push_back(c.output);
 

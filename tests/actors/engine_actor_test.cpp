@@ -47,8 +47,8 @@ runtime::engine_config base_config() {
   return c;
 }
 
-actors::sampling_options greedy(int32_t n) {
-  actors::sampling_options o;
+runtime::sampling_params greedy(int32_t n) {
+  runtime::sampling_params o;
   o.max_tokens = n;
   o.ignore_eos = true;
   return o;
@@ -62,7 +62,7 @@ generation_request make_request(int64_t id, std::vector<int32_t> prompt, int32_t
 std::vector<std::vector<int32_t>> reference_outputs(std::shared_ptr<const model::model_weights> w,
                                                     const std::vector<generation_request>& reqs) {
   runtime::engine e(std::move(w), base_config());
-  for (const auto& r : reqs) REQUIRE(e.add_request(r.prompt, actors::to_sampling_params(r.sampling)));
+  for (const auto& r : reqs) REQUIRE(e.add_request(r.prompt, r.sampling));
   std::vector<std::vector<int32_t>> out;
   for (auto& c : e.run_to_completion()) out.push_back(c.output);
   return out;
@@ -330,7 +330,6 @@ actors::handoff_offer offer_example(caf::actor prefill) {
   o.prompt_len = 4;
   o.images = {{1, 2, 3, 4, 14, 14, std::vector<uint8_t>(14 * 14 * 3, 9), {}}};
   o.sampling.temperature = 0.5f;
-  o.sampling.has_seed = true;
   o.sampling.seed = 99;
   o.sampling.stop_strings = {"END"};
   o.seq_seed = 1ull << 60;
@@ -361,7 +360,7 @@ constexpr bool is_the_type_id_block() {
   return sizeof...(Ts) == caf::id_block::shoal::end - caf::id_block::shoal::begin;
 }
 
-static_assert(is_the_type_id_block<request_id, error_reply, actors::sampling_options, generation_request, token_event,
+static_assert(is_the_type_id_block<request_id, error_reply, runtime::sampling_params, generation_request, token_event,
                                    engine_stats_snapshot, token_sink_actor, actors::engine_actor, actors::rank_info,
                                    actors::node_info, actors::membership, actors::ep_frame, actors::text_event,
                                    actors::rank_actor, actors::node_agent_actor, actors::prefill_balancer_actor,
@@ -394,7 +393,7 @@ TEST_CASE("every type of the type-ID block round-trips through a remote actor") 
     for (auto& a : locals) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
   };
 
-  actors::sampling_options full;
+  runtime::sampling_params full;
   full.temperature = 0.7f;
   full.top_k = 40;
   full.top_p = 0.9f;
@@ -402,10 +401,10 @@ TEST_CASE("every type of the type-ID block round-trips through a remote actor") 
   full.stop_token_ids = {7, 8};
   full.stop_strings = {"\n\n", "END"};
   full.ignore_eos = true;
-  full.has_seed = true;
   full.seed = 0xfedcba9876543210ull;
-  full.bias_tokens = {3, 250};
-  full.bias_values = {-100.0f, 7.5f};
+  full.logit_bias = {{3, -100.0f}, {250, 7.5f}};
+  full.constraint = {runtime::constraint_kind::regex, "[a-z]+"};
+  full.logprobs = 3;
   full.presence_penalty = -0.5f;
   full.frequency_penalty = 1.25f;
   generation_request req{request_id(1ll << 40), {256, 1, 2, 299}, full};
@@ -424,7 +423,7 @@ TEST_CASE("every type of the type-ID block round-trips through a remote actor") 
   round_trip(self, remote, request_id(42));
   round_trip(self, remote, error_reply{errc::duplicate_request, "request 3 is still running"});
   round_trip(self, remote, full);
-  round_trip(self, remote, actors::sampling_options{});
+  round_trip(self, remote, runtime::sampling_params{});
   round_trip(self, remote, req);
   round_trip(self, remote, token_event{request_id(3), 77, true, runtime::finish_reason::stop});
   round_trip(self, remote, token_event{request_id(4), 12, true, runtime::finish_reason::length, 48});

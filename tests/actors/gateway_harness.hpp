@@ -109,11 +109,11 @@ inline runtime::engine_config engine_config() {
 // What a plain engine generates greedily for `prompt` (ignore_eos).
 inline std::vector<int32_t> reference_tokens(const std::vector<int32_t>& prompt, int32_t max_tokens,
                                       std::vector<runtime::prompt_image> images = {},
-                                      actors::sampling_options o = {}) {
+                                      runtime::sampling_params o = {}) {
   runtime::engine e(tiny_checkpoint().model.weights, engine_config());
   o.max_tokens = max_tokens;
   o.ignore_eos = true;
-  REQUIRE(e.add_request(prompt, actors::to_sampling_params(o), runtime::traffic_class::chat, std::move(images)));
+  REQUIRE(e.add_request(prompt, o, runtime::traffic_class::chat, std::move(images)));
   auto done = e.run_to_completion();
   REQUIRE(done.size() == 1);
   REQUIRE(done[0].output.size() == static_cast<size_t>(max_tokens));

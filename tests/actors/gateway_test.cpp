@@ -250,7 +250,7 @@ TEST_CASE("gateway logit_bias and penalties reach the engine, a bias outside the
   json pen = completion_body(prompt, 24);
   pen["frequency_penalty"] = 1.5;
   pen["presence_penalty"] = 0.5;
-  actors::sampling_options o;
+  runtime::sampling_params o;
   o.frequency_penalty = 1.5f, o.presence_penalty = 0.5f;
   const auto ids = runtime::encode_prompt(tok(), prompt);
   const std::string want = as_json_text(tok().decode(reference_tokens(ids, 24, {}, o)));

@@ -195,7 +195,7 @@ TEST_CASE("shoald serves a remote engine with the local engine's greedy tokens a
     runtime::engine local(model->weights, tools::shoald::engine_config_for(model->weights->config));
     std::map<int64_t, int64_t> caller_id;  // engine id → request id
     for (const auto& r : reqs) {
-      auto id = local.add_request(r.prompt, actors::to_sampling_params(r.sampling));
+      auto id = local.add_request(r.prompt, r.sampling);
       REQUIRE(id);
       caller_id[id->value] = r.id.value;
     }
