@@ -214,7 +214,7 @@ generation_request make_generation(int64_t id, std::vector<int32_t> prompt, cons
   req.sampling.constraint = r.constraint;
   req.sampling.logprobs = r.logprobs;
   req.cls = r.cls;
-  req.images = to_payloads(r.images);
+  req.images = r.images;
   return req;
 }
 

@@ -74,30 +74,10 @@ error_reply to_error_reply(const caf::error& e) {
   return {errc::unknown, caf::to_string(e)};
 }
 
-std::vector<image_payload> to_payloads(const std::vector<runtime::prompt_image>& images) {
-  std::vector<image_payload> out;
-  for (const auto& im : images) {
-    image_payload p{im.pos, im.count, im.hash[0], im.hash[1], 0, 0, {}, im.rows};
-    if (im.pixels) p.width = im.pixels->width, p.height = im.pixels->height, p.rgb = im.pixels->rgb;
-    out.push_back(std::move(p));
-  }
-  return out;
-}
-
-std::vector<runtime::prompt_image> from_payloads(const std::vector<image_payload>& images) {
-  std::vector<runtime::prompt_image> out;
-  for (const auto& p : images) {
-    auto px = std::make_shared<runtime::rgb_image>();
-    px->width = p.width, px->height = p.height, px->rgb = p.rgb;
-    out.push_back({p.pos, p.count, {p.hash_lo, p.hash_hi}, std::move(px), p.rows});
-  }
-  return out;
-}
-
 handoff_offer to_handoff_offer(const runtime::handoff_state& s, caf::actor prefill, int64_t blocks_needed,
                                uint64_t lease) {
   return {s.id,        std::move(prefill), blocks_needed, lease,         s.tokens,     s.prompt_len,
-          to_payloads(s.images),           s.params,   s.seq_seed,    s.cls,           s.text,       s.computed,
+          s.images,           s.params,   s.seq_seed,    s.cls,           s.text,       s.computed,
           s.dec_from,  s.ring_tokens,      s.ring_floor,  s.cached_tokens, s.swa_approx, s.snapshot_at,
           s.blocks,    s.rings};
 }
@@ -107,7 +87,7 @@ runtime::handoff_state to_handoff_state(const handoff_offer& o) {
   s.id = o.id;
   s.tokens = o.tokens;
   s.prompt_len = o.prompt_len;
-  s.images = from_payloads(o.images);
+  s.images = o.images;
   s.params = o.sampling;
   s.seq_seed = o.seq_seed;
   s.cls = o.cls;

@@ -191,7 +191,7 @@ using ve_worker_actor = caf::typed_actor<
   // The rows of each image ((count, hidden_size) floats, in order), registered and described
   // (its crc32c included); an image it holds already skips the encoder. Error
   // invalid_request naming a bad image (pixels that do not fit the encoder or its hash).
-  caf::replies_to<encode_atom, std::vector<image_payload>>::with<std::vector<runtime::remote_memory>>,
+  caf::replies_to<encode_atom, std::vector<runtime::prompt_image>>::with<std::vector<runtime::remote_memory>>,
   caf::replies_to<stats_atom>::with<ve_worker_stats>>;
 
 // The VE balancer of a gateway node (runtime::ve_balancer over the membership's VE workers).
@@ -199,7 +199,7 @@ using ve_balancer_actor = caf::typed_actor<
   // Encodes request `id`'s images on the worker with the least patches queued and replies its
   // rows' ranges; a job whose worker dies, drains or fails is placed again. Error no_engine
   // when no worker is up (the engines encode instead), invalid_request for a bad image.
-  caf::replies_to<encode_atom, request_id, std::vector<image_payload>>::with<std::vector<runtime::remote_memory>>,
+  caf::replies_to<encode_atom, request_id, std::vector<runtime::prompt_image>>::with<std::vector<runtime::remote_memory>>,
   caf::replies_to<stats_atom>::with<ve_report>,
   caf::reacts_to<membership>>;
 
@@ -294,8 +294,8 @@ CAF_BEGIN_TYPE_ID_BLOCK(shoal, caf::first_custom_type_id)
   CAF_ADD_TYPE_ID(shoal, (shoal::actors::swa_store_stats))
   CAF_ADD_TYPE_ID(shoal, (shoal::actors::swa_store_actor))
   CAF_ADD_TYPE_ID(shoal, (shoal::actors::swa_directory_actor))
-  CAF_ADD_TYPE_ID(shoal, (shoal::actors::image_payload))
-  CAF_ADD_TYPE_ID(shoal, (std::vector<shoal::actors::image_payload>))
+  CAF_ADD_TYPE_ID(shoal, (shoal::runtime::prompt_image))
+  CAF_ADD_TYPE_ID(shoal, (std::vector<shoal::runtime::prompt_image>))
   CAF_ADD_TYPE_ID(shoal, (std::vector<shoal::runtime::remote_memory>))
   CAF_ADD_TYPE_ID(shoal, (shoal::actors::ve_worker_stats))
   CAF_ADD_TYPE_ID(shoal, (shoal::actors::ve_worker_row))

@@ -22,6 +22,8 @@
 #include "runtime/base/ids.hpp"
 #include "runtime/core/sampler.hpp"
 #include "runtime/base/traffic_class.hpp"
+#include "runtime/vision/image.hpp"
+#include "runtime/vision/prompt_image.hpp"
 
 // -- strong ids on the wire ---------------------------------------------------------------
 
@@ -139,28 +141,34 @@ typename Inspector::result_type inspect(Inspector& f, sampling_params& x) {
 
 namespace shoal::actors {
 
-// One image of a prompt on the wire: its placeholder tokens, content hash and pixels (fit to
-// the encoder's patches), and where a vision-encoder worker holds its encoder rows (an empty
-// owner when none does: the engine encodes). It comes from another process: the engine that
-// takes it checks it against the prompt and the encoder, recomputes the hash
-// (runtime::check_prompt_images) and checks the rows' length and checksum when it reads them.
-struct image_payload {
-  int64_t pos = 0, count = 0;
-  uint64_t hash_lo = 0, hash_hi = 0;
-  int64_t width = 0, height = 0;
-  std::vector<uint8_t> rgb;
-  runtime::remote_memory rows = {};
-  friend bool operator==(const image_payload&, const image_payload&) = default;
-};
+}  // namespace shoal::actors
 
+namespace shoal::runtime {
+
+// One image of a prompt on the wire, runtime::prompt_image itself: its placeholder tokens,
+// content hash and pixels (fit to the encoder's patches), and where a vision-encoder worker
+// holds its encoder rows (an empty owner when none does: the engine encodes). It comes from
+// another process: the engine that takes it checks it against the prompt and the encoder,
+// recomputes the hash (check_prompt_images) and checks the rows' length and checksum when it
+// reads them. A received image always has pixels (empty ones when none were sent).
 template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, image_payload& x) {
-  return f(caf::meta::type_name("image_payload"), x.pos, x.count, x.hash_lo, x.hash_hi, x.width, x.height, x.rgb,
-           x.rows);
+typename Inspector::result_type inspect(Inspector& f, prompt_image& x) {
+  uint64_t hash_lo = x.hash[0], hash_hi = x.hash[1];
+  int64_t width = x.pixels ? x.pixels->width : 0, height = x.pixels ? x.pixels->height : 0;
+  std::vector<uint8_t> rgb = x.pixels ? x.pixels->rgb : std::vector<uint8_t>{};
+  auto loaded = caf::meta::load_callback([&]() -> caf::error {
+    x.hash = {hash_lo, hash_hi};
+    auto px = std::make_shared<rgb_image>();
+    px->width = width, px->height = height, px->rgb = std::move(rgb);
+    x.pixels = std::move(px);
+    return caf::none;
+  });
+  return f(caf::meta::type_name("prompt_image"), x.pos, x.count, hash_lo, hash_hi, width, height, rgb, x.rows, loaded);
 }
 
-std::vector<image_payload> to_payloads(const std::vector<runtime::prompt_image>& images);
-std::vector<runtime::prompt_image> from_payloads(const std::vector<image_payload>& images);
+}  // namespace shoal::runtime
+
+namespace shoal::actors {
 
 // One generation request. `id` is chosen by the caller (the gateway makes it unique in the
 // cluster); token events and cancel refer to it.
@@ -169,7 +177,7 @@ struct generation_request {
   std::vector<int32_t> prompt;  // (n_prompt,) token ids, BOS included when the model wants one
   runtime::sampling_params sampling;
   runtime::traffic_class cls = runtime::traffic_class::chat;  // storage TTL of the blocks it writes back
-  std::vector<image_payload> images = {};  // of the prompt, in order
+  std::vector<runtime::prompt_image> images = {};  // of the prompt, in order
   friend bool operator==(const generation_request&, const generation_request&) = default;
 };
 
@@ -301,7 +309,7 @@ struct handoff_offer {
   uint64_t lease = 0;          // which of the prefill engine's leases of `id` (release names it)
   std::vector<int32_t> tokens; // prompt ++ output so far
   int64_t prompt_len = 0;
-  std::vector<image_payload> images;  // of the prompt (a failed read recomputes with them)
+  std::vector<runtime::prompt_image> images;  // of the prompt (a failed read recomputes with them)
   runtime::sampling_params sampling;
   uint64_t seq_seed = 0;
   runtime::traffic_class cls = runtime::traffic_class::chat;

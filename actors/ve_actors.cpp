@@ -27,8 +27,8 @@ ve_worker_actor::behavior_type worker_behavior(ve_worker_actor::stateful_pointer
   self->state.node = std::move(node);
   self->state.worker = std::move(worker);
   return {
-    [self](encode_atom, const std::vector<image_payload>& images) -> caf::result<std::vector<runtime::remote_memory>> {
-      auto rows = self->state.worker->encode(from_payloads(images));
+    [self](encode_atom, const std::vector<runtime::prompt_image>& images) -> caf::result<std::vector<runtime::remote_memory>> {
+      auto rows = self->state.worker->encode(images);
       if (!rows) return make_error(rows.error().bad_input ? errc::invalid_request : errc::unknown, rows.error().message);
       return std::move(*rows);
     },
@@ -44,7 +44,7 @@ ve_worker_actor::behavior_type worker_behavior(ve_worker_actor::stateful_pointer
 
 struct job {
   caf::typed_response_promise<std::vector<runtime::remote_memory>> promise;
-  std::vector<image_payload> images;
+  std::vector<runtime::prompt_image> images;
   int64_t patches = 0;
   uint64_t placement = 0;         // answers of older placements are stale
   std::vector<int64_t> tried;     // workers that failed it
@@ -163,14 +163,14 @@ ve_balancer_actor::behavior_type balancer_behavior(balancer_pointer self, ve_bal
     if (auto it = self->state.ids.find(msg.source); it != self->state.ids.end()) drop_worker(self, it->second);
   });
   return {
-    [self](encode_atom, request_id, std::vector<image_payload>& images)
+    [self](encode_atom, request_id, std::vector<runtime::prompt_image>& images)
       -> caf::result<std::vector<runtime::remote_memory>> {
       auto& st = self->state;
       if (images.empty()) return make_error(errc::invalid_request, "no images to encode");
       ++st.taken;
       const int64_t id = st.next_job++;
       job& j = st.jobs[id];
-      for (const image_payload& im : images) j.patches += im.count;
+      for (const runtime::prompt_image& im : images) j.patches += im.count;
       j.images = std::move(images);
       j.promise = self->make_response_promise<std::vector<runtime::remote_memory>>();
       auto promise = j.promise;

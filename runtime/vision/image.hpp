@@ -27,6 +27,7 @@ struct rgb_image {
   int64_t width = 0;
   int64_t height = 0;
   std::vector<uint8_t> rgb;  // (height, width, 3)
+  friend bool operator==(const rgb_image&, const rgb_image&) = default;
 };
 
 enum class image_errc : uint8_t {

@@ -6,6 +6,12 @@
 
 namespace shoal::runtime {
 
+bool operator==(const prompt_image& a, const prompt_image& b) {
+  const rgb_image none;
+  return a.pos == b.pos && a.count == b.count && a.hash == b.hash && a.rows == b.rows &&
+         (a.pixels ? *a.pixels : none) == (b.pixels ? *b.pixels : none);
+}
+
 std::vector<image_key> image_keys(std::span<const prompt_image> images) {
   std::vector<image_key> keys;
   keys.reserve(images.size());

@@ -30,6 +30,8 @@ struct prompt_image {
   // registered with its transport); an empty owner when none did. An engine with a transport
   // reads them instead of running the encoder (a failed read: it encodes the pixels itself).
   remote_memory rows;
+  // The same placement, hash, rows and pixels (no pixels and an empty image alike).
+  friend bool operator==(const prompt_image& a, const prompt_image& b);
 };
 
 // Empty when `images` fit `prompt` and the encoder: in order, not overlapping, inside the

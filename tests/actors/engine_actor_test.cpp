@@ -319,6 +319,14 @@ void round_trip(caf::scoped_actor& self, const caf::actor& remote, const Ts&... 
 
 namespace {
 
+// An image of side `side` at `pos` over `count` placeholders, with pixels `rgb`.
+runtime::prompt_image test_image(int64_t pos, int64_t count, std::array<uint64_t, 2> hash, int64_t side,
+                                 std::vector<uint8_t> rgb) {
+  auto px = std::make_shared<runtime::rgb_image>();
+  px->width = side, px->height = side, px->rgb = std::move(rgb);
+  return {pos, count, hash, std::move(px), {}};
+}
+
 // A handoff offer with every field set (two blocks, one ring, an empty ring).
 actors::handoff_offer offer_example(caf::actor prefill) {
   actors::handoff_offer o;
@@ -328,7 +336,7 @@ actors::handoff_offer offer_example(caf::actor prefill) {
   o.lease = 4;
   o.tokens = {256, 5, 6, 7, 99};
   o.prompt_len = 4;
-  o.images = {{1, 2, 3, 4, 14, 14, std::vector<uint8_t>(14 * 14 * 3, 9), {}}};
+  o.images = {test_image(1, 2, {3, 4}, 14, std::vector<uint8_t>(14 * 14 * 3, 9))};
   o.sampling.temperature = 0.5f;
   o.sampling.seed = 99;
   o.sampling.stop_strings = {"END"};
@@ -370,8 +378,8 @@ static_assert(is_the_type_id_block<request_id, error_reply, runtime::sampling_pa
                                    std::vector<uint8_t>, runtime::block_key, std::vector<runtime::block_key>,
                                    actors::handoff_offer, runtime::remote_memory, actors::swa_report, actors::swa_hit,
                                    actors::swa_directory_stats, actors::swa_store_stats, actors::swa_store_actor,
-                                   actors::swa_directory_actor, actors::image_payload,
-                                   std::vector<actors::image_payload>, std::vector<runtime::remote_memory>,
+                                   actors::swa_directory_actor, runtime::prompt_image,
+                                   std::vector<runtime::prompt_image>, std::vector<runtime::remote_memory>,
                                    actors::ve_worker_stats, actors::ve_worker_row, actors::ve_report,
                                    actors::ve_worker_actor, actors::ve_balancer_actor, actors::placement_msg,
                                    actors::expert_load_msg, actors::expert_lend_msg, runtime::expert_part,
@@ -470,15 +478,15 @@ TEST_CASE("every type of the type-ID block round-trips through a remote actor") 
   round_trip(self, remote, actors::swa_store_stats{5, 256, 1415040, 9, 4, 3});
   round_trip(self, remote, caf::actor_cast<actors::swa_store_actor>(locals[2]));
   round_trip(self, remote, caf::actor_cast<actors::swa_directory_actor>(remote));
-  actors::image_payload image{5, 4, 0x0123456789abcdefull, 0xfedcba9876543210ull, 28, 28, {},
-                              runtime::remote_memory{{9, 8, 7}, 1ull << 41, 0x1234, 4 * 256 * 4, 0xfeedf00d}};
-  image.rgb.assign(mib.begin(), mib.begin() + 28 * 28 * 3);
+  runtime::prompt_image image = test_image(5, 4, {0x0123456789abcdefull, 0xfedcba9876543210ull}, 28,
+                                            {mib.begin(), mib.begin() + 28 * 28 * 3});
+  image.rows = runtime::remote_memory{{9, 8, 7}, 1ull << 41, 0x1234, 4 * 256 * 4, 0xfeedf00d};
   round_trip(self, remote, image);
-  round_trip(self, remote, actors::image_payload{});
+  round_trip(self, remote, runtime::prompt_image{});
   auto with_images = req;
   with_images.images = {image, image};
   round_trip(self, remote, with_images);
-  round_trip(self, remote, std::vector<actors::image_payload>{image, actors::image_payload{}});
+  round_trip(self, remote, std::vector<runtime::prompt_image>{image, runtime::prompt_image{}});
   round_trip(self, remote, std::vector<runtime::remote_memory>{image.rows, {}});
   round_trip(self, remote, actors::ve_worker_stats{"ve-a", 1, 2, 3, 4, 5, 6, 7, 0.5});
   round_trip(self, remote, actors::ve_worker_row{"ve-b", true, 1, 256, 3, 4, 5});
@@ -564,9 +572,9 @@ TEST_CASE("every message of the typed interfaces that crosses processes round-tr
   round_trip(self, remote, done_atom_v, request_id(3));
   round_trip(self, remote, actors::balancer_report{"prefill", "tiered", {{"n/0", 1, 2, 300, 0.5, 7}}, {16384}, {4, 1}, 0.9, 0.8});
   // ve_worker_actor, ve_balancer_actor (replies: vector<remote_memory>, ve_worker_stats, ve_report)
-  actors::image_payload im{0, 4, 1, 2, 28, 28, std::vector<uint8_t>(28 * 28 * 3, 7), {}};
-  round_trip(self, remote, encode_atom_v, std::vector<actors::image_payload>{im});
-  round_trip(self, remote, encode_atom_v, request_id(4), std::vector<actors::image_payload>{im, im});
+  runtime::prompt_image im = test_image(0, 4, {1, 2}, 28, std::vector<uint8_t>(28 * 28 * 3, 7));
+  round_trip(self, remote, encode_atom_v, std::vector<runtime::prompt_image>{im});
+  round_trip(self, remote, encode_atom_v, request_id(4), std::vector<runtime::prompt_image>{im, im});
   round_trip(self, remote, remote);
   // gateway_actor (replies: vector<string>, bool, string, int64_t, request_id)
   round_trip(self, remote, describe_atom_v);
