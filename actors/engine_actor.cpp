@@ -184,14 +184,7 @@ void release_sink(self_pointer self, const token_sink_actor& sink) {
 void deliver(self_pointer self, const runtime::token_event& ev) {
   auto& st = self->state;
   if (auto it = st.routes.find(ev.id); it != st.routes.end()) {
-    int32_t cached = ev.finished ? static_cast<int32_t>(st.engine->cached_tokens(ev.id)) : 0;
-    token_event out{ev.id, ev.token, ev.finished, ev.reason, cached};
-    if (ev.logprobs) {
-      out.has_logprobs = true;
-      out.logprob = ev.logprobs->logprob;
-      for (const auto& [id, lp] : ev.logprobs->top) out.top_ids.push_back(id), out.top_logprobs.push_back(lp);
-    }
-    self->send(it->second.sink, std::move(out));
+    self->send(it->second.sink, ev);
     if (ev.finished) {
       st.history.add(ev.id, ev.reason);
       release_sink(self, st.remove_route(ev.id).sink);

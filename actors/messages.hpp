@@ -21,6 +21,7 @@
 #include "runtime/core/handoff.hpp"
 #include "runtime/base/ids.hpp"
 #include "runtime/core/sampler.hpp"
+#include "runtime/core/token_event.hpp"
 #include "runtime/base/traffic_class.hpp"
 #include "runtime/vision/image.hpp"
 #include "runtime/vision/prompt_image.hpp"
@@ -186,29 +187,39 @@ typename Inspector::result_type inspect(Inspector& f, generation_request& x) {
   return f(caf::meta::type_name("generation_request"), x.id, x.prompt, x.sampling, x.cls, x.images);
 }
 
-// One generated token of a request, streamed to the request's sink in generation order. The
-// last event of a request has finished = true; a cancelled request ends with token -1 and
-// reason aborted.
-struct token_event {
-  request_id id;
-  int32_t token = -1;
-  bool finished = false;
-  runtime::finish_reason reason = runtime::finish_reason::none;  // on the wire: its integer
-  int32_t cached_tokens = 0;  // on the last event: prompt tokens served from the prefix cache
-  // With sampling logprobs ≥ 0 (has_logprobs): the token's log probability and the likeliest
-  // tokens with theirs (top_ids and top_logprobs pairwise).
-  bool has_logprobs = false;
-  float logprob = 0;
-  std::vector<int32_t> top_ids = {};
-  std::vector<float> top_logprobs = {};
-  friend bool operator==(const token_event&, const token_event&) = default;
-};
+}  // namespace shoal::actors
 
+namespace shoal::runtime {
+
+// A generated token on its way to the request's sink (runtime::token_event itself, logits left
+// out): the optional log probabilities as has_logprobs, the token's, and the likeliest tokens
+// with theirs as two lists of equal length.
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, token_event& x) {
-  return f(caf::meta::type_name("token_event"), x.id, x.token, x.finished, x.reason, x.cached_tokens, x.has_logprobs,
-           x.logprob, x.top_ids, x.top_logprobs);
+  bool has_logprobs = x.logprobs.has_value();
+  float logprob = x.logprobs ? x.logprobs->logprob : 0.0f;
+  std::vector<int32_t> top_ids;
+  std::vector<float> top_logprobs;
+  if (x.logprobs)
+    for (const auto& [id, lp] : x.logprobs->top) top_ids.push_back(id), top_logprobs.push_back(lp);
+  auto loaded = caf::meta::load_callback([&]() -> caf::error {
+    if (top_ids.size() != top_logprobs.size()) return caf::make_error(caf::sec::invalid_argument);
+    x.logprobs.reset();
+    if (has_logprobs) {
+      x.logprobs = token_logprobs{logprob, {}};
+      for (size_t i = 0; i < top_ids.size(); ++i) x.logprobs->top.emplace_back(top_ids[i], top_logprobs[i]);
+    }
+    return caf::none;
+  });
+  return f(caf::meta::type_name("token_event"), x.id, x.token, x.finished, x.reason, x.cached_tokens, has_logprobs,
+           logprob, top_ids, top_logprobs, loaded);
 }
+
+}  // namespace shoal::runtime
+
+namespace shoal::actors {
+
+using token_event = runtime::token_event;
 
 // A request that left an engine, by its one id, and how it ended there (handed_off: a
 // decode engine took it on).

@@ -217,14 +217,7 @@ void on_token(relay_pointer self, const token_event& ev) {
     return retry(self, {errc::unknown, "the engine failed a step of this request"}, false);
   if (ev.token >= 0 && ++st.received > st.forwarded) {
     ++st.forwarded;
-    stream_item item{ev.token, false, runtime::finish_reason::none, std::nullopt, 0, std::nullopt};
-    if (ev.has_logprobs) {
-      runtime::token_logprobs lp{ev.logprob, {}};
-      for (size_t i = 0; i < std::min(ev.top_ids.size(), ev.top_logprobs.size()); ++i)
-        lp.top.emplace_back(ev.top_ids[i], ev.top_logprobs[i]);
-      item.logprobs = std::move(lp);
-    }
-    st.channel->push(std::move(item));
+    st.channel->push({ev.token, false, runtime::finish_reason::none, std::nullopt, 0, ev.logprobs});
   }
   if (ev.finished) {
     st.channel->push({-1, true, ev.reason, std::nullopt, ev.cached_tokens});

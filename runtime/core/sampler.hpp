@@ -90,6 +90,7 @@ std::span<const float> adjusted_logits(std::span<const float> logits, const samp
 struct token_logprobs {
   float logprob = 0;
   std::vector<std::pair<int32_t, float>> top;
+  friend bool operator==(const token_logprobs&, const token_logprobs&) = default;
 };
 token_logprobs logprobs_of(std::span<const float> logits, int32_t token, int32_t n);
 

@@ -299,7 +299,8 @@ bool engine::emit(request& r, int32_t token, std::span<const float> logits, std:
   if (grammar_done && sr.reason == finish_reason::none) sr.reason = finish_reason::stop;  // nothing may follow
   if (grammar_refused) sr.reason = finish_reason::error;
   ++stats_.generated;
-  events.push_back({r.id, token, sr.reason != finish_reason::none, sr.reason, {}});
+  const bool finished = sr.reason != finish_reason::none;
+  events.push_back({r.id, token, finished, sr.reason, finished ? static_cast<int32_t>(r.cached_tokens) : 0});
   if (config_.capture_logits) events.back().logits.assign(logits.begin(), logits.end());
   if (r.params.logprobs >= 0) events.back().logprobs = logprobs_of(logits, token, r.params.logprobs);
   if (sr.reason != finish_reason::none) r.finish = sr.reason;

@@ -27,6 +27,7 @@
 #include "runtime/base/error.hpp"
 #include "runtime/base/transport.hpp"
 #include "runtime/core/scheduler.hpp"
+#include "runtime/core/token_event.hpp"
 #include "runtime/core/speculative.hpp"
 
 namespace shoal::runtime {
@@ -77,16 +78,6 @@ struct engine_config {
   // expert parallelism or role prefill (node_config refuses those). Forces
   // async_scheduling off: the next step depends on how many drafts were accepted.
   spec_config spec;
-};
-
-struct token_event {
-  request_id id;
-  int32_t token = -1;
-  bool finished = false;
-  finish_reason reason = finish_reason::none;
-  std::vector<float> logits;  // with capture_logits
-  // With sampling_params::logprobs ≥ 0: the token's log probability and the likeliest tokens'.
-  std::optional<token_logprobs> logprobs = std::nullopt;
 };
 
 struct engine_stats {
