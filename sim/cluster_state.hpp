@@ -1,4 +1,4 @@
-// The simulator's state types (sim/cluster_sim.cpp's event loop is their one user): the
+// The simulator's state types (the run of sim/cluster_run.hpp is their one user): the
 // virtual clock, the event queue, the storage tier, and the state of ranks, groups, requests
 // and pools. Internal to sim/.
 #pragma once

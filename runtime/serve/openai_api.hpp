@@ -1,7 +1,8 @@
 // The OpenAI-compatible HTTP API as plain data: request bodies of POST /v1/completions and
 // POST /v1/chat/completions parsed and validated into one completion_request, errors as
 // OpenAI-style api_error values, and response bodies (whole, streamed SSE chunks, model list)
-// built as JSON text. The HTTP server and actors call this; JSON stays inside openai_api.cpp.
+// built as JSON text. The HTTP server and actors call this; JSON stays inside openai_request.cpp
+// (parsing) and openai_response.cpp (writing).
 #pragma once
 
 #include "runtime/serve/chat_template.hpp"
