@@ -17,10 +17,15 @@
 
 namespace shoal::runtime {
 
-// What a msgpack::packer writes into.
+// What a msgpack::packer writes into. (resize + memcpy: GCC 12 at -O3 warns a false
+// -Wstringop-overflow on vector::insert of the packer's first bytes.)
 struct frame_sink {
   std::vector<uint8_t> bytes;
-  void write(const char* p, size_t n) { bytes.insert(bytes.end(), p, p + n); }
+  void write(const char* p, size_t n) {
+    const size_t at = bytes.size();
+    bytes.resize(at + n);
+    std::memcpy(bytes.data() + at, p, n);
+  }
 };
 using frame_packer = msgpack::packer<frame_sink>;
 
