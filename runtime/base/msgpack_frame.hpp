@@ -22,6 +22,7 @@ namespace shoal::runtime {
 struct frame_sink {
   std::vector<uint8_t> bytes;
   void write(const char* p, size_t n) {
+    if (n == 0) return;  // an empty bin body comes with a null pointer
     const size_t at = bytes.size();
     bytes.resize(at + n);
     std::memcpy(bytes.data() + at, p, n);
