@@ -82,7 +82,7 @@ std::string float_repr(double d) {
   return sign + digits.substr(0, exp + 1) + "." + digits.substr(exp + 1);
 }
 
-std::string repr(const value& v);
+std::string repr(const value& v, int depth = 0);
 
 // str(v) as `{{ v }}` prints it.
 std::string to_output(const value& v) {
@@ -113,23 +113,26 @@ std::string repr_string(const std::string& s) {
   return out + q;
 }
 
-std::string repr(const value& v) {
+// Python's repr of `v`. A namespace can hold itself (`set ns.n = ns`): past 64 levels the
+// rest prints as "..." (Python prints a recursive container as "{...}").
+std::string repr(const value& v, int depth) {
+  if (depth > 64) return "...";
   switch (kind_of(v)) {
     case vk::string: return repr_string(str(v));
     case vk::list: {
       std::string out = "[";
-      for (const value& x : list(v)) out += (out.size() > 1 ? ", " : "") + repr(x);
+      for (const value& x : list(v)) out += (out.size() > 1 ? ", " : "") + repr(x, depth + 1);
       return out + "]";
     }
     case vk::map: {
       std::string out = "{";
-      for (const auto& [k, x] : map(v)) out += (out.size() > 1 ? ", " : "") + repr_string(k) + ": " + repr(x);
+      for (const auto& [k, x] : map(v)) out += (out.size() > 1 ? ", " : "") + repr_string(k) + ": " + repr(x, depth + 1);
       return out + "}";
     }
     case vk::ns: {
       std::string out = "<Namespace {";
       for (const auto& [k, x] : std::get<std::shared_ptr<namespace_object>>(v.v)->attrs)
-        out += (out.size() > 12 ? ", " : "") + repr_string(k) + ": " + repr(x);
+        out += (out.size() > 12 ? ", " : "") + repr_string(k) + ": " + repr(x, depth + 1);
       return out + "}>";
     }
     default: return to_output(v);

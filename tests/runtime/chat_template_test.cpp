@@ -248,4 +248,12 @@ TEST_CASE("chat_template: a namespace stored in itself or in another renders and
     REQUIRE_MESSAGE(r, r.error());
     CHECK(*r == "1-1");
   }
+  // Printed, such a namespace ends its repr after 64 levels (Python prints a recursive
+  // container as {...}); found by the fuzzer as a stack overflow.
+  auto printed = chat_template::parse("{% set ns = namespace(n=0) %}{% set ns.n = ns %}{{ ns }}");
+  REQUIRE_MESSAGE(printed, printed.error());
+  auto r = printed->render({}, false, "", "");
+  REQUIRE_MESSAGE(r, r.error());
+  CHECK(r->starts_with("<Namespace {'n': <Namespace {'n': "));
+  CHECK(r->find("...") != std::string::npos);
 }
