@@ -43,15 +43,10 @@ class request_history {
 };
 
 struct engine_state {
-  // Where the events of one queued request go.
-  struct route {
-    token_sink_actor sink;
-  };
-
   static inline const char* name = "engine";
 
   std::unique_ptr<runtime::engine> engine;
-  std::unordered_map<request_id, route> routes;           // request → where its events go
+  std::unordered_map<request_id, token_sink_actor> routes;  // request → where its events go
   std::map<caf::actor_addr, int64_t> sinks;               // monitored sink → open requests
   request_history history;                                // the last requests that left
   bool step_pending = false;                              // a step message is in the mailbox
@@ -92,28 +87,28 @@ struct engine_state {
   // Records a route; true when its sink is new and needs a monitor.
   bool add_route(request_id id, token_sink_actor sink) {
     bool fresh = sinks[sink.address()]++ == 0;
-    routes.emplace(id, route{std::move(sink)});
+    routes.emplace(id, std::move(sink));
     return fresh;
   }
 
-  // Removes the route of `id` (must exist) and returns it.
-  route remove_route(request_id id) {
+  // Removes the route of `id` (must exist) and returns its sink.
+  token_sink_actor remove_route(request_id id) {
     auto it = routes.find(id);
     SHOAL_ASSERT(it != routes.end());
-    route r = std::move(it->second);
+    token_sink_actor sink = std::move(it->second);
     routes.erase(it);
-    if (auto s = sinks.find(r.sink.address()); s != sinks.end() && --s->second == 0) sinks.erase(s);
-    return r;
+    if (auto s = sinks.find(sink.address()); s != sinks.end() && --s->second == 0) sinks.erase(s);
+    return sink;
   }
 
   // Stops request `id` and drops its route; its later events are discarded.
-  route drop(request_id id) {
+  token_sink_actor drop(request_id id) {
     engine->abort(id);
     leases.erase(id);
-    route r = remove_route(id);
+    token_sink_actor sink = remove_route(id);
     history.add(id, runtime::finish_reason::aborted);
     engine->forget(id);  // no-op while it is in the running step; see deliver
-    return r;
+    return sink;
   }
 
   engine_stats_snapshot snapshot() const {
@@ -184,10 +179,10 @@ void release_sink(self_pointer self, const token_sink_actor& sink) {
 void deliver(self_pointer self, const runtime::token_event& ev) {
   auto& st = self->state;
   if (auto it = st.routes.find(ev.id); it != st.routes.end()) {
-    self->send(it->second.sink, ev);
+    self->send(it->second, ev);
     if (ev.finished) {
       st.history.add(ev.id, ev.reason);
-      release_sink(self, st.remove_route(ev.id).sink);
+      release_sink(self, st.remove_route(ev.id));
     }
   }
   if (ev.finished) st.engine->forget(ev.id);
@@ -235,7 +230,7 @@ void release_lender(self_pointer self, request_id id);
 bool cancel(self_pointer self, request_id id) {
   auto& st = self->state;
   if (!st.routes.contains(id)) return false;
-  auto sink = st.drop(id).sink;
+  auto sink = st.drop(id);
   release_lender(self, id);
   self->send(sink, token_event{id, -1, true, runtime::finish_reason::aborted});
   release_sink(self, sink);
@@ -264,7 +259,7 @@ void offer_handoffs(self_pointer self) {
     arm_lease(self, h.id, l);
     l.offer = l.number;
     const int64_t need = st.engine->handoff_blocks_needed(h);
-    self->send(it->second.sink, handoff_atom_v, to_handoff_offer(h, caf::actor_cast<caf::actor>(self), need, l.offer));
+    self->send(it->second, handoff_atom_v, to_handoff_offer(h, caf::actor_cast<caf::actor>(self), need, l.offer));
   }
 }
 
@@ -274,7 +269,7 @@ void end_lease(self_pointer self, request_id id, bool taken) {
   st.leases.erase(id);
   st.engine->handoff_done(id, taken);
   if (!taken) return schedule_step(self);
-  if (st.routes.contains(id)) release_sink(self, st.remove_route(id).sink);
+  if (st.routes.contains(id)) release_sink(self, st.remove_route(id));
   st.engine->forget(id);
 }
 
@@ -287,7 +282,7 @@ void on_placed(self_pointer self, request_id id, bool placed) {
   if (!placed) return end_lease(self, id, false);
   l->second.placed = true;
   st.history.add(id, runtime::finish_reason::handed_off);
-  release_sink(self, st.remove_route(id).sink);
+  release_sink(self, st.remove_route(id));
   arm_lease(self, id, l->second);
 }
 
@@ -460,7 +455,7 @@ void on_sink_down(self_pointer self, const caf::down_msg& msg) {
   auto& st = self->state;
   std::vector<request_id> orphans;
   for (const auto& [id, r] : st.routes)
-    if (r.sink.address() == msg.source) orphans.push_back(id);
+    if (r.address() == msg.source) orphans.push_back(id);
   for (request_id id : orphans) {
     st.drop(id);
     release_lender(self, id);

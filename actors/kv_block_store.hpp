@@ -8,10 +8,8 @@
 // follows the membership (subscribe an updater).
 #pragma once
 
-#include <atomic>
 #include <memory>
 #include <mutex>
-#include <thread>
 
 #include "actors/kv_client.hpp"
 #include "runtime/base/work_queue.hpp"

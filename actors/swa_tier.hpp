@@ -16,7 +16,6 @@
 #include <mutex>
 #include <set>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "actors/interfaces.hpp"
