@@ -413,6 +413,15 @@ result<void> expert_reader::read(model_weights& w, int64_t moe_slot, int64_t exp
   return {};
 }
 
+result<expert_weights> expert_reader::read(const model_config& c, int64_t moe_slot, int64_t expert) const {
+  SHOAL_ASSERT(moe_slot >= 0 && c.first_k_dense_replace + moe_slot < c.num_hidden_layers + c.num_nextn_predict_layers);
+  expert_weights x;
+  slot_reader reader(impl_->ckpt);
+  routed_swiglu(c, [&](const tensor_slot& t) { reader.read(t); }, x, c.first_k_dense_replace + moe_slot, expert);
+  if (reader.failed()) return std::unexpected(*reader.failed());
+  return x;
+}
+
 void expert_reader::drop(model_weights& w, int64_t moe_slot, int64_t expert) {
   expert_weights& x = routed_expert_weights(w, moe_slot, expert);
   for (linear* l : {&x.gate_up, &x.down}) {

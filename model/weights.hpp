@@ -211,6 +211,9 @@ class expert_reader {
   static result<expert_reader> open(const std::string& dir);
   // Reads expert `expert` of `moe_slot` into w as load_weights would have (same precision).
   result<void> read(model_weights& w, int64_t moe_slot, int64_t expert) const;
+  // The same weights read into a fresh expert_weights (nothing of a model_weights touched):
+  // for reading on another thread while the model is in use.
+  result<expert_weights> read(const model_config& c, int64_t moe_slot, int64_t expert) const;
   // Frees its memory (it becomes empty).
   static void drop(model_weights& w, int64_t moe_slot, int64_t expert);
 

@@ -30,7 +30,12 @@ std::vector<token_event> engine::step_ep() {
   const std::pair want{ep_->placement(), ep_->offered()};
   if (config_.experts && held_for_ != want) {
     auto experts = expert_residency::experts_for(*want.first, ep_->layout().rank, want.second.get());
-    if (!want.second || config_.experts->fetched(experts)) {
+    // A placement being adopted is held once its experts are in memory (fetched, or read from
+    // the checkpoint on the residency's thread); until then the rank steps on the current one.
+    // The group's first placement has no current one: the rank waits for it, without the
+    // residency's lock (its peers' exchanges wait for this rank meanwhile).
+    if (!want.second && held_for_.first != want.first) config_.experts->wait_ready(experts);
+    if (config_.experts->ready(experts)) {
       if (auto held = config_.experts->hold(this, experts); !held) {
         // This rank cannot compute its experts: its requests fail (its peers' exchanges with
         // it time out).

@@ -120,47 +120,85 @@ expert_residency::~expert_residency() {
   for (auto& f : draining_) f->wait();
 }
 
+// One expert read from the checkpoint on the preparing thread.
+struct expert_residency::staged_read {
+  std::atomic<bool> done{false};
+  model::expert_weights w;  // written by the job before `done`
+  std::string error;        // the same
+};
+
+bool expert_residency::ready_one(int64_t slot, int64_t expert) {
+  SHOAL_ASSERT(slot >= 0 && slot < slots_ && expert >= 0 && expert < experts_);
+  if (resident_[slot * experts_ + expert]) return true;
+  const std::pair key{slot, expert};
+  if (auto it = fetches_.find(key); it != fetches_.end()) {
+    if (!it->second->done()) return false;
+    if (check_fetch(slot, expert, *it->second)) return true;
+    fetches_.erase(it);  // done: nothing lands in it any more; the checkpoint has it
+  }
+  if (auto it = staged_.find(key); it != staged_.end()) return it->second->done.load(std::memory_order_acquire);
+  auto read = std::make_shared<staged_read>();
+  auto job = [read, reader = reader_, config = weights_->config, slot, expert] {
+    if (auto w = reader.read(config, slot, expert))
+      read->w = std::move(*w);
+    else
+      read->error = "reading " + name_of(slot, expert) + ": " + w.error().message;
+    read->done.store(true, std::memory_order_release);
+  };
+  if (preparing_.push(std::move(job))) staged_[key] = std::move(read);  // else: asked again at the next poll
+  return false;
+}
+
+bool expert_residency::ready(const expert_set& experts) {
+  std::lock_guard lock(mu_);
+  SHOAL_ASSERT(static_cast<int64_t>(experts.size()) == slots_);
+  bool all = true;
+  for (int64_t s = 0; s < slots_; ++s)
+    for (int32_t e : experts[s]) all = ready_one(s, e) && all;  // every missing read starts now
+  return all;
+}
+
+void expert_residency::wait_ready(const expert_set& experts) {
+  while (!ready(experts)) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+}
+
 std::expected<void, std::string> expert_residency::hold(const void* holder, const expert_set& experts) {
   std::lock_guard lock(mu_);
   SHOAL_ASSERT(static_cast<int64_t>(experts.size()) == slots_);
   expire_loans();
-  std::vector<std::pair<int64_t, int64_t>> read;
+  // First every check, then the installs: an error changes nothing.
   for (int64_t s = 0; s < slots_; ++s)
     for (int32_t e : experts[s]) {
-      SHOAL_ASSERT(e >= 0 && e < experts_);
+      if (!ready_one(s, e)) return std::unexpected(name_of(s, e) + " is not in memory yet (hold before ready)");
+      auto it = staged_.find({s, e});
+      if (resident_[s * experts_ + e] || fetches_.contains({s, e}) || it == staged_.end()) continue;
+      if (!it->second->error.empty()) {
+        std::string why = std::move(it->second->error);
+        staged_.erase(it);  // the next ready() reads it again
+        return std::unexpected(why);
+      }
+    }
+  for (int64_t s = 0; s < slots_; ++s)
+    for (int32_t e : experts[s]) {
       if (resident_[s * experts_ + e]) continue;
-      bool got = false;
       if (auto it = fetches_.find({s, e}); it != fetches_.end()) {
-        got = install(s, e, *it->second);
+        ++stats_.fetched_experts;
+        stats_.fetched_bytes += install(s, e, std::move(it->second->w));
         fetches_.erase(it);
+      } else {
+        auto st = staged_.extract({s, e});
+        ++stats_.checkpoint_experts;
+        stats_.checkpoint_bytes += install(s, e, std::move(st.mapped()->w));
       }
-      if (!got) {
-        if (auto r = read_checkpoint(s, e); !r) {
-          for (auto [rs, re] : read) drop(rs, re);
-          return std::unexpected(r.error());
-        }
-      }
-      read.emplace_back(s, e);
     }
   held_[holder] = experts;
   drop_unheld();
   return {};
 }
 
-std::expected<void, std::string> expert_residency::read_checkpoint(int64_t slot, int64_t expert) {
-  if (auto r = reader_.read(mutable_weights_, slot, expert); !r) {
-    model::expert_reader::drop(mutable_weights_, slot, expert);  // a part of it may have been read
-    return std::unexpected("reading " + name_of(slot, expert) + ": " + r.error().message);
-  }
-  resident_[slot * experts_ + expert] = true;
-  const auto& x = model::routed_expert_weights(mutable_weights_, slot, expert);
-  ++stats_.checkpoint_experts;
-  stats_.checkpoint_bytes += static_cast<int64_t>(x.gate_up.bytes() + x.down.bytes());
-  return {};
-}
-
-bool expert_residency::install(int64_t slot, int64_t expert, fetch_entry& f) {
-  f.wait();
+// A done fetch brought valid weights; false (the reason kept) when a read failed or what
+// arrived is not valid weights.
+bool expert_residency::check_fetch(int64_t slot, int64_t expert, const fetch_entry& f) {
   std::string why;
   for (const auto& r : f.reads)
     if (!r->ok()) {
@@ -168,7 +206,7 @@ bool expert_residency::install(int64_t slot, int64_t expert, fetch_entry& f) {
       break;
     }
   // FP8: every row's scale row must lie inside the scales that arrived.
-  for (linear* l : {&f.w.gate_up, &f.w.down}) {
+  for (const linear* l : {&f.w.gate_up, &f.w.down}) {
     if (!why.empty() || l->w_fp8.codes.empty()) continue;
     const auto per_row = (l->in + l->w_fp8.block_in - 1) / l->w_fp8.block_in;
     for (int32_t at : l->w_fp8.row_scales)
@@ -178,17 +216,17 @@ bool expert_residency::install(int64_t slot, int64_t expert, fetch_entry& f) {
         break;
       }
   }
-  if (!why.empty()) {
-    ++stats_.fetch_failures;
-    stats_.last_failure = "reading " + name_of(slot, expert) + " from its holder: " + why;
-    return false;
-  }
+  if (why.empty()) return true;
+  ++stats_.fetch_failures;
+  stats_.last_failure = "reading " + name_of(slot, expert) + " from its holder: " + why;
+  return false;
+}
+
+int64_t expert_residency::install(int64_t slot, int64_t expert, model::expert_weights&& w) {
   auto& x = model::routed_expert_weights(mutable_weights_, slot, expert);
-  x = std::move(f.w);
+  x = std::move(w);
   resident_[slot * experts_ + expert] = true;
-  ++stats_.fetched_experts;
-  stats_.fetched_bytes += static_cast<int64_t>(x.gate_up.bytes() + x.down.bytes());
-  return true;
+  return static_cast<int64_t>(x.gate_up.bytes() + x.down.bytes());
 }
 
 void expert_residency::release(const void* holder) {
@@ -447,19 +485,12 @@ std::expected<void, std::string> expert_residency::fetch(uint64_t epoch, const s
   return {};
 }
 
-bool expert_residency::fetched(const expert_set& experts) const {
-  std::lock_guard lock(mu_);
-  for (int64_t s = 0; s < static_cast<int64_t>(experts.size()); ++s)
-    for (int32_t e : experts[s])
-      if (auto it = fetches_.find({s, e}); it != fetches_.end() && !it->second->done()) return false;
-  return true;
-}
-
 void expert_residency::drop_fetches() {
   std::lock_guard lock(mu_);
   for (auto& [key, f] : fetches_)
     if (!f->done()) draining_.push_back(std::move(f));
   fetches_.clear();
+  staged_.clear();  // a job still reading keeps its own
   expire_loans();
 }
 

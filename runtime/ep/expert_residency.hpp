@@ -46,8 +46,18 @@ class expert_residency {
   // `also` (the placement being adopted) when given.
   static expert_set experts_for(const ep_placement& placement, int32_t rank, const ep_placement* also = nullptr);
 
-  // Holder `holder` now holds `experts`: reads what no holder has, drops what no holder
-  // keeps. On a read error nothing changes for `holder` and the error names the tensor.
+  // Every expert of `experts` is resident or waits in memory for hold(): fetched from a
+  // holder, or read from the checkpoint. Starts, on the preparing thread, the checkpoint reads
+  // still missing (experts no fetch brings, and those whose fetch failed). Never waits, and
+  // holds the lock only to look: a step polls it.
+  bool ready(const expert_set& experts);
+  // Polls ready(experts) until true, without the lock: for a rank that has no experts to
+  // compute with yet (a group's first placement).
+  void wait_ready(const expert_set& experts);
+  // Holder `holder` now holds `experts`: installs what no holder has (as ready() left it:
+  // nothing is read here), drops what no holder keeps. When a checkpoint read failed, or an
+  // expert is not ready, nothing changes for `holder` and the error names the expert (and
+  // the tensor that could not be read).
   std::expected<void, std::string> hold(const void* holder, const expert_set& experts);
   void release(const void* holder);
   ~expert_residency();
@@ -68,16 +78,14 @@ class expert_residency {
   void end_loans(uint64_t epoch);
   // Starts reading the experts `parts` describe that are neither resident nor being read,
   // each within `timeout`. An expert whose parts do not describe this model's weights
-  // exactly is not read (hold then reads it from the checkpoint): the error says why. Only
+  // exactly is not read (ready() then has it read from the checkpoint): the error says why. Only
   // the descriptions are checked on the caller's thread (an engine's, between steps): the
   // buffers the reads land in are allocated, and the reads posted, on this object's one
   // preparing thread, since the first touch of that much fresh memory costs as much as
   // reading it. When that thread has 64 batches queued already, the batch is not read (an
-  // error; hold reads those experts from the checkpoint).
+  // error; ready() has those experts read from the checkpoint).
   std::expected<void, std::string> fetch(uint64_t epoch, const std::vector<expert_part>& parts,
                                          std::shared_ptr<transport> bulk, std::chrono::milliseconds timeout);
-  // No read started by fetch for an expert of `experts` is still in flight.
-  bool fetched(const expert_set& experts) const;
   // The plan the reads were for was dropped: their weights are discarded.
   void drop_fetches();
   struct migration_stats {
@@ -91,15 +99,19 @@ class expert_residency {
 
  private:
   struct fetch_entry;
+  struct staged_read;
   struct loan;
   expert_residency(model::expert_reader reader, std::shared_ptr<const model::model_weights> weights);
   void drop(int64_t slot, int64_t expert);  // mu_ held
   void drop_unheld();                       // mu_ held
   void expire_loans();                      // mu_ held
-  // mu_ held: the fetched weights of (slot, expert) installed; false (and the reason kept) when
-  // the read failed or what arrived is not valid weights.
-  bool install(int64_t slot, int64_t expert, fetch_entry& f);
-  std::expected<void, std::string> read_checkpoint(int64_t slot, int64_t expert);  // mu_ held
+  // mu_ held: a done fetch of (slot, expert) brought valid weights; false (and the reason
+  // kept) when a read failed or what arrived is not valid weights.
+  bool check_fetch(int64_t slot, int64_t expert, const fetch_entry& f);
+  int64_t install(int64_t slot, int64_t expert, model::expert_weights&& w);  // mu_ held; its bytes
+  // mu_ held: (slot, expert) is resident or its weights wait to be installed; starts its
+  // checkpoint read when nothing brings it.
+  bool ready_one(int64_t slot, int64_t expert);
 
   model::expert_reader reader_;
   std::shared_ptr<const model::model_weights> weights_;
@@ -110,11 +122,13 @@ class expert_residency {
   std::vector<bool> resident_;  // [slot·experts + expert]
   std::map<std::pair<int64_t, int64_t>, std::unique_ptr<fetch_entry>> fetches_;
   std::vector<std::unique_ptr<fetch_entry>> draining_;  // discarded, reads still landing
+  // Checkpoint reads on the preparing thread (shared: the job holds its own).
+  std::map<std::pair<int64_t, int64_t>, std::shared_ptr<staged_read>> staged_;
   std::vector<std::shared_ptr<loan>> loans_;  // shared: lend registers outside mu_
   std::optional<uint64_t> ended_epoch_;       // the latest end_loans
   migration_stats stats_;
-  // Prepares fetch batches (allocates their buffers, posts their reads); last, so it stops
-  // (finishing what is queued) before the entries it writes go.
+  // Prepares fetch batches (allocates their buffers, posts their reads) and reads experts from
+  // the checkpoint; last, so it stops (finishing what is queued) before the entries it writes go.
   work_queue<std::function<void()>> preparing_;
 };
 

@@ -106,9 +106,15 @@ struct two_processes {
     for (auto& v : out) std::sort(v.begin(), v.end());
     return out;
   }
-  void wait_fetched(const expert_residency::expert_set& want) const {
-    for (int i = 0; i < 2000 && !b->fetched(want); ++i) std::this_thread::sleep_for(5ms);
-    REQUIRE(b->fetched(want));
+  // Every expert of `want` in memory at the reader (fetched, or read from the checkpoint).
+  void wait_ready(const expert_residency::expert_set& want) const {
+    for (int i = 0; i < 2000 && !b->ready(want); ++i) std::this_thread::sleep_for(5ms);
+    REQUIRE(b->ready(want));
+  }
+  static std::expected<void, std::string> held(expert_residency& r, const void* tag,
+                                               const expert_residency::expert_set& experts) {
+    r.wait_ready(experts);
+    return r.hold(tag, experts);
   }
 };
 
@@ -135,8 +141,8 @@ TEST_CASE("expert migration over libfabric shm: lent experts arrive bit-identica
     CAPTURE(dtype);
     two_processes p(dtype, "lend");
     const auto mine = p.set({{0, 0}, {0, 1}, {1, 2}});
-    REQUIRE(p.a->hold(&p.holder_tag, mine).has_value());
-    REQUIRE(p.b->hold(&p.reader_tag, p.set({{0, 3}})).has_value());  // the reader's own expert: the storage to expect
+    REQUIRE(p.held(*p.a, &p.holder_tag, mine).has_value());
+    REQUIRE(p.held(*p.b, &p.reader_tag, p.set({{0, 3}})).has_value());  // the reader's own expert: the storage to expect
 
     auto parts = p.a->lend(1, {{0, 1}, {1, 2}}, *p.a_bulk, 30s);
     REQUIRE_MESSAGE(parts.has_value(), (parts ? "" : parts.error()));
@@ -144,15 +150,15 @@ TEST_CASE("expert migration over libfabric shm: lent experts arrive bit-identica
     CHECK(p.a->migration().lent_bytes > 0);
     // The holder moves on (its placement no longer has them) before the reader reads: the
     // loan keeps the memory.
-    REQUIRE(p.a->hold(&p.holder_tag, p.set({{0, 0}})).has_value());
+    REQUIRE(p.held(*p.a, &p.holder_tag, p.set({{0, 0}})).has_value());
     CHECK(p.a->resident_experts() == 1);
 
     const auto gained = p.set({{0, 1}, {0, 3}, {1, 2}});
     auto started = p.b->fetch(1, *parts, p.b_bulk, 10s);
     REQUIRE_MESSAGE(started.has_value(), (started ? "" : started.error()));
-    p.wait_fetched(gained);
+    p.wait_ready(gained);
     const auto before = p.b->migration();
-    REQUIRE(p.b->hold(&p.reader_tag, gained).has_value());
+    REQUIRE(p.held(*p.b, &p.reader_tag, gained).has_value());
     const auto after = p.b->migration();
     CHECK(after.fetched_experts - before.fetched_experts == 2);
     CHECK(after.checkpoint_experts == before.checkpoint_experts);  // nothing read from the checkpoint
@@ -170,7 +176,7 @@ TEST_CASE("expert migration over libfabric shm: lent experts arrive bit-identica
 
 TEST_CASE("expert migration: bad descriptions and failed reads end in the checkpoint's weights") {
   two_processes p("fp8", "bad");
-  REQUIRE(p.a->hold(&p.holder_tag, p.set({{0, 0}, {0, 1}, {0, 2}})).has_value());
+  REQUIRE(p.held(*p.a, &p.holder_tag, p.set({{0, 0}, {0, 1}, {0, 2}})).has_value());
   auto parts = p.a->lend(1, {{0, 0}, {0, 1}, {0, 2}}, *p.a_bulk, 30s);
   REQUIRE(parts.has_value());
 
@@ -203,8 +209,8 @@ TEST_CASE("expert migration: bad descriptions and failed reads end in the checkp
   INFO(r.error());
   CHECK(r.error().find("routed expert 0 of MoE slot 0 does not fit this model: down: field 2") != std::string::npos);
   const auto want = p.set({{0, 0}, {0, 1}, {0, 2}});
-  p.wait_fetched(want);
-  REQUIRE(p.b->hold(&p.reader_tag, want).has_value());
+  p.wait_ready(want);
+  REQUIRE(p.held(*p.b, &p.reader_tag, want).has_value());
   const auto m = p.b->migration();
   CHECK(m.fetched_experts == 1);     // expert 2
   CHECK(m.checkpoint_experts == 2);  // experts 0 and 1
@@ -219,7 +225,12 @@ TEST_CASE("expert migration: bad descriptions and failed reads end in the checkp
   CHECK(p.b->resident_experts() == 0);
   REQUIRE(p.b->fetch(2, *parts, p.b_bulk, 10s).has_value());
   p.b->drop_fetches();
-  CHECK(p.b->fetched(want));
+  // Holding what is not in memory yet installs nothing: it starts the checkpoint read.
+  auto early = p.b->hold(&p.reader_tag, p.set({{0, 2}}));
+  REQUIRE_FALSE(early.has_value());
+  CHECK(early.error().find("routed expert 2 of MoE slot 0 is not in memory yet") != std::string::npos);
+  CHECK(p.b->resident_experts() == 0);
+  p.wait_ready(p.set({{0, 2}}));
   REQUIRE(p.b->hold(&p.reader_tag, p.set({{0, 2}})).has_value());
   CHECK(p.b->migration().fetched_experts == 1);  // read from the checkpoint again, not installed from the dropped read
 }

@@ -440,6 +440,7 @@ TEST_CASE("ep partitioned weights: an expert the checkpoint cannot give is an er
   REQUIRE(residency.has_value());
   runtime::expert_residency::expert_set want(static_cast<size_t>(model::moe_slot_count(c)));
   want[0] = {0};
+  (*residency)->wait_ready(want);  // the read, on the residency's thread, failed
   auto r = (*residency)->hold(nullptr, want);
   REQUIRE_FALSE(r.has_value());
   CHECK(r.error().find("routed expert 0 of MoE slot 0") != std::string::npos);

@@ -56,6 +56,7 @@ int run_ep_migration_bench(const ep_migration_args& a) {
   for (size_t s = 0; s < experts.size(); ++s)
     for (int32_t e : experts[s]) pairs.emplace_back(static_cast<int32_t>(s), e);
   int tags[3];
+  side[0]->wait_ready(experts);
   if (auto held = side[0]->hold(&tags[0], experts); !held) return fail(held.error());
   const int64_t bytes = side[0]->resident_bytes();
 
@@ -67,7 +68,7 @@ int run_ep_migration_bench(const ep_migration_args& a) {
   if (auto started = side[1]->fetch(1, *parts, reader_bulk, std::chrono::minutes(5)); !started)
     return fail(started.error());
   const double call_s = now_s() - t0;  // what an engine's thread spends between two steps
-  while (!side[1]->fetched(experts)) std::this_thread::sleep_for(std::chrono::microseconds(100));
+  while (!side[1]->ready(experts)) std::this_thread::sleep_for(std::chrono::microseconds(100));
   const double read_s = now_s() - t0;
   t0 = now_s();
   if (auto held = side[1]->hold(&tags[1], experts); !held) return fail(held.error());
@@ -77,6 +78,7 @@ int run_ep_migration_bench(const ep_migration_args& a) {
     return fail(fmt::format("{} of {} bytes arrived from the holder, {} read(s) failed: {}", moved.fetched_bytes,
                             bytes, moved.fetch_failures, moved.last_failure));
   t0 = now_s();
+  side[2]->wait_ready(experts);  // read from the checkpoint on the residency's thread
   if (auto held = side[2]->hold(&tags[2], experts); !held) return fail(held.error());
   const double checkpoint_s = now_s() - t0;
 

@@ -160,7 +160,9 @@ std::string ep_memory_child(const std::string& dir, int32_t size) {
     auto residency = runtime::expert_residency::open(dir, shared);
     const auto placement = runtime::ep_placement::contiguous(model::moe_slot_count(shared->config), E, size);
     const auto own = placement.experts_of(0, 0);
-    auto held = residency ? (*residency)->hold(&r, runtime::expert_residency::experts_for(placement, 0))
+    const auto mine = runtime::expert_residency::experts_for(placement, 0);
+    if (residency) (*residency)->wait_ready(mine);
+    auto held = residency ? (*residency)->hold(&r, mine)
                           : std::expected<void, std::string>(std::unexpected(residency.error()));
     if (!held) {
       r["error"] = held.error();
