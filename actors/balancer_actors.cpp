@@ -24,28 +24,38 @@ bool contains(const std::vector<caf::actor>& v, const caf::actor& a) { return st
 
 }  // namespace
 
+engine_id engine_ids::of(const caf::actor& engine) {
+  auto [it, fresh] = ids_.try_emplace(engine.address(), engine_id{next_});
+  if (fresh) ++next_;
+  return it->second;
+}
+
+std::optional<engine_id> engine_ids::find(const caf::actor& engine) const {
+  auto it = ids_.find(engine.address());
+  if (it == ids_.end()) return std::nullopt;
+  return it->second;
+}
+
 // -- prefill ------------------------------------------------------------------------------
 
 prefill_routing::prefill_routing(runtime::prefill_balancer_config config, runtime::cost_model cost)
     : balancer_(std::move(config)), cost_(cost), tier_placements_(static_cast<size_t>(balancer_.tiers()), 0) {}
 
 void prefill_routing::update(const membership& m) {
-  std::map<int64_t, engine_ref> entry;
+  std::map<engine_id, engine_ref> entry;
   fallback_.clear();
   for (const node_info& n : m.nodes) {
     if (n.draining || !has_engine_role(n)) continue;
     for (const rank_info& r : n.ranks) {
       if (!r.engine) continue;
-      engine_ref ref{r.engine, n.name + "/" + std::to_string(r.index), 0};
+      engine_ref ref{r.engine, ids_.of(r.engine), n.name + "/" + std::to_string(r.index), 0};
       if (n.engine_role == "decode") {
         fallback_.push_back(std::move(ref));
         continue;
       }
-      auto [it, fresh] = ids_.try_emplace(r.engine.address(), next_id_);
-      if (fresh) ++next_id_;
-      if (auto old = entry_.find(it->second); old != entry_.end()) ref.placed = old->second.placed;
-      else balancer_.add_engine(it->second, cost_);
-      entry.emplace(it->second, std::move(ref));
+      if (auto old = entry_.find(ref.id); old != entry_.end()) ref.placed = old->second.placed;
+      else balancer_.add_engine(ref.id, cost_);
+      entry.emplace(ref.id, std::move(ref));
     }
   }
   for (const auto& [id, ref] : entry_)
@@ -55,7 +65,7 @@ void prefill_routing::update(const membership& m) {
 
 std::optional<caf::actor> prefill_routing::route(request_id id, const std::vector<int32_t>& prompt,
                                                  const std::vector<caf::actor>& exclude, double now_s) {
-  std::vector<int64_t> excluded;
+  std::vector<engine_id> excluded;
   for (const auto& [eid, ref] : entry_)
     if (contains(exclude, ref.actor)) excluded.push_back(eid);
   runtime::prefill_request r{id, static_cast<int64_t>(prompt.size()),
@@ -105,9 +115,9 @@ void decode_routing::update(const membership& m) {
     if (n.draining || !has_engine_role(n) || n.engine_role != "decode") continue;
     for (const rank_info& r : n.ranks) {
       if (!r.engine) continue;
-      engine_ref ref{r.engine, n.name + "/" + std::to_string(r.index), 0};
+      engine_ref ref{r.engine, ids_.of(r.engine), n.name + "/" + std::to_string(r.index), 0};
       for (const auto& old : engines_)
-        if (old.actor == r.engine) ref.placed = old.placed;
+        if (old.id == ref.id) ref.placed = old.placed;
       engines.push_back(std::move(ref));
     }
   }
@@ -118,26 +128,25 @@ std::optional<caf::actor> decode_routing::route(request_id id, const runtime::de
                                                 const std::vector<caf::actor>& refused) {
   done(id);  // asked again (refused): the last placement ended
   std::vector<runtime::decode_candidate> candidates;
-  std::vector<int64_t> refused_index;
-  for (size_t i = 0; i < engines_.size(); ++i) {
-    const caf::actor_addr a = engines_[i].actor.address();
-    auto free = blocks_free_.find(a);
-    candidates.push_back({static_cast<int64_t>(i), in_flight_[a], kv_tokens_[a],
+  std::vector<engine_id> refused_ids;
+  for (const engine_ref& e : engines_) {
+    auto free = blocks_free_.find(e.id);
+    candidates.push_back({e.id, in_flight_[e.id], kv_tokens_[e.id],
                           free == blocks_free_.end() ? ask.blocks_needed : free->second, false});
-    if (contains(refused, engines_[i].actor)) refused_index.push_back(static_cast<int64_t>(i));
+    if (contains(refused, e.actor)) refused_ids.push_back(e.id);
   }
-  auto chosen = placement_->choose(ask, candidates, refused_index);
+  auto chosen = placement_->choose(ask, candidates, refused_ids);
   if (!chosen) return std::nullopt;
-  engine_ref& e = engines_[static_cast<size_t>(*chosen)];
-  ++in_flight_[e.actor.address()];
-  kv_tokens_[e.actor.address()] += runtime::decode_balancer::cache_tokens(ask);  // until the next poll says
-  ++e.placed;
-  placed_[id.value] = e.actor.address();
-  return e.actor;
+  auto e = std::find_if(engines_.begin(), engines_.end(), [&](const engine_ref& r) { return r.id == *chosen; });
+  ++in_flight_[e->id];
+  kv_tokens_[e->id] += runtime::decode_balancer::cache_tokens(ask);  // until the next poll says
+  ++e->placed;
+  placed_[id] = e->id;
+  return e->actor;
 }
 
 void decode_routing::done(request_id id) {
-  auto it = placed_.find(id.value);
+  auto it = placed_.find(id);
   if (it == placed_.end()) return;
   auto f = in_flight_.find(it->second);
   if (f != in_flight_.end() && f->second > 0) --f->second;
@@ -145,8 +154,10 @@ void decode_routing::done(request_id id) {
 }
 
 void decode_routing::observe(const caf::actor& engine, int64_t blocks_free, int64_t kv_tokens) {
-  blocks_free_[engine.address()] = blocks_free;
-  kv_tokens_[engine.address()] = kv_tokens;
+  auto id = ids_.find(engine);
+  if (!id) return;  // not (or no longer) a decode engine of this balancer
+  blocks_free_[*id] = blocks_free;
+  kv_tokens_[*id] = kv_tokens;
 }
 
 double decode_routing::balance_now() const {
@@ -156,8 +167,8 @@ double decode_routing::balance_now() const {
   double sr = 0, sk = 0;
   std::vector<std::pair<double, double>> rk;
   for (const auto& e : engines_) {
-    auto r = in_flight_.find(e.actor.address());
-    auto k = kv_tokens_.find(e.actor.address());
+    auto r = in_flight_.find(e.id);
+    auto k = kv_tokens_.find(e.id);
     rk.emplace_back(r == in_flight_.end() ? 0.0 : static_cast<double>(r->second),
                     k == kv_tokens_.end() ? 0.0 : static_cast<double>(k->second));
     sr += rk.back().first, sk += rk.back().second;
@@ -178,8 +189,8 @@ balancer_report decode_routing::report() const {
   out.kind = "decode";
   out.policy = policy_;
   for (const auto& e : engines_) {
-    auto r = in_flight_.find(e.actor.address());
-    auto k = kv_tokens_.find(e.actor.address());
+    auto r = in_flight_.find(e.id);
+    auto k = kv_tokens_.find(e.id);
     out.engines.push_back({e.name, -1, r == in_flight_.end() ? 0 : r->second, k == kv_tokens_.end() ? 0 : k->second, 0,
                            e.placed});
   }

@@ -23,9 +23,21 @@
 
 namespace shoal::actors {
 
-// Engine names for reports: "node/rank".
+// The id each engine actor gets once, from its address: stable across membership changes.
+class engine_ids {
+ public:
+  engine_id of(const caf::actor& engine);
+  std::optional<engine_id> find(const caf::actor& engine) const;
+
+ private:
+  std::map<caf::actor_addr, engine_id> ids_;
+  int64_t next_ = 0;
+};
+
+// An engine a balancer places on; its name for reports: "node/rank".
 struct engine_ref {
   caf::actor actor;
+  engine_id id;
   std::string name;
   int64_t placed = 0;
 };
@@ -43,11 +55,10 @@ class prefill_routing {
  private:
   runtime::prefill_balancer balancer_;
   runtime::cost_model cost_;
-  std::map<int64_t, engine_ref> entry_;        // balancer id → engine
-  std::map<caf::actor_addr, int64_t> ids_;     // stable ids across membership changes
-  std::vector<engine_ref> fallback_;           // decode engines
+  std::map<engine_id, engine_ref> entry_;
+  engine_ids ids_;
+  std::vector<engine_ref> fallback_;  // decode engines
   size_t next_fallback_ = 0;
-  int64_t next_id_ = 0;
   std::vector<int64_t> tier_placements_;
 };
 
@@ -72,9 +83,10 @@ class decode_routing {
   double balance_now() const;
   std::unique_ptr<runtime::decode_placement> placement_;
   std::string policy_;
-  std::vector<engine_ref> engines_;
-  std::map<caf::actor_addr, int64_t> in_flight_, blocks_free_, kv_tokens_;
-  std::map<int64_t, caf::actor_addr> placed_;  // request id → engine
+  engine_ids ids_;
+  std::vector<engine_ref> engines_;  // in membership order
+  std::map<engine_id, int64_t> in_flight_, blocks_free_, kv_tokens_;
+  std::map<request_id, engine_id> placed_;
   std::deque<double> window_;                  // the last 300 samples (1 minute at 200 ms)
 };
 

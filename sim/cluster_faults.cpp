@@ -68,7 +68,7 @@ void cluster::take_down(size_t g, bool crash) {
   }
   if (gs.stepping) gs.stepping = false, ++gs.epoch;
   for (int32_t ri : gs.ranks)
-    if (ranks_[static_cast<size_t>(ri)].prefill) balancer_->remove_engine(ranks_[static_cast<size_t>(ri)].index);
+    if (ranks_[static_cast<size_t>(ri)].prefill) balancer_->remove_engine(engine_id{ranks_[static_cast<size_t>(ri)].index});
   auto in_group = [&](int32_t global) { return global >= 0 && static_cast<size_t>(ranks_[static_cast<size_t>(global)].group) == g; };
   std::vector<int64_t> hit;
   for (const auto& [id, l] : live_)
@@ -120,7 +120,7 @@ void cluster::bring_up(size_t g) {
   if (gs.down == 0 || --gs.down > 0) return;
   for (int32_t ri : gs.ranks) {
     const rank_state& r = ranks_[static_cast<size_t>(ri)];
-    if (r.prefill) balancer_->add_engine(r.index, prof_.prefill.step, r.group);
+    if (r.prefill) balancer_->add_engine(engine_id{r.index}, prof_.prefill.step, r.group);
   }
   std::vector<int64_t> parked = std::exchange(parked_, {});
   for (int64_t id : parked)
@@ -197,7 +197,7 @@ fault_outcome cluster::check_faults() {
   if (static_cast<int64_t>(views.size()) != c_.prefill_ranks)
     fail("the prefill balancer sees " + std::to_string(views.size()) + " of " + std::to_string(c_.prefill_ranks) + " engines");
   for (const auto& v : views)
-    if (v.in_flight != 0) fail("the prefill balancer counts requests in flight on engine " + std::to_string(v.engine));
+    if (v.in_flight != 0) fail("the prefill balancer counts requests in flight on engine " + std::to_string(v.engine.value));
   if (!live_.empty()) fail(std::to_string(live_.size()) + " requests still live when the events ran out");
   return o;
 }

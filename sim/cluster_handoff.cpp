@@ -18,18 +18,18 @@ void cluster::hand_off(rank_state& from, runtime::request& r) {
     int64_t kv = d.pending_kv;
     for (const runtime::request* q : d.sched->running_requests()) kv += q->computed();
     if (groups_[static_cast<size_t>(d.group)].down && c_.faults.planted != planted_bug::place_on_dead) continue;
-    cands.push_back({i, static_cast<int64_t>(d.sched->running() + d.sched->waiting()) + d.pending, kv,
+    cands.push_back({engine_id{i}, static_cast<int64_t>(d.sched->running() + d.sched->waiting()) + d.pending, kv,
                      d.caches->pool().num_free(), false});
   }
   auto chosen = decode_policy_->choose(ask, cands, {});
   live& l = live_.at(r.id.value);
-  if (chosen && groups_[static_cast<size_t>(decode_rank(*chosen).group)].down) {
+  if (chosen && groups_[static_cast<size_t>(decode_rank(chosen->value).group)].down) {
     ++fo_.placed_on_dead;  // (planted bug only) nobody answers there: it decodes here
     ++kept_;
     return;
   }
   if (chosen) {
-    rank_state& d = decode_rank(*chosen);
+    rank_state& d = decode_rank(chosen->value);
     auto copy = restarted(r);  // its caches come with the handoff (adopt)
     if (d.caches->adopt(*copy, r.computed())) {
       from.sched->detach(&r);
@@ -37,7 +37,7 @@ void cluster::hand_off(rank_state& from, runtime::request& r) {
       d.pending_kv += context;
       ++d.placed;
       l.moving = std::move(copy);
-      l.to_rank = static_cast<int32_t>(*chosen);
+      l.to_rank = static_cast<int32_t>(chosen->value);
       records_[static_cast<size_t>(r.id.value)].decode_rank = l.to_rank;
       const double bytes = static_cast<double>(r.computed()) * prof_.kv_bytes_per_token;
       double t = prof_.handoff_latency_s + bytes * 8 / (prof_.handoff_gbps * 1e9);

@@ -75,7 +75,7 @@ cluster::cluster(const sim_config& c, const std::vector<sim_request>& work, cons
   build_pool(true, c.prefill_ranks, c.prefill_ep);
   build_pool(false, c.decode_ranks, c.decode_ep);
   for (const rank_state& r : ranks_)
-    if (r.prefill) balancer_->add_engine(r.index, prof_.prefill.step, r.group);
+    if (r.prefill) balancer_->add_engine(engine_id{r.index}, prof_.prefill.step, r.group);
 }
 
 sim_result cluster::run() {
@@ -171,19 +171,20 @@ void cluster::route(int64_t id) {
   live& l = live_.at(id);
   runtime::request& r = *l.req;
   runtime::prefill_request pr{r.id, r.num_tokens(), runtime::chain_keys(r.tokens, static_cast<int>(prof_.model.block_size))};
-  auto e = balancer_->place(pr, clock_.now_s());
+  auto placed = balancer_->place(pr, clock_.now_s());
   request_record& rec = records_[static_cast<size_t>(id)];
-  if (!e) {  // every prefill engine is down
+  if (!placed) {  // every prefill engine is down
     l.rank = -1;
     parked_.push_back(id);
     push(clock_.now_s() + c_.faults.request_timeout_s, ev::park_deadline, id, ++l.park_epoch);
     return;
   }
-  rank_state& rk = prefill_rank(*e);
+  const int64_t e = placed->value;  // the rank's index in the prefill pool
+  rank_state& rk = prefill_rank(e);
   if (groups_[static_cast<size_t>(rk.group)].down) ++fo_.placed_on_dead;
   ++rec.attempts;
-  rec.prefill_rank = static_cast<int32_t>(*e);
-  l.rank = static_cast<int32_t>(*e);
+  rec.prefill_rank = static_cast<int32_t>(e);
+  l.rank = static_cast<int32_t>(e);
   l.want_handoff = true;
   rk.sched->add(l.req.get());
   if (!groups_[static_cast<size_t>(rk.group)].stepping) start_step(static_cast<size_t>(rk.group));

@@ -18,6 +18,9 @@ struct strong_id {
 };
 
 using request_id = strong_id<struct request_tag>;
+// An engine as the balancers know it: minted once by whoever adds it to a balancer (the
+// gateway's balancer actors, the simulator) and stable while it stays.
+using engine_id = strong_id<struct engine_tag>;
 using block_id = strong_id<struct block_tag, int32_t>;
 
 // A request's id as every layer prints it (shell, engine stats, logs, the API's response id

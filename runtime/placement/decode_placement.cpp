@@ -8,15 +8,15 @@ namespace shoal::runtime {
 
 namespace {
 
-bool usable(const decode_candidate& c, const decode_ask& ask, std::span<const int64_t> refused) {
+bool usable(const decode_candidate& c, const decode_ask& ask, std::span<const engine_id> refused) {
   return !c.draining && c.blocks_free >= ask.blocks_needed &&
          std::find(refused.begin(), refused.end(), c.engine) == refused.end();
 }
 
 }  // namespace
 
-std::optional<int64_t> least_loaded_placement::choose(const decode_ask& ask, std::span<const decode_candidate> engines,
-                                                      std::span<const int64_t> refused) const {
+std::optional<engine_id> least_loaded_placement::choose(const decode_ask& ask, std::span<const decode_candidate> engines,
+                                                      std::span<const engine_id> refused) const {
   const decode_candidate* best = nullptr;
   auto rank = [](const decode_candidate& c) { return std::make_tuple(c.running, -c.blocks_free, c.engine); };
   for (const auto& c : engines) {
@@ -27,8 +27,8 @@ std::optional<int64_t> least_loaded_placement::choose(const decode_ask& ask, std
   return best->engine;
 }
 
-std::optional<int64_t> least_kv_placement::choose(const decode_ask& ask, std::span<const decode_candidate> engines,
-                                                  std::span<const int64_t> refused) const {
+std::optional<engine_id> least_kv_placement::choose(const decode_ask& ask, std::span<const decode_candidate> engines,
+                                                  std::span<const engine_id> refused) const {
   const decode_candidate* best = nullptr;
   auto rank = [](const decode_candidate& c) { return std::make_tuple(c.kv_tokens, c.running, c.engine); };
   for (const auto& c : engines) {
@@ -44,8 +44,8 @@ double decode_balancer::score(const decode_candidate& e, int64_t L, double w_r, 
   return w_r * w_r * (2 * r + 1) + w_k * w_k * (2 * k * l + l * l);
 }
 
-std::optional<int64_t> decode_balancer::choose(const decode_ask& ask, std::span<const decode_candidate> engines,
-                                               std::span<const int64_t> refused) const {
+std::optional<engine_id> decode_balancer::choose(const decode_ask& ask, std::span<const decode_candidate> engines,
+                                               std::span<const engine_id> refused) const {
   const int64_t L = cache_tokens(ask);
   double w_r = w_r_, w_k = w_k_;
   if (w_r <= 0 || w_k <= 0) {
@@ -67,8 +67,8 @@ std::optional<int64_t> decode_balancer::choose(const decode_ask& ask, std::span<
   return best->engine;
 }
 
-std::optional<int64_t> round_robin_placement::choose(const decode_ask& ask, std::span<const decode_candidate> engines,
-                                                     std::span<const int64_t> refused) const {
+std::optional<engine_id> round_robin_placement::choose(const decode_ask& ask, std::span<const decode_candidate> engines,
+                                                     std::span<const engine_id> refused) const {
   for (size_t k = 0; k < engines.size(); ++k) {
     const auto& c = engines[(next_ + k) % engines.size()];
     if (!usable(c, ask, refused)) continue;

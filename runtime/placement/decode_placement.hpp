@@ -12,10 +12,12 @@
 #include <span>
 #include <string>
 
+#include "runtime/base/ids.hpp"
+
 namespace shoal::runtime {
 
 struct decode_candidate {
-  int64_t engine = -1;        // the caller's index of the engine
+  engine_id engine;           // as the caller knows it
   int64_t running = 0;        // requests it runs or is reading
   int64_t kv_tokens = 0;      // tokens in their caches
   int64_t blocks_free = 0;
@@ -33,8 +35,8 @@ class decode_placement {
   virtual ~decode_placement() = default;
   virtual std::string name() const = 0;
   // The engine to ask next, never one of `refused`; nullopt when no engine fits.
-  virtual std::optional<int64_t> choose(const decode_ask& ask, std::span<const decode_candidate> engines,
-                                        std::span<const int64_t> refused) const = 0;
+  virtual std::optional<engine_id> choose(const decode_ask& ask, std::span<const decode_candidate> engines,
+                                        std::span<const engine_id> refused) const = 0;
 };
 
 // Fewest running requests among the engines with room for the handoff; ties go to the most
@@ -42,8 +44,8 @@ class decode_placement {
 class least_loaded_placement final : public decode_placement {
  public:
   std::string name() const override { return "least_loaded"; }
-  std::optional<int64_t> choose(const decode_ask& ask, std::span<const decode_candidate> engines,
-                                std::span<const int64_t> refused) const override;
+  std::optional<engine_id> choose(const decode_ask& ask, std::span<const decode_candidate> engines,
+                                std::span<const engine_id> refused) const override;
 };
 
 // The decode balancer: a decode step's time grows with its batch (request count) and with the
@@ -64,8 +66,8 @@ class decode_balancer final : public decode_placement {
   // Step-time weights: seconds per request and per KV token of a decode step (both > 0).
   decode_balancer(double per_request_s, double per_kv_token_s) : w_r_(per_request_s), w_k_(per_kv_token_s) {}
   std::string name() const override { return "decode_balancer"; }
-  std::optional<int64_t> choose(const decode_ask& ask, std::span<const decode_candidate> engines,
-                                std::span<const int64_t> refused) const override;
+  std::optional<engine_id> choose(const decode_ask& ask, std::span<const decode_candidate> engines,
+                                std::span<const engine_id> refused) const override;
   // The score above with weights w_r, w_k (exposed for tests and the shell).
   static double score(const decode_candidate& e, int64_t L, double w_r, double w_k);
   static int64_t cache_tokens(const decode_ask& ask) { return ask.context_tokens + ask.max_new_tokens / 2; }
@@ -79,16 +81,16 @@ class decode_balancer final : public decode_placement {
 class least_kv_placement final : public decode_placement {
  public:
   std::string name() const override { return "least_kv"; }
-  std::optional<int64_t> choose(const decode_ask& ask, std::span<const decode_candidate> engines,
-                                std::span<const int64_t> refused) const override;
+  std::optional<engine_id> choose(const decode_ask& ask, std::span<const decode_candidate> engines,
+                                std::span<const engine_id> refused) const override;
 };
 
 // Engines in the order given, cyclically (skipping those without room).
 class round_robin_placement final : public decode_placement {
  public:
   std::string name() const override { return "round_robin"; }
-  std::optional<int64_t> choose(const decode_ask& ask, std::span<const decode_candidate> engines,
-                                std::span<const int64_t> refused) const override;
+  std::optional<engine_id> choose(const decode_ask& ask, std::span<const decode_candidate> engines,
+                                std::span<const engine_id> refused) const override;
 
  private:
   mutable size_t next_ = 0;

@@ -40,14 +40,14 @@ int32_t prefill_balancer::tier_of(int64_t prompt_tokens) const {
                               config_.tier_bounds.begin());
 }
 
-std::map<int64_t, int32_t> prefill_balancer::assign_tiers(std::span<const double> demand,
-                                                          std::span<const int64_t> engines) {
-  std::map<int64_t, int32_t> out;
+std::map<engine_id, int32_t> prefill_balancer::assign_tiers(std::span<const double> demand,
+                                                            std::span<const engine_id> engines) {
+  std::map<engine_id, int32_t> out;
   const double total = std::accumulate(demand.begin(), demand.end(), 0.0);
   const auto wanted = static_cast<size_t>(std::count_if(demand.begin(), demand.end(), [](double d) { return d > 0; }));
   const auto n = static_cast<int64_t>(engines.size());
   if (total <= 0 || static_cast<size_t>(n) < wanted) {  // nothing to go by, or too few engines: all serve all
-    for (int64_t e : engines) out[e] = -1;
+    for (engine_id e : engines) out[e] = -1;
     return out;
   }
   std::vector<double> quota(demand.size());
@@ -75,28 +75,28 @@ std::map<int64_t, int32_t> prefill_balancer::assign_tiers(std::span<const double
   return out;
 }
 
-void prefill_balancer::add_engine(int64_t engine, cost_model cost, int64_t group) {
+void prefill_balancer::add_engine(engine_id engine, cost_model cost, int64_t group) {
   engine_state s;
   s.cost = cost;
   s.group = group;
   engines_[engine] = std::move(s);
 }
 
-std::vector<request_id> prefill_balancer::remove_engine(int64_t engine) {
-  std::vector<std::pair<uint64_t, int64_t>> lost;
+std::vector<request_id> prefill_balancer::remove_engine(engine_id engine) {
+  std::vector<std::pair<uint64_t, request_id>> lost;
   for (const auto& [id, p] : in_flight_)
     if (p.engine == engine) lost.emplace_back(p.order, id);
   std::sort(lost.begin(), lost.end());
   std::vector<request_id> out;
   for (const auto& [order, id] : lost) {
     in_flight_.erase(id);
-    out.emplace_back(id);
+    out.push_back(id);
   }
   engines_.erase(engine);
   return out;
 }
 
-int64_t prefill_balancer::group_tokens(int64_t group, int64_t engine) const {
+int64_t prefill_balancer::group_tokens(int64_t group, engine_id engine) const {
   if (group < 0) return engines_.at(engine).in_flight_tokens;
   int64_t sum = 0;
   for (const auto& [id, e] : engines_)
@@ -104,7 +104,7 @@ int64_t prefill_balancer::group_tokens(int64_t group, int64_t engine) const {
   return sum;
 }
 
-int64_t prefill_balancer::cached_tokens(const prefill_request& r, int64_t engine) const {
+int64_t prefill_balancer::cached_tokens(const prefill_request& r, engine_id engine) const {
   auto it = engines_.find(engine);
   if (it == engines_.end()) return 0;
   int64_t hit = 0;
@@ -112,7 +112,7 @@ int64_t prefill_balancer::cached_tokens(const prefill_request& r, int64_t engine
   return std::min(hit * config_.block_size, std::max<int64_t>(0, r.prompt_tokens - 1));  // ≥ 1 token computed
 }
 
-double prefill_balancer::predicted_s(const prefill_request& r, int64_t engine) const {
+double prefill_balancer::predicted_s(const prefill_request& r, engine_id engine) const {
   const int64_t h = cached_tokens(r, engine);
   return engines_.at(engine).cost.predict(r.prompt_tokens - h, h);
 }
@@ -136,7 +136,7 @@ void prefill_balancer::maybe_end_round(double now_s) {
   if (round_start_s_ < 0) round_start_s_ = now_s;
   if (now_s - round_start_s_ < config_.round_s) return;
   if (config_.policy == prefill_policy::tiered) {
-    std::vector<int64_t> ids;
+    std::vector<engine_id> ids;
     for (const auto& [id, e] : engines_) ids.push_back(id);
     for (const auto& [id, tier] : assign_tiers(demand_, ids)) engines_.at(id).tier = tier;
   }
@@ -144,9 +144,9 @@ void prefill_balancer::maybe_end_round(double now_s) {
   round_start_s_ = now_s;
 }
 
-std::optional<int64_t> prefill_balancer::choose(const prefill_request& r, double now_s,
-                                                std::span<const int64_t> exclude) {
-  std::vector<std::pair<int64_t, const engine_state*>> cand;  // id order
+std::optional<engine_id> prefill_balancer::choose(const prefill_request& r, double now_s,
+                                                  std::span<const engine_id> exclude) {
+  std::vector<std::pair<engine_id, const engine_state*>> cand;  // id order
   for (const auto& [id, e] : engines_)
     if (std::find(exclude.begin(), exclude.end(), id) == exclude.end()) cand.emplace_back(id, &e);
   if (cand.empty()) return std::nullopt;
@@ -154,7 +154,7 @@ std::optional<int64_t> prefill_balancer::choose(const prefill_request& r, double
   switch (config_.policy) {
     case prefill_policy::round_robin: {
       // The next engine in id order after the last one chosen (cyclically).
-      auto it = std::upper_bound(cand.begin(), cand.end(), last_rr_, [](int64_t v, const auto& c) { return v < c.first; });
+      auto it = std::upper_bound(cand.begin(), cand.end(), last_rr_, [](engine_id v, const auto& c) { return v < c.first; });
       if (it == cand.end()) it = cand.begin();
       last_rr_ = it->first;
       return it->first;
@@ -172,7 +172,8 @@ std::optional<int64_t> prefill_balancer::choose(const prefill_request& r, double
         for (const auto& [id, e] : cand)
           if (e->in_flight == lo) return id;
       }
-      int64_t best = -1, best_hit = -1, best_load = 0;
+      engine_id best;
+      int64_t best_hit = -1, best_load = 0;
       for (const auto& [id, e] : cand) {
         const int64_t h = cached_tokens(r, id);
         if (h > best_hit || (h == best_hit && e->in_flight < best_load)) best = id, best_hit = h, best_load = e->in_flight;
@@ -184,14 +185,14 @@ std::optional<int64_t> prefill_balancer::choose(const prefill_request& r, double
       return smallest->first;
     }
     case prefill_policy::dynamo: {
-      int64_t best = -1;
+      engine_id best;
       double best_cost = 0;
       for (const auto& [id, e] : cand) {
         const double overlap = static_cast<double>(cached_tokens(r, id));
         const double blocks = std::ceil(static_cast<double>(e->in_flight_tokens) / static_cast<double>(config_.block_size));
         const double cost = config_.prefill_load_scale *
                               std::max(static_cast<double>(e->in_flight_tokens + n) - overlap, 0.0) + blocks;
-        if (best < 0 || cost < best_cost) best = id, best_cost = cost;
+        if (!best.valid() || cost < best_cost) best = id, best_cost = cost;
       }
       return best;
     }
@@ -200,15 +201,16 @@ std::optional<int64_t> prefill_balancer::choose(const prefill_request& r, double
       const int32_t tier = config_.policy == prefill_policy::tiered ? tier_of(n) : -1;
       bool any = false;
       for (const auto& [id, e] : cand) any = any || tier < 0 || e->tier < 0 || e->tier == tier;
-      int64_t best = -1, best_hit = 0, best_group = 0;
+      engine_id best;
+      int64_t best_hit = 0, best_group = 0;
       double best_finish = 0;
       for (const auto& [id, e] : cand) {
         if (any && tier >= 0 && e->tier >= 0 && e->tier != tier) continue;
         const int64_t h = cached_tokens(r, id);
         const double finish = std::max(now_s, e->busy_until_s) + e->cost.predict(n - h, h);
-        if (best >= 0 && (finish > best_finish || (finish == best_finish && h < best_hit))) continue;
+        if (best.valid() && (finish > best_finish || (finish == best_finish && h < best_hit))) continue;
         const int64_t g = group_tokens(e->group, id);
-        if (best >= 0 && finish == best_finish && h == best_hit && g >= best_group) continue;  // then the quieter group
+        if (best.valid() && finish == best_finish && h == best_hit && g >= best_group) continue;  // then the quieter group
         best = id, best_finish = finish, best_hit = h, best_group = g;
       }
       return best;
@@ -217,8 +219,8 @@ std::optional<int64_t> prefill_balancer::choose(const prefill_request& r, double
   return std::nullopt;
 }
 
-std::optional<int64_t> prefill_balancer::place(const prefill_request& r, double now_s,
-                                               std::span<const int64_t> exclude) {
+std::optional<engine_id> prefill_balancer::place(const prefill_request& r, double now_s,
+                                                 std::span<const engine_id> exclude) {
   maybe_end_round(now_s);
   done(r.id, now_s);  // placed again (its engine failed it): the old placement ends
   auto chosen = choose(r, now_s, exclude);
@@ -230,12 +232,12 @@ std::optional<int64_t> prefill_balancer::place(const prefill_request& r, double 
   ++e.in_flight;
   demand_[static_cast<size_t>(tier_of(r.prompt_tokens))] += t;
   remember(e, r.keys);
-  in_flight_[r.id.value] = {*chosen, r.prompt_tokens, order_++};
+  in_flight_[r.id] = {*chosen, r.prompt_tokens, order_++};
   return chosen;
 }
 
 void prefill_balancer::done(request_id id, double now_s) {
-  auto it = in_flight_.find(id.value);
+  auto it = in_flight_.find(id);
   if (it == in_flight_.end()) return;
   auto e = engines_.find(it->second.engine);
   if (e != engines_.end()) {

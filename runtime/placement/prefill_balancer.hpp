@@ -74,7 +74,7 @@ struct prefill_request {
 };
 
 struct prefill_engine_view {
-  int64_t engine = -1;
+  engine_id engine;
   int32_t tier = -1;            // −1: serves every tier
   int64_t in_flight = 0;
   int64_t in_flight_tokens = 0; // prompt tokens of its prefills in flight
@@ -89,13 +89,13 @@ class prefill_balancer {
   // `group`: the expert-parallel group the engine steps in lockstep with (−1: its own). A
   // group's step lasts as long as its busiest rank's, so among engines that finish equally
   // early the one whose group has the fewest prompt tokens in flight is chosen.
-  void add_engine(int64_t engine, cost_model cost, int64_t group = -1);
+  void add_engine(engine_id engine, cost_model cost, int64_t group = -1);
   // The engine is gone (down) or draining: it gets nothing more; returns the requests placed
   // there and not reported done, in placement order, for the caller to place again.
-  std::vector<request_id> remove_engine(int64_t engine);
+  std::vector<request_id> remove_engine(engine_id engine);
   // The engine for `r` at time `now_s`, never one of `exclude` (nullopt: no engine left);
   // recorded as in flight there (a request placed again leaves its old engine first).
-  std::optional<int64_t> place(const prefill_request& r, double now_s, std::span<const int64_t> exclude = {});
+  std::optional<engine_id> place(const prefill_request& r, double now_s, std::span<const engine_id> exclude = {});
   // r's prefill ended (handed off, finished or failed) at `now_s`.
   void done(request_id id, double now_s);
 
@@ -104,10 +104,10 @@ class prefill_balancer {
   int32_t tiers() const { return static_cast<int32_t>(config_.tier_bounds.size()) + 1; }
   // Engines per tier after a round whose predicted demand per tier (seconds) was `demand`,
   // among `engines` (ascending ids): the tiered policy's reassignment rule.
-  static std::map<int64_t, int32_t> assign_tiers(std::span<const double> demand, std::span<const int64_t> engines);
+  static std::map<engine_id, int32_t> assign_tiers(std::span<const double> demand, std::span<const engine_id> engines);
   // Predicted seconds of r at `engine` (its cost model, its cached prefix).
-  double predicted_s(const prefill_request& r, int64_t engine) const;
-  int64_t cached_tokens(const prefill_request& r, int64_t engine) const;
+  double predicted_s(const prefill_request& r, engine_id engine) const;
+  int64_t cached_tokens(const prefill_request& r, engine_id engine) const;
   std::vector<prefill_engine_view> engines() const;
   const prefill_balancer_config& config() const { return config_; }
 
@@ -123,21 +123,21 @@ class prefill_balancer {
     std::unordered_map<block_key, std::list<block_key>::iterator, block_key_hash> index;
   };
   struct placed {
-    int64_t engine;
+    engine_id engine;
     int64_t tokens;
     uint64_t order;
   };
   void maybe_end_round(double now_s);
   void remember(engine_state& e, const std::vector<block_key>& keys);
-  std::optional<int64_t> choose(const prefill_request& r, double now_s, std::span<const int64_t> exclude);
+  std::optional<engine_id> choose(const prefill_request& r, double now_s, std::span<const engine_id> exclude);
 
   prefill_balancer_config config_;
-  int64_t group_tokens(int64_t group, int64_t engine) const;
-  std::map<int64_t, engine_state> engines_;  // by id: iteration in id order
-  std::unordered_map<int64_t, placed> in_flight_;  // request id → where
+  int64_t group_tokens(int64_t group, engine_id engine) const;
+  std::map<engine_id, engine_state> engines_;  // by id: iteration in id order
+  std::unordered_map<request_id, placed> in_flight_;  // → where
   std::vector<double> demand_;               // this round's predicted seconds per tier
   double round_start_s_ = -1;
-  int64_t last_rr_ = -1;  // round robin: the engine chosen last
+  engine_id last_rr_;  // round robin: the engine chosen last
   uint64_t order_ = 0;
 };
 
