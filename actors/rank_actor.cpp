@@ -153,9 +153,11 @@ bool caf_ep_transport::deliver(ep_frame f) {
       pending_read pr{std::make_shared<std::vector<uint8_t>>(), nullptr};
       if (!bulk_.transport || f.bulk.length > max_bulk_frame) {
         pr.read = std::make_shared<runtime::transfer>();
-        pr.read->complete(!bulk_.transport ? "the frame came over a bulk transport this rank does not have"
-                                           : "the frame's " + std::to_string(f.bulk.length) +
-                                               " bytes exceed the limit of " + std::to_string(max_bulk_frame));
+        if (!bulk_.transport)
+          pr.read->fail(runtime::errc::unavailable, "the frame came over a bulk transport this rank does not have");
+        else
+          pr.read->fail(runtime::errc::invalid_argument, "the frame's " + std::to_string(f.bulk.length) +
+                                                           " bytes exceed the limit of " + std::to_string(max_bulk_frame));
       } else {
         pr.bytes->resize(f.bulk.length);
         pr.read = bulk_.transport->read(f.bulk, std::as_writable_bytes(std::span(*pr.bytes)), timeout_);

@@ -156,7 +156,7 @@ std::shared_ptr<runtime::transfer> dual_transport::read(const runtime::remote_me
   auto routed = route(src);
   if (!routed) {
     auto t = std::make_shared<runtime::transfer>();
-    t->complete(name() + ": " + routed.error());
+    t->fail(runtime::errc::unavailable, name() + ": " + routed.error());
     return t;
   }
   ++(routed->second == local_.get() ? local_reads_ : remote_reads_);

@@ -51,8 +51,14 @@ struct read_op {
   size_t pieces_out = 0;
   bool posting = true;         // pieces still being posted
   std::string error;
+  runtime::errc code = runtime::errc::unavailable;  // of `error`
   std::chrono::steady_clock::time_point deadline;
   bool cancelled = false;
+  void fail(runtime::errc c, std::string why) {  // the first failure stays
+    if (!error.empty()) return;
+    error = std::move(why);
+    code = c;
+  }
 };
 
 // One fi_read. A piece the provider has no room for yet (rxm still connecting to a new peer,
@@ -160,9 +166,9 @@ struct fabric_transport::state {
   }
 
   // Under mu: a piece came back (err: why it failed, "" when it succeeded).
-  void piece_done(piece* p, const std::string& err) {
+  void piece_done(piece* p, const std::string& err, runtime::errc code = runtime::errc::unavailable) {
     read_op* op = p->op;
-    if (!err.empty() && op->error.empty()) op->error = err;
+    if (!err.empty()) op->fail(code, err);
     --op->pieces_out;
     pieces.remove_if([&](const piece& x) { return &x == p; });
     finish_if_done(op);
@@ -171,18 +177,21 @@ struct fabric_transport::state {
   void finish_if_done(read_op* op) {
     if (op->posting || op->pieces_out > 0) return;
     if (op->local_mr) fi_close(&op->local_mr->fid);
-    std::string err = op->error;
-    if (err.empty() && op->cancelled) err = "read timed out";
+    if (op->cancelled) op->fail(runtime::errc::timed_out, "read timed out");
     for (const auto& [part, crc] : op->checks) {
-      if (!err.empty()) break;
+      if (!op->error.empty()) break;
       const uint32_t got = storage::crc32c(part.data(), part.size());
       if (got != crc)
-        err = "checksum mismatch: crc32c of the bytes read " + std::to_string(got) + " != described " +
-              std::to_string(crc) + " (the owner's memory changed or was released)";
+        op->fail(runtime::errc::corrupt, "checksum mismatch: crc32c of the bytes read " + std::to_string(got) +
+                                           " != described " + std::to_string(crc) +
+                                           " (the owner's memory changed or was released)");
     }
     auto result = op->result;
+    std::string err = std::move(op->error);
+    const runtime::errc code = op->code;
     ops.remove_if([&](const read_op& x) { return &x == op; });
-    result->complete(std::move(err));
+    if (err.empty()) result->complete();
+    else result->fail(code, std::move(err));
   }
 
   void drain_cq() {
@@ -197,7 +206,13 @@ struct fabric_transport::state {
         char buf[256] = {};
         const char* detail = fi_cq_strerror(cq, e.prov_errno, e.err_data, buf, sizeof buf);
         auto* p = static_cast<piece*>(e.op_context);
-        if (p) piece_done(p, std::string("fi_read failed: ") + fi_strerror(e.err) + (detail ? std::string(" (") + detail + ")" : ""));
+        // The owner's side rejected the key or range, or the read could not reach it.
+        const auto code = e.err == FI_EACCES || e.err == FI_EKEYREJECTED || e.err == FI_EINVAL
+                            ? runtime::errc::refused
+                            : runtime::errc::unavailable;
+        if (p)
+          piece_done(p, std::string("fi_read failed: ") + fi_strerror(e.err) + (detail ? std::string(" (") + detail + ")" : ""),
+                     code);
         continue;
       }
       if (n < 0) return;
@@ -211,7 +226,7 @@ struct fabric_transport::state {
     for (auto& op : ops)
       if (!op.cancelled && now >= op.deadline) {
         op.cancelled = true;
-        op.error = op.error.empty() ? "read timed out (owner gone or not progressing)" : op.error;
+        op.fail(runtime::errc::timed_out, "read timed out (owner gone or not progressing)");
         for (auto& p : pieces)
           if (p.op == &op && p.posted) fi_cancel(&ep->fid, &p.ctx);  // comes back as a canceled completion, if at all
       }
@@ -225,7 +240,7 @@ struct fabric_transport::state {
       piece* p = unposted.front();
       if (p->op->cancelled || !p->op->error.empty()) {
         unposted.pop_front();
-        piece_done(p, p->op->error);
+        piece_done(p, p->op->error, p->op->code);
         continue;
       }
       const ssize_t rc = p->post(ep);
@@ -462,7 +477,7 @@ fabric_transport::~fabric_transport() {
   std::lock_guard lock(s_->mu);
   for (auto& op : s_->ops) {
     if (op.local_mr) fi_close(&op.local_mr->fid);
-    op.result->complete("transport closed");
+    op.result->fail(runtime::errc::unavailable, "transport closed");
   }
   s_->ops.clear();
   s_->unposted.clear();
@@ -491,8 +506,8 @@ std::shared_ptr<runtime::transfer> fabric_transport::read(const runtime::remote_
                                                           std::chrono::milliseconds timeout) {
   if (dst.size() != src.length) {
     auto result = std::make_shared<runtime::transfer>();
-    result->complete("destination is " + std::to_string(dst.size()) + " bytes, the range " +
-                     std::to_string(src.length));
+    result->fail(runtime::errc::invalid_argument,
+                 "destination is " + std::to_string(dst.size()) + " bytes, the range " + std::to_string(src.length));
     return result;
   }
   return post(src, src.addr, dst, {{0, dst.size(), src.crc32c}}, timeout);
@@ -542,14 +557,14 @@ std::shared_ptr<runtime::transfer> fabric_transport::post(const runtime::remote_
   auto result = std::make_shared<runtime::transfer>();
   auto fa = s_->peer(src.owner);
   if (!fa) {
-    result->complete(name() + ": " + fa.error());
+    result->fail(runtime::errc::unavailable, name() + ": " + fa.error());
     return result;
   }
   fid_mr* local = nullptr;
   if (s_->needs(FI_MR_LOCAL) && !dst.empty()) {
     auto mr = s_->reg(dst.data(), dst.size(), FI_READ);
     if (!mr) {
-      result->complete(name() + ": registering the destination: " + mr.error());
+      result->fail(runtime::errc::unavailable, name() + ": registering the destination: " + mr.error());
       return result;
     }
     local = *mr;

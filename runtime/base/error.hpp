@@ -19,6 +19,7 @@ enum class errc : uint8_t {
   refused,               // the peer said no
   timed_out,             // no outcome within the deadline: the peer may still act on it
   maybe_delivered,       // the bytes left, but whether the peer took them is unknown
+  corrupt,               // bytes arrived that do not match their checksum: read them elsewhere or again
 };
 
 constexpr std::string_view to_string(errc e) {
@@ -31,6 +32,7 @@ constexpr std::string_view to_string(errc e) {
     case errc::refused: return "refused";
     case errc::timed_out: return "timed_out";
     case errc::maybe_delivered: return "maybe_delivered";
+    case errc::corrupt: return "corrupt";
   }
   return "unknown";
 }

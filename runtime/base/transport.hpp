@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/base/error.hpp"
 #include "runtime/base/one_shot.hpp"
 
 namespace shoal::runtime {
@@ -35,7 +36,21 @@ struct remote_memory {
 class transfer : public one_shot<bool> {
  public:
   bool ok() const { return done() && error().empty(); }
-  void complete(std::string error = {}) { set(true, std::move(error)); }  // the backend, exactly once
+  // Once done() and not ok(), what a reader may branch on: timed_out (no answer in time: the
+  // owner may be gone or slow), corrupt (bytes that fail their checksum: the owner's memory
+  // changed), refused (the owner's side rejected the key or range), unavailable (no way to
+  // the owner: gone, unreachable, transport closed), invalid_argument (the read cannot be
+  // done as asked). error() says it for people.
+  errc code() const { return code_; }
+  // The backend, exactly once: complete() or fail().
+  void complete() { set(true, {}); }
+  void fail(errc code, std::string why) {
+    code_ = code;  // published by set()
+    set(false, std::move(why));
+  }
+
+ private:
+  errc code_ = errc::unavailable;
 };
 
 // A registration: memory the owner keeps alive (and unchanged while described ranges may be

@@ -86,6 +86,7 @@ TEST_CASE("fabric transport: reads are bit-exact whole and in pieces, changed by
     REQUIRE(settle(*t));
     CHECK(!t->ok());
     CHECK(t->error().find("checksum mismatch") != std::string::npos);
+    CHECK(t->code() == runtime::errc::corrupt);
   }
 }
 
@@ -104,6 +105,7 @@ TEST_CASE("fabric transport: bad provider, foreign address, wrong size and a gon
     auto t = reader->read(foreign, dst, std::chrono::seconds(2));
     REQUIRE(t->done());
     CHECK(t->error().find("owner address is 3 bytes") != std::string::npos);
+    CHECK(t->code() == runtime::errc::unavailable);
 
     auto owner = make(cfg);
     auto reg = owner->register_memory(bytes);
@@ -112,6 +114,7 @@ TEST_CASE("fabric transport: bad provider, foreign address, wrong size and a gon
     auto w = reader->read((*reg)->describe(0, bytes.size()), small, std::chrono::seconds(2));
     REQUIRE(w->done());
     CHECK(w->error().find("destination is 10 bytes") != std::string::npos);
+    CHECK(w->code() == runtime::errc::invalid_argument);
     CHECK(!owner->register_memory({}));
 
     // The owner goes away: the read ends with an error within its timeout, never hangs.
@@ -121,7 +124,10 @@ TEST_CASE("fabric transport: bad provider, foreign address, wrong size and a gon
     auto gone = reader->read(desc, dst, std::chrono::milliseconds(500));
     REQUIRE(settle(*gone));
     CHECK(!gone->ok());
-    MESSAGE(cfg.provider << " read of a gone owner: " << gone->error());
+    // No answer in time, no way to the owner, or its side rejected the key: never data.
+    const auto c = gone->code();
+    CHECK((c == runtime::errc::timed_out || c == runtime::errc::unavailable || c == runtime::errc::refused));
+    MESSAGE(cfg.provider << " read of a gone owner (" << runtime::to_string(c) << "): " << gone->error());
   }
 }
 
@@ -246,6 +252,7 @@ TEST_CASE("fabric transport: read_all coalesces ranges adjacent on both sides, e
     REQUIRE(settle(*ts[0]));
     CHECK(!ts[0]->ok());
     CHECK(ts[0]->error().find("checksum mismatch") != std::string::npos);
+    CHECK(ts[0]->code() == runtime::errc::corrupt);
   }
 }
 
