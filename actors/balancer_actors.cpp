@@ -253,7 +253,7 @@ void poll_decoders(decode_pointer self) {
       .then([self, a](const engine_stats_snapshot& s) {
               // Fault point balancer_message: the report is lost; the last view of the engine stands.
               if (runtime::inject(runtime::fault_point::balancer_message)) return;
-              self->state.routing->observe(a, s.blocks_free, s.kv_tokens);
+              self->state.routing->observe(a, s.engine.blocks_free, s.engine.kv_tokens);
             },
             [](const caf::error&) {});  // gone: the next membership drops it
   }

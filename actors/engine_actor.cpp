@@ -112,47 +112,15 @@ struct engine_state {
   }
 
   engine_stats_snapshot snapshot() const {
-    runtime::engine_stats s = engine->stats();
     const std::vector<double> fetch_s = engine->swa_fetch_seconds();
     std::vector<request_id> running;
     for (const auto& [id, r] : routes) running.push_back(id);
     std::ranges::sort(running);
-    return {s.steps,
-            s.prefill_tokens,
-            s.decode_tokens,
-            s.generated,
-            s.cache.hit_tokens,
-            static_cast<int64_t>(routes.size()),
-            s.blocks_free,
-            s.blocks_total,
-            s.waiting_for_remote,
-            s.cache.remote_hit_tokens,
-            s.cache.remote_timeouts,
-            s.cache.remote_lookups,
-            s.cache.remote_fetch_failures,
-            s.cache.remote_last_error,
+    return {engine->stats(),
             runtime::to_string(engine->role()),
-            s.handoffs_offered,
-            s.handoffs_lent,
-            s.handoffs_kept,
-            s.cache.imports + s.cache.import_failures,
-            s.cache.import_failures,
-            s.cache.swa_restores,
-            s.cache.replays + s.cache.swa_cut,
-            s.cache.swa_lookups,
-            s.cache.swa_fetches,
-            s.cache.swa_fetch_failures + s.cache.swa_fetch_timeouts,
+            static_cast<int64_t>(routes.size()),
             1000 * runtime::percentile(fetch_s, 0.5),
             1000 * runtime::percentile(fetch_s, 0.99),
-            s.kv_tokens,
-            s.waiting,
-            s.cache.lookups,
-            s.forward_s,
-            s.images_encoded,
-            s.image_patches_encoded,
-            s.image_cache.hits,
-            s.image_rows_read,
-            s.image_row_read_failures,
             std::move(running),
             history.list()};
   }

@@ -22,6 +22,7 @@
 #include "runtime/base/ids.hpp"
 #include "runtime/core/sampler.hpp"
 #include "runtime/core/token_event.hpp"
+#include "runtime/engine/engine_stats.hpp"
 #include "runtime/base/traffic_class.hpp"
 #include "runtime/vision/image.hpp"
 #include "runtime/vision/prompt_image.hpp"
@@ -138,13 +139,41 @@ typename Inspector::result_type inspect(Inspector& f, sampling_params& x) {
            x.frequency_penalty, kind, x.constraint.source, x.logprobs, loaded);
 }
 
-}  // namespace shoal::runtime
+// The engine's counters on the wire (engine_stats_snapshot), each struct itself.
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, cache_stats& x) {
+  return f(caf::meta::type_name("cache_stats"), x.lookups, x.hit_tokens, x.prompt_tokens, x.remote_hit_tokens,
+           x.remote_lookups, x.remote_fetch_failures, x.remote_timeouts, x.remote_last_error, x.remote_stored,
+           x.remote_dropped, x.replays, x.swa_restores, x.swa_cut, x.swa_lookups, x.swa_fetches, x.swa_fetch_failures,
+           x.swa_fetch_timeouts, x.preemptions, x.imports, x.import_failures, x.import_bytes, x.import_reads,
+           x.import_read_s);
+}
 
-namespace shoal::actors {
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, swa_stats& x) {
+  return f(caf::meta::type_name("swa_stats"), x.saves, x.hits, x.misses, x.evictions);
+}
 
-}  // namespace shoal::actors
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, spec_stats& x) {
+  return f(caf::meta::type_name("spec_stats"), x.decode_steps, x.drafted, x.verified, x.accepted, x.emitted);
+}
 
-namespace shoal::runtime {
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, embedding_cache_stats& x) {
+  return f(caf::meta::type_name("embedding_cache_stats"), x.hits, x.misses, x.evictions, x.entries, x.bytes,
+           x.capacity_bytes);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, engine_stats& x) {
+  return f(caf::meta::type_name("engine_stats"), x.steps, x.prefill_tokens, x.decode_tokens, x.generated,
+           x.failed_steps, x.forward_s, x.idle_s, x.plan_s, x.running, x.waiting, x.waiting_for_remote, x.cache, x.swa,
+           x.blocks_free, x.blocks_total, x.kv_tokens, x.handoffs_offered, x.handoffs_lent, x.handoffs_kept,
+           x.images_encoded, x.image_patches_encoded, x.image_rows_read, x.image_row_read_failures, x.image_cache,
+           x.spec);
+}
+
 
 // One image of a prompt on the wire, runtime::prompt_image itself: its placeholder tokens,
 // content hash and pixels (fit to the encoder's patches), and where a vision-encoder worker
@@ -234,58 +263,21 @@ typename Inspector::result_type inspect(Inspector& f, request_record& x) {
   return f(caf::meta::type_name("request_record"), x.id, x.reason);
 }
 
-// A snapshot of an engine's counters (runtime::engine_stats plus the actor's own).
+// An engine's counters: runtime::engine_stats itself, with what the actor adds.
 struct engine_stats_snapshot {
-  uint64_t steps = 0;
-  uint64_t prefill_tokens = 0;
-  uint64_t decode_tokens = 0;
-  uint64_t generated = 0;
-  uint64_t prefix_hit_tokens = 0;
-  int64_t requests_running = 0;  // submitted, not yet finished or cancelled
-  int64_t blocks_free = 0;
-  int64_t blocks_total = 0;
-  int64_t waiting_for_remote = 0;      // requests whose prefix is being read from storage
-  uint64_t remote_hit_tokens = 0;      // of prefix_hit_tokens: read from the storage cluster
-  uint64_t remote_timeouts = 0;        // reads given up at their deadline (recomputed)
-  uint64_t remote_lookups = 0;         // requests that asked the storage cluster
-  uint64_t remote_fetch_failures = 0;  // reads that brought fewer blocks than the lookup listed
-  std::string remote_last_error;       // the latest such read's reason
-  std::string role = "both";           // runtime::engine_role
-  uint64_t handoffs_offered = 0;       // prefill: requests lent to a decode engine
-  uint64_t handoffs_placed = 0;        // prefill: of those, taken by a decode engine
-  uint64_t handoffs_kept = 0;          // prefill: of those, decoded here (no decode engine had room)
-  uint64_t handoffs_taken = 0;         // decode: handoffs read from a prefill engine
-  uint64_t handoff_failures = 0;       // decode: of those, recomputed (read failed or timed out)
-  uint64_t swa_restores = 0;           // shoal_flash: windows restored from a slot (local or fetched)
-  uint64_t swa_replays = 0;            // windows recomputed instead (bounded replay, or exact hits cut back)
-  uint64_t swa_lookups = 0;            // requests that asked other machines for a slot
-  uint64_t swa_fetches = 0;            // of those, a slot arrived
-  uint64_t swa_fetch_failures = 0;     // of those, the holder failed, died, timed out or sent a bad slot
-  double swa_fetch_p50_ms = 0, swa_fetch_p99_ms = 0;  // of the last ≤ 1024 fetches that arrived
-  int64_t kv_tokens = 0;               // cache positions of its running requests
-  int64_t waiting = 0;                 // queued, not yet admitted
-  uint64_t prefix_lookups = 0;         // admissions that looked up the prefix cache
-  double forward_s = 0;                // seconds in forward passes
-  uint64_t images_encoded = 0;         // images run through the vision encoder here
-  uint64_t image_patches_encoded = 0;  // their patches
-  uint64_t image_cache_hits = 0;       // images whose rows came from the embedding cache
-  uint64_t image_rows_read = 0;        // images whose rows were read from a vision-encoder worker
-  uint64_t image_row_read_failures = 0;  // of those reads, failed (encoded here instead)
-  std::vector<request_id> running;       // the requests routed here now, by id
-  std::vector<request_record> recent;    // the last (≤ 64) that left, oldest first
+  runtime::engine_stats engine;
+  std::string role = "both";          // runtime::engine_role
+  int64_t requests_running = 0;       // routed here: submitted, not yet finished or cancelled
+  double swa_fetch_p50_ms = 0, swa_fetch_p99_ms = 0;  // of the last ≤ 1024 SWA slot fetches that arrived
+  std::vector<request_id> running;    // the requests routed here now, by id
+  std::vector<request_record> recent;  // the last (≤ 64) that left, oldest first
   friend bool operator==(const engine_stats_snapshot&, const engine_stats_snapshot&) = default;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, engine_stats_snapshot& x) {
-  return f(caf::meta::type_name("engine_stats_snapshot"), x.steps, x.prefill_tokens, x.decode_tokens,
-           x.generated, x.prefix_hit_tokens, x.requests_running, x.blocks_free, x.blocks_total, x.waiting_for_remote,
-           x.remote_hit_tokens, x.remote_timeouts, x.remote_lookups, x.remote_fetch_failures,
-           x.remote_last_error, x.role, x.handoffs_offered, x.handoffs_placed, x.handoffs_kept,
-           x.handoffs_taken, x.handoff_failures, x.swa_restores, x.swa_replays, x.swa_lookups, x.swa_fetches,
-           x.swa_fetch_failures, x.swa_fetch_p50_ms, x.swa_fetch_p99_ms, x.kv_tokens, x.waiting,
-           x.prefix_lookups, x.forward_s, x.images_encoded, x.image_patches_encoded, x.image_cache_hits,
-           x.image_rows_read, x.image_row_read_failures, x.running, x.recent);
+  return f(caf::meta::type_name("engine_stats_snapshot"), x.engine, x.role, x.requests_running, x.swa_fetch_p50_ms,
+           x.swa_fetch_p99_ms, x.running, x.recent);
 }
 
 

@@ -19,6 +19,7 @@
 #include "runtime/core/block_pool.hpp"
 #include "runtime/core/remote_blocks.hpp"
 #include "runtime/core/request.hpp"
+#include "runtime/core/stats.hpp"
 #include "runtime/core/swa_pool.hpp"
 
 namespace shoal::runtime {
@@ -42,27 +43,6 @@ struct cache_config {
   std::shared_ptr<remote_swa> swa_remote;
   double swa_timeout_s = 2.0;         // a request waits this long for a slot, then replays
   std::shared_ptr<const clock> time = default_clock();
-};
-
-struct cache_stats {
-  uint64_t lookups = 0, hit_tokens = 0, prompt_tokens = 0;
-  uint64_t remote_hit_tokens = 0;     // of hit_tokens: fetched from the remote tier
-  uint64_t remote_lookups = 0;        // requests that asked the remote tier (once each)
-  uint64_t remote_fetch_failures = 0; // fetches that delivered fewer blocks than the tier listed
-  uint64_t remote_timeouts = 0;       // fetches abandoned at their deadline (the request recomputed)
-  std::string remote_last_error;      // why the latest failed fetch fell short (empty: none failed)
-  uint64_t remote_stored = 0, remote_dropped = 0;  // blocks offered for writing / dropped
-  uint64_t replays = 0, swa_restores = 0;
-  uint64_t swa_cut = 0;               // exact mode: hits cut back to a snapshot (tokens recomputed)
-  uint64_t swa_lookups = 0;           // requests that asked other machines for a slot (once each)
-  uint64_t swa_fetches = 0;           // of those, a slot arrived and was stored here
-  uint64_t swa_fetch_failures = 0;    // the holder failed, died or sent a bad slot (replayed)
-  uint64_t swa_fetch_timeouts = 0;    // abandoned at the deadline (replayed)
-  uint64_t preemptions = 0;
-  uint64_t imports = 0, import_failures = 0;  // handoffs read from a prefill engine / recomputed
-  uint64_t import_bytes = 0;                  // of the imported handoffs
-  uint64_t import_reads = 0;                  // transport reads they took (adjacent blocks coalesce)
-  double import_read_s = 0;                   // their reads, first issued to last completed (summed)
 };
 
 // Positions of raw entries each sequence's rings hold: the window plus the retained backtrack

@@ -13,6 +13,7 @@
 
 #include "runtime/core/cost_model.hpp"
 #include "runtime/core/sampler.hpp"
+#include "runtime/core/stats.hpp"
 
 namespace shoal::runtime {
 
@@ -92,16 +93,5 @@ token_distribution residual(const token_distribution& p, const token_distributio
 // acceptance test's uniform numbers for output index `step`.
 double draft_uniform(uint64_t seq_seed, int64_t step);
 double accept_uniform(uint64_t seq_seed, int64_t step);
-
-// Step accounting (MEASURE.md): verified and accepted drafts per decode step; tau = 1 +
-// nextn × a with a = accepted / (steps × nextn) under full-draft counting; emitted tokens
-// are actual counts (VARLEN records are never multiplied again).
-struct spec_stats {
-  uint64_t decode_steps = 0;  // request-steps that verified ≥ 0 drafts of a speculating request
-  uint64_t drafted = 0, verified = 0, accepted = 0, emitted = 0;
-  double verified_per_step() const { return decode_steps ? double(verified) / double(decode_steps) : 0; }
-  double accepted_per_step() const { return decode_steps ? double(accepted) / double(decode_steps) : 0; }
-  double tokens_per_step() const { return decode_steps ? double(emitted) / double(decode_steps) : 0; }
-};
 
 }  // namespace shoal::runtime

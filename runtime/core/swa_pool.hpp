@@ -14,15 +14,12 @@
 
 #include "model/forward.hpp"
 #include "runtime/core/block_pool.hpp"
+#include "runtime/core/stats.hpp"
 #include "runtime/core/swa_store.hpp"
 
 namespace shoal::runtime {
 
 enum class swa_storage { mxfp8, fp32 };
-
-struct swa_stats {
-  uint64_t saves = 0, hits = 0, misses = 0, evictions = 0;  // evictions: of the store
-};
 
 // Bytes of one full window snapshot of model `c` in `storage` format (a store's slot size).
 size_t swa_snapshot_bytes(const model::model_config& c, swa_storage storage);

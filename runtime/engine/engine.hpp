@@ -23,6 +23,7 @@
 #include "runtime/ep/expert_migration.hpp"
 #include "runtime/ep/expert_parallel.hpp"
 #include "runtime/core/handoff.hpp"
+#include "runtime/engine/engine_stats.hpp"
 #include "runtime/engine/forward_worker.hpp"
 #include "runtime/base/error.hpp"
 #include "runtime/base/transport.hpp"
@@ -78,30 +79,6 @@ struct engine_config {
   // expert parallelism or role prefill (node_config refuses those). Forces
   // async_scheduling off: the next step depends on how many drafts were accepted.
   spec_config spec;
-};
-
-struct engine_stats {
-  uint64_t steps = 0, prefill_tokens = 0, decode_tokens = 0, generated = 0;
-  uint64_t failed_steps = 0;   // EP steps whose exchange failed (their requests finished as error)
-  double forward_s = 0;        // compute thread busy in forward passes
-  double idle_s = 0;           // compute thread waiting between consecutive steps (exposed overhead)
-  double plan_s = 0;           // time spent planning (overlapped when async)
-  int64_t running = 0, waiting = 0, waiting_for_remote = 0;
-  cache_stats cache;
-  swa_stats swa;
-  int64_t blocks_free = 0, blocks_total = 0;
-  int64_t kv_tokens = 0;       // cache positions of the running requests (the decode balancer's KV load)
-  // Handoffs, prefill side: offered (first token out, caches lent), lent (a decode engine took
-  // it: finished here as handed_off), kept (nobody took it: decoded here). Decode side: the
-  // cache stats' imports / import_failures.
-  uint64_t handoffs_offered = 0, handoffs_lent = 0, handoffs_kept = 0;
-  // Vision: images run through the encoder here, their patches, and the embedding cache.
-  uint64_t images_encoded = 0, image_patches_encoded = 0;
-  // Encoder rows read from a vision-encoder worker (prompt_image::rows) / reads that failed
-  // (the engine encoded those images itself).
-  uint64_t image_rows_read = 0, image_row_read_failures = 0;
-  embedding_cache_stats image_cache;
-  spec_stats spec;
 };
 
 struct completion {

@@ -15,6 +15,7 @@ namespace shoal::runtime {
 struct embedding_cache_stats {
   uint64_t hits = 0, misses = 0, evictions = 0;
   int64_t entries = 0, bytes = 0, capacity_bytes = 0;
+  bool operator==(const embedding_cache_stats&) const = default;
 };
 
 class embedding_cache {

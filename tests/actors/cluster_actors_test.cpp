@@ -721,11 +721,11 @@ TEST_CASE("expert parallelism across two actor systems: tokens equal a plain eng
   }
 
   auto sa = stats_of(a, engine_a);
-  CHECK(sa.generated == 8 + 5 + 11);
+  CHECK(sa.engine.generated == 8 + 5 + 11);
   CHECK(sa.requests_running == 0);
   auto sb = stats_of(b, engine_b);
-  CHECK(sb.steps > 0);  // it joined a's lockstep steps
-  CHECK(sb.generated == 0);
-  CHECK(sb.prefill_tokens == 0);
+  CHECK(sb.engine.steps > 0);  // it joined a's lockstep steps
+  CHECK(sb.engine.generated == 0);
+  CHECK(sb.engine.prefill_tokens == 0);
   CHECK(sb.requests_running == 0);
 }

@@ -204,10 +204,10 @@ TEST_CASE("engine actor streams the same greedy tokens as a plain engine, bad re
   CHECK(!o.events.contains(14));
 
   auto s = f.read_stats();
-  CHECK(s.generated == 8 + 6 + 9);
+  CHECK(s.engine.generated == 8 + 6 + 9);
   CHECK(s.requests_running == 0);
-  CHECK(s.steps >= 9);
-  CHECK(s.blocks_total == 256);
+  CHECK(s.engine.steps >= 9);
+  CHECK(s.engine.blocks_total == 256);
 }
 
 TEST_CASE("cancel ends a running request with one aborted event, the others are unaffected") {
@@ -227,7 +227,7 @@ TEST_CASE("cancel ends a running request with one aborted event, the others are 
   CHECK(cancelled[1] == token_event{request_id(1), -1, true, runtime::finish_reason::aborted});
   CHECK(tokens_of(o.events[2]) == expected[1]);
   auto s = f.read_stats();
-  CHECK(s.generated == 2 + 5);
+  CHECK(s.engine.generated == 2 + 5);
   CHECK(s.requests_running == 0);
 
   outcome again;  // the id is free again
@@ -243,7 +243,7 @@ TEST_CASE("a sink that goes down stops its requests") {
   CHECK(o.events[7].size() == 1);  // it quit after the first token
   auto s = f.read_stats();
   CHECK(s.requests_running == 0);
-  CHECK(s.generated == 3);  // two more steps ran before the down message had its turn
+  CHECK(s.engine.generated == 3);  // two more steps ran before the down message had its turn
 }
 
 // -- remote cases -------------------------------------------------------------------------
@@ -435,8 +435,16 @@ TEST_CASE("every type of the type-ID block round-trips through a remote actor") 
   round_trip(self, remote, req);
   round_trip(self, remote, token_event{request_id(3), 77, true, runtime::finish_reason::stop});
   round_trip(self, remote, token_event{request_id(4), 12, true, runtime::finish_reason::length, 48});
-  round_trip(self, remote, engine_stats_snapshot{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 30, 31, "read failed", "decode", 12, 13, 14, 15, 16,
-                                                 17, 18, 19, 20, 21, 0.25, 12.5, 22, 23, 24, 1.5, 25, 26, 27, 28, 29,
+  // Every counter of the engine's stats distinct, so a field lost or swapped on the wire shows.
+  runtime::engine_stats es{1, 2, 3, 4, 5, 0.5, 0.75, 0.125, 6, 7, 8};
+  es.cache = {9, 10, 11, 12, 13, 14, 15, "read failed", 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 2.5};
+  es.swa = {30, 31, 32, 33};
+  es.blocks_free = 34, es.blocks_total = 35, es.kv_tokens = 36;
+  es.handoffs_offered = 37, es.handoffs_lent = 38, es.handoffs_kept = 39;
+  es.images_encoded = 40, es.image_patches_encoded = 41, es.image_rows_read = 42, es.image_row_read_failures = 43;
+  es.image_cache = {44, 45, 46, 47, 48, 49};
+  es.spec = {50, 51, 52, 53, 54};
+  round_trip(self, remote, engine_stats_snapshot{es, "decode", 55, 0.25, 12.5,
                                                  {request_id(3), request_id(1ll << 40)},
                                                  {{request_id(5), runtime::finish_reason::handed_off},
                                                   {request_id(6), runtime::finish_reason::length}}});
@@ -623,6 +631,6 @@ TEST_CASE("remote engine: streamed tokens equal the plain engine's, errors arriv
   CHECK(refused);
 
   self->request(engine, request_timeout, stats_atom_v)
-    .receive([&](const engine_stats_snapshot& s) { CHECK(s.generated == 7); },
+    .receive([&](const engine_stats_snapshot& s) { CHECK(s.engine.generated == 7); },
              [&](caf::error& e) { FAIL(f.client.render(e)); });
 }

@@ -74,7 +74,7 @@ TEST_CASE("gateway image chat equals a plain engine with the image, a repeated i
   REQUIRE(other.status == 200);
   CHECK(parse(other.body)["usage"]["prompt_tokens_details"]["cached_tokens"] == 0);  // the image is in block 0
   auto st = c.stats(0);
-  CHECK(st.images_encoded == 2);
+  CHECK(st.engine.images_encoded == 2);
 }
 
 TEST_CASE("gateway refuses bad images with the exact 400 naming the problem, and keeps serving") {
@@ -141,5 +141,5 @@ TEST_CASE("gateway refuses bad images with the exact 400 naming the problem, and
   CHECK(c.in_flight(c.gateways[0]) == 0);
   auto ok = post(port, "/v1/chat/completions", image_chat(png_url(small), 4));
   CHECK(ok.status == 200);
-  CHECK(c.stats(0).images_encoded == 1);  // nothing of the refused requests reached the engine
+  CHECK(c.stats(0).engine.images_encoded == 1);  // nothing of the refused requests reached the engine
 }

@@ -222,13 +222,13 @@ TEST_CASE("gateway stop string truncates the text with finish reason stop") {
   // The request stopped early: its generation is cancelled and its blocks come back.
   auto deadline = std::chrono::steady_clock::now() + wait_timeout;
   actors::engine_stats_snapshot st = c.stats(0);
-  while ((st.requests_running != 0 || st.blocks_free != st.blocks_total) &&
+  while ((st.requests_running != 0 || st.engine.blocks_free != st.engine.blocks_total) &&
          std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(5ms);
     st = c.stats(0);
   }
   CHECK(st.requests_running == 0);
-  CHECK(st.blocks_free == st.blocks_total);
+  CHECK(st.engine.blocks_free == st.engine.blocks_total);
 }
 
 TEST_CASE("gateway logit_bias and penalties reach the engine, a bias outside the vocabulary is a 400") {
@@ -550,16 +550,16 @@ TEST_CASE("gateway cancels the generation when a streaming client disconnects") 
 
   auto deadline = std::chrono::steady_clock::now() + wait_timeout;
   actors::engine_stats_snapshot st = c.stats(0);
-  while ((st.requests_running != 0 || st.blocks_free != st.blocks_total) &&
+  while ((st.requests_running != 0 || st.engine.blocks_free != st.engine.blocks_total) &&
          std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(2ms);
     st = c.stats(0);
   }
   CHECK(st.requests_running == 0);
-  CHECK(st.blocks_free == st.blocks_total);
-  CHECK(st.generated >= 1);
-  CHECK(st.generated < n / 4);  // cancelled long before 2,000 tokens
-  MESSAGE("tokens generated before the cancel: " << st.generated);
+  CHECK(st.engine.blocks_free == st.engine.blocks_total);
+  CHECK(st.engine.generated >= 1);
+  CHECK(st.engine.generated < n / 4);  // cancelled long before 2,000 tokens
+  MESSAGE("tokens generated before the cancel: " << st.engine.generated);
 
   // The gateway forgot the request and still serves.
   auto gw_deadline = std::chrono::steady_clock::now() + wait_timeout;
@@ -601,7 +601,7 @@ TEST_CASE("gateway re-routes a stream whose engine is killed and the client sees
   CHECK(chunks.back()["usage"]["completion_tokens"] == n);
   CHECK(text == want);
   // Engine 1 recomputed the request from its prompt: all n tokens.
-  CHECK(c.stats(1).generated == static_cast<uint64_t>(n));
+  CHECK(c.stats(1).engine.generated == static_cast<uint64_t>(n));
 }
 
 TEST_CASE("gateway drain refuses new requests with 503") {

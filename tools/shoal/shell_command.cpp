@@ -447,11 +447,15 @@ bool shell::cmd_swa() {
       auto e = ask_each<actors::engine_stats_snapshot>("  rank" + std::to_string(r.index),
                                                        caf::actor_cast<actors::engine_actor>(r.engine), stats_atom_v);
       if (!e) continue;
+      // Replays: windows recomputed (bounded replay, or exact hits cut back); fetch failures:
+      // the holder failed, died, timed out or sent a bad slot.
+      const runtime::cache_stats& c = e->engine.cache;
+      const uint64_t failed = c.swa_fetch_failures + c.swa_fetch_timeouts;
       fmt::print("  rank{}: restores={} replays={} lookups={} fetches={} fetch_failures={} misses={} "
                  "fetch_ms p50={:.2f} p99={:.2f}\n",
-                 r.index, e->swa_restores, e->swa_replays, e->swa_lookups, e->swa_fetches, e->swa_fetch_failures,
-                 e->swa_lookups - std::min(e->swa_lookups, e->swa_fetches + e->swa_fetch_failures),
-                 e->swa_fetch_p50_ms, e->swa_fetch_p99_ms);
+                 r.index, c.swa_restores, c.replays + c.swa_cut, c.swa_lookups, c.swa_fetches, failed,
+                 c.swa_lookups - std::min(c.swa_lookups, c.swa_fetches + failed), e->swa_fetch_p50_ms,
+                 e->swa_fetch_p99_ms);
     }
   }
   return true;

@@ -100,31 +100,35 @@ std::string describe_engine(caf::actor_system& sys, const actors::engine_actor& 
   std::string out = "rank" + std::to_string(rank) + ": no answer";
   self->request(e, 5s, stats_atom_v)
     .receive(
-      [&](const actors::engine_stats_snapshot& s) {
+      [&](const actors::engine_stats_snapshot& snap) {
+        const runtime::engine_stats& s = snap.engine;
+        const runtime::cache_stats& c = s.cache;
         out = fmt::format("rank{}: running={} steps={} prefill_tokens={} decode_tokens={} generated={} "
                           "prefix_hit_tokens={} blocks_free={}/{} waiting_for_remote={} remote_hit_tokens={} "
                           "remote_timeouts={}",
-                          rank, s.requests_running, s.steps, s.prefill_tokens, s.decode_tokens, s.generated,
-                          s.prefix_hit_tokens, s.blocks_free, s.blocks_total, s.waiting_for_remote,
-                          s.remote_hit_tokens, s.remote_timeouts);
-        if (s.remote_lookups > 0)
-          out += fmt::format(" remote_lookups={} remote_fetch_failures={}", s.remote_lookups, s.remote_fetch_failures);
-        if (!s.remote_last_error.empty()) out += fmt::format(" remote_last_error=\"{}\"", s.remote_last_error);
-        if (s.role != "both")
+                          rank, snap.requests_running, s.steps, s.prefill_tokens, s.decode_tokens, s.generated,
+                          c.hit_tokens, s.blocks_free, s.blocks_total, s.waiting_for_remote, c.remote_hit_tokens,
+                          c.remote_timeouts);
+        if (c.remote_lookups > 0)
+          out += fmt::format(" remote_lookups={} remote_fetch_failures={}", c.remote_lookups, c.remote_fetch_failures);
+        if (!c.remote_last_error.empty()) out += fmt::format(" remote_last_error=\"{}\"", c.remote_last_error);
+        // Prefill side: offered, placed with a decode engine, kept; decode side: taken (read or
+        // recomputed) and of those recomputed.
+        if (snap.role != "both")
           out += fmt::format(" role={} handoffs_offered={} handoffs_placed={} handoffs_kept={} handoffs_taken={} "
                              "handoff_failures={}",
-                             s.role, s.handoffs_offered, s.handoffs_placed, s.handoffs_kept, s.handoffs_taken,
-                             s.handoff_failures);
+                             snap.role, s.handoffs_offered, s.handoffs_lent, s.handoffs_kept,
+                             c.imports + c.import_failures, c.import_failures);
         // Requests by their one id: routed here now, and the last that left (how they ended).
         std::vector<std::string> running, recent;
-        for (request_id id : s.running) running.push_back(to_string(id));
-        for (const auto& r : s.recent) recent.push_back(to_string(r.id) + ":" + runtime::to_string(r.reason));
+        for (request_id id : snap.running) running.push_back(to_string(id));
+        for (const auto& r : snap.recent) recent.push_back(to_string(r.id) + ":" + runtime::to_string(r.reason));
         if (!running.empty()) out += fmt::format(" running=[{}]", fmt::join(running, ","));
         if (!recent.empty()) out += fmt::format(" recent=[{}]", fmt::join(recent, ","));
-        if (s.images_encoded + s.image_cache_hits + s.image_rows_read > 0)
+        if (s.images_encoded + s.image_cache.hits + s.image_rows_read > 0)
           out += fmt::format(" images_encoded={} image_patches_encoded={} image_cache_hits={} image_rows_read={} "
                              "image_row_read_failures={}",
-                             s.images_encoded, s.image_patches_encoded, s.image_cache_hits, s.image_rows_read,
+                             s.images_encoded, s.image_patches_encoded, s.image_cache.hits, s.image_rows_read,
                              s.image_row_read_failures);
       },
       [&](caf::error& err) { out = "rank" + std::to_string(rank) + ": " + sys.render(err); });
@@ -152,24 +156,25 @@ struct node_metrics_server {
 void scrape(caf::actor_system& sys, const node_parts& parts, node_metrics_server& s) {
   std::lock_guard lock(s.mu);
   for (size_t r = 0; r < parts.engines.size(); ++r) {
-    auto st = ask<actors::engine_actor, actors::engine_stats_snapshot>(sys, parts.engines[r], 2s, stats_atom_v);
-    if (!st) continue;
+    auto snap = ask<actors::engine_actor, actors::engine_stats_snapshot>(sys, parts.engines[r], 2s, stats_atom_v);
+    if (!snap) continue;
+    const runtime::engine_stats& st = snap->engine;
     const std::string a = "rank" + std::to_string(r);
     const auto& m = s.m;
-    m.running.set(static_cast<double>(std::max<int64_t>(0, st->requests_running - st->waiting - st->waiting_for_remote)), a);
-    m.waiting.set(static_cast<double>(st->waiting), a);
-    m.waiting_for_remote.set(static_cast<double>(st->waiting_for_remote), a);
-    m.blocks_used.set(static_cast<double>(st->blocks_total - st->blocks_free), a);
-    m.blocks_free.set(static_cast<double>(st->blocks_free), a);
-    m.prefix_queries.advance_to(static_cast<double>(st->prefix_lookups), a);
-    m.hit_tokens.advance_to(static_cast<double>(st->prefix_hit_tokens), a);
-    m.storage_hit_tokens.advance_to(static_cast<double>(st->remote_hit_tokens), a);
-    m.steps.advance_to(static_cast<double>(st->steps), a);
-    m.step_seconds.advance_to(st->forward_s, a);
-    m.prefill_tokens.advance_to(static_cast<double>(st->prefill_tokens), a);
-    m.decode_tokens.advance_to(static_cast<double>(st->decode_tokens), a);
-    m.images_encoded.advance_to(static_cast<double>(st->images_encoded), a);
-    m.image_cache_hits.advance_to(static_cast<double>(st->image_cache_hits), a);
+    m.running.set(static_cast<double>(std::max<int64_t>(0, snap->requests_running - st.waiting - st.waiting_for_remote)), a);
+    m.waiting.set(static_cast<double>(st.waiting), a);
+    m.waiting_for_remote.set(static_cast<double>(st.waiting_for_remote), a);
+    m.blocks_used.set(static_cast<double>(st.blocks_total - st.blocks_free), a);
+    m.blocks_free.set(static_cast<double>(st.blocks_free), a);
+    m.prefix_queries.advance_to(static_cast<double>(st.cache.lookups), a);
+    m.hit_tokens.advance_to(static_cast<double>(st.cache.hit_tokens), a);
+    m.storage_hit_tokens.advance_to(static_cast<double>(st.cache.remote_hit_tokens), a);
+    m.steps.advance_to(static_cast<double>(st.steps), a);
+    m.step_seconds.advance_to(st.forward_s, a);
+    m.prefill_tokens.advance_to(static_cast<double>(st.prefill_tokens), a);
+    m.decode_tokens.advance_to(static_cast<double>(st.decode_tokens), a);
+    m.images_encoded.advance_to(static_cast<double>(st.images_encoded), a);
+    m.image_cache_hits.advance_to(static_cast<double>(st.image_cache.hits), a);
   }
   if (parts.experts) {
     s.m.experts_resident.set(static_cast<double>(parts.experts->resident_experts()), "node");
