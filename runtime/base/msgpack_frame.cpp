@@ -2,6 +2,13 @@
 
 namespace shoal::runtime {
 
+void frame_sink::write(const char* p, size_t n) {
+  if (n == 0) return;  // an empty bin body comes with a null pointer
+  const size_t at = bytes.size();
+  bytes.resize(at + n);
+  std::memcpy(bytes.data() + at, p, n);
+}
+
 frame_fields::frame_fields(std::span<const uint8_t> bytes, uint32_t count, std::string kind) : kind_(std::move(kind)) {
   if (bytes.empty()) {
     fail("is empty");

@@ -64,9 +64,11 @@ engine::~engine() {
   worker_.reset();
 }
 
-std::expected<request_id, error> engine::add_request(request_id id, std::vector<int32_t> prompt,
-                                                     const sampling_params& params, traffic_class cls,
-                                                     std::vector<prompt_image> images) {
+// Everything about a request that can be wrong but its constraint, checked before anything
+// changes.
+std::expected<void, error> engine::check_request(request_id id, const std::vector<int32_t>& prompt,
+                                                 const sampling_params& params, traffic_class cls,
+                                                 const std::vector<prompt_image>& images) const {
   if (!id.valid()) return fail(errc::invalid_argument, "request id must be >= 0");
   if (requests_.contains(id.value))
     return fail(errc::duplicate, "request " + to_string(id) + " is still held by this engine");
@@ -82,12 +84,6 @@ std::expected<request_id, error> engine::add_request(request_id id, std::vector<
                              ") is outside the vocabulary [0, " + std::to_string(c.vocab_size) + ")");
   if (auto bad = validate(params, c.vocab_size)) return fail(errc::invalid_argument, *bad);
   if (auto why = check_prompt_images(c.vision, prompt, images); !why.empty()) return fail(errc::invalid_argument, why);
-  std::shared_ptr<grammar_matcher> matcher;
-  if (params.constraint.active()) {
-    auto m = make_matcher(params, {});
-    if (!m) return fail(tok_ ? errc::invalid_argument : errc::unavailable, m.error());
-    matcher = std::move(*m);
-  }
   int64_t total = static_cast<int64_t>(prompt.size()) + params.max_tokens;
   if (c.max_position_embeddings > 0 && total > c.max_position_embeddings)
     return fail(errc::invalid_argument, "prompt (" + std::to_string(prompt.size()) + ") + max_tokens (" +
@@ -96,22 +92,42 @@ std::expected<request_id, error> engine::add_request(request_id id, std::vector<
   if (caches_.blocks_for(total) > caches_.pool().num_blocks())
     return fail(errc::invalid_argument, "request needs " + std::to_string(caches_.blocks_for(total)) +
                            " cache blocks; the engine has " + std::to_string(caches_.pool().num_blocks()));
-  // Rows a vision-encoder worker holds: read here unless already cached (checked first, so a
-  // refused request starts no read).
-  std::vector<const prompt_image*> to_read;
-  if (config_.bulk)
-    for (size_t i = 0; i < images.size(); ++i) {
-      const prompt_image& im = images[i];
-      if (im.rows.owner.empty() || images_.contains(im.hash)) continue;
-      const uint64_t want = static_cast<uint64_t>(im.count) * static_cast<uint64_t>(c.hidden_size) * sizeof(float);
-      if (im.rows.length != want)
-        return fail(errc::invalid_argument, "image " + std::to_string(i + 1) + ": its encoder rows are " +
-                               std::to_string(im.rows.length) + " bytes; " + std::to_string(im.count) + " rows of " +
-                               std::to_string(c.hidden_size) + " floats are " + std::to_string(want));
-      to_read.push_back(&im);
-    }
+  return {};
+}
+
+// The images whose rows a vision-encoder worker holds and this engine has not cached: read
+// before the request steps (checked first, so a refused request starts no read).
+std::expected<std::vector<const prompt_image*>, error> engine::rows_to_read(const std::vector<prompt_image>& images) const {
+  std::vector<const prompt_image*> out;
+  if (!config_.bulk) return out;
+  const int64_t d = weights_->config.hidden_size;
+  for (size_t i = 0; i < images.size(); ++i) {
+    const prompt_image& im = images[i];
+    if (im.rows.owner.empty() || images_.contains(im.hash)) continue;
+    const uint64_t want = static_cast<uint64_t>(im.count) * static_cast<uint64_t>(d) * sizeof(float);
+    if (im.rows.length != want)
+      return fail(errc::invalid_argument, "image " + std::to_string(i + 1) + ": its encoder rows are " +
+                             std::to_string(im.rows.length) + " bytes; " + std::to_string(im.count) + " rows of " +
+                             std::to_string(d) + " floats are " + std::to_string(want));
+    out.push_back(&im);
+  }
+  return out;
+}
+
+std::expected<request_id, error> engine::add_request(request_id id, std::vector<int32_t> prompt,
+                                                     const sampling_params& params, traffic_class cls,
+                                                     std::vector<prompt_image> images) {
+  if (auto ok = check_request(id, prompt, params, cls, images); !ok) return std::unexpected(ok.error());
+  std::shared_ptr<grammar_matcher> matcher;
+  if (params.constraint.active()) {
+    auto m = make_matcher(params, {});
+    if (!m) return fail(tok_ ? errc::invalid_argument : errc::unavailable, m.error());
+    matcher = std::move(*m);
+  }
+  auto to_read = rows_to_read(images);
+  if (!to_read) return std::unexpected(to_read.error());
   awaiting_rows wait{nullptr, {}};
-  for (const prompt_image* im : to_read) {
+  for (const prompt_image* im : *to_read) {
     auto& rr = rows_reads_[im->hash];
     if (!rr) {  // one read per image, shared by the requests that carry it
       rr = std::make_shared<rows_read>();
@@ -126,7 +142,7 @@ std::expected<request_id, error> engine::add_request(request_id id, std::vector<
   next_id_ = std::max(next_id_, id.value + 1);
   r->prompt_len = static_cast<int64_t>(prompt.size());
   r->tokens = std::move(prompt);
-  r->images = std::move(images);
+  r->images = std::move(images);  // the pointers in to_read were used above: the vector moves now
   r->params = params;
   r->cls = cls;
   r->seq_seed = sequence_seed(params, static_cast<uint64_t>(r->id.value));

@@ -226,6 +226,10 @@ class engine {
     std::vector<std::shared_ptr<rows_read>> reads;
   };
   // Settles the reads that are over and queues the requests none of whose reads is still out.
+  std::expected<void, error> check_request(request_id id, const std::vector<int32_t>& prompt,
+                                           const sampling_params& params, traffic_class cls,
+                                           const std::vector<prompt_image>& images) const;
+  std::expected<std::vector<const prompt_image*>, error> rows_to_read(const std::vector<prompt_image>& images) const;
   void poll_rows();
   void dispatch(step_plan plan);
   // Speculation: verify lengths for the plan's decodes (more blocks taken for them), the

@@ -309,6 +309,38 @@ void compute_owned(const model::model_weights& w, int64_t slot, bool invariant, 
   });
 }
 
+// Dispatch: each row once per computing rank, with its pairs for that rank in row order;
+// the n-th pair of an expert goes to the replica replica_for picks. owner_of / pair_of: the
+// rank each (row, k) pair went to, and its index among that rank's pairs.
+struct dispatch_plan {
+  std::vector<dispatch_frame> send;
+  std::vector<int32_t> owner_of, pair_of;
+};
+
+dispatch_plan plan_dispatch(const ep_placement& place, int64_t slot, int32_t R, int32_t me, const float* xn,
+                            int64_t rows, const int32_t* ids, int64_t k, int64_t d) {
+  dispatch_plan p{std::vector<dispatch_frame>(static_cast<size_t>(R)), std::vector<int32_t>(static_cast<size_t>(rows * k)),
+                  std::vector<int32_t>(static_cast<size_t>(rows * k))};
+  std::vector<int64_t> last_row(static_cast<size_t>(R), -1);
+  std::vector<int64_t> nth(static_cast<size_t>(place.logical()), 0);
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < k; ++j) {
+      int32_t e = ids[i * k + j];
+      int32_t r = place.replica_for(slot, e, me, nth[e]++);
+      dispatch_frame& f = p.send[r];
+      if (last_row[r] != i) {
+        last_row[r] = i;
+        f.xn.insert(f.xn.end(), xn + i * d, xn + (i + 1) * d);
+        ++f.rows;
+      }
+      p.owner_of[i * k + j] = r;
+      p.pair_of[i * k + j] = static_cast<int32_t>(f.pair_row.size());
+      f.pair_row.push_back(static_cast<int32_t>(f.rows - 1));
+      f.pair_expert.push_back(e);
+    }
+  return p;
+}
+
 }  // namespace
 
 void ep_moe_exchange::run_slot(int64_t slot, const float* xn, int64_t rows, const int32_t* ids,
@@ -320,27 +352,7 @@ void ep_moe_exchange::run_slot(int64_t slot, const float* xn, int64_t rows, cons
   const ep_placement& place = *placement_;
   const uint64_t ready = ready_ ? offered_->epoch() : place.epoch();
   if (rows > 0) loads_.count(slot, {ids, static_cast<size_t>(rows * k)});
-  // Dispatch: each row once per computing rank, with its pairs for that rank in row order;
-  // the n-th pair of an expert goes to the replica replica_for picks.
-  std::vector<dispatch_frame> send(static_cast<size_t>(R));
-  std::vector<int64_t> last_row(static_cast<size_t>(R), -1);
-  std::vector<int64_t> nth(static_cast<size_t>(place.logical()), 0);
-  std::vector<int32_t> owner_of(static_cast<size_t>(rows * k)), pair_of(static_cast<size_t>(rows * k));
-  for (int64_t i = 0; i < rows; ++i)
-    for (int64_t j = 0; j < k; ++j) {
-      int32_t e = ids[i * k + j];
-      int32_t r = place.replica_for(slot, e, me, nth[e]++);
-      dispatch_frame& f = send[r];
-      if (last_row[r] != i) {
-        last_row[r] = i;
-        f.xn.insert(f.xn.end(), xn + i * d, xn + (i + 1) * d);
-        ++f.rows;
-      }
-      owner_of[i * k + j] = r;
-      pair_of[i * k + j] = static_cast<int32_t>(f.pair_row.size());
-      f.pair_row.push_back(static_cast<int32_t>(f.rows - 1));
-      f.pair_expert.push_back(e);
-    }
+  auto [send, owner_of, pair_of] = plan_dispatch(place, slot, R, me, xn, rows, ids, k, d);
   ep_payloads outgoing(static_cast<size_t>(R));
   for (int32_t r = 0; r < R; ++r) {
     send[r].step = step, send[r].slot = s32, send[r].source = me, send[r].hidden = d;

@@ -451,38 +451,54 @@ struct schema_compiler {
     return r;
   }
 
-  std::optional<uint32_t> object_schema(const json& s, const std::string& where) {
-    std::vector<std::pair<std::string, uint32_t>> props;  // in declared order
+  struct object_members {
+    std::vector<std::pair<std::string, uint32_t>> props;  // compiled, in declared order
     std::set<std::string> required;
+    std::optional<uint32_t> extra;  // the value rule of extra properties, when allowed
+  };
+  std::optional<object_members> fail_members(std::string msg, const std::string& where) {
+    fail(std::move(msg), where);
+    return std::nullopt;
+  }
+
+  // An object schema's properties, required names and extra-property rule.
+  std::optional<object_members> members_of(const json& s, const std::string& where) {
+    object_members o;
     if (auto it = s.find("required"); it != s.end()) {
-      if (!it->is_array()) return fail("required must be an array of strings", where + "/required");
+      if (!it->is_array()) return fail_members("required must be an array of strings", where + "/required");
       for (const auto& n : *it) {
-        if (!n.is_string()) return fail("required must be an array of strings", where + "/required");
-        required.insert(n.get<std::string>());
+        if (!n.is_string()) return fail_members("required must be an array of strings", where + "/required");
+        o.required.insert(n.get<std::string>());
       }
     }
     auto pit = s.find("properties");
     if (pit != s.end()) {
-      if (!pit->is_object()) return fail("properties must be an object", where + "/properties");
+      if (!pit->is_object()) return fail_members("properties must be an object", where + "/properties");
       for (auto it = pit->begin(); it != pit->end(); ++it) {
         auto r = compile(it.value(), where + "/properties/" + pointer_token(it.key()));
         if (!r) return std::nullopt;
-        props.emplace_back(it.key(), *r);
+        o.props.emplace_back(it.key(), *r);
       }
     }
-    for (const auto& n : required)
-      if (std::none_of(props.begin(), props.end(), [&](const auto& p) { return p.first == n; }))
-        return fail("required property \"" + n + "\" is not in properties", where + "/required");
-    std::optional<uint32_t> extra;  // the value rule of extra properties, when allowed
+    for (const auto& n : o.required)
+      if (std::none_of(o.props.begin(), o.props.end(), [&](const auto& p) { return p.first == n; }))
+        return fail_members("required property \"" + n + "\" is not in properties", where + "/required");
     if (auto it = s.find("additionalProperties"); it != s.end()) {
       if (!(it->is_boolean() && !it->get<bool>())) {
         auto r = compile(*it, where + "/additionalProperties");
         if (!r) return std::nullopt;
-        extra = *r;
+        o.extra = *r;
       }
     } else if (pit == s.end()) {
-      extra = j.value();
+      o.extra = j.value();
     }
+    return o;
+  }
+
+  std::optional<uint32_t> object_schema(const json& s, const std::string& where) {
+    auto members = members_of(s, where);
+    if (!members) return std::nullopt;
+    const auto& [props, required, extra] = *members;
     // rest(i, after): properties i.. given whether one was already written (a comma first).
     std::map<std::pair<size_t, bool>, uint32_t> memo;
     auto comma = [&](grammar_builder::sequence& q, bool after) {

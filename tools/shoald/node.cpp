@@ -153,42 +153,40 @@ struct node_metrics_server {
   std::unique_ptr<actors::http_server> server;
 };
 
-void scrape(caf::actor_system& sys, const node_parts& parts, node_metrics_server& s) {
-  std::lock_guard lock(s.mu);
-  for (size_t r = 0; r < parts.engines.size(); ++r) {
-    auto snap = ask<actors::engine_actor, actors::engine_stats_snapshot>(sys, parts.engines[r], 2s, stats_atom_v);
-    if (!snap) continue;
-    const runtime::engine_stats& st = snap->engine;
-    const std::string a = "rank" + std::to_string(r);
-    const auto& m = s.m;
-    m.running.set(static_cast<double>(std::max<int64_t>(0, snap->requests_running - st.waiting - st.waiting_for_remote)), a);
-    m.waiting.set(static_cast<double>(st.waiting), a);
-    m.waiting_for_remote.set(static_cast<double>(st.waiting_for_remote), a);
-    m.blocks_used.set(static_cast<double>(st.blocks_total - st.blocks_free), a);
-    m.blocks_free.set(static_cast<double>(st.blocks_free), a);
-    m.prefix_queries.advance_to(static_cast<double>(st.cache.lookups), a);
-    m.hit_tokens.advance_to(static_cast<double>(st.cache.hit_tokens), a);
-    m.storage_hit_tokens.advance_to(static_cast<double>(st.cache.remote_hit_tokens), a);
-    m.steps.advance_to(static_cast<double>(st.steps), a);
-    m.step_seconds.advance_to(st.forward_s, a);
-    m.prefill_tokens.advance_to(static_cast<double>(st.prefill_tokens), a);
-    m.decode_tokens.advance_to(static_cast<double>(st.decode_tokens), a);
-    m.images_encoded.advance_to(static_cast<double>(st.images_encoded), a);
-    m.image_cache_hits.advance_to(static_cast<double>(st.image_cache.hits), a);
-  }
+// One engine rank's counters, as its metric families (label `a`: "rank<i>").
+void record_engine(const runtime::node_metrics& m, const actors::engine_stats_snapshot& snap, const std::string& a) {
+  const runtime::engine_stats& st = snap.engine;
+  m.running.set(static_cast<double>(std::max<int64_t>(0, snap.requests_running - st.waiting - st.waiting_for_remote)), a);
+  m.waiting.set(static_cast<double>(st.waiting), a);
+  m.waiting_for_remote.set(static_cast<double>(st.waiting_for_remote), a);
+  m.blocks_used.set(static_cast<double>(st.blocks_total - st.blocks_free), a);
+  m.blocks_free.set(static_cast<double>(st.blocks_free), a);
+  m.prefix_queries.advance_to(static_cast<double>(st.cache.lookups), a);
+  m.hit_tokens.advance_to(static_cast<double>(st.cache.hit_tokens), a);
+  m.storage_hit_tokens.advance_to(static_cast<double>(st.cache.remote_hit_tokens), a);
+  m.steps.advance_to(static_cast<double>(st.steps), a);
+  m.step_seconds.advance_to(st.forward_s, a);
+  m.prefill_tokens.advance_to(static_cast<double>(st.prefill_tokens), a);
+  m.decode_tokens.advance_to(static_cast<double>(st.decode_tokens), a);
+  m.images_encoded.advance_to(static_cast<double>(st.images_encoded), a);
+  m.image_cache_hits.advance_to(static_cast<double>(st.image_cache.hits), a);
+}
+
+// The process's own: expert residency and EP frames, resident memory, bulk transport paths.
+void record_process(const runtime::node_metrics& m, const node_parts& parts) {
   if (parts.experts) {
-    s.m.experts_resident.set(static_cast<double>(parts.experts->resident_experts()), "node");
-    s.m.experts_resident_bytes.set(static_cast<double>(parts.experts->resident_bytes()), "node");
+    m.experts_resident.set(static_cast<double>(parts.experts->resident_experts()), "node");
+    m.experts_resident_bytes.set(static_cast<double>(parts.experts->resident_bytes()), "node");
     double bulk = 0, inline_ = 0;
     for (const auto& t : parts.ep_transports) bulk += static_cast<double>(t->frames_bulk()), inline_ += static_cast<double>(t->frames_inline());
-    s.m.ep_frames_sent.advance_to(bulk, "bulk");
-    s.m.ep_frames_sent.advance_to(inline_, "inline");
+    m.ep_frames_sent.advance_to(bulk, "bulk");
+    m.ep_frames_sent.advance_to(inline_, "inline");
     const auto moved = parts.experts->migration();
-    s.m.ep_expert_bytes_read.advance_to(static_cast<double>(moved.fetched_bytes), "holder");
-    s.m.ep_expert_bytes_read.advance_to(static_cast<double>(moved.checkpoint_bytes), "checkpoint");
-    s.m.ep_expert_read_failures.advance_to(static_cast<double>(moved.fetch_failures), "node");
+    m.ep_expert_bytes_read.advance_to(static_cast<double>(moved.fetched_bytes), "holder");
+    m.ep_expert_bytes_read.advance_to(static_cast<double>(moved.checkpoint_bytes), "checkpoint");
+    m.ep_expert_read_failures.advance_to(static_cast<double>(moved.fetch_failures), "node");
   }
-  s.m.process_resident.set(static_cast<double>(runtime::process_resident_bytes()));
+  m.process_resident.set(static_cast<double>(runtime::process_resident_bytes()));
   double shm_reads = 0, network_reads = 0;
   bool dual = false;
   for (const auto& t : parts.bulk)
@@ -198,38 +196,47 @@ void scrape(caf::actor_system& sys, const node_parts& parts, node_metrics_server
       network_reads += static_cast<double>(d->reads_remote());
     }
   if (dual) {
-    s.m.transport_reads.advance_to(shm_reads, "shm");
-    s.m.transport_reads.advance_to(network_reads, "network");
+    m.transport_reads.advance_to(shm_reads, "shm");
+    m.transport_reads.advance_to(network_reads, "network");
   }
-  for (size_t i = 0; i < parts.storage.size(); ++i) {
-    auto st = ask<actors::storage_node_actor, actors::storage_stats_snapshot>(sys, parts.storage[i], 2s, stats_atom_v);
-    if (!st) continue;
-    const std::string a = "storage" + std::to_string(i);
-    const auto& m = s.m;
-    m.storage_usage.set(static_cast<double>(st->usage_bytes), a);
-    m.storage_capacity.set(static_cast<double>(st->capacity_bytes), a);
-    m.storage_chunks.set(static_cast<double>(st->chunks), a);
-    m.storage_puts.advance_to(static_cast<double>(st->puts), a);
-    m.storage_gets.advance_to(static_cast<double>(st->gets), a);
-    m.storage_gc_evicted.advance_to(static_cast<double>(st->evicted_chunks), a);
-    m.storage_ttl_expired.advance_to(static_cast<double>(st->expired_chunks), a);
-    m.storage_put_seconds.advance_to(st->put_seconds, a);
-    m.storage_get_seconds.advance_to(st->get_seconds, a);
-    m.storage_get_hits.advance_to(static_cast<double>(st->get_hits), a);
+}
+
+void record_storage(const runtime::node_metrics& m, const actors::storage_stats_snapshot& st, const std::string& a) {
+  m.storage_usage.set(static_cast<double>(st.usage_bytes), a);
+  m.storage_capacity.set(static_cast<double>(st.capacity_bytes), a);
+  m.storage_chunks.set(static_cast<double>(st.chunks), a);
+  m.storage_puts.advance_to(static_cast<double>(st.puts), a);
+  m.storage_gets.advance_to(static_cast<double>(st.gets), a);
+  m.storage_gc_evicted.advance_to(static_cast<double>(st.evicted_chunks), a);
+  m.storage_ttl_expired.advance_to(static_cast<double>(st.expired_chunks), a);
+  m.storage_put_seconds.advance_to(st.put_seconds, a);
+  m.storage_get_seconds.advance_to(st.get_seconds, a);
+  m.storage_get_hits.advance_to(static_cast<double>(st.get_hits), a);
+}
+
+void record_balancers(caf::actor_system& sys, const runtime::node_metrics& m, const actors::balancers& b) {
+  if (auto r = ask<actors::prefill_balancer_actor, actors::balancer_report>(sys, b.prefill, 2s, stats_atom_v)) {
+    for (const auto& e : r->engines) m.prefill_placements.advance_to(static_cast<double>(e.placed), e.engine);
+    for (size_t t = 0; t < r->tier_placements.size(); ++t)
+      m.prefill_tier_placements.advance_to(static_cast<double>(r->tier_placements[t]), std::to_string(t));
   }
-  if (parts.balancers) {
-    const auto& m = s.m;
-    if (auto r = ask<actors::prefill_balancer_actor, actors::balancer_report>(sys, parts.balancers->prefill, 2s, stats_atom_v)) {
-      for (const auto& e : r->engines) m.prefill_placements.advance_to(static_cast<double>(e.placed), e.engine);
-      for (size_t t = 0; t < r->tier_placements.size(); ++t)
-        m.prefill_tier_placements.advance_to(static_cast<double>(r->tier_placements[t]), std::to_string(t));
-    }
-    if (auto r = ask<actors::decode_balancer_actor, actors::balancer_report>(sys, parts.balancers->decode, 2s, stats_atom_v)) {
-      for (const auto& e : r->engines) m.decode_placements.advance_to(static_cast<double>(e.placed), e.engine);
-      m.decode_balance.set(r->balance_now, "now");
-      m.decode_balance.set(r->balance_window, "minute");
-    }
+  if (auto r = ask<actors::decode_balancer_actor, actors::balancer_report>(sys, b.decode, 2s, stats_atom_v)) {
+    for (const auto& e : r->engines) m.decode_placements.advance_to(static_cast<double>(e.placed), e.engine);
+    m.decode_balance.set(r->balance_now, "now");
+    m.decode_balance.set(r->balance_window, "minute");
   }
+}
+
+void scrape(caf::actor_system& sys, const node_parts& parts, node_metrics_server& s) {
+  std::lock_guard lock(s.mu);
+  for (size_t r = 0; r < parts.engines.size(); ++r)
+    if (auto snap = ask<actors::engine_actor, actors::engine_stats_snapshot>(sys, parts.engines[r], 2s, stats_atom_v))
+      record_engine(s.m, *snap, "rank" + std::to_string(r));
+  record_process(s.m, parts);
+  for (size_t i = 0; i < parts.storage.size(); ++i)
+    if (auto st = ask<actors::storage_node_actor, actors::storage_stats_snapshot>(sys, parts.storage[i], 2s, stats_atom_v))
+      record_storage(s.m, *st, "storage" + std::to_string(i));
+  if (parts.balancers) record_balancers(sys, s.m, *parts.balancers);
 }
 
 actors::node_hooks make_hooks(caf::actor_system& sys, node_parts& parts, logger& log) {
