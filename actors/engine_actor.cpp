@@ -163,6 +163,8 @@ error_reply to_reply(runtime::error e) {
     case runtime::errc::duplicate: return {errc::duplicate_request, std::move(e.message)};
     case runtime::errc::timed_out: return {errc::timed_out, std::move(e.message)};
     case runtime::errc::not_found: return {errc::not_found, std::move(e.message)};
+    case runtime::errc::refused: return {errc::refused, std::move(e.message)};
+    case runtime::errc::corrupt: return {errc::corrupt, std::move(e.message)};
     case runtime::errc::invalid_argument:
     case runtime::errc::unavailable:  // this engine cannot serve it, nor could its peers (same config)
       return {errc::invalid_request, std::move(e.message)};
@@ -380,7 +382,7 @@ lender_actor::behavior_type lender_behavior(lender_actor::pointer self, runtime:
     [self, job = std::move(job)](eplb_atom, const expert_lend_msg&) -> caf::result<std::vector<runtime::expert_part>> {
       self->quit();
       auto parts = job();
-      if (!parts) return make_error(errc::invalid_request, parts.error());
+      if (!parts) return make_error(to_reply(std::move(parts.error())));
       return std::move(*parts);
     },
   };
@@ -399,7 +401,7 @@ caf::result<std::vector<runtime::expert_part>> lend_experts(self_pointer self, c
   std::vector<std::pair<int32_t, int32_t>> experts;
   for (size_t i = 0; i < m.slots.size(); ++i) experts.emplace_back(m.slots[i], m.experts[i]);
   auto job = st.engine->prepare_lend(m.epoch, std::move(experts), std::chrono::milliseconds(m.lease_ms));
-  if (!job) return make_error(errc::not_found, job.error());
+  if (!job) return make_error(to_reply(std::move(job.error())));
   // Registering and checksumming the weights takes time in proportion to their bytes: a
   // one-shot detached actor does it and answers the balancer, the engine keeps stepping.
   auto lender = self->spawn<caf::detached>(lender_behavior, std::move(*job));
@@ -414,7 +416,7 @@ caf::result<bool> take_placement(self_pointer self, const placement_msg& m,
   auto place = to_placement(m);
   if (!place) return make_error(errc::invalid_request, place.error());
   auto offered = st.engine->offer_placement(std::make_shared<const runtime::ep_placement>(std::move(*place)), sources);
-  if (!offered) return make_error(errc::invalid_request, offered.error());
+  if (!offered) return make_error(to_reply(std::move(offered.error())));
   return true;
 }
 

@@ -48,6 +48,7 @@ const char* to_string(errc e) {
     case errc::storage_full: return "storage_full";
     case errc::no_room: return "no_room";
     case errc::too_many_requests: return "too_many_requests";
+    case errc::refused: return "refused";
   }
   return "errc(?)";
 }

@@ -84,6 +84,7 @@ enum class errc : uint8_t {
   storage_full,         // a storage node cannot take the chunk (capacity or disk full)
   no_room,              // a decode engine cannot reserve the blocks of a handoff (ask another)
   too_many_requests,    // the gateway serves its bound of requests at once (retry later; HTTP 429)
+  refused,              // the peer cannot take it now (a placement still being adopted): ask again later
 };
 
 const char* to_string(errc e);

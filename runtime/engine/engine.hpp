@@ -182,19 +182,20 @@ class engine {
   // from the checkpoint what no holder described or what failed to arrive), then the group
   // switches in band at a step boundary (expert_parallel.hpp). An error when one is still
   // being adopted or it does not fit; a description that does not fit this model is an
-  // error too, but the offer stands (those experts come from the checkpoint).
-  std::expected<void, std::string> offer_placement(std::shared_ptr<const ep_placement> next,
-                                                   const std::vector<expert_part>& sources = {});
+  // error too, but the offer stands (those experts come from the checkpoint). Codes:
+  // ep_moe_exchange::offer's, then expert_residency::fetch's.
+  runtime::result<void> offer_placement(std::shared_ptr<const ep_placement> next,
+                                        const std::vector<expert_part>& sources = {});
   // EP with partitioned weights and a bulk transport, between steps or not: describes the
   // experts (slot, expert) this process holds for placement `epoch`'s migration.
-  std::expected<std::vector<expert_part>, std::string> lend_experts(
+  runtime::result<std::vector<expert_part>> lend_experts(
       uint64_t epoch, const std::vector<std::pair<int32_t, int32_t>>& experts, std::chrono::milliseconds lease);
   // The same as a job for another thread (registering and checksumming the lent weights
   // takes time proportional to their bytes; the residency is thread-safe): an error at once
-  // when this engine cannot lend.
-  using lend_job = std::function<std::expected<std::vector<expert_part>, std::string>()>;
-  std::expected<lend_job, std::string> prepare_lend(uint64_t epoch, std::vector<std::pair<int32_t, int32_t>> experts,
-                                                    std::chrono::milliseconds lease) const;
+  // when this engine cannot lend (errc::unavailable); the job's are expert_residency::lend's.
+  using lend_job = std::function<runtime::result<std::vector<expert_part>>()>;
+  runtime::result<lend_job> prepare_lend(uint64_t epoch, std::vector<std::pair<int32_t, int32_t>> experts,
+                                         std::chrono::milliseconds lease) const;
   // EP: the exchange's placement, load window and counters (null without EP).
   const ep_moe_exchange* expert_exchange() const { return ep_.get(); }
   // EP with partitioned weights: the process's routed experts (null otherwise).

@@ -84,7 +84,7 @@ std::vector<token_event> engine::fail_step(const std::string& why) {
   return events;
 }
 
-std::expected<void, std::string> engine::offer_placement(std::shared_ptr<const ep_placement> next,
+result<void> engine::offer_placement(std::shared_ptr<const ep_placement> next,
                                                          const std::vector<expert_part>& sources) {
   SHOAL_ASSERT(ep_ && !flight_);
   if (auto offered = ep_->offer(next); !offered) return offered;
@@ -100,17 +100,18 @@ std::expected<void, std::string> engine::offer_placement(std::shared_ptr<const e
   return config_.experts->fetch(next->epoch(), wanted, config_.ep->bulk, config_.ep->fetch_timeout);
 }
 
-std::expected<engine::lend_job, std::string> engine::prepare_lend(
-    uint64_t epoch, std::vector<std::pair<int32_t, int32_t>> experts, std::chrono::milliseconds lease) const {
-  if (!config_.experts) return std::unexpected("this engine holds every expert (no partitioned weights to lend)");
+result<engine::lend_job> engine::prepare_lend(uint64_t epoch, std::vector<std::pair<int32_t, int32_t>> experts,
+                                             std::chrono::milliseconds lease) const {
+  if (!config_.experts) return fail(errc::unavailable, "this engine holds every expert (no partitioned weights to lend)");
   if (!config_.ep || !config_.ep->bulk)
-    return std::unexpected("this engine has no bulk transport for expert weights (engine.ep_frames = \"caf\")");
+    return fail(errc::unavailable,
+                "this engine has no bulk transport for expert weights (engine.ep_frames = \"caf\")");
   return [residency = config_.experts, bulk = config_.ep->bulk, epoch, experts = std::move(experts), lease] {
     return residency->lend(epoch, experts, *bulk, lease);
   };
 }
 
-std::expected<std::vector<expert_part>, std::string> engine::lend_experts(
+result<std::vector<expert_part>> engine::lend_experts(
     uint64_t epoch, const std::vector<std::pair<int32_t, int32_t>>& experts, std::chrono::milliseconds lease) {
   auto job = prepare_lend(epoch, experts, lease);
   if (!job) return std::unexpected(job.error());

@@ -174,15 +174,15 @@ void ep_moe_exchange::set_load_window(int64_t steps) {
   loads_ = expert_load_window(slots_, std::max<int64_t>(experts_, 1), steps);
 }
 
-std::expected<void, std::string> ep_moe_exchange::offer(std::shared_ptr<const ep_placement> next) {
+result<void> ep_moe_exchange::offer(std::shared_ptr<const ep_placement> next) {
   SHOAL_ASSERT(!in_step_ && next);
   if (offered_)
-    return std::unexpected("placement epoch " + std::to_string(offered_->epoch()) + " is still being adopted");
+    return runtime::fail(errc::refused, "placement epoch " + std::to_string(offered_->epoch()) + " is still being adopted");
   if (next->epoch() != placement_->epoch() + 1)
-    return std::unexpected("placement epoch " + std::to_string(next->epoch()) + " does not follow the current epoch " +
-                           std::to_string(placement_->epoch()));
+    return runtime::fail(errc::invalid_argument, "placement epoch " + std::to_string(next->epoch()) +
+                                          " does not follow the current epoch " + std::to_string(placement_->epoch()));
   if (next->ranks() != layout_.size || next->slots() != slots_ || next->logical() != placement_->logical())
-    return std::unexpected("placement is for " + std::to_string(next->ranks()) + " ranks, " +
+    return runtime::fail(errc::invalid_argument, "placement is for " + std::to_string(next->ranks()) + " ranks, " +
                            std::to_string(next->slots()) + " slots, " + std::to_string(next->logical()) +
                            " experts; the group has " + std::to_string(layout_.size) + " ranks, " +
                            std::to_string(slots_) + " slots, " + std::to_string(placement_->logical()) + " experts");

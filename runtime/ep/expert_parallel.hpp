@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "model/forward.hpp"
+#include "runtime/base/error.hpp"
 #include "runtime/placement/expert_placement.hpp"
 
 namespace shoal::runtime {
@@ -96,8 +97,9 @@ class ep_moe_exchange final : public model::moe_exchange {
   void begin_step();
   // Between steps: the group's next placement (epoch placement().epoch() + 1, this group's
   // size and the model's slots and experts); at most one offered at a time. The engine then
-  // holds its experts and calls mark_ready.
-  std::expected<void, std::string> offer(std::shared_ptr<const ep_placement> next);
+  // holds its experts and calls mark_ready. Refused (errc::refused) while another is being
+  // adopted; errc::invalid_argument when it does not follow or fit.
+  result<void> offer(std::shared_ptr<const ep_placement> next);
   void mark_ready();
   const std::shared_ptr<const ep_placement>& placement() const { return placement_; }
   const std::shared_ptr<const ep_placement>& offered() const { return offered_; }

@@ -4,6 +4,7 @@
 #include <array>
 #include <map>
 #include <set>
+#include <thread>
 
 #include "kernels/assert.hpp"
 #include "model/forward.hpp"
@@ -284,7 +285,7 @@ void expert_residency::expire_loans() {
   std::erase_if(draining_, [](const auto& f) { return f->done(); });
 }
 
-std::expected<std::vector<expert_part>, std::string> expert_residency::lend(
+result<std::vector<expert_part>> expert_residency::lend(
     uint64_t epoch, const std::vector<std::pair<int32_t, int32_t>>& experts, transport& bulk,
     std::chrono::milliseconds lease) {
   struct lent_array {
@@ -302,9 +303,9 @@ std::expected<std::vector<expert_part>, std::string> expert_residency::lend(
     expire_loans();
     for (auto [s, e] : experts) {
       if (s < 0 || s >= slots_ || e < 0 || e >= experts_)
-        return std::unexpected(name_of(s, e) + " does not exist (" + std::to_string(slots_) + " MoE slots of " +
-                               std::to_string(experts_) + " experts)");
-      if (!resident_[s * experts_ + e]) return std::unexpected(name_of(s, e) + " is not held here");
+        return fail(errc::invalid_argument, name_of(s, e) + " does not exist (" + std::to_string(slots_) +
+                                              " MoE slots of " + std::to_string(experts_) + " experts)");
+      if (!resident_[s * experts_ + e]) return fail(errc::not_found, name_of(s, e) + " is not held here");
       auto& x = model::routed_expert_weights(mutable_weights_, s, e);
       for (int32_t t = 0; t < 2; ++t) {
         linear& lin = t == 0 ? x.gate_up : x.down;
@@ -323,7 +324,7 @@ std::expected<std::vector<expert_part>, std::string> expert_residency::lend(
     if (!reg) {
       std::lock_guard lock(mu_);
       std::erase(loans_, l);
-      return std::unexpected("registering " + name_of(a.slot, a.expert) + " with " + bulk.name() + ": " + reg.error());
+      return fail(errc::unavailable, "registering " + name_of(a.slot, a.expert) + " with " + bulk.name() + ": " + reg.error());
     }
     parts.push_back({a.slot, a.expert, a.tensor, a.field, a.block_in, (*reg)->describe(0, a.bytes.size())});
     regs.push_back(std::move(*reg));
@@ -412,7 +413,7 @@ std::expected<std::vector<std::span<std::byte>>, std::string> shape(linear& l, i
 
 }  // namespace
 
-std::expected<void, std::string> expert_residency::fetch(uint64_t epoch, const std::vector<expert_part>& parts,
+result<void> expert_residency::fetch(uint64_t epoch, const std::vector<expert_part>& parts,
                                                          std::shared_ptr<transport> bulk,
                                                          std::chrono::milliseconds timeout) {
   std::lock_guard lock(mu_);
@@ -421,8 +422,8 @@ std::expected<void, std::string> expert_residency::fetch(uint64_t epoch, const s
   std::map<std::pair<int64_t, int64_t>, std::array<std::vector<expert_part>, 2>> by_expert;
   for (const expert_part& p : parts) {
     if (p.slot < 0 || p.slot >= slots_ || p.expert < 0 || p.expert >= experts_ || p.tensor < 0 || p.tensor > 1)
-      return std::unexpected("a part names " + name_of(p.slot, p.expert) + " tensor " + std::to_string(p.tensor) +
-                             ", which this model does not have");
+      return fail(errc::invalid_argument, "a part names " + name_of(p.slot, p.expert) + " tensor " +
+                                            std::to_string(p.tensor) + ", which this model does not have");
     by_expert[{p.slot, p.expert}][p.tensor].push_back(p);
   }
   const model::expert_weights* like = nullptr;  // an expert held here: the storage to expect
@@ -431,7 +432,7 @@ std::expected<void, std::string> expert_residency::fetch(uint64_t epoch, const s
   const int64_t I = c.moe_intermediate_size, d = c.hidden_size;
   const auto out_of = [I, d](int32_t t) { return t == 0 ? 2 * I : d; };  // by value: the thread below uses them
   const auto in_of = [I, d](int32_t t) { return t == 0 ? d : I; };
-  std::string error;
+  std::optional<error> first;  // the first description refused (the others are read)
   std::vector<fetch_entry*> batch;
   for (auto& [key, tensors] : by_expert) {
     const auto [s, e] = key;
@@ -447,7 +448,7 @@ std::expected<void, std::string> expert_residency::fetch(uint64_t epoch, const s
       ++stats_.fetch_failures;
       stats_.last_failure = "placement epoch " + std::to_string(epoch) + ": the description of " + name_of(s, e) +
                             " does not fit this model: " + why;
-      if (error.empty()) error = stats_.last_failure;
+      if (!first) first = error{errc::invalid_argument, stats_.last_failure};
       continue;
     }
     auto f = std::make_unique<fetch_entry>();
@@ -478,10 +479,10 @@ std::expected<void, std::string> expert_residency::fetch(uint64_t epoch, const s
       ++stats_.fetch_failures;
       stats_.last_failure = "placement epoch " + std::to_string(epoch) + ": " + std::to_string(preparing_.capacity()) +
                             " expert fetch batches wait to be prepared already";
-      if (error.empty()) error = stats_.last_failure;
+      if (!first) first = error{errc::no_room, stats_.last_failure};
     }
   }
-  if (!error.empty()) return std::unexpected(error);
+  if (first) return std::unexpected(std::move(*first));
   return {};
 }
 

@@ -22,12 +22,11 @@
 #include <mutex>
 #include <optional>
 #include <string>
-#include <thread>
-
-#include "runtime/base/work_queue.hpp"
 #include <vector>
 
 #include "model/weights.hpp"
+#include "runtime/base/error.hpp"
+#include "runtime/base/work_queue.hpp"
 #include "runtime/ep/expert_migration.hpp"
 #include "runtime/ep/expert_parallel.hpp"
 
@@ -67,11 +66,12 @@ class expert_residency {
 
   // -- migration --
   // Registers the weights of `experts` (slot, expert; each resident here) with `bulk` and
-  // describes them for placement `epoch`. An error (nothing lent) names an expert not held
-  // here or the registration that failed. The lock that hold() and the stats take is held
+  // describes them for placement `epoch`. An error (nothing lent) names an expert that does
+  // not exist (errc::invalid_argument), one not held here (errc::not_found) or the
+  // registration that failed (errc::unavailable). The lock that hold() and the stats take is held
   // only to pin the experts (the loan keeps them alive if dropped meanwhile), not while
   // their bytes are registered.
-  std::expected<std::vector<expert_part>, std::string> lend(uint64_t epoch,
+  result<std::vector<expert_part>> lend(uint64_t epoch,
                                                             const std::vector<std::pair<int32_t, int32_t>>& experts,
                                                             transport& bulk, std::chrono::milliseconds lease);
   // Placement `epoch` took effect in the whole group: its loans (and older ones) end.
@@ -83,8 +83,9 @@ class expert_residency {
   // buffers the reads land in are allocated, and the reads posted, on this object's one
   // preparing thread, since the first touch of that much fresh memory costs as much as
   // reading it. When that thread has 64 batches queued already, the batch is not read (an
-  // error; ready() has those experts read from the checkpoint).
-  std::expected<void, std::string> fetch(uint64_t epoch, const std::vector<expert_part>& parts,
+  // error, errc::no_room; ready() has those experts read from the checkpoint). A description
+  // that names what this model lacks or does not fit it: errc::invalid_argument.
+  result<void> fetch(uint64_t epoch, const std::vector<expert_part>& parts,
                                          std::shared_ptr<transport> bulk, std::chrono::milliseconds timeout);
   // The plan the reads were for was dropped: their weights are discarded.
   void drop_fetches();

@@ -145,7 +145,7 @@ TEST_CASE("expert migration over libfabric shm: lent experts arrive bit-identica
     REQUIRE(p.held(*p.b, &p.reader_tag, p.set({{0, 3}})).has_value());  // the reader's own expert: the storage to expect
 
     auto parts = p.a->lend(1, {{0, 1}, {1, 2}}, *p.a_bulk, 30s);
-    REQUIRE_MESSAGE(parts.has_value(), (parts ? "" : parts.error()));
+    REQUIRE_MESSAGE(parts.has_value(), (parts ? "" : parts.error().message));
     CHECK(p.a->migration().lent_experts == 2);
     CHECK(p.a->migration().lent_bytes > 0);
     // The holder moves on (its placement no longer has them) before the reader reads: the
@@ -155,7 +155,7 @@ TEST_CASE("expert migration over libfabric shm: lent experts arrive bit-identica
 
     const auto gained = p.set({{0, 1}, {0, 3}, {1, 2}});
     auto started = p.b->fetch(1, *parts, p.b_bulk, 10s);
-    REQUIRE_MESSAGE(started.has_value(), (started ? "" : started.error()));
+    REQUIRE_MESSAGE(started.has_value(), (started ? "" : started.error().message));
     p.wait_ready(gained);
     const auto before = p.b->migration();
     REQUIRE(p.held(*p.b, &p.reader_tag, gained).has_value());
@@ -183,17 +183,20 @@ TEST_CASE("expert migration: bad descriptions and failed reads end in the checkp
   // Lending what is not held, or does not exist, lends nothing.
   auto absent = p.a->lend(1, {{0, 0}, {1, 5}}, *p.a_bulk, 30s);
   REQUIRE_FALSE(absent.has_value());
-  CHECK(absent.error().find("routed expert 5 of MoE slot 1 is not held here") != std::string::npos);
+  CHECK(absent.error().code == runtime::errc::not_found);
+  CHECK(absent.error().message.find("routed expert 5 of MoE slot 1 is not held here") != std::string::npos);
   auto outside = p.a->lend(1, {{0, static_cast<int32_t>(p.experts)}}, *p.a_bulk, 30s);
   REQUIRE_FALSE(outside.has_value());
-  CHECK(outside.error().find("does not exist") != std::string::npos);
+  CHECK(outside.error().code == runtime::errc::invalid_argument);
+  CHECK(outside.error().message.find("does not exist") != std::string::npos);
 
   // A slot this model lacks: refused as a whole, nothing read.
   auto wrong_slot = *parts;
   wrong_slot[0].slot = static_cast<int32_t>(p.slots);
   auto r = p.b->fetch(1, wrong_slot, p.b_bulk, 10s);
   REQUIRE_FALSE(r.has_value());
-  CHECK(r.error().find("which this model does not have") != std::string::npos);
+  CHECK(r.error().code == runtime::errc::invalid_argument);
+  CHECK(r.error().message.find("which this model does not have") != std::string::npos);
 
   // Expert 0: one array of the wrong length (a model of other sizes) → not read.
   // Expert 1: a checksum that does not match the bytes (a torn or stale read) → read, refused.
@@ -206,8 +209,9 @@ TEST_CASE("expert migration: bad descriptions and failed reads end in the checkp
   }
   r = p.b->fetch(1, mixed, p.b_bulk, 10s);
   REQUIRE_FALSE(r.has_value());
-  INFO(r.error());
-  CHECK(r.error().find("routed expert 0 of MoE slot 0 does not fit this model: down: field 2") != std::string::npos);
+  INFO(r.error().message);
+  CHECK(r.error().code == runtime::errc::invalid_argument);
+  CHECK(r.error().message.find("routed expert 0 of MoE slot 0 does not fit this model: down: field 2") != std::string::npos);
   const auto want = p.set({{0, 0}, {0, 1}, {0, 2}});
   p.wait_ready(want);
   REQUIRE(p.held(*p.b, &p.reader_tag, want).has_value());

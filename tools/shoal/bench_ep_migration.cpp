@@ -62,11 +62,11 @@ int run_ep_migration_bench(const ep_migration_args& a) {
 
   double t0 = now_s();
   auto parts = side[0]->lend(1, pairs, *holder_bulk, std::chrono::minutes(10));
-  if (!parts) return fail(parts.error());
+  if (!parts) return fail(parts.error().message);
   const double lend_s = now_s() - t0;
   t0 = now_s();
   if (auto started = side[1]->fetch(1, *parts, reader_bulk, std::chrono::minutes(5)); !started)
-    return fail(started.error());
+    return fail(started.error().message);
   const double call_s = now_s() - t0;  // what an engine's thread spends between two steps
   while (!side[1]->ready(experts)) std::this_thread::sleep_for(std::chrono::microseconds(100));
   const double read_s = now_s() - t0;
