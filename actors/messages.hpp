@@ -146,7 +146,7 @@ typename Inspector::result_type inspect(Inspector& f, cache_stats& x) {
   return f(caf::meta::type_name("cache_stats"), x.lookups, x.hit_tokens, x.prompt_tokens, x.remote_hit_tokens,
            x.remote_lookups, x.remote_fetch_failures, x.remote_timeouts, x.remote_last_error, x.remote_stored,
            x.remote_dropped, x.replays, x.swa_restores, x.swa_cut, x.swa_lookups, x.swa_fetches, x.swa_fetch_failures,
-           x.swa_fetch_timeouts, x.preemptions, x.imports, x.import_failures, x.import_bytes, x.import_reads,
+           x.swa_fetch_timeouts, x.preemptions, x.imports, x.import_failures, x.import_timeouts, x.import_corrupt, x.import_bytes, x.import_reads,
            x.import_read_s);
 }
 

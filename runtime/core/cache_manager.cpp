@@ -391,6 +391,9 @@ std::vector<std::pair<request*, bool>> cache_manager::poll_imports() {
       stats_.import_reads += w.reads.size();
       stats_.import_read_s += std::chrono::duration<double>(last - w.started).count();
     }
+    auto failed_with = [reads = std::move(w.reads)](errc c) {  // why the reads failed, when they did
+      return std::any_of(reads.begin(), reads.end(), [c](const auto& t) { return !t->ok() && t->code() == c; });
+    };
     w.reads.clear();
     if (w.r && ok) {
       request& r = *w.r;
@@ -409,7 +412,11 @@ std::vector<std::pair<request*, bool>> cache_manager::poll_imports() {
     } else {
       give_back(w.reserved);
       if (model_.is_flash()) swa_.release();
-      if (w.r) ++stats_.import_failures;
+      if (w.r) {
+        ++stats_.import_failures;
+        if (failed_with(errc::timed_out)) ++stats_.import_timeouts;
+        else if (failed_with(errc::corrupt)) ++stats_.import_corrupt;
+      }
     }
     w.reserved.clear();
     if (w.r) out.emplace_back(std::exchange(w.r, nullptr), ok);

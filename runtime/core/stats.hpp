@@ -24,6 +24,9 @@ struct cache_stats {
   uint64_t swa_fetch_timeouts = 0;    // abandoned at the deadline (replayed)
   uint64_t preemptions = 0;
   uint64_t imports = 0, import_failures = 0;  // handoffs read from a prefill engine / recomputed
+  // Of import_failures, those whose reads timed out (the prefill engine slow or gone) and
+  // those whose bytes failed their checksum (its blocks were released or reused meanwhile).
+  uint64_t import_timeouts = 0, import_corrupt = 0;
   uint64_t import_bytes = 0;                  // of the imported handoffs
   uint64_t import_reads = 0;                  // transport reads they took (adjacent blocks coalesce)
   double import_read_s = 0;                   // their reads, first issued to last completed (summed)

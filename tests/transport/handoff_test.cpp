@@ -126,6 +126,8 @@ TEST_CASE("handoff: a read that fails its checksum is recomputed on the decode e
     check_equal(got, ref);
     CHECK(got.decode_stats.cache.imports == 0);
     CHECK(got.decode_stats.cache.import_failures == 1);
+    CHECK(got.decode_stats.cache.import_corrupt == 1);  // told apart from a slow or gone lender
+    CHECK(got.decode_stats.cache.import_timeouts == 0);
   }
 }
 
@@ -145,6 +147,7 @@ TEST_CASE("handoff: the kv_handoff fault point fails the reads, the decode engin
   CHECK(fired == 1);
   CHECK(got.decode_stats.cache.imports == 0);
   CHECK(got.decode_stats.cache.import_failures == 1);
+  CHECK(got.decode_stats.cache.import_timeouts + got.decode_stats.cache.import_corrupt == 0);  // the reads themselves arrived
 }
 
 TEST_CASE("handoff: no room is said before anything is reserved, a refused handoff continues colocated") {

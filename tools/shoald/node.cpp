@@ -116,9 +116,9 @@ std::string describe_engine(caf::actor_system& sys, const actors::engine_actor& 
         // recomputed) and of those recomputed.
         if (snap.role != "both")
           out += fmt::format(" role={} handoffs_offered={} handoffs_placed={} handoffs_kept={} handoffs_taken={} "
-                             "handoff_failures={}",
+                             "handoff_failures={} handoff_timeouts={} handoff_corrupt={}",
                              snap.role, s.handoffs_offered, s.handoffs_lent, s.handoffs_kept,
-                             c.imports + c.import_failures, c.import_failures);
+                             c.imports + c.import_failures, c.import_failures, c.import_timeouts, c.import_corrupt);
         // Requests by their one id: routed here now, and the last that left (how they ended).
         std::vector<std::string> running, recent;
         for (request_id id : snap.running) running.push_back(to_string(id));
