@@ -29,6 +29,10 @@ struct node_metrics {
   counter steps, step_seconds;                 // shoal_engine_steps_total, shoal_engine_step_seconds_total
   counter prefill_tokens, decode_tokens;       // shoal_engine_{prefill,decode}_tokens_total
   counter images_encoded, image_cache_hits;    // shoal_engine_images_encoded_total, …_image_cache_hits_total
+  // Decode side of a handoff: shoal_engine_handoff_failures_total (recomputed instead of read),
+  // and of those …_handoff_timeouts_total (the lender slow or gone) and …_handoff_corrupt_total
+  // (its bytes failed their checksum).
+  counter handoff_failures, handoff_timeouts, handoff_corrupt;
   gauge storage_usage, storage_capacity, storage_chunks;  // shoal_storage_{usage,capacity}_bytes, shoal_storage_chunks
   counter storage_puts, storage_gets, storage_gc_evicted, storage_ttl_expired;
   counter storage_put_seconds, storage_get_seconds, storage_get_hits;  // latency: rate(seconds) / rate(count)

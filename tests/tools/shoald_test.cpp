@@ -330,6 +330,7 @@ TEST_CASE("shoald serves Prometheus text of its engine ranks and storage nodes o
   CHECK(value("shoal_engine_prefix_queries_total\\{actor=\"rank0\"\\}") == 1);
   CHECK(value("shoal_engine_kv_blocks_free\\{actor=\"rank0\"\\}") > 0);
   CHECK(value("shoal_engine_requests_running\\{actor=\"rank0\"\\}") == 0);
+  CHECK(value("shoal_engine_handoff_failures_total\\{actor=\"rank0\"\\}") == 0);  // a colocated engine takes none
   CHECK(value("shoal_storage_capacity_bytes\\{actor=\"storage0\"\\}") == 16.0 * 1024 * 1024);
   CHECK(body.find("# TYPE shoal_engine_steps_total counter") != std::string::npos);
   auto nf = actors::http_call("127.0.0.1", metrics_port, "GET", "/v1/models", "");

@@ -170,6 +170,9 @@ void record_engine(const runtime::node_metrics& m, const actors::engine_stats_sn
   m.decode_tokens.advance_to(static_cast<double>(st.decode_tokens), a);
   m.images_encoded.advance_to(static_cast<double>(st.images_encoded), a);
   m.image_cache_hits.advance_to(static_cast<double>(st.image_cache.hits), a);
+  m.handoff_failures.advance_to(static_cast<double>(st.cache.import_failures), a);
+  m.handoff_timeouts.advance_to(static_cast<double>(st.cache.import_timeouts), a);
+  m.handoff_corrupt.advance_to(static_cast<double>(st.cache.import_corrupt), a);
 }
 
 // The process's own: expert residency and EP frames, resident memory, bulk transport paths.
