@@ -186,6 +186,7 @@ std::expected<void, std::string> expert_residency::hold(const void* holder, cons
         ++stats_.fetched_experts;
         stats_.fetched_bytes += install(s, e, std::move(it->second->w));
         fetches_.erase(it);
+        staged_.erase({s, e});  // a checkpoint read of an earlier, failed fetch is not needed
       } else {
         auto st = staged_.extract({s, e});
         ++stats_.checkpoint_experts;
