@@ -239,7 +239,10 @@ void end_lease(self_pointer self, request_id id, bool taken) {
   st.leases.erase(id);
   st.engine->handoff_done(id, taken);
   if (!taken) return schedule_step(self);
-  if (st.routes.contains(id)) release_sink(self, st.remove_route(id));
+  if (st.routes.contains(id)) {  // the decode engine's release came before the sink said placed
+    st.history.add(id, runtime::finish_reason::handed_off);
+    release_sink(self, st.remove_route(id));
+  }
   st.engine->forget(id);
 }
 
