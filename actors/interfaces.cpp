@@ -80,7 +80,7 @@ handoff_offer to_handoff_offer(const runtime::handoff_state& s, caf::actor prefi
   return {s.id,        std::move(prefill), blocks_needed, lease,         s.tokens,     s.prompt_len,
           s.images,           s.params,   s.seq_seed,    s.cls,           s.text,       s.computed,
           s.dec_from,  s.ring_tokens,      s.ring_floor,  s.cached_tokens, s.swa_approx, s.snapshot_at,
-          s.blocks,    s.rings};
+          s.kv,        s.blocks,           s.rings};
 }
 
 runtime::handoff_state to_handoff_state(const handoff_offer& o) {
@@ -96,6 +96,7 @@ runtime::handoff_state to_handoff_state(const handoff_offer& o) {
   s.computed = o.computed;
   s.dec_from = o.dec_from;
   s.ring_tokens = o.ring_tokens;
+  s.kv = o.kv;
   s.ring_floor = o.ring_floor;
   s.cached_tokens = o.cached_tokens;
   s.swa_approx = o.swa_approx;

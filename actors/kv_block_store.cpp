@@ -1,4 +1,5 @@
-// kv_block_store: key conversion, float blocks as raw bytes, the writer thread.
+// kv_block_store: key conversion, blocks as their format's header then their bytes, the writer
+// thread.
 #include "actors/kv_block_store.hpp"
 
 #include <algorithm>
@@ -22,34 +23,47 @@ kv_block_store::kv_block_store(std::unique_ptr<kv_client> client, size_t queue_b
 kv_block_store::~kv_block_store() = default;
 
 std::shared_ptr<runtime::remote_fetch> kv_block_store::start_fetch(std::vector<runtime::block_key> keys,
-                                                                   std::vector<std::span<float>> dsts) {
+                                                                   std::vector<std::span<std::byte>> dsts,
+                                                                   const model::kv_format& f) {
   auto fetch = std::make_shared<runtime::remote_fetch>();
-  if (!fetches_.push({std::move(keys), std::move(dsts), fetch}))
+  if (!fetches_.push({std::move(keys), std::move(dsts), f, fetch}))
     fetch->complete(0, 0, std::to_string(fetch_queue_limit) + " storage fetches wait already");
   return fetch;
 }
 
-// Lookup, then the listed run straight into the caller's blocks; the fetch ends at the first
-// block that fails (a miss, a block of another size, too few valid chunks).
+// Lookup, then the listed run, each block's header checked before its bytes go into the
+// caller's block; the fetch ends at the first block that fails (a miss, a block of another
+// format or size, too few valid chunks).
 void kv_block_store::serve(fetch_job& job) {
   const size_t n = std::min(job.keys.size(), job.dsts.size());
   if (job.fetch->cancelled() || n == 0) return job.fetch->complete(0, 0);
   if (auto why = client_->placement_problem()) return job.fetch->complete(0, 0, *why);  // counted, and said
   const size_t listed = client_->lookup({job.keys.begin(), job.keys.begin() + static_cast<std::ptrdiff_t>(n)});
   if (listed == 0 || job.fetch->cancelled()) return job.fetch->complete(listed, 0);
-  std::vector<std::span<uint8_t>> bytes;
-  for (size_t i = 0; i < listed; ++i)
-    bytes.emplace_back(reinterpret_cast<uint8_t*>(job.dsts[i].data()), job.dsts[i].size_bytes());
-  auto got = client_->get_many_into(std::span(job.keys).first(listed), bytes);
-  size_t ok = 0;
-  while (ok < got.size() && got[ok]) ++ok;
-  job.fetch->complete(listed, ok, ok < got.size() ? got[ok].error() : std::string());
+  auto got = client_->get_many(std::span(job.keys).first(listed));
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (!got[i]) return job.fetch->complete(listed, i, got[i].error());
+    const std::vector<uint8_t>& stored = *got[i];
+    auto f = model::read_block_header(stored);
+    if (!f) return job.fetch->complete(listed, i, "block " + std::to_string(i) + " has no KV format header");
+    if (*f != job.format)
+      return job.fetch->complete(listed, i, "block " + std::to_string(i) + " is stored as " + f->describe() +
+                                                ", this engine's are " + job.format.describe(), true);
+    const std::span<std::byte> dst = job.dsts[i];
+    if (stored.size() != model::kv_block_header_bytes + dst.size())
+      return job.fetch->complete(listed, i, "block " + std::to_string(i) + " holds " + std::to_string(stored.size()) +
+                                                " bytes, its header and format make " +
+                                                std::to_string(model::kv_block_header_bytes + dst.size()));
+    std::memcpy(dst.data(), stored.data() + model::kv_block_header_bytes, dst.size());
+  }
+  job.fetch->complete(listed, got.size());
 }
 
-bool kv_block_store::store_async(const runtime::block_key& key, std::span<const float> src,
-                                 runtime::traffic_class cls) {
-  std::vector<uint8_t> bytes(src.size_bytes());
-  std::memcpy(bytes.data(), src.data(), bytes.size());
+bool kv_block_store::store_async(const runtime::block_key& key, std::span<const std::byte> src,
+                                 const model::kv_format& f, runtime::traffic_class cls) {
+  std::vector<uint8_t> bytes(model::kv_block_header_bytes + src.size());
+  model::write_block_header(f, bytes.data());
+  std::memcpy(bytes.data() + model::kv_block_header_bytes, src.data(), src.size());
   if (writes_.push({key, std::move(bytes), cls})) return true;
   std::lock_guard lock(mu_);
   ++counters_.dropped;

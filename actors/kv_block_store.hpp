@@ -1,8 +1,8 @@
 // runtime::remote_blocks over the storage cluster: the engine's second cache tier. Nothing
 // here runs on an engine's step loop. A fetch is queued to `readers` reader threads, each of
 // which runs one at a time: a lookup (existence queries), then every listed block in flight
-// at once, decoded straight into the engine's reserved pool blocks (kv_client::get_many_into),
-// both bounded by the client's timeout; a slow storage node holds up only the fetches a
+// at once, each checked against the KV format its header names before it is copied into the
+// engine's reserved pool blocks (another format is a counted miss), both bounded by the client's timeout; a slow storage node holds up only the fetches a
 // reader is on. Writes go through a bounded queue drained by one thread in batches of up to
 // `write_batch` blocks in flight (a full queue drops the write and counts it). The node list
 // follows the membership (subscribe an updater).
@@ -26,8 +26,10 @@ class kv_block_store final : public runtime::remote_blocks {
   ~kv_block_store() override;
 
   std::shared_ptr<runtime::remote_fetch> start_fetch(std::vector<runtime::block_key> keys,
-                                                     std::vector<std::span<float>> dsts) override;
-  bool store_async(const runtime::block_key& key, std::span<const float> src, runtime::traffic_class cls) override;
+                                                     std::vector<std::span<std::byte>> dsts,
+                                                     const model::kv_format& f) override;
+  bool store_async(const runtime::block_key& key, std::span<const std::byte> src, const model::kv_format& f,
+                   runtime::traffic_class cls) override;
 
   void set_nodes(std::vector<storage_endpoint> nodes);
   // Blocks written, failed, dropped so far; waits (bounded) until the queue is empty first
@@ -40,7 +42,8 @@ class kv_block_store final : public runtime::remote_blocks {
  private:
   struct fetch_job {
     std::vector<runtime::block_key> keys;
-    std::vector<std::span<float>> dsts;
+    std::vector<std::span<std::byte>> dsts;
+    model::kv_format format;
     std::shared_ptr<runtime::remote_fetch> fetch;
   };
   struct pending {

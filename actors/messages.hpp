@@ -55,6 +55,20 @@ typename Inspector::result_type inspect(Inspector& f, remote_memory& x) {
   return f(caf::meta::type_name("remote_memory"), x.owner, x.addr, x.key, x.length, x.crc32c);
 }
 
+}  // namespace shoal::runtime
+
+namespace shoal::model {
+
+// A KV cache format on the wire (handoffs name the form of their blocks' bytes).
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, kv_format& x) {
+  return f(caf::meta::type_name("kv_format"), x.dtype, x.latent, x.rope, x.layers, x.per_layer);
+}
+
+}  // namespace shoal::model
+
+namespace shoal::runtime {
+
 // One array of a lent routed expert (runtime/ep/expert_migration.hpp); the reader checks it
 // against its own model before reading.
 template <class Inspector>
@@ -144,7 +158,7 @@ typename Inspector::result_type inspect(Inspector& f, sampling_params& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, cache_stats& x) {
   return f(caf::meta::type_name("cache_stats"), x.lookups, x.hit_tokens, x.prompt_tokens, x.remote_hit_tokens,
-           x.remote_lookups, x.remote_fetch_failures, x.remote_timeouts, x.remote_last_error, x.remote_stored,
+           x.remote_lookups, x.remote_fetch_failures, x.remote_timeouts, x.remote_format_misses, x.remote_last_error, x.remote_stored,
            x.remote_dropped, x.replays, x.swa_restores, x.swa_cut, x.swa_lookups, x.swa_fetches, x.swa_fetch_failures,
            x.swa_fetch_timeouts, x.preemptions, x.imports, x.import_failures, x.import_timeouts, x.import_corrupt, x.import_bytes, x.import_reads,
            x.import_read_s);
@@ -152,7 +166,7 @@ typename Inspector::result_type inspect(Inspector& f, cache_stats& x) {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, swa_stats& x) {
-  return f(caf::meta::type_name("swa_stats"), x.saves, x.hits, x.misses, x.evictions);
+  return f(caf::meta::type_name("swa_stats"), x.saves, x.hits, x.misses, x.evictions, x.shape_misses);
 }
 
 template <class Inspector>
@@ -171,7 +185,7 @@ typename Inspector::result_type inspect(Inspector& f, engine_stats& x) {
   return f(caf::meta::type_name("engine_stats"), x.steps, x.prefill_tokens, x.decode_tokens, x.generated,
            x.failed_steps, x.forward_s, x.idle_s, x.plan_s, x.running, x.waiting, x.waiting_for_remote, x.cache, x.swa,
            x.blocks_free, x.blocks_total, x.kv_tokens, x.handoffs_offered, x.handoffs_lent, x.handoffs_kept,
-           x.images_encoded, x.image_patches_encoded, x.image_rows_read, x.image_row_read_failures, x.image_cache,
+           x.handoffs_refused_format, x.images_encoded, x.image_patches_encoded, x.image_rows_read, x.image_row_read_failures, x.image_cache,
            x.spec);
 }
 
@@ -323,6 +337,7 @@ struct handoff_offer {
   int64_t cached_tokens = 0;
   bool swa_approx = false;
   int64_t snapshot_at = -1;
+  model::kv_format kv;         // what the blocks' bytes are
   std::vector<runtime::remote_memory> blocks, rings;
   friend bool operator==(const handoff_offer&, const handoff_offer&) = default;
 };
@@ -331,7 +346,7 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, handoff_offer& x) {
   return f(caf::meta::type_name("handoff_offer"), x.id, x.prefill, x.blocks_needed, x.lease, x.tokens, x.prompt_len,
            x.images, x.sampling, x.seq_seed, x.cls, x.text, x.computed, x.dec_from, x.ring_tokens, x.ring_floor, x.cached_tokens,
-           x.swa_approx, x.snapshot_at, x.blocks, x.rings);
+           x.swa_approx, x.snapshot_at, x.kv, x.blocks, x.rings);
 }
 
 handoff_offer to_handoff_offer(const runtime::handoff_state& s, caf::actor prefill, int64_t blocks_needed,

@@ -15,10 +15,18 @@
 namespace shoal::model::detail {
 namespace {
 
-// The entries query position t sees, as segments of (entry_dim (+1)) floats.
+// The entries query position t sees, as runs: paged blocks in the cache's stored form, ring
+// and chunk entries as fp32 rows of entry_dim + 1 floats.
 struct visible_set {
-  std::vector<kernels::kv_segment> segments;
+  std::vector<kernels::kv_run> segments;
   int64_t total = 0;
+  // Entry j of the set (in set order) widened into out (entry_dim floats).
+  void widen_all(int64_t r, int64_t rope, float* out, int64_t out_stride) const {
+    int64_t j = 0;
+    for (const auto& seg : segments)
+      for (int64_t e = 0; e < seg.count; ++e, ++j)
+        kernels::kv_decode(seg.elem, seg.data + e * seg.stride, r, rope, out + j * out_stride);
+  }
 };
 
 int64_t visible_runs(int64_t t, int64_t window, int64_t m) {
@@ -45,26 +53,32 @@ void collect(const model_config& c, const sequence_cache& cache, const layer_io&
   int64_t per_block = bs / m;
   out.segments.clear();
   out.total = 0;
-  auto add = [&](const float* data, int64_t count, int64_t stride) {
+  auto add = [&](const uint8_t* data, int64_t count, int64_t stride, kernels::kv_elem elem) {
     if (count <= 0) return;
-    out.segments.push_back({data, count, stride});
+    out.segments.push_back({data, count, stride, elem});
     out.total += count;
   };
+  const int64_t row_bytes = static_cast<int64_t>(sizeof(float)) * (dim + 1);
+  auto add_rows = [&](const float* data, int64_t count) {
+    add(reinterpret_cast<const uint8_t*>(data), count, row_bytes, kernels::kv_elem::f32);
+  };
   int64_t runs = runs_seen(io, t_last, W, m);
-  for (int64_t r0 = 0; r0 < runs; r0 += per_block) {
-    int64_t b = r0 / per_block;
-    add(cache.blocks[b] + io.comp_layer * per_block * dim, std::min(per_block, runs - r0), dim);
+  if (runs > 0) {
+    const kv_format& f = cache.pages->format();
+    for (int64_t r0 = 0; r0 < runs; r0 += per_block)
+      add(cache.block_entry(r0 / per_block, io.comp_layer, 0), std::min(per_block, runs - r0),
+          static_cast<int64_t>(f.entry_bytes()), elem_of(f.dtype));
   }
   int64_t lo = window_start(cache, io, t_first, W);
   // ring part [lo, span.p0): contiguous pieces between wrap points
   for (int64_t p = lo; p < std::min(span.p0, t_last + 1);) {
     int64_t slot = p % cache.ring_tokens;
     int64_t n = std::min(span.p0 - p, cache.ring_tokens - slot);
-    add(cache.ring_entry(io.stream, p), n, dim + 1);
+    add_rows(cache.ring_entry(io.stream, p), n);
     p += n;
   }
   int64_t c0 = std::max(lo, span.p0);
-  add(chunk_entries + (c0 - span.p0) * (dim + 1), t_last - c0 + 1, dim + 1);
+  add_rows(chunk_entries + (c0 - span.p0) * (dim + 1), t_last - c0 + 1);
 }
 
 // Query tiles of the fast path: rows of one item, scored against the union of their keys
@@ -87,9 +101,7 @@ void attend_tile(const model_config& c, const layer_weights& l, const sequence_c
   float* keys = buf.data();             // (n_keys, dim)
   float* qt = keys + n_keys * dim;      // (T·H, dim)
   float* scores = qt + T * H * dim;     // (T·H, n_keys)
-  int64_t j = 0;
-  for (const auto& seg : vs.segments)
-    for (int64_t e = 0; e < seg.count; ++e, ++j) std::memcpy(keys + j * dim, seg.data + e * seg.stride, sizeof(float) * dim);
+  vs.widen_all(r, rope, keys, dim);  // the tile's keys, packed for its GEMMs
   for (int64_t i = 0; i < T; ++i)
     for (int64_t h = 0; h < H; ++h) {
       std::memcpy(qt + (i * H + h) * dim, q_lat + (i * H + h) * r, sizeof(float) * r);
@@ -123,7 +135,7 @@ void attend_tile(const model_config& c, const layer_weights& l, const sequence_c
 void attend_row(const model_config& c, const layer_weights& l, const visible_set& vs,
                 const float* q_lat, const float* q, float scale, float* o_lat, std::vector<float>& scratch) {
   int64_t H = c.num_attention_heads, rope = c.qk_rope_head_dim, qk = c.qk_head_dim();
-  scratch.resize(static_cast<size_t>(H * rope + vs.total));
+  scratch.resize(static_cast<size_t>(H * rope) + kernels::mla_attend_scratch(H, vs.total, c.kv_lora_rank, rope));
   float* q_pe = scratch.data();
   for (int64_t h = 0; h < H; ++h)
     std::memcpy(q_pe + h * rope, q + h * qk + c.qk_nope_head_dim, sizeof(float) * rope);
@@ -167,13 +179,13 @@ void attend_naive(const model_weights& w, const layer_weights& l, const float* q
   const model_config& c = w.config;
   int64_t H = c.num_attention_heads, nope = c.qk_nope_head_dim, rope = c.qk_rope_head_dim;
   int64_t r = c.kv_lora_rank, v = c.v_head_dim, qk = c.qk_head_dim(), kvw = H * (nope + v);
+  std::vector<float> ent(static_cast<size_t>(vs.total * (r + rope)));
   std::vector<float> lat(static_cast<size_t>(vs.total * r)), pe(static_cast<size_t>(vs.total * rope));
-  int64_t j = 0;
-  for (const auto& s : vs.segments)
-    for (int64_t e = 0; e < s.count; ++e, ++j) {
-      std::memcpy(lat.data() + j * r, s.data + e * s.stride, sizeof(float) * r);
-      std::memcpy(pe.data() + j * rope, s.data + e * s.stride + r, sizeof(float) * rope);
-    }
+  vs.widen_all(r, rope, ent.data(), r + rope);
+  for (int64_t j = 0; j < vs.total; ++j) {
+    std::memcpy(lat.data() + j * r, ent.data() + j * (r + rope), sizeof(float) * r);
+    std::memcpy(pe.data() + j * rope, ent.data() + j * (r + rope) + r, sizeof(float) * rope);
+  }
   scratch.resize(static_cast<size_t>(vs.total * kvw + vs.total));
   float* kv = scratch.data();  // (total, H, nope + v)
   apply(l.attn.kv_b, lat.data(), kv, vs.total, true);
@@ -230,7 +242,7 @@ void attention(const model_weights& w, const layer_weights& l, std::span<forward
   kernels::rope(q.data() + c.qk_nope_head_dim, rows, H * qk, H, qk, io.positions, w.inv_freq.data(),
                 c.qk_rope_head_dim, w.attn_factor);
   compute_entries(w, l.attn.kv_a, l.attn.kv_a_norm, l.attn.kv_compress, xn.data(), rows,
-                  io.positions, o.batch_invariant, entries.data());
+                  io.positions, o.batch_invariant, batch_format(items), entries.data());
   for (size_t i = 0; i < items.size(); ++i)
     if (io.writes_comp && spans[i].p1 > spans[i].p0)
       write_runs(c, *items[i].cache, io.stream, io.comp_layer, entries.data() + spans[i].row * (dim + 1),
@@ -299,7 +311,7 @@ void decoder_cache(const model_weights& w, std::span<forward_item> items,
   std::vector<float> hn(static_cast<size_t>(rows * d)), entries(static_cast<size_t>(rows * (dim + 1)));
   kernels::rmsnorm(h_e, k.input_norm.data(), hn.data(), rows, d, static_cast<float>(c.rms_norm_eps));
   compute_entries(w, k.kv_a, k.kv_a_norm, k.kv_compress, hn.data(), rows, positions,
-                  o.batch_invariant, entries.data());
+                  o.batch_invariant, batch_format(items), entries.data());
   for (size_t i = 0; i < items.size(); ++i) {
     const row_span& s = spans[i];
     if (s.p1 == s.p0) continue;

@@ -19,10 +19,6 @@ stream_layout streams_of(const model_config& c) {
   return {c.encoder_layers(), c.decoder_layers(), c.num_nextn_predict_layers, c.is_flash()};
 }
 
-size_t block_floats(const model_config& c) {
-  return static_cast<size_t>(c.cache_layers() * (c.block_size / c.ratio()) * c.entry_dim());
-}
-
 int64_t min_ring_tokens(const model_config& c) {
   return std::max<int64_t>({c.window() - 1, c.ratio() - 1, 0});
 }
@@ -78,12 +74,29 @@ const float* sequence_cache::ring_entry(int64_t stream, int64_t pos) const {
   return const_cast<sequence_cache*>(this)->ring_entry(stream, pos);
 }
 
+uint8_t* sequence_cache::block_entry(int64_t i, int64_t layer, int64_t index) {
+  SHOAL_ASSERT(pages && i >= 0 && i < static_cast<int64_t>(blocks.size()));
+  const kv_format& f = pages->format();
+  SHOAL_ASSERT(layer >= 0 && layer < f.layers && index >= 0 && index < f.per_layer);
+  return pages->block(blocks[static_cast<size_t>(i)]) + static_cast<size_t>(layer * f.per_layer + index) * f.entry_bytes();
+}
+
+const uint8_t* sequence_cache::block_entry(int64_t i, int64_t layer, int64_t index) const {
+  return const_cast<sequence_cache*>(this)->block_entry(i, layer, index);
+}
+
 namespace detail {
+
+kv_format batch_format(std::span<const forward_item> items) {
+  for (const forward_item& it : items)
+    if (it.cache && it.cache->pages) return it.cache->pages->format();
+  return {};
+}
 
 // Computes the latent entries of `rows` (normed c ‖ roped k_pe ‖ compress logit).
 void compute_entries(const model_weights& w, const linear& kv_a, const std::vector<float>& kv_a_norm,
                      const std::vector<float>& kv_compress, const float* xn, int64_t rows,
-                     const int32_t* positions, bool invariant, float* entries) {
+                     const int32_t* positions, bool invariant, const kv_format& f, float* entries) {
   const model_config& c = w.config;
   int64_t r = c.kv_lora_rank, dim = c.entry_dim(), d = c.hidden_size;
   std::vector<float> kv(static_cast<size_t>(rows * dim));
@@ -98,6 +111,10 @@ void compute_entries(const model_weights& w, const linear& kv_a, const std::vect
   });
   kernels::rope(entries + r, rows, dim + 1, 1, 0, positions, w.inv_freq.data(),
                 c.qk_rope_head_dim, w.attn_factor);
+  if (f.dtype != kv_dtype::fp32)
+    kernels::parallel_for(rows, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) round_entry(f, entries + i * (dim + 1));
+    });
 }
 
 // Writes the compressed entry of every run that ends inside rows [p0, p1) of the item into
@@ -119,12 +136,14 @@ void write_runs(const model_config& c, sequence_cache& cache, int64_t stream, in
     kernels::softmax(logits, m);
     int64_t block = (r * m) / bs;
     SHOAL_ASSERT(block < static_cast<int64_t>(cache.blocks.size()));
-    float* out = cache.blocks[block] + (cache_layer * per_block + r % per_block) * dim;
+    float out[4096];
+    SHOAL_ASSERT(dim <= 4096);
     for (int64_t j = 0; j < dim; ++j) {
       float acc = 0;
       for (int64_t i = 0; i < m; ++i) acc += logits[i] * e[i][j];
       out[j] = acc;
     }
+    encode_entry(cache.pages->format(), out, cache.block_entry(block, cache_layer, r % per_block));
   }
 }
 
@@ -295,6 +314,7 @@ std::vector<std::vector<mtp_draft>> mtp_chain(const model_weights& w, std::span<
     std::vector<forward_item> fitems(items.size());
     for (size_t i = 0; i < items.size(); ++i) {
       views[i].blocks = items[i].cache->blocks;
+      views[i].pages = items[i].cache->pages;
       views[i].rings.resize(static_cast<size_t>(sl.count()));
       views[i].ring_floor.assign(static_cast<size_t>(sl.count()), 0);
       views[i].ring_floor[static_cast<size_t>(stream)] = spans[i].p0;
@@ -342,14 +362,15 @@ mtp_output mtp_last(const model_weights& w, std::span<const int32_t> tokens,
 }
 
 full_result forward_full(const model_weights& w, std::span<const int32_t> tokens,
-                         const forward_options& o, std::span<const input_rows> inputs) {
+                         const forward_options& o, std::span<const input_rows> inputs, kv_dtype kv) {
   const model_config& c = w.config;
   int64_t n = static_cast<int64_t>(tokens.size());
   int64_t n_blocks = (n + c.block_size - 1) / c.block_size;
-  std::vector<float> storage(static_cast<size_t>(n_blocks) * block_floats(c));
+  kv_pages pages(kv_format_of(c, kv), static_cast<int32_t>(n_blocks));
   sequence_cache cache;
   cache.init(c, std::max<int64_t>(min_ring_tokens(c), 1));
-  for (int64_t b = 0; b < n_blocks; ++b) cache.blocks.push_back(storage.data() + b * block_floats(c));
+  cache.pages = &pages;
+  for (int64_t b = 0; b < n_blocks; ++b) cache.blocks.push_back(static_cast<int32_t>(b));
   bool mtp = !w.mtp.empty() && n >= 2;
   int64_t dec_from = std::max<int64_t>(0, n - exact_decoder_tail(c));
   if (mtp) dec_from = std::min(dec_from, n - 2);

@@ -9,6 +9,7 @@
 #include <span>
 #include <vector>
 
+#include "model/kv_format.hpp"
 #include "model/weights.hpp"
 
 namespace shoal::model {
@@ -26,8 +27,6 @@ struct stream_layout {
 };
 stream_layout streams_of(const model_config& c);
 
-// Floats per paged block: (cache_layers, block_size / ratio, entry_dim).
-size_t block_floats(const model_config& c);
 // Smallest ring a sequence may use: the window minus one, and a compress run minus one.
 int64_t min_ring_tokens(const model_config& c);
 // Decoder tail for exact results: decoder (and MTP) layers at the last position depend on
@@ -36,7 +35,10 @@ int64_t exact_decoder_tail(const model_config& c);
 
 // Cache storage of one sequence.
 struct sequence_cache {
-  std::vector<float*> blocks;  // block i covers positions [i·bs, (i+1)·bs): (cache_layers, bs/m, entry_dim)
+  // Block ids in `pages`: block i covers positions [i·bs, (i+1)·bs), (cache_layers, bs/m)
+  // entries in the pages' format.
+  std::vector<int32_t> blocks;
+  kv_pages* pages = nullptr;
   int64_t ring_tokens = 0;
   std::vector<std::vector<float>> rings;  // per stream: (ring_tokens, entry_dim + 1), last = compress logit
   std::vector<int64_t> ring_floor;        // per stream: raw entries below this position are not visible
@@ -45,6 +47,9 @@ struct sequence_cache {
   void init(const model_config& c, int64_t ring_tokens);
   float* ring_entry(int64_t stream, int64_t pos);
   const float* ring_entry(int64_t stream, int64_t pos) const;
+  // The stored entry `index` of cache layer `layer` in block i.
+  uint8_t* block_entry(int64_t i, int64_t layer, int64_t index);
+  const uint8_t* block_entry(int64_t i, int64_t layer, int64_t index) const;
 };
 
 // Input rows that replace token embeddings: an image's encoder rows (model/vision.hpp) at its
@@ -196,13 +201,14 @@ std::vector<std::vector<mtp_draft>> mtp_chain_step(const model_weights& w, std::
                                                    int64_t depth, int64_t window, const draft_chooser& choose,
                                                    const forward_options& options);
 
-// Convenience for tests and tools: the whole sequence in one pass over a private cache;
-// returns the last position's logits (and MTP output when the model has MTP).
+// Convenience for tests and tools: the whole sequence in one pass over a private cache in
+// format `kv`; returns the last position's logits (and MTP output when the model has MTP).
 struct full_result {
   std::vector<float> logits;
   mtp_output mtp;
 };
 full_result forward_full(const model_weights& w, std::span<const int32_t> tokens,
-                         const forward_options& options = {}, std::span<const input_rows> inputs = {});
+                         const forward_options& options = {}, std::span<const input_rows> inputs = {},
+                         kv_dtype kv = kv_dtype::fp32);
 
 }  // namespace shoal::model

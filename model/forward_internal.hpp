@@ -5,6 +5,7 @@
 #include <span>
 #include <vector>
 
+#include "kernels/cpu/kv_codec.hpp"
 #include "model/forward.hpp"
 
 namespace shoal::model::detail {
@@ -13,6 +14,12 @@ namespace shoal::model::detail {
 struct row_span {
   int64_t row = 0, p0 = 0, p1 = 0;
 };
+
+inline kernels::kv_elem elem_of(kv_dtype d) {
+  return d == kv_dtype::bf16 ? kernels::kv_elem::bf16 : d == kv_dtype::fp8 ? kernels::kv_elem::e4m3_mx : kernels::kv_elem::f32;
+}
+// The cache format of a batch (every item's pages are one engine's); fp32 when there are none.
+kv_format batch_format(std::span<const forward_item> items);
 
 struct layer_io {
   int64_t stream;          // ring this layer's raw entries go to
@@ -23,9 +30,10 @@ struct layer_io {
   int64_t moe_slot = -1;     // this layer's MoE slot (moe_slot_of_layer), −1 when dense
 };
 
+// Entries (rows, entry_dim + 1): latent ‖ rope, rounded to `f`'s stored values, ‖ compress logit.
 void compute_entries(const model_weights& w, const linear& kv_a, const std::vector<float>& kv_a_norm,
                      const std::vector<float>& kv_compress, const float* xn, int64_t rows,
-                     const int32_t* positions, bool invariant, float* entries);
+                     const int32_t* positions, bool invariant, const kv_format& f, float* entries);
 void write_runs(const model_config& c, sequence_cache& cache, int64_t stream, int64_t cache_layer,
                 const float* chunk_entries, int64_t p0, int64_t p1, int64_t valid_until);
 void store_ring(sequence_cache& cache, int64_t stream, const float* chunk_entries, int64_t p0,

@@ -99,6 +99,7 @@ std::vector<std::vector<mtp_draft>> mtp_chain_step(const model_weights& w, std::
       mtp_state& st = *items[i].state;
       sequence_cache& v = views[i];
       v.blocks = items[i].cache->blocks;
+      v.pages = items[i].cache->pages;
       v.ring_tokens = st.ring_tokens;
       v.rings.resize(static_cast<size_t>(sl.count()));
       v.rings[static_cast<size_t>(stream)] = std::move(st.rings[static_cast<size_t>(k)]);

@@ -63,7 +63,8 @@ class sim_storage final : public runtime::remote_blocks {
       : m_(m), block_bytes_(block_bytes), clock_(clock), rng_(seed ^ 0x5707a6e5ull), schedule_(std::move(schedule)) {}
 
   std::shared_ptr<runtime::remote_fetch> start_fetch(std::vector<runtime::block_key> keys,
-                                                     std::vector<std::span<float>>) override {
+                                                     std::vector<std::span<std::byte>>,
+                                                     const model::kv_format&) override {
     const double now = clock_.now_s();
     size_t n = 0;
     while (n < keys.size()) {
@@ -91,7 +92,8 @@ class sim_storage final : public runtime::remote_blocks {
     schedule_(now + t, id);
     return f;
   }
-  bool store_async(const runtime::block_key& key, std::span<const float>, runtime::traffic_class) override {
+  bool store_async(const runtime::block_key& key, std::span<const std::byte>, const model::kv_format&,
+                   runtime::traffic_class) override {
     if (m_.capacity_blocks <= 0) return true;
     if (faults && (clock_.now_s() < full_until || faults->fire(runtime::fault_point::disk_full))) {
       ++dropped_writes;  // no space: the write is dropped, the block stays computed where it is

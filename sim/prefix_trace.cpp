@@ -118,7 +118,7 @@ block_key trace_key(int64_t hash_id) { return block_key{static_cast<uint64_t>(ha
 
 replay_stats replay_pool(const std::vector<trace_request>& trace, int32_t capacity) {
   replay_stats st;
-  block_pool pool(capacity, /*block_floats=*/0);
+  block_pool pool(capacity);
   std::vector<block_id> held;
   for (const trace_request& req : trace) {
     const auto& ids = req.hash_ids;

@@ -281,36 +281,51 @@ void moe_gate(const float* logits, const float* bias, const gate_params& p, int3
   for (int64_t k = 0; k < p.top_k; ++k) weights[k] *= norm * p.routed_scaling_factor;
 }
 
-void mla_attend(const float* q_lat, const float* q_pe, const kv_segment* segments,
-                int n_segments, int64_t heads, int64_t r, int64_t rope, float scale,
-                const float* sink, float* o_lat, float* scratch) {
+namespace {
+
+// The entry's values: in place for fp32, else widened into `buf`.
+const float* entry_values(const kv_run& run, int64_t e, int64_t r, int64_t rope, float* buf) {
+  const uint8_t* at = run.data + e * run.stride;
+  if (run.elem == kv_elem::f32) return reinterpret_cast<const float*>(at);
+  kv_decode(run.elem, at, r, rope, buf);
+  return buf;
+}
+
+}  // namespace
+
+size_t mla_attend_scratch(int64_t heads, int64_t total, int64_t r, int64_t rope) {
+  return static_cast<size_t>(heads * total + r + rope);
+}
+
+void mla_attend(const float* q_lat, const float* q_pe, const kv_run* runs, int n_runs, int64_t heads,
+                int64_t r, int64_t rope, float scale, const float* sink, float* o_lat, float* scratch) {
   int64_t total = 0;
-  for (int s = 0; s < n_segments; ++s) total += segments[s].count;
+  for (int s = 0; s < n_runs; ++s) total += runs[s].count;
+  float* p = scratch;                   // (heads, total)
+  float* buf = scratch + heads * total;  // one widened entry
+  int64_t j = 0;
+  for (int s = 0; s < n_runs; ++s)
+    for (int64_t e = 0; e < runs[s].count; ++e, ++j) {
+      const float* entry = entry_values(runs[s], e, r, rope, buf);
+      for (int64_t h = 0; h < heads; ++h)
+        p[h * total + j] = (dot(q_lat + h * r, entry, r) + dot(q_pe + h * rope, entry + r, rope)) * scale;
+    }
   for (int64_t h = 0; h < heads; ++h) {
-    const float* ql = q_lat + h * r;
-    const float* qp = q_pe + h * rope;
+    float* ph = p + h * total;
     float mx = sink ? sink[h] : -INFINITY;
-    int64_t j = 0;
-    for (int s = 0; s < n_segments; ++s) {
-      const kv_segment& seg = segments[s];
-      for (int64_t e = 0; e < seg.count; ++e, ++j) {
-        const float* entry = seg.data + e * seg.stride;
-        float v = (dot(ql, entry, r) + dot(qp, entry + r, rope)) * scale;
-        scratch[j] = v;
-        mx = std::max(mx, v);
-      }
-    }
+    for (int64_t i = 0; i < total; ++i) mx = std::max(mx, ph[i]);
     float sum = sink ? std::exp(sink[h] - mx) : 0.0f;
-    for (int64_t i = 0; i < total; ++i) sum += (scratch[i] = std::exp(scratch[i] - mx));
+    for (int64_t i = 0; i < total; ++i) sum += (ph[i] = std::exp(ph[i] - mx));
     float inv = total > 0 || sink ? 1.0f / sum : 0.0f;
-    float* out = o_lat + h * r;
-    std::fill(out, out + r, 0.0f);
-    j = 0;
-    for (int s = 0; s < n_segments; ++s) {
-      const kv_segment& seg = segments[s];
-      for (int64_t e = 0; e < seg.count; ++e, ++j) axpy(scratch[j] * inv, seg.data + e * seg.stride, out, r);
-    }
+    for (int64_t i = 0; i < total; ++i) ph[i] *= inv;
+    std::fill(o_lat + h * r, o_lat + (h + 1) * r, 0.0f);
   }
+  j = 0;
+  for (int s = 0; s < n_runs; ++s)
+    for (int64_t e = 0; e < runs[s].count; ++e, ++j) {
+      const float* entry = entry_values(runs[s], e, r, rope, buf);
+      for (int64_t h = 0; h < heads; ++h) axpy(p[h * total + j], entry, o_lat + h * r, r);
+    }
 }
 
 }  // namespace shoal::kernels

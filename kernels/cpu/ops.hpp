@@ -6,6 +6,8 @@
 
 #include <cstdint>
 
+#include "kernels/cpu/kv_codec.hpp"
+
 namespace shoal::kernels {
 
 // y (m, n) = x (m, k) · w (n, k)ᵀ. With batch_invariant, each output row is computed by the
@@ -81,13 +83,25 @@ struct kv_segment {
   int64_t stride = 0;
 };
 
-// Absorbed MLA attention of one query over the union of `segments`, in one softmax.
+// A run of stored cache entries (kv_codec.hpp forms): `count` entries, consecutive entries
+// `stride` bytes apart. A sequence's visible set is a list of runs (paged blocks in the
+// cache's form, fp32 ring and chunk entries).
+struct kv_run {
+  const uint8_t* data = nullptr;
+  int64_t count = 0;
+  int64_t stride = 0;  // bytes
+  kv_elem elem = kv_elem::f32;
+};
+
+// Absorbed MLA attention of one query over the union of `runs`, in one softmax.
 // q_lat (heads, r), q_pe (heads, rope): entry j = (c_j (r) ‖ k_pe_j (rope));
 // score = (q_lat·c + q_pe·k_pe)·scale; `sink` (heads) joins the denominator when non-null.
-// o_lat (heads, r) = Σ p_j c_j. `scratch` holds ≥ total entries floats.
-void mla_attend(const float* q_lat, const float* q_pe, const kv_segment* segments,
-                int n_segments, int64_t heads, int64_t r, int64_t rope, float scale,
-                const float* sink, float* o_lat, float* scratch);
+// o_lat (heads, r) = Σ p_j c_j. Each entry is widened once into a buffer of r + rope floats
+// and used by every head. `scratch` holds ≥ heads · total + r + rope floats. Each head's
+// scores and sums run in entry order, so o_lat does not depend on how the runs are split.
+void mla_attend(const float* q_lat, const float* q_pe, const kv_run* runs, int n_runs, int64_t heads,
+                int64_t r, int64_t rope, float scale, const float* sink, float* o_lat, float* scratch);
+size_t mla_attend_scratch(int64_t heads, int64_t total, int64_t r, int64_t rope);
 
 // Fixed-order dot product (8 lanes × 4 accumulators, combined in a fixed order).
 float dot(const float* a, const float* b, int64_t n);

@@ -13,10 +13,7 @@
 
 namespace shoal::runtime {
 
-block_pool::block_pool(int32_t num_blocks, size_t block_floats)
-    : blocks_(static_cast<size_t>(std::max(num_blocks, 0))),
-      storage_(static_cast<size_t>(std::max(num_blocks, 0)) * block_floats),
-      block_floats_(block_floats) {
+block_pool::block_pool(int32_t num_blocks) : blocks_(static_cast<size_t>(std::max(num_blocks, 0))) {
   SHOAL_ASSERT(num_blocks >= 0);
   for (int32_t b = 0; b < num_blocks; ++b) push_tail(b);
 }
@@ -110,16 +107,6 @@ std::optional<block_key> block_pool::key_of(block_id b) const {
   return blocks_[static_cast<size_t>(b.value)].key;
 }
 
-float* block_pool::data(block_id b) {
-  SHOAL_ASSERT(b.value >= 0 && b.value < num_blocks());
-  return storage_.data() + static_cast<size_t>(b.value) * block_floats_;
-}
-
-const float* block_pool::data(block_id b) const {
-  SHOAL_ASSERT(b.value >= 0 && b.value < num_blocks());
-  return storage_.data() + static_cast<size_t>(b.value) * block_floats_;
-}
-
 std::vector<block_id> block_pool::free_list() const {
   std::vector<block_id> out;
   out.reserve(static_cast<size_t>(free_count_));
@@ -129,7 +116,6 @@ std::vector<block_id> block_pool::free_list() const {
 
 void block_pool::check_invariants() const {
   const int32_t n = num_blocks();
-  SHOAL_ASSERT(storage_.size() == static_cast<size_t>(n) * block_floats_);
   // Walk the free list forwards: links are symmetric, members are flagged, ref is 0.
   int32_t walked = 0;
   int32_t prev = -1;

@@ -1,5 +1,6 @@
-// Paged block pool with prefix caching. Blocks hold the compressed cache entries of
-// `block_size` tokens; a full block is keyed by the prefix hash chain
+// Paged block pool with prefix caching: the accounting of the blocks of the compute backend's
+// paged KV memory (model::kv_pages, which holds their bytes). A block holds the compressed
+// cache entries of `block_size` tokens; a full block is keyed by the prefix hash chain
 // key_i = H(key_{i-1}, tokens of block i, extra keys) and can be shared by every sequence
 // with that prefix. Reference counted; blocks whose count drops to zero stay cached in a
 // free list that IS the eviction order (head = evicted first), as in vLLM v1.
@@ -18,8 +19,7 @@ namespace shoal::runtime {
 
 class block_pool {
  public:
-  // `block_floats`: payload floats per block (0 for accounting-only pools, e.g. trace replay).
-  block_pool(int32_t num_blocks, size_t block_floats);
+  explicit block_pool(int32_t num_blocks);
 
   int32_t num_blocks() const { return static_cast<int32_t>(blocks_.size()); }
   int32_t num_free() const { return free_count_; }
@@ -41,12 +41,6 @@ class block_pool {
 
   int32_t ref_count(block_id b) const;
   std::optional<block_key> key_of(block_id b) const;
-  float* data(block_id b);                 // (block_floats)
-  const float* data(block_id b) const;
-  size_t block_floats() const { return block_floats_; }
-  // Every block's payload, block b at b · block_floats (registered once for remote reads).
-  std::span<const float> storage() const { return storage_; }
-  size_t offset_bytes(block_id b) const { return static_cast<size_t>(b.value) * block_floats_ * sizeof(float); }
   // Free list from head (next evicted) to tail, for tests.
   std::vector<block_id> free_list() const;
   uint64_t evictions() const { return evictions_; }
@@ -67,8 +61,6 @@ class block_pool {
   void push_tail(int32_t b);
 
   std::vector<block_meta> blocks_;
-  std::vector<float> storage_;  // (num_blocks, block_floats)
-  size_t block_floats_;
   int32_t head_ = -1, tail_ = -1, free_count_ = 0;
   uint64_t evictions_ = 0;
   std::unordered_map<block_key, int32_t, block_key_hash> cached_;

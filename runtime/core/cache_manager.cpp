@@ -29,7 +29,12 @@ cache_manager::cache_manager(const model::model_config& model, const cache_confi
     : model_(model), config_(config), bs_(model.block_size),
       ring_tokens_(ring_tokens_for(model, config)),
       tail_(model.is_flash() ? (config.exact_swa ? model::exact_decoder_tail(model) : model.replay_tokens) : 0),
-      pool_(static_cast<int32_t>(config.num_blocks), config.payload ? model::block_floats(model) : 0),
+      pool_(static_cast<int32_t>(config.num_blocks)),
+      format_(config.pages ? config.pages->format() : model::kv_format_of(model, config.kv_dtype)),
+      pages_(!config.payload ? nullptr
+             : config.pages  ? config.pages
+                             : std::make_shared<model::kv_pages>(model::kv_format_of(model, config.kv_dtype),
+                                                                 static_cast<int32_t>(config.num_blocks))),
       swa_(config.swa_slots, config.swa_snapshots, model.encoder_layers(), model.entry_dim(),
            model.window(), config.snapshot_storage, config.swa_machine_store) {}
 
@@ -39,6 +44,11 @@ cache_manager::~cache_manager() {
   for (auto& w : waits_) w.fetch->wait();
   for (auto& w : imports_)
     for (auto& t : w.reads) t->wait();
+}
+
+std::span<std::byte> cache_manager::block_bytes(block_id b) {
+  if (!pages_) return {};  // payload off: counted, never written
+  return {reinterpret_cast<std::byte*>(pages_->block(b.value)), pages_->block_bytes()};
 }
 
 bool cache_manager::can_admit(const request& r) const {
@@ -68,6 +78,7 @@ int64_t cache_manager::local_hit(const std::vector<block_key>& keys) const {
 void cache_manager::admit(request& r) {
   SHOAL_ASSERT(r.blocks.empty() && can_admit(r));
   r.cache.init(model_, ring_tokens_);
+  r.cache.pages = pages_.get();
   r.keys = chain_keys(r.tokens, static_cast<int>(bs_), r.images);
   r.blocks_cached = 0;
   r.swa_approx = false;
@@ -129,7 +140,7 @@ void cache_manager::give_back(const std::vector<block_id>& blocks) {
 void cache_manager::attach(request& r, const std::vector<block_id>& blocks) {
   for (block_id b : blocks) {
     r.blocks.push_back(b);
-    r.cache.blocks.push_back(pool_.data(b));
+    r.cache.blocks.push_back(b.value);
   }
 }
 
@@ -149,8 +160,7 @@ void cache_manager::commit(request& r) {
       block_id b = r.blocks[r.blocks_cached];
       pool_.cache_block(b, r.keys[r.blocks_cached]);
       if (config_.remote) {
-        bool queued = config_.remote->store_async(r.keys[r.blocks_cached], {pool_.data(b), pool_.block_floats()},
-                                                   r.cls);
+        bool queued = config_.remote->store_async(r.keys[r.blocks_cached], block_bytes(b), format_, r.cls);
         ++(queued ? stats_.remote_stored : stats_.remote_dropped);
       }
     }
@@ -255,10 +265,10 @@ bool cache_manager::start_block_read(request& r) {
   w.r = &r;
   w.reserved = pool_.allocate(n);
   w.keys.assign(keys.begin() + hit, keys.begin() + hit + n);
-  std::vector<std::span<float>> dsts;
-  for (block_id b : w.reserved) dsts.emplace_back(pool_.data(b), pool_.block_floats());
+  std::vector<std::span<std::byte>> dsts;
+  for (block_id b : w.reserved) dsts.push_back(block_bytes(b));
   w.deadline_s = config_.time->now_s() + config_.remote_timeout_s;
-  w.fetch = config_.remote->start_fetch(w.keys, std::move(dsts));
+  w.fetch = config_.remote->start_fetch(w.keys, std::move(dsts), format_);
   waits_.push_back(std::move(w));
   return true;
 }
@@ -270,7 +280,9 @@ void cache_manager::end_wait(remote_wait& w, bool use_blocks) {
     const size_t got = std::min(w.fetch->blocks(), w.reserved.size());
     for (size_t i = 0; i < got; ++i) pool_.cache_block(w.reserved[i], w.keys[i]);
     stats_.remote_hit_tokens += static_cast<uint64_t>(got) * static_cast<uint64_t>(bs_);
-    if (!w.fetch->error().empty() || w.fetch->blocks() < std::min(w.fetch->listed(), w.reserved.size())) {
+    if (w.fetch->other_format()) {  // stored by an engine of another format: a miss, not a failure
+      ++stats_.remote_format_misses;
+    } else if (!w.fetch->error().empty() || w.fetch->blocks() < std::min(w.fetch->listed(), w.reserved.size())) {
       ++stats_.remote_fetch_failures;
       stats_.remote_last_error = w.fetch->error().empty() ? "fewer blocks than listed" : w.fetch->error();
     }
@@ -332,11 +344,12 @@ std::string cache_manager::validate_handoff(const handoff_state& s) const {
   if (static_cast<int64_t>(s.blocks.size()) != blocks_for(s.computed))
     return std::to_string(s.blocks.size()) + " blocks for " + std::to_string(s.computed) + " positions, expected " +
            std::to_string(blocks_for(s.computed));
-  const uint64_t block_bytes = pool_.block_floats() * sizeof(float);
+  if (s.kv != format_) return "KV blocks in " + s.kv.describe() + ", this engine's are " + format_.describe();
+  const uint64_t bytes = format_.block_bytes();
   for (size_t i = 0; i < s.blocks.size(); ++i)
-    if (s.blocks[i].length != block_bytes)
+    if (s.blocks[i].length != bytes)
       return "block " + std::to_string(i) + " is " + std::to_string(s.blocks[i].length) + " bytes, this engine's are " +
-             std::to_string(block_bytes);
+             std::to_string(bytes);
   model::sequence_cache probe;
   probe.init(model_, ring_tokens_);
   if (s.rings.size() != probe.rings.size() || s.ring_floor.size() != probe.rings.size())
@@ -363,7 +376,7 @@ bool cache_manager::start_import(request& r, const handoff_state& s, transport& 
   w.rings = std::move(probe.rings);
   std::vector<std::span<std::byte>> dsts;  // adjacent blocks on both sides may travel as one read
   for (block_id b : w.reserved)
-    dsts.emplace_back(reinterpret_cast<std::byte*>(pool_.data(b)), pool_.block_floats() * sizeof(float));
+    dsts.push_back(block_bytes(b));
   w.reads = t.read_all(s.blocks, dsts, timeout);
   for (size_t i = 0; i < w.rings.size(); ++i)
     if (!w.rings[i].empty()) w.reads.push_back(t.read(s.rings[i], std::as_writable_bytes(std::span(w.rings[i])), timeout));
@@ -398,6 +411,8 @@ std::vector<std::pair<request*, bool>> cache_manager::poll_imports() {
     if (w.r && ok) {
       request& r = *w.r;
       r.cache.init(model_, ring_tokens_);
+      r.cache.pages = pages_.get();
+  r.cache.pages = pages_.get();
       r.cache.rings = std::move(w.rings);
       r.cache.ring_floor = w.state.ring_floor;
       attach(r, w.reserved);
@@ -431,6 +446,7 @@ bool cache_manager::adopt(request& r, int64_t computed) {
   if (model_.is_flash()) swa_.acquire();
   fix_decoder_tail(r);
   r.cache.init(model_, ring_tokens_);
+  r.cache.pages = pages_.get();
   attach(r, pool_.allocate(static_cast<int32_t>(n)));
   r.cache.computed = computed;
   r.keys = chain_keys(r.tokens, static_cast<int>(bs_), r.images);

@@ -16,6 +16,7 @@
 #include "runtime/core/handoff.hpp"
 #include "runtime/base/transport.hpp"
 #include "model/config.hpp"
+#include "model/kv_format.hpp"
 #include "runtime/core/block_pool.hpp"
 #include "runtime/core/remote_blocks.hpp"
 #include "runtime/core/request.hpp"
@@ -30,6 +31,10 @@ struct cache_config {
   // false: blocks are counted, never written (no payload memory): the cluster simulator runs
   // the engine's state machines at DeepSeek scale without a forward pass.
   bool payload = true;
+  // The stored form of the paged cache (engine.kv_dtype), and its memory: the compute
+  // backend's (null: host memory made here in kv_dtype).
+  model::kv_dtype kv_dtype = model::kv_dtype::bf16;
+  std::shared_ptr<model::kv_pages> pages;
   bool exact_swa = false;             // swa_mode == exact
   int64_t swa_slots = 256;            // live SWA slots (running shoal_flash sequences)
   int64_t swa_snapshots = 1024;
@@ -118,6 +123,10 @@ class cache_manager {
 
   block_pool& pool() { return pool_; }
   const block_pool& pool() const { return pool_; }
+  // The paged memory's format, the memory (null when payload is off) and block b's bytes in it.
+  const model::kv_format& format() const { return format_; }
+  const model::kv_pages* pages() const { return pages_.get(); }
+  std::span<std::byte> block_bytes(block_id b);
   swa_pool& swa() { return swa_; }
   const swa_pool& swa() const { return swa_; }
   const cache_stats& stats() const { return stats_; }
@@ -174,6 +183,8 @@ class cache_manager {
   int64_t ring_tokens_;
   int64_t tail_;
   block_pool pool_;
+  model::kv_format format_;
+  std::shared_ptr<model::kv_pages> pages_;
   swa_pool swa_;
   cache_stats stats_;
   std::vector<remote_wait> waits_;  // start order

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "model/kv_format.hpp"
 #include "runtime/base/ids.hpp"
 #include "runtime/base/roles.hpp"
 #include "runtime/vision/prompt_image.hpp"
@@ -37,6 +38,7 @@ struct handoff_state {
   int64_t cached_tokens = 0;       // prefix-hit tokens at the prefill engine (API usage)
   bool swa_approx = false;         // the window came from bounded replay
   int64_t snapshot_at = -1;
+  model::kv_format kv;                // the stored form of the blocks' bytes
   std::vector<remote_memory> blocks;  // (ceil(computed / block_size)) block order
   std::vector<remote_memory> rings;   // (streams) (ring_tokens, entry_dim + 1) floats each
 };

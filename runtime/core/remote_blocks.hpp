@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "model/kv_format.hpp"
 #include "runtime/core/block_pool.hpp"
 #include "runtime/base/one_shot.hpp"
 #include "runtime/base/traffic_class.hpp"
@@ -30,6 +31,7 @@ namespace shoal::runtime {
 struct fetched_blocks {
   size_t listed = 0;  // leading blocks the tier listed at lookup
   size_t blocks = 0;  // of those, written and verified
+  bool other_format = false;  // it stopped at a block stored in another KV format
 };
 
 class remote_fetch : public one_shot<fetched_blocks> {
@@ -38,21 +40,26 @@ class remote_fetch : public one_shot<fetched_blocks> {
   // stopped short of `listed` (error(), "" when it did not).
   size_t listed() const { return value().listed; }
   size_t blocks() const { return value().blocks; }
+  bool other_format() const { return value().other_format; }
   // The tier, exactly once.
-  void complete(size_t listed, size_t blocks, std::string error = {}) { set({listed, blocks}, std::move(error)); }
+  void complete(size_t listed, size_t blocks, std::string error = {}, bool other_format = false) {
+    set({listed, blocks, other_format}, std::move(error));
+  }
 };
 
 class remote_blocks {
  public:
   virtual ~remote_blocks() = default;
   // Starts reading the longest leading run of `keys` the tier holds, keys[i] into dsts[i]
-  // (exactly dsts[i].size() floats; a block of another size is a miss). Never blocks.
-  virtual std::shared_ptr<remote_fetch> start_fetch(std::vector<block_key> keys,
-                                                    std::vector<std::span<float>> dsts) = 0;
-  // Offers a computed block for writing under a traffic class (the storage side's TTL);
-  // never blocks the step loop: false when dropped (queue full). `src` is copied before the
-  // call returns.
-  virtual bool store_async(const block_key& key, std::span<const float> src, traffic_class cls) = 0;
+  // (exactly dsts[i].size() bytes of KV format `f`; a block stored in another format or of
+  // another size is a miss, said in the fetch). Never blocks.
+  virtual std::shared_ptr<remote_fetch> start_fetch(std::vector<block_key> keys, std::vector<std::span<std::byte>> dsts,
+                                                    const model::kv_format& f) = 0;
+  // Offers a computed block (its bytes in KV format `f`, which the stored copy names) for
+  // writing under a traffic class (the storage side's TTL); never blocks the step loop: false
+  // when dropped (queue full). `src` is copied before the call returns.
+  virtual bool store_async(const block_key& key, std::span<const std::byte> src, const model::kv_format& f,
+                           traffic_class cls) = 0;
 };
 
 }  // namespace shoal::runtime

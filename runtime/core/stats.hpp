@@ -14,6 +14,7 @@ struct cache_stats {
   uint64_t remote_lookups = 0;        // requests that asked the remote tier (once each)
   uint64_t remote_fetch_failures = 0; // fetches that delivered fewer blocks than the tier listed
   uint64_t remote_timeouts = 0;       // fetches abandoned at their deadline (the request recomputed)
+  uint64_t remote_format_misses = 0;  // fetches that stopped at a block stored in another KV format
   std::string remote_last_error;      // why the latest failed fetch fell short (empty: none failed)
   uint64_t remote_stored = 0, remote_dropped = 0;  // blocks offered for writing / dropped
   uint64_t replays = 0, swa_restores = 0;
@@ -35,6 +36,7 @@ struct cache_stats {
 
 struct swa_stats {
   uint64_t saves = 0, hits = 0, misses = 0, evictions = 0;  // evictions: of the store
+  uint64_t shape_misses = 0;  // of misses and refused slots: a snapshot of another storage or shape
   bool operator==(const swa_stats&) const = default;
 };
 

@@ -19,7 +19,10 @@
 
 namespace shoal::runtime {
 
-enum class swa_storage { mxfp8, fp32 };
+enum class swa_storage : uint8_t { mxfp8, fp32 };
+
+// Every snapshot starts with a header naming its storage and shape (swa_pool.cpp).
+inline constexpr size_t swa_header_bytes = 20;
 
 // Bytes of one full window snapshot of model `c` in `storage` format (a store's slot size).
 size_t swa_snapshot_bytes(const model::model_config& c, swa_storage storage);
@@ -43,8 +46,9 @@ class swa_pool {
   // Restores the snapshot for key into the cache's rings; false when absent.
   bool restore(const block_key& key, model::sequence_cache& cache, int64_t p);
 
-  // Stores a snapshot read from another machine's store: false (nothing stored) unless it is
-  // exactly the size of a snapshot at p in this pool's format.
+  // Stores a snapshot read from another machine's store: false (nothing stored) unless its
+  // header names this pool's storage and shape at p and its size matches (else counted in
+  // stats().shape_misses).
   bool put_encoded(const block_key& key, int64_t p, std::span<const uint8_t> bytes);
 
   // Bytes of one full snapshot as stored (a snapshot at p < W is shorter: snapshot_bytes(p)).
@@ -55,6 +59,8 @@ class swa_pool {
 
  private:
   size_t entry_bytes() const;
+  void write_header(int64_t positions, uint8_t* out) const;
+  bool header_fits(std::span<const uint8_t> bytes, int64_t p) const;
 
   int64_t max_slots_, streams_, entry_dim_, window_;
   swa_storage storage_;

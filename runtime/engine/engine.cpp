@@ -50,8 +50,7 @@ engine::engine(std::shared_ptr<const model::model_weights> weights, const engine
   }
   if (config_.role == engine_role::prefill) {
     SHOAL_ASSERT(config_.bulk);  // engine_config::bulk is required for role prefill (caller's error)
-    auto pool = caches_.pool().storage();
-    auto reg = config_.bulk->register_memory(std::as_bytes(pool));
+    auto reg = config_.bulk->register_memory(caches_.pages()->memory());
     SHOAL_ASSERT(reg.has_value());
     pool_reg_ = std::move(*reg);
   }

@@ -25,9 +25,10 @@ void engine::offer_handoff(request& r) {
   s.cached_tokens = r.cached_tokens;
   s.swa_approx = r.swa_approx;
   s.snapshot_at = r.snapshot_at;
-  const uint64_t block_bytes = caches_.pool().block_floats() * sizeof(float);
+  const model::kv_pages& pages = *caches_.pages();
+  s.kv = pages.format();
   for (int64_t i = 0; i < caches_.blocks_for(s.computed); ++i)
-    s.blocks.push_back(pool_reg_->describe(caches_.pool().offset_bytes(r.blocks[static_cast<size_t>(i)]), block_bytes));
+    s.blocks.push_back(pool_reg_->describe(pages.offset_bytes(r.blocks[static_cast<size_t>(i)].value), pages.block_bytes()));
   std::vector<std::unique_ptr<registered_memory>> regs;
   for (const auto& ring : r.cache.rings) {
     if (ring.empty()) {  // nothing to read
@@ -73,6 +74,11 @@ std::expected<request_id, error> engine::add_handoff(const handoff_state& s) {
     return fail(errc::duplicate, "handoff: request " + to_string(s.id) + " is still held by this engine");
   const model::model_config& c = weights_->config;
   if (!config_.bulk) return fail(errc::unavailable, "this engine has no transport to read a handoff with");
+  if (s.kv != caches_.format()) {  // not ours to read: the prefill engine keeps it (or another takes it)
+    ++stats_.handoffs_refused_format;
+    return fail(errc::unavailable,
+                "handoff: its KV blocks are " + s.kv.describe() + ", this engine's are " + caches_.format().describe());
+  }
   if (auto why = caches_.validate_handoff(s); !why.empty()) return fail(errc::invalid_argument, "handoff: " + why);
   for (size_t i = 0; i < s.tokens.size(); ++i)
     if (s.tokens[i] < 0 || s.tokens[i] >= c.vocab_size)

@@ -12,9 +12,10 @@ model::result<loaded_model> load_model_dir(const std::string& dir, bool show_pro
                       std::make_shared<const model::tokenizer>(std::move(*tok))};
 }
 
-engine_config default_engine_config(const model::model_config& c, double cache_mib) {
+engine_config default_engine_config(const model::model_config& c, double cache_mib, model::kv_dtype kv) {
   engine_config e;
-  double block_bytes = static_cast<double>(model::block_floats(c)) * sizeof(float);
+  e.cache.kv_dtype = kv;
+  double block_bytes = static_cast<double>(model::kv_format_of(c, kv).block_bytes());
   int64_t blocks = static_cast<int64_t>(cache_mib * 1024 * 1024 / block_bytes);
   e.cache.num_blocks = std::max<int64_t>(blocks, (4096 + c.block_size - 1) / c.block_size);
   e.cache.exact_swa = c.swa_mode == "exact";

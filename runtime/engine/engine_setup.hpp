@@ -23,8 +23,9 @@ model::result<loaded_model> load_model_dir(const std::string& dir, bool show_pro
                                           const model::load_options& options = {});
 
 // Engine defaults for a model: cache blocks from `cache_mib` of block memory (at least
-// enough for one max-length request of 4,096 tokens), SWA slots = max_running.
-engine_config default_engine_config(const model::model_config& c, double cache_mib);
+// enough for one max-length request of 4,096 tokens) in KV format `kv`, SWA slots = max_running.
+engine_config default_engine_config(const model::model_config& c, double cache_mib,
+                                    model::kv_dtype kv = model::kv_dtype::bf16);
 
 // Prompt text → token ids with BOS prepended (as HF's add_bos_token does).
 std::vector<int32_t> encode_prompt(const model::tokenizer& tok, const std::string& text);

@@ -22,8 +22,10 @@ struct engine_stats {
   int64_t kv_tokens = 0;       // cache positions of the running requests (the decode balancer's KV load)
   // Handoffs, prefill side: offered (first token out, caches lent), lent (a decode engine took
   // it: finished here as handed_off), kept (nobody took it: decoded here). Decode side: the
-  // cache stats' imports / import_failures.
+  // cache stats' imports / import_failures, and handoffs refused because their KV blocks are
+  // in another format than this engine's.
   uint64_t handoffs_offered = 0, handoffs_lent = 0, handoffs_kept = 0;
+  uint64_t handoffs_refused_format = 0;
   // Vision: images run through the encoder here, their patches, and the embedding cache.
   uint64_t images_encoded = 0, image_patches_encoded = 0;
   // Encoder rows read from a vision-encoder worker (prompt_image::rows) / reads that failed

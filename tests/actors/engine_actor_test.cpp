@@ -440,10 +440,10 @@ TEST_CASE("every type of the type-ID block round-trips through a remote actor") 
   es.steps = 1, es.prefill_tokens = 2, es.decode_tokens = 3, es.generated = 4, es.failed_steps = 5;
   es.forward_s = 0.5, es.idle_s = 0.75, es.plan_s = 0.125;
   es.running = 6, es.waiting = 7, es.waiting_for_remote = 8;
-  es.cache = {9, 10, 11, 12, 13, 14, 15, "read failed", 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 56, 57, 28, 29, 2.5};
-  es.swa = {30, 31, 32, 33};
+  es.cache = {9, 10, 11, 12, 13, 14, 15, 58, "read failed", 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 56, 57, 28, 29, 2.5};
+  es.swa = {30, 31, 32, 33, 59};
   es.blocks_free = 34, es.blocks_total = 35, es.kv_tokens = 36;
-  es.handoffs_offered = 37, es.handoffs_lent = 38, es.handoffs_kept = 39;
+  es.handoffs_offered = 37, es.handoffs_lent = 38, es.handoffs_kept = 39, es.handoffs_refused_format = 60;
   es.images_encoded = 40, es.image_patches_encoded = 41, es.image_rows_read = 42, es.image_row_read_failures = 43;
   es.image_cache = {44, 45, 46, 47, 48, 49};
   es.spec = {50, 51, 52, 53, 54};

@@ -204,39 +204,56 @@ TEST_CASE("kv_client: put_many and get_many keep per-block results in order, als
   CHECK(wrong == 0);
 }
 
-TEST_CASE("kv_block_store: fetch_many fills the leading run of blocks and stops at the first miss") {
+TEST_CASE("kv_block_store: a fetch fills the leading run of blocks, stops at the first miss, and reads no other format") {
   storage_cluster c(12);
   auto client = actors::kv_client::create(c.sys, {});
   REQUIRE(client);
   (*client)->set_nodes(c.nodes);
   auto store = std::make_shared<actors::kv_block_store>(std::move(*client), 64, 4);
-  std::vector<std::vector<float>> src(6, std::vector<float>(96));
+  const model::kv_format bf16{model::kv_dtype::bf16, 32, 16, 2, 2};  // 96-byte entries, 384-byte blocks
+  REQUIRE(bf16.block_bytes() == 384);
+  std::vector<std::vector<std::byte>> src(6, std::vector<std::byte>(bf16.block_bytes()));
   std::vector<runtime::block_key> keys;
   for (size_t b = 0; b < src.size(); ++b) {
-    for (size_t i = 0; i < src[b].size(); ++i) src[b][i] = static_cast<float>(b * 1000 + i) * 0.5f;
+    for (size_t i = 0; i < src[b].size(); ++i) src[b][i] = static_cast<std::byte>((b * 131 + i * 7) & 0xff);
     keys.push_back({0x4000 + b, 0x11});
-    if (b != 3) REQUIRE(store->store_async(keys[b], src[b], runtime::traffic_class::chat));  // 3 never written
+    if (b != 3) REQUIRE(store->store_async(keys[b], src[b], bf16, runtime::traffic_class::chat));  // 3 never written
   }
   auto counters = store->stats(true);
   CHECK(counters.written == 5);
   CHECK(counters.failed == 0);
-  std::vector<std::vector<float>> dst(6, std::vector<float>(96, -1.0f));
-  std::vector<std::span<float>> spans(dst.begin(), dst.end());
-  auto f = store->start_fetch(keys, spans);
-  f->wait();  // off this thread: the reader decodes straight into the buffers
+  auto fresh = [&] { return std::vector<std::vector<std::byte>>(6, std::vector<std::byte>(bf16.block_bytes(), std::byte{0xEE})); };
+  auto dst = fresh();
+  std::vector<std::span<std::byte>> spans(dst.begin(), dst.end());
+  auto f = store->start_fetch(keys, spans, bf16);
+  f->wait();  // off this thread
   CHECK(f->listed() == 3);
   CHECK(f->blocks() == 3);
   CHECK(f->error().empty());
+  CHECK_FALSE(f->other_format());
   for (size_t b = 0; b < 3; ++b) CHECK(dst[b] == src[b]);
-  CHECK(dst[3] == std::vector<float>(96, -1.0f));
-  // A destination of another shape is a miss, never a partial copy.
-  std::vector<float> small(10, -1.0f);
-  auto g = store->start_fetch({keys[0]}, {std::span<float>(small)});
+  CHECK(dst[3] == fresh()[3]);
+  // Another format of the same size (the same shape in fp8 would differ; here fp32 entries of
+  // half the values): a counted miss naming both formats, nothing copied.
+  const model::kv_format fp32{model::kv_dtype::fp32, 16, 8, 2, 2};
+  REQUIRE(fp32.block_bytes() == bf16.block_bytes());
+  auto other = fresh();
+  std::vector<std::span<std::byte>> other_spans(other.begin(), other.end());
+  auto g = store->start_fetch(keys, other_spans, fp32);
   g->wait();
-  CHECK(g->listed() == 1);
   CHECK(g->blocks() == 0);
-  CHECK(g->error().find("bytes, destination of 40") != std::string::npos);
-  CHECK(small == std::vector<float>(10, -1.0f));
+  CHECK(g->other_format());
+  CHECK(g->error().find("stored as bf16, 32 + 16 values an entry") != std::string::npos);
+  CHECK(other == fresh());
+  // A destination of another size for the same format is a miss, never a partial copy.
+  std::vector<std::byte> small(40, std::byte{0xEE});
+  auto h = store->start_fetch({keys[0]}, {std::span<std::byte>(small)}, bf16);
+  h->wait();
+  CHECK(h->listed() == 1);
+  CHECK(h->blocks() == 0);
+  CHECK_FALSE(h->other_format());
+  CHECK(h->error().find("holds 400 bytes") != std::string::npos);
+  CHECK(small == std::vector<std::byte>(40, std::byte{0xEE}));
 }
 
 TEST_CASE("storage node: bad requests get errors naming the problem, the node keeps serving") {

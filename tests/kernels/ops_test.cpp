@@ -288,19 +288,81 @@ TEST_CASE("moe_gate: bias changes selection but not the weights' source") {
   CHECK(w == doctest::Approx(1.0f));  // normalised over the one chosen
 }
 
-TEST_CASE("mla_attend over several segments (+sink) equals the reference, rel err < 1e-5") {
+TEST_CASE("mla_attend over several runs (+sink) equals the reference, rel err < 1e-5") {
   for_each_isa([&] {
     int64_t heads = 4, r = 16, rope = 8, dim = r + rope;
     auto q_lat = randn(heads * r, 12), q_pe = randn(heads * rope, 13), sink = randn(heads, 14);
     auto a = randn(5 * 32, 15), b = randn(3 * dim, 16);
     kv_segment segs[2] = {{a.data(), 5, 32}, {b.data(), 3, dim}};
-    std::vector<float> out(heads * r), out_ref(heads * r), scratch(8);
+    kv_run runs[2] = {{reinterpret_cast<const uint8_t*>(a.data()), 5, 32 * 4, kv_elem::f32},
+                      {reinterpret_cast<const uint8_t*>(b.data()), 3, dim * 4, kv_elem::f32}};
+    std::vector<float> out(heads * r), out_ref(heads * r), scratch(mla_attend_scratch(heads, 8, r, rope));
     for (const float* s : {static_cast<const float*>(nullptr), static_cast<const float*>(sink.data())}) {
-      mla_attend(q_lat.data(), q_pe.data(), segs, 2, heads, r, rope, 0.3f, s, out.data(), scratch.data());
+      mla_attend(q_lat.data(), q_pe.data(), runs, 2, heads, r, rope, 0.3f, s, out.data(), scratch.data());
       ref::mla_attend(q_lat.data(), q_pe.data(), segs, 2, heads, r, rope, 0.3f, s, out_ref.data());
       CHECK(rel_err(out, out_ref) < 1e-5);
     }
   });
+}
+
+TEST_CASE("mla_attend reads bf16 and MXFP8 entries as the values they decode to") {
+  for_each_isa([&] {
+    const int64_t heads = 4, r = 64, rope = 16, dim = r + rope, n = 9;
+    auto q_lat = randn(heads * r, 22), q_pe = randn(heads * rope, 23), x = randn(n * dim, 24);
+    for (kv_elem elem : {kv_elem::bf16, kv_elem::e4m3_mx}) {
+      CAPTURE(static_cast<int>(elem));
+      const size_t eb = kv_entry_bytes(elem, r, rope);
+      std::vector<uint8_t> stored(n * eb);
+      std::vector<float> widened(n * dim);
+      for (int64_t e = 0; e < n; ++e) {
+        kv_encode(elem, x.data() + e * dim, r, rope, stored.data() + e * eb);
+        kv_decode(elem, stored.data() + e * eb, r, rope, widened.data() + e * dim);
+      }
+      kv_run runs[2] = {{stored.data(), 4, static_cast<int64_t>(eb), elem},
+                        {stored.data() + 4 * eb, n - 4, static_cast<int64_t>(eb), elem}};
+      kv_segment seg{widened.data(), n, dim};
+      std::vector<float> out(heads * r), out_ref(heads * r), scratch(mla_attend_scratch(heads, n, r, rope));
+      mla_attend(q_lat.data(), q_pe.data(), runs, 2, heads, r, rope, 0.2f, nullptr, out.data(), scratch.data());
+      ref::mla_attend(q_lat.data(), q_pe.data(), &seg, 1, heads, r, rope, 0.2f, nullptr, out_ref.data());
+      CHECK(rel_err(out, out_ref) < 1e-5);
+    }
+  });
+}
+
+TEST_CASE("kv entry forms: sizes, bf16 rounding to nearest even, and the error each form allows") {
+  CHECK(kv_entry_bytes(kv_elem::f32, 256, 64) == 1280);
+  CHECK(kv_entry_bytes(kv_elem::bf16, 256, 64) == 640);
+  CHECK(kv_entry_bytes(kv_elem::e4m3_mx, 256, 64) == 256 + 8 + 128);
+  CHECK(kv_entry_bytes(kv_elem::e4m3_mx, 512, 64) == 656);  // FlashMLA's size for V3's entry
+  CHECK(kv_entry_bytes(kv_elem::e4m3_mx, 16, 8) == 18 + 16);  // 16 + 1 scale, padded to even
+  CHECK(bf16_from_float(1.0f) == 0x3F80);
+  CHECK(bf16_to_float(bf16_from_float(1.0f + 0x1p-8f)) == 1.0f);           // tie → even
+  CHECK(bf16_to_float(bf16_from_float(1.0f + 3 * 0x1p-8f)) == 1.0f + 0x1p-6f);  // tie → even (up)
+  CHECK(std::isnan(bf16_to_float(bf16_from_float(NAN))));
+  const int64_t r = 256, rope = 64;
+  auto x = randn(r + rope, 31);
+  for (kv_elem elem : {kv_elem::f32, kv_elem::bf16, kv_elem::e4m3_mx}) {
+    CAPTURE(static_cast<int>(elem));
+    std::vector<float> y = x;
+    kv_round(elem, y.data(), r, rope);
+    // Per value: bf16 keeps 8 significant bits (|err| ≤ half an ulp ≤ 2^-8 |x|). e4m3 keeps 4
+    // (≤ 2^-4 |x|)
+    // above its block's subnormal range, whose half step 2^-10 · 2^s is ≤ 2^-18 · (block max);
+    // the OCP scale rule clips values above 448 · 2^s, by at most 1/8 of |x|.
+    for (int64_t i = 0; i < r + rope; ++i) {
+      const bool latent_fp8 = elem == kv_elem::e4m3_mx && i < r;
+      float amax = 0;
+      for (int64_t k = i / 32 * 32; latent_fp8 && k < std::min<int64_t>(r, i / 32 * 32 + 32); ++k)
+        amax = std::max(amax, std::fabs(x[k]));
+      const double bound = elem == kv_elem::f32 ? 0.0
+                           : latent_fp8         ? std::max(std::fabs(x[i]) * 0x1p-3, amax * 0x1p-18)
+                                                : std::fabs(x[i]) * 0x1p-8;
+      CHECK(std::fabs(double(y[i]) - x[i]) <= bound);
+    }
+    std::vector<float> z = y;  // rounding a rounded entry changes nothing
+    kv_round(elem, z.data(), r, rope);
+    CHECK(z == y);
+  }
 }
 
 TEST_CASE("parallel_for covers every index exactly once") {

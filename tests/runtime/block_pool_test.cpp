@@ -34,11 +34,10 @@ constexpr block_key key_c{5, 6};
 }  // namespace
 
 TEST_CASE("block_pool: initial state is all blocks free in id order") {
-  block_pool pool(5, 8);
+  block_pool pool(5);
   pool.check_invariants();
   CHECK(pool.num_blocks() == 5);
   CHECK(pool.num_free() == 5);
-  CHECK(pool.block_floats() == 8);
   CHECK(ids_of(pool.free_list()) == std::vector<int32_t>{0, 1, 2, 3, 4});
   CHECK(pool.can_allocate(5));
   CHECK_FALSE(pool.can_allocate(6));
@@ -50,7 +49,7 @@ TEST_CASE("block_pool: initial state is all blocks free in id order") {
 }
 
 TEST_CASE("block_pool: allocate pops exact ids from the head with ref 1") {
-  block_pool pool(6, 0);
+  block_pool pool(6);
   const auto a = pool.allocate(2);
   pool.check_invariants();
   CHECK(ids_of(a) == std::vector<int32_t>{0, 1});
@@ -66,7 +65,7 @@ TEST_CASE("block_pool: allocate pops exact ids from the head with ref 1") {
 }
 
 TEST_CASE("block_pool: release appends to the tail in the given order") {
-  block_pool pool(6, 0);
+  block_pool pool(6);
   const auto seq = pool.allocate(4);  // 0 1 2 3 ; free: 4 5
   pool.check_invariants();
   // Engines release a sequence in reverse so its tail is evicted first.
@@ -83,7 +82,7 @@ TEST_CASE("block_pool: release appends to the tail in the given order") {
 }
 
 TEST_CASE("block_pool: reference counts with shared blocks") {
-  block_pool pool(4, 0);
+  block_pool pool(4);
   const auto a = pool.allocate(2);  // 0 1
   pool.check_invariants();
   pool.cache_block(a[0], key_a);
@@ -108,7 +107,7 @@ TEST_CASE("block_pool: reference counts with shared blocks") {
 }
 
 TEST_CASE("block_pool: allocate evicts a cached free block and forgets its key") {
-  block_pool pool(3, 0);
+  block_pool pool(3);
   const auto a = pool.allocate(3);  // 0 1 2
   pool.check_invariants();
   pool.cache_block(a[0], key_a);
@@ -142,7 +141,7 @@ TEST_CASE("block_pool: allocate evicts a cached free block and forgets its key")
 }
 
 TEST_CASE("block_pool: touch of a ref-0 cached block removes it from the free list") {
-  block_pool pool(4, 0);
+  block_pool pool(4);
   const auto a = pool.allocate(2);  // 0 1 ; free: 2 3
   pool.check_invariants();
   pool.cache_block(a[0], key_a);
@@ -174,7 +173,7 @@ TEST_CASE("block_pool: touch of a ref-0 cached block removes it from the free li
 }
 
 TEST_CASE("block_pool: cache_block on an existing key keeps the first block") {
-  block_pool pool(3, 0);
+  block_pool pool(3);
   const auto a = pool.allocate(2);  // 0 1
   pool.check_invariants();
   pool.cache_block(a[0], key_a);
@@ -204,22 +203,9 @@ TEST_CASE("block_pool: cache_block on an existing key keeps the first block") {
   CHECK(pool.lookup(key_a)->value == 2);
 }
 
-TEST_CASE("block_pool: payload storage is per block") {
-  block_pool pool(3, 4);
-  pool.check_invariants();
-  const auto a = pool.allocate(3);
-  pool.check_invariants();
-  for (const block_id b : a)
-    for (int i = 0; i < 4; ++i) pool.data(b)[i] = static_cast<float>(b.value * 10 + i);
-  const block_pool& cpool = pool;
-  CHECK(cpool.data(block_id{1})[0] == 10.0f);
-  CHECK(cpool.data(block_id{2})[3] == 23.0f);
-  CHECK(cpool.data(block_id{1}) - cpool.data(block_id{0}) == 4);
-}
-
 TEST_CASE("block_pool: a full engine-style cycle keeps the shared head cached longest") {
   // Two sequences share block-key prefix {a}; the pool has room for 4 blocks.
-  block_pool pool(4, 0);
+  block_pool pool(4);
   auto s1 = pool.allocate(3);  // 0 1 2
   pool.check_invariants();
   pool.cache_block(s1[0], key_a);

@@ -331,6 +331,10 @@ TEST_CASE("node_config: every bad input names its line and key") {
        "has no 've'"},
       {"ve role without a model", "[node]\nname = \"v\"\nlisten = \"127.0.0.1:7100\"\nroles = [\"ve\"]\n",
        config_errc::missing_key, 1, "node.model_dir", "gateway, engine or ve role"},
+      {"engine.kv_dtype unknown",
+       "[node]\nname = \"e\"\nlisten = \"127.0.0.1:7100\"\nroles = [\"engine\"]\nmodel_dir = \"m\"\n"
+       "[engine]\nkv_dtype = \"int4\"\n", config_errc::bad_value, 7, "engine.kv_dtype",
+       "expected \"bf16\", \"fp8\" or \"fp32\", got \"int4\""},
       {"ve.cache_mib = 0", "[node]\nname = \"v\"\nlisten = \"127.0.0.1:7100\"\nroles = [\"ve\"]\nmodel_dir = \"m\"\n"
        "[ve]\ncache_mib = 0\n", config_errc::bad_value, 7, "ve.cache_mib", "must be ≥ 1, got 0"},
       {"ve.transport empty", "[node]\nname = \"v\"\nlisten = \"127.0.0.1:7100\"\nroles = [\"ve\"]\nmodel_dir = \"m\"\n"

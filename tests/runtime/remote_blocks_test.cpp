@@ -33,17 +33,17 @@ class memory_tier final : public runtime::remote_blocks {
   bool hold = false;
   size_t fetches = 0, lookups = 0;
 
-  std::shared_ptr<runtime::remote_fetch> start_fetch(std::vector<block_key> keys,
-                                                     std::vector<std::span<float>> dsts) override {
+  std::shared_ptr<runtime::remote_fetch> start_fetch(std::vector<block_key> keys, std::vector<std::span<std::byte>> dsts,
+                                                     const model::kv_format& f) override {
     std::lock_guard lock(mu_);
     ++lookups;
-    auto f = std::make_shared<runtime::remote_fetch>();
-    job j{std::move(keys), std::move(dsts), f};
+    auto fetch = std::make_shared<runtime::remote_fetch>();
+    job j{std::move(keys), std::move(dsts), f, fetch};
     if (hold && listed(j) > 0)
       held_.push_back(std::move(j));
     else
       serve(j);
-    return f;
+    return fetch;
   }
   // Serves the held reads now (their requests may have given up on them long ago).
   void release() {
@@ -52,10 +52,11 @@ class memory_tier final : public runtime::remote_blocks {
     held_.clear();
   }
   runtime::traffic_class last_class = runtime::traffic_class::agent;
-  bool store_async(const block_key& key, std::span<const float> src, runtime::traffic_class cls) override {
+  bool store_async(const block_key& key, std::span<const std::byte> src, const model::kv_format& f,
+                   runtime::traffic_class cls) override {
     std::lock_guard lock(mu_);
     last_class = cls;
-    blocks_[key].assign(src.begin(), src.end());
+    blocks_[key] = {f, std::vector<std::byte>(src.begin(), src.end())};
     return true;
   }
   size_t size() const {
@@ -66,7 +67,8 @@ class memory_tier final : public runtime::remote_blocks {
  private:
   struct job {
     std::vector<block_key> keys;
-    std::vector<std::span<float>> dsts;
+    std::vector<std::span<std::byte>> dsts;
+    model::kv_format format;
     std::shared_ptr<runtime::remote_fetch> fetch;
   };
   size_t listed(const job& j) const {
@@ -76,19 +78,24 @@ class memory_tier final : public runtime::remote_blocks {
   }
   void serve(job& j) {
     size_t n = listed(j), done = 0;
+    bool other_format = false;
     if (!j.fetch->cancelled())
       for (; done < n && !fail_fetches; ++done) {
         ++fetches;
-        const auto& b = blocks_.at(j.keys[done]);
-        if (b.size() != j.dsts[done].size()) break;
-        std::copy(b.begin(), b.end(), j.dsts[done].begin());
+        const auto& [format, bytes] = blocks_.at(j.keys[done]);
+        if (format != j.format) {
+          other_format = true;
+          break;
+        }
+        if (bytes.size() != j.dsts[done].size()) break;
+        std::copy(bytes.begin(), bytes.end(), j.dsts[done].begin());
       }
     if (fail_fetches) ++fetches;
-    j.fetch->complete(n, done, done < n ? "memory tier: fetch failed" : "");
+    j.fetch->complete(n, done, done < n ? "memory tier: fetch failed" : "", other_format);
   }
 
   mutable std::mutex mu_;
-  std::map<block_key, std::vector<float>, key_less> blocks_;
+  std::map<block_key, std::pair<model::kv_format, std::vector<std::byte>>, key_less> blocks_;
   std::vector<job> held_;
 };
 
@@ -148,6 +155,26 @@ TEST_CASE("remote tier: listed blocks that cannot be fetched are a miss and the 
   CHECK(reader.stats().cache.hit_tokens == 0);
   REQUIRE(got.size() == ref.size());
   for (size_t i = 0; i < got.size(); ++i) CHECK(got[i].logits == ref[i].logits);
+  CHECK(reader.stats().blocks_free == reader.stats().blocks_total);
+}
+
+TEST_CASE("remote tier: blocks stored in another KV format are a counted miss, never read as this engine's") {
+  auto w = test::tiny_model("v3-tiny");
+  auto tier = std::make_shared<memory_tier>();
+  auto fp32 = test::exact_engine_config(256), bf16 = test::exact_engine_config(256, model::kv_dtype::bf16);
+  fp32.cache.remote = tier;
+  bf16.cache.remote = tier;
+  runtime::engine writer(w, fp32), reader(w, bf16), cold(w, test::exact_engine_config(256, model::kv_dtype::bf16));
+  auto prompt = test::random_tokens(80, 33);
+  run_one(writer, prompt);
+  REQUIRE(tier->size() > 0);
+  auto got = run_one(reader, prompt);
+  auto ref = run_one(cold, prompt);
+  CHECK(reader.stats().cache.remote_format_misses == 1);
+  CHECK(reader.stats().cache.remote_fetch_failures == 0);
+  CHECK(reader.stats().cache.hit_tokens == 0);
+  REQUIRE(got.size() == ref.size());
+  for (size_t i = 0; i < got.size(); ++i) CHECK(got[i].logits == ref[i].logits);  // bf16 throughout
   CHECK(reader.stats().blocks_free == reader.stats().blocks_total);
 }
 

@@ -129,9 +129,10 @@ TEST_CASE("blocks running out preempt the newest running request, which resumes 
 }
 
 TEST_CASE("SWA pool: slot size as the mission states, MXFP8 and fp32 snapshots, LRU eviction") {
-  // 20 layers × 134 tokens × (512 e4m3 values + 16 UE8M0 scales) = 1,415,040 bytes per sequence.
+  // 20 layers × 134 tokens × (512 e4m3 values + 16 UE8M0 scales) = 1,415,040 bytes per sequence,
+  // after the header naming the storage and shape.
   swa_pool full(1, 1, 20, 512, 134, swa_storage::mxfp8);
-  CHECK(full.snapshot_bytes() == 1415040);
+  CHECK(full.snapshot_bytes() == swa_header_bytes + 1415040);
 
   auto w = test::tiny_model("tiny");
   const auto& c = w->config;
@@ -163,4 +164,39 @@ TEST_CASE("SWA pool: slot size as the mission states, MXFP8 and fp32 snapshots, 
     CHECK(pool.contains(k2));
     CHECK(pool.stats().evictions == 1);
   }
+}
+
+TEST_CASE("SWA pool: a slot of another storage or shape is refused and counted, never restored") {
+  auto w = test::tiny_model("tiny");
+  const auto& c = w->config;
+  test::dense_cache dc(c, 4, c.window() + c.block_size);
+  auto tokens = test::random_tokens(32, 7);
+  model::forward_item it{&dc.cache, tokens, 0, 0, true, false, {}};
+  model::forward(*w, std::span<model::forward_item>(&it, 1), {});
+  swa_pool fp32(4, 2, c.encoder_layers(), c.entry_dim(), c.window(), swa_storage::fp32);
+  swa_pool mx(4, 2, c.encoder_layers(), c.entry_dim(), c.window(), swa_storage::mxfp8);
+  swa_pool wider(4, 2, c.encoder_layers() + 1, c.entry_dim(), c.window(), swa_storage::mxfp8);
+  const block_key k{9, 9};
+  fp32.save(k, dc.cache, 32);
+  mx.save(k, dc.cache, 32);
+  auto bytes_of = [&](swa_pool& p) {
+    std::vector<uint8_t> out;
+    REQUIRE(p.store()->read(k, 32, [&](std::span<const uint8_t> b) { out.assign(b.begin(), b.end()); }));
+    return out;
+  };
+  const auto from_fp32 = bytes_of(fp32), from_mx = bytes_of(mx);
+  swa_pool reader(4, 2, c.encoder_layers(), c.entry_dim(), c.window(), swa_storage::mxfp8);
+  CHECK_FALSE(reader.put_encoded(k, 32, from_fp32));  // another storage
+  CHECK(reader.stats().shape_misses == 1);
+  CHECK_FALSE(wider.put_encoded(k, 32, from_mx));     // another shape (one stream more)
+  CHECK(wider.stats().shape_misses == 1);
+  auto truncated = from_mx;
+  truncated.pop_back();
+  CHECK_FALSE(reader.put_encoded(k, 32, truncated));
+  CHECK(reader.stats().shape_misses == 2);
+  CHECK_FALSE(reader.contains(k));
+  CHECK(reader.put_encoded(k, 32, from_mx));  // its own shape and storage
+  test::dense_cache restored(c, 4, c.window() + c.block_size);
+  CHECK(reader.restore(k, restored.cache, 32));
+  CHECK(reader.stats().shape_misses == 2);
 }

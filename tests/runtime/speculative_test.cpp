@@ -302,7 +302,8 @@ TEST_CASE("incremental MTP drafting equals the chain recomputed over the whole s
   std::vector<int32_t> tokens = test::random_tokens(9, 3);
   model::sequence_cache cache;
   cache.init(c, std::max<int64_t>(model::min_ring_tokens(c), 1));
-  std::vector<std::vector<float>> storage;
+  model::kv_pages pages(model::kv_format_of(c, model::kv_dtype::fp32), 64);
+  cache.pages = &pages;
   std::vector<float> hidden;  // main-model rows of positions 0 … computed − 1
   const model::forward_options fo{true, false, nullptr};
   model::mtp_state state;
@@ -314,8 +315,8 @@ TEST_CASE("incremental MTP drafting equals the chain recomputed over the whole s
     const int64_t n = static_cast<int64_t>(tokens.size()) - 1;  // the newest token stays out of the caches
     last_n = n;
     while (static_cast<int64_t>(cache.blocks.size()) * c.block_size < n) {
-      storage.emplace_back(model::block_floats(c));
-      cache.blocks.push_back(storage.back().data());
+      REQUIRE(static_cast<int32_t>(cache.blocks.size()) < pages.num_blocks());
+      cache.blocks.push_back(static_cast<int32_t>(cache.blocks.size()));
     }
     model::forward_item it{&cache, std::span<const int32_t>(tokens).subspan(static_cast<size_t>(cache.computed),
                                                                              static_cast<size_t>(n - cache.computed)),

@@ -47,11 +47,12 @@ inline std::shared_ptr<const model::tokenizer> byte_tokenizer() {
   return std::make_shared<const model::tokenizer>(std::move(*tok));
 }
 
-// An engine config for exact comparisons: `blocks` cache blocks, fp32 window snapshots,
-// batch-invariant kernels, logits captured per event.
-inline runtime::engine_config exact_engine_config(int64_t blocks) {
+// An engine config for exact comparisons: `blocks` cache blocks in KV format `kv` (the exact
+// fp32 unless asked), fp32 window snapshots, batch-invariant kernels, logits captured per event.
+inline runtime::engine_config exact_engine_config(int64_t blocks, model::kv_dtype kv = model::kv_dtype::fp32) {
   runtime::engine_config c;
   c.cache.num_blocks = blocks;
+  c.cache.kv_dtype = kv;
   c.cache.snapshot_storage = runtime::swa_storage::fp32;
   c.batch_invariant = true;
   c.capture_logits = true;
@@ -87,14 +88,15 @@ inline double rel_diff(const std::vector<float>& a, const std::vector<float>& b)
   return num / den;
 }
 
-// A sequence cache over private block storage of `n_blocks` blocks.
+// A sequence cache over private paged memory of `n_blocks` blocks in format `kv`.
 struct dense_cache {
-  std::vector<float> storage;
+  std::unique_ptr<model::kv_pages> pages;
   model::sequence_cache cache;
-  dense_cache(const model::model_config& c, int64_t n_blocks, int64_t ring) {
-    storage.assign(static_cast<size_t>(n_blocks) * model::block_floats(c), 0.0f);
+  dense_cache(const model::model_config& c, int64_t n_blocks, int64_t ring, model::kv_dtype kv = model::kv_dtype::fp32)
+      : pages(std::make_unique<model::kv_pages>(model::kv_format_of(c, kv), static_cast<int32_t>(n_blocks))) {
     cache.init(c, ring);
-    for (int64_t b = 0; b < n_blocks; ++b) cache.blocks.push_back(storage.data() + b * model::block_floats(c));
+    cache.pages = pages.get();
+    for (int64_t b = 0; b < n_blocks; ++b) cache.blocks.push_back(static_cast<int32_t>(b));
   }
 };
 

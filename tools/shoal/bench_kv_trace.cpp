@@ -51,7 +51,8 @@ using namespace std::chrono_literals;
 struct kv_trace_args {
   std::string trace = conversation_trace_path();
   int requests = 2000;
-  std::vector<int> capacities = {1000, 10000};
+  std::vector<int> capacities = {1000, 10000};  // in fp32 blocks' bytes: every format gets these bytes
+  std::vector<std::string> kv_dtypes = {"fp32", "bf16"};
   int engines = 2;
   int tokens_per_block = 4;
   std::string dir = std::filesystem::exists("/dev/shm") ? "/dev/shm" : "/tmp";
@@ -74,6 +75,9 @@ std::vector<int32_t> prompt_of(const sim::trace_request& r, int64_t block_size) 
 
 struct point {
   int capacity = 0;
+  std::string kv;
+  uint64_t chunk_bytes = 0;
+  uint64_t held_blocks = 0;  // blocks the storage cluster holds at the end (chunks of its fullest node)
   int64_t requests = 0, blocks = 0, hit_blocks = 0, local_hit_blocks = 0, remote_hit_blocks = 0;
   uint64_t fetch_failures = 0, written = 0, write_failed = 0, dropped = 0;
   uint64_t evicted_chunks = 0, gc_runs = 0;
@@ -81,7 +85,7 @@ struct point {
 };
 
 // One capacity: fresh engines over the (empty) storage cluster of `child`.
-point replay(caf::actor_system& sys, const storage_child& child, int capacity,
+point replay(caf::actor_system& sys, const storage_child& child, int capacity, model::kv_dtype kv,
              const std::shared_ptr<model::model_weights>& w, const std::vector<sim::trace_request>& reqs,
              const kv_trace_args& a) {
   actors::membership m = storage_members(sys, child);
@@ -98,6 +102,7 @@ point replay(caf::actor_system& sys, const storage_child& child, int capacity,
     stores.push_back(std::make_shared<actors::kv_block_store>(std::move(*client), 4096));
     runtime::engine_config ec;
     ec.cache.num_blocks = max_blocks + 4;  // one request's blocks and a few: hits come from storage
+    ec.cache.kv_dtype = kv;
     ec.cache.remote = stores.back();
     engines.push_back(std::make_unique<runtime::engine>(w, ec));
   }
@@ -105,6 +110,7 @@ point replay(caf::actor_system& sys, const storage_child& child, int capacity,
   sp.max_tokens = 1;
   point p;
   p.capacity = capacity;
+  p.kv = std::string(model::to_string(kv));
   double t0 = now_s();
   for (size_t i = 0; i < reqs.size(); ++i) {
     auto& eng = *engines[i % engines.size()];
@@ -136,6 +142,7 @@ point replay(caf::actor_system& sys, const storage_child& child, int capacity,
   for (const auto& n : nodes)
     self->request(n.actor, 10s, stats_atom_v)
       .receive([&](const actors::storage_stats_snapshot& s) {
+                 p.held_blocks = std::max(p.held_blocks, s.chunks);
                  p.evicted_chunks += s.evicted_chunks;
                  p.gc_runs += s.gc_runs;
                },
@@ -167,13 +174,19 @@ int run_kv_trace(const kv_trace_args& a) {
       ++truncated;
     }
 
-  // A chunk's stored size for this model's blocks (all blocks are the same size).
+  // A chunk's stored size for this model's blocks in a format (its header included): the
+  // capacities are in fp32 chunks, so every format gets the same bytes.
   auto codec = storage::ec_codec::create(10, 2);
   if (!codec) throw std::runtime_error(codec.error().message);
-  std::vector<uint8_t> probe(model::block_floats(w->config) * sizeof(float));
-  auto chunks = codec->encode(probe);
-  if (!chunks) throw std::runtime_error(chunks.error().message);
-  const uint64_t chunk_bytes = (*chunks)[0].size();
+  auto chunk_bytes_of = [&](model::kv_dtype kv) {
+    std::vector<uint8_t> probe(model::kv_block_header_bytes + model::kv_format_of(w->config, kv).block_bytes());
+    auto chunks = codec->encode(probe);
+    if (!chunks) throw std::runtime_error(chunks.error().message);
+    return static_cast<uint64_t>((*chunks)[0].size());
+  };
+  const uint64_t chunk_bytes = chunk_bytes_of(model::kv_dtype::fp32);
+  std::vector<model::kv_dtype> kvs;
+  for (const auto& k : a.kv_dtypes) kvs.push_back(*model::parse_kv_dtype(k));
 
   // Every child before this process has an actor system (fork with threads is not safe).
   std::vector<storage_child> children;
@@ -183,7 +196,8 @@ int run_kv_trace(const kv_trace_args& a) {
       for (auto& c : cs) stop_storage_child(c);
     }
   } g{children};
-  for (int cap : a.capacities) {
+  for (size_t run = 0; run < kvs.size() * a.capacities.size(); ++run) {
+    const int cap = a.capacities[run % a.capacities.size()];
     storage_child_options o;
     o.parent_dir = a.dir;
     o.capacity_bytes = static_cast<uint64_t>(static_cast<double>(cap) * static_cast<double>(chunk_bytes) / high_watermark) + 1;
@@ -200,23 +214,29 @@ int run_kv_trace(const kv_trace_args& a) {
              "{} tokens per trace block, chunk {} B, storage in {}\n",
              a.trace, reqs.size(), whole->size(), truncated, max_blocks, a.engines, bs, chunk_bytes, a.dir);
   std::vector<point> points;
-  for (size_t i = 0; i < a.capacities.size(); ++i) {
-    point p = replay(sys, children[i], a.capacities[i], w, reqs, a);
-    p.lru_same = sim::replay_trace(reqs, a.capacities[i], sim::cache_policy::lru).hit_ratio();
-    p.lru_whole = sim::replay_trace(*whole, a.capacities[i], sim::cache_policy::lru).hit_ratio();
+  for (size_t i = 0; i < children.size(); ++i) {
+    const int cap = a.capacities[i % a.capacities.size()];
+    const model::kv_dtype kv = kvs[i / a.capacities.size()];
+    point p = replay(sys, children[i], cap, kv, w, reqs, a);
+    p.chunk_bytes = chunk_bytes_of(kv);
+    p.lru_same = sim::replay_trace(reqs, cap, sim::cache_policy::lru).hit_ratio();
+    p.lru_whole = sim::replay_trace(*whole, cap, sim::cache_policy::lru).hit_ratio();
     points.push_back(p);
     stop_storage_child(children[i]);
   }
   auto ideal = sim::replay_trace(reqs, std::numeric_limits<int32_t>::max(), sim::cache_policy::lru).hit_ratio();
 
-  fmt::print("\n{:>9} {:>8} {:>9} {:>10} {:>10} {:>11} {:>11} {:>10} {:>9} {:>8}\n", "capacity", "blocks", "hit ratio",
-             "from local", "from store", "LRU same rq", "LRU whole", "evicted ch", "fetch err", "s");
+  fmt::print("\n{:>9} {:>5} {:>7} {:>7} {:>8} {:>9} {:>10} {:>10} {:>11} {:>11} {:>10} {:>9} {:>8}\n", "capacity", "kv",
+             "chunk B", "held", "blocks", "hit ratio", "from local", "from store", "LRU same rq", "LRU whole",
+             "evicted ch", "fetch err", "s");
   for (const auto& p : points) {
     auto ratio = [&](int64_t x) { return static_cast<double>(x) / static_cast<double>(std::max<int64_t>(1, p.blocks)); };
-    fmt::print("{:>9} {:>8} {:>9.4f} {:>10.4f} {:>10.4f} {:>11.4f} {:>11.4f} {:>10} {:>9} {:>8.1f}\n", p.capacity,
-               p.blocks, ratio(p.hit_blocks), ratio(p.local_hit_blocks), ratio(p.remote_hit_blocks), p.lru_same,
-               p.lru_whole, p.evicted_chunks, p.fetch_failures, p.seconds);
+    fmt::print("{:>9} {:>5} {:>7} {:>7} {:>8} {:>9.4f} {:>10.4f} {:>10.4f} {:>11.4f} {:>11.4f} {:>10} {:>9} {:>8.1f}\n",
+               p.capacity, p.kv, p.chunk_bytes, p.held_blocks, p.blocks, ratio(p.hit_blocks), ratio(p.local_hit_blocks),
+               ratio(p.remote_hit_blocks), p.lru_same, p.lru_whole, p.evicted_chunks, p.fetch_failures, p.seconds);
   }
+  fmt::print("capacity: bytes of that many fp32 chunks per node, the same for every format; held: blocks the "
+             "storage cluster holds at the end (one chunk of each per node).\n");
   fmt::print("infinite cache, same requests: {:.4f}. LRU same rq: one global LRU of the capacity over the same "
              "requests; LRU whole: the traces README's figure (whole trace).\n",
              ideal);
@@ -235,6 +255,10 @@ int run_kv_trace(const kv_trace_args& a) {
     r["preset"] = "v3-tiny";
     r["tokens_per_block"] = bs;
     r["capacity_blocks"] = p.capacity;
+    r["capacity_bytes_per_node"] = static_cast<uint64_t>(p.capacity) * chunk_bytes;
+    r["kv_dtype"] = p.kv;
+    r["chunk_bytes"] = p.chunk_bytes;
+    r["held_blocks"] = p.held_blocks;
     r["blocks"] = p.blocks;
     r["hit_blocks"] = p.hit_blocks;
     r["hit_ratio"] = static_cast<double>(p.hit_blocks) / static_cast<double>(std::max<int64_t>(1, p.blocks));
@@ -264,7 +288,11 @@ void add_kv_trace_bench(CLI::App& bench) {
   b->add_option("--trace", a->trace, "Mooncake trace (JSON Lines)")->capture_default_str();
   b->add_option("--requests", a->requests, "the first N requests of the trace")->capture_default_str()->check(
     CLI::PositiveNumber);
-  b->add_option("--capacities", a->capacities, "storage capacities in blocks (one storage cluster each)")
+  b->add_option("--kv-dtypes", a->kv_dtypes, "KV formats of the engines, each run at every capacity")
+    ->capture_default_str()
+    ->check(CLI::IsMember({"fp32", "bf16", "fp8"}));
+  b->add_option("--capacities", a->capacities,
+                "storage capacities in fp32 blocks' bytes (one storage cluster each, per format)")
     ->capture_default_str()
     ->check(CLI::Range(16, 1 << 24));
   b->add_option("--engines", a->engines, "engines the requests alternate between")->capture_default_str()->check(

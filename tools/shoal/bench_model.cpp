@@ -38,17 +38,28 @@ std::vector<int32_t> random_prompt(size_t n, uint32_t seed, int32_t vocab) {
   return t;
 }
 
+// A sequence over private paged memory of `blocks` blocks in format `kv`.
+struct bench_sequence {
+  std::unique_ptr<model::kv_pages> pages;
+  model::sequence_cache cache;
+  bench_sequence(const model::model_config& c, int64_t blocks, model::kv_dtype kv)
+      : pages(std::make_unique<model::kv_pages>(model::kv_format_of(c, kv), static_cast<int32_t>(blocks))) {
+    cache.init(c, std::max<int64_t>(model::min_ring_tokens(c), c.window()));
+    cache.pages = pages.get();
+    for (int64_t b = 0; b < blocks; ++b) cache.blocks.push_back(static_cast<int32_t>(b));
+  }
+};
+
 // Seconds to compute a chunk of n tokens after p computed ones (median of reps).
-double time_chunk(const model::model_weights& w, int64_t n, int64_t p, int reps, const model::forward_options& o) {
+double time_chunk(const model::model_weights& w, int64_t n, int64_t p, int reps, const model::forward_options& o,
+                  model::kv_dtype kv) {
   const auto& c = w.config;
   auto tokens = random_prompt(static_cast<size_t>(n + p), 7, static_cast<int32_t>(std::min<int64_t>(c.vocab_size, 5000)));
   int64_t blocks = (n + p) / c.block_size + 1;
-  std::vector<float> storage(static_cast<size_t>(blocks) * model::block_floats(c));
   std::vector<double> t;
   for (int r = 0; r < reps; ++r) {
-    model::sequence_cache cache;
-    cache.init(c, std::max<int64_t>(model::min_ring_tokens(c), c.window()));
-    for (int64_t b = 0; b < blocks; ++b) cache.blocks.push_back(storage.data() + b * model::block_floats(c));
+    bench_sequence seq(c, blocks, kv);
+    model::sequence_cache& cache = seq.cache;
     int64_t dec_from = std::max<int64_t>(0, n + p - c.replay_tokens);
     for (int64_t pos = 0; pos < p; pos += 2048) {
       model::forward_item it{&cache, std::span<const int32_t>(tokens).subspan(pos, std::min<int64_t>(2048, p - pos)),
@@ -65,19 +76,16 @@ double time_chunk(const model::model_weights& w, int64_t n, int64_t p, int reps,
 
 // Seconds of one decode step of `batch` sequences, each `p` tokens deep (median of reps): the
 // sequences are prefilled once, then each rep decodes one token at position p of every one.
-double time_decode(const model::model_weights& w, int64_t batch, int64_t p, int reps, const model::forward_options& o) {
+double time_decode(const model::model_weights& w, int64_t batch, int64_t p, int reps, const model::forward_options& o,
+                   model::kv_dtype kv) {
   const auto& c = w.config;
   const int64_t blocks = (p + 1) / c.block_size + 1;
-  std::vector<std::vector<float>> storage(static_cast<size_t>(batch));
-  std::vector<model::sequence_cache> caches(static_cast<size_t>(batch));
+  std::vector<bench_sequence> seqs;
   std::vector<std::vector<int32_t>> tokens;
   for (int64_t b = 0; b < batch; ++b) {
     tokens.push_back(random_prompt(static_cast<size_t>(p + 1), static_cast<uint32_t>(11 + b),
                                    static_cast<int32_t>(std::min<int64_t>(c.vocab_size, 5000))));
-    storage[b].resize(static_cast<size_t>(blocks) * model::block_floats(c));
-    auto& cache = caches[b];
-    cache.init(c, std::max<int64_t>(model::min_ring_tokens(c), c.window()));
-    for (int64_t k = 0; k < blocks; ++k) cache.blocks.push_back(storage[b].data() + k * model::block_floats(c));
+    auto& cache = seqs.emplace_back(c, blocks, kv).cache;
     for (int64_t pos = 0; pos < p; pos += 2048) {
       model::forward_item it{&cache, std::span<const int32_t>(tokens[b]).subspan(pos, std::min<int64_t>(2048, p - pos)),
                              0, 0, false, false, {}};
@@ -88,8 +96,8 @@ double time_decode(const model::model_weights& w, int64_t batch, int64_t p, int 
   for (int r = 0; r < reps; ++r) {
     std::vector<model::forward_item> items;
     for (int64_t b = 0; b < batch; ++b) {
-      caches[b].computed = p;  // decode the same position again
-      items.push_back({&caches[b], std::span<const int32_t>(tokens[b]).subspan(p, 1), 0, 0, true, false, {}});
+      seqs[b].cache.computed = p;  // decode the same position again
+      items.push_back({&seqs[b].cache, std::span<const int32_t>(tokens[b]).subspan(p, 1), 0, 0, true, false, {}});
     }
     double t0 = now_s();
     model::forward(w, items, o);
@@ -109,7 +117,7 @@ std::shared_ptr<model::model_weights> fit_weights(const std::string& preset, con
 }
 
 int run_fit_cost(const std::string& preset, const std::string& model_dir, const std::string& dir, int reps, bool decode,
-                 int threads, bool blas) {
+                 int threads, bool blas, model::kv_dtype kv) {
   if (threads > 0) kernels::set_num_threads(threads);  // the fit's machine id says how many
   // shoald always runs the batch-invariant kernels (tools/shoald/engine_options.hpp): fit
   // those unless asked for the BLAS ones of the offline engine, a different cost model.
@@ -122,7 +130,7 @@ int run_fit_cost(const std::string& preset, const std::string& model_dir, const 
     if (preset != "small") ps = {16, 64, 256};
     for (int64_t p : ps)
       for (int64_t b : bs) {
-        double t = time_decode(*w, b, p, reps, fo);
+        double t = time_decode(*w, b, p, reps, fo, kv);
         samples.push_back({b, p, t});
         fmt::print("decode batch={:3d} context={:5d}: {:.4f} s\n", b, p, t);
       }
@@ -131,7 +139,7 @@ int run_fit_cost(const std::string& preset, const std::string& model_dir, const 
     if (preset != "small") ns = {4, 16, 64, 256}, ps = {0, 64, 256};
     for (int64_t p : ps)
       for (int64_t n : ns) {
-        double t = time_chunk(*w, n, p, reps, fo);
+        double t = time_chunk(*w, n, p, reps, fo, kv);
         samples.push_back({n, p, t});
         fmt::print("n={:5d} p={:5d}: {:.4f} s\n", n, p, t);
       }
@@ -224,6 +232,8 @@ void add_model_benches(CLI::App& bench) {
   auto decode = std::make_shared<bool>(false);
   auto threads = std::make_shared<int>(0);
   auto blas = std::make_shared<bool>(false);
+  auto kv = std::make_shared<model::kv_dtype>(model::kv_dtype::bf16);
+  add_kv_dtype_option(*fit, *kv, "the KV cache's stored form (default bf16, shoald's)");
   fit->add_option("--preset", *preset,
                   "tiny | small | v3-tiny: the shape (random fp32 weights), the sample sizes and the name of the fit; "
                   "with --model, the sample sizes and the name only");
@@ -243,7 +253,7 @@ void add_model_benches(CLI::App& bench) {
                 "instead of the batch-invariant ones every shoald engine runs");
   fit->callback([=] {
     try {
-      set_exit_code(run_fit_cost(*preset, *model_dir, *dir, *reps, *decode, *threads, *blas));
+      set_exit_code(run_fit_cost(*preset, *model_dir, *dir, *reps, *decode, *threads, *blas, *kv));
     } catch (const std::exception& e) {
       fmt::print(stderr, "shoal bench fit-cost: {}\n", e.what());
       set_exit_code(1);

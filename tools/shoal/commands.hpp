@@ -5,8 +5,15 @@
 #include <filesystem>
 #include <string>
 
+#include <cstdint>
+
 namespace CLI {
 class App;
+class Option;
+}  // namespace CLI
+
+namespace shoal::model {
+enum class kv_dtype : uint8_t;
 }
 
 namespace shoal::tools {
@@ -40,6 +47,9 @@ int cluster_down(const std::filesystem::path& state_dir, int timeout_s);
 std::string recorded_cluster(const std::filesystem::path& state_dir);
 // The whole file as bytes; empty when it cannot be read.
 std::string read_text(const std::filesystem::path& p);
+// `--kv-dtype fp32 | bf16 | fp8`: the paged KV cache's stored form, into `out` (which must
+// outlive the parse); anything else is refused by the parser, naming the choices.
+CLI::Option* add_kv_dtype_option(CLI::App& app, model::kv_dtype& out, const std::string& help);
 int exit_code();
 void set_exit_code(int code);
 

@@ -19,6 +19,14 @@
 #endif
 
 namespace shoal::tools {
+
+CLI::Option* add_kv_dtype_option(CLI::App& app, model::kv_dtype& out, const std::string& help) {
+  return app
+      .add_option_function<std::string>(
+          "--kv-dtype", [&out](const std::string& s) { out = *model::parse_kv_dtype(s); }, help)
+      ->check(CLI::IsMember({"fp32", "bf16", "fp8"}));
+}
+
 namespace {
 
 int code = 0;
@@ -111,6 +119,8 @@ void add_model_commands(CLI::App& app) {
   lg->add_flag("--naive", *naive, "naive (expanded) attention instead of absorbed");
   lg->add_option("--image", *images, "RGB_FILE:W:H:POS: raw RGB bytes of a W x H image whose encoder rows replace "
                                      "the image tokens at positions POS.. (repeatable)");
+  auto kv = std::make_shared<model::kv_dtype>(model::kv_dtype::fp32);
+  add_kv_dtype_option(*lg, *kv, "the KV cache's stored form (default fp32, the exact reference)");
   lg->add_option("--vision-out", *vision_out, "the encoder rows of every --image, in order (float32)");
   lg->callback([=] {
     auto w = model::load_weights(*model_dir, model::print_load_progress);
@@ -153,7 +163,7 @@ void add_model_commands(CLI::App& app) {
     for (size_t i = 0; i < inputs.size(); ++i) inputs[i].values = rows[i].data();
     model::forward_options fo;
     fo.naive_attention = *naive;
-    auto res = model::forward_full(*w, ids, fo, inputs);
+    auto res = model::forward_full(*w, ids, fo, inputs, *kv);
     bool ok = write_floats(*out, res.logits);
     if (!vision_out->empty()) {
       std::vector<float> all;
