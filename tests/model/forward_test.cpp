@@ -15,10 +15,11 @@ namespace {
 
 // Runs `tokens` through a fresh cache in chunks of the given sizes; returns last logits.
 std::vector<float> run_chunked(const model::model_weights& w, const std::vector<int32_t>& tokens,
-                               const std::vector<int64_t>& chunks, bool invariant) {
+                               const std::vector<int64_t>& chunks, bool invariant,
+                               model::kv_dtype kv = model::kv_dtype::fp32) {
   const auto& c = w.config;
   int64_t n = static_cast<int64_t>(tokens.size());
-  dense_cache dc(c, (n + c.block_size - 1) / c.block_size, model::min_ring_tokens(c) + 1);
+  dense_cache dc(c, (n + c.block_size - 1) / c.block_size, model::min_ring_tokens(c) + 1, kv);
   int64_t dec_from = std::max<int64_t>(0, n - model::exact_decoder_tail(c));
   std::vector<float> logits;
   int64_t pos = 0;
@@ -47,36 +48,40 @@ TEST_CASE("absorbed MLA equals naive MLA (both architectures), rel < 1e-5") {
   }
 }
 
-TEST_CASE("chunked prefill with any split equals unchunked (bit-exact in batch-invariant mode)") {
-  for (const char* preset : {"tiny", "v3-tiny"}) {
-    auto w = test::tiny_model(preset);
-    auto tokens = test::random_tokens(61, 4);
-    auto whole = run_chunked(*w, tokens, {61}, true);
-    for (auto split : std::vector<std::vector<int64_t>>{{1, 60}, {16, 16, 16, 13}, {7, 3, 29, 22}, {60, 1},
-                                                         std::vector<int64_t>(61, 1)}) {
-      CAPTURE(preset);
-      CHECK(run_chunked(*w, tokens, split, true) == whole);
-      CHECK(test::rel_diff(run_chunked(*w, tokens, split, false), whole) < 1e-4);
+TEST_CASE("chunked prefill with any split equals unchunked (bit-exact in batch-invariant mode, in every KV format)") {
+  for (auto kv : {model::kv_dtype::fp32, model::kv_dtype::bf16, model::kv_dtype::fp8})
+    for (const char* preset : {"tiny", "v3-tiny"}) {
+      auto w = test::tiny_model(preset);
+      auto tokens = test::random_tokens(61, 4);
+      auto whole = run_chunked(*w, tokens, {61}, true, kv);
+      for (auto split : std::vector<std::vector<int64_t>>{{1, 60}, {16, 16, 16, 13}, {7, 3, 29, 22}, {60, 1},
+                                                           std::vector<int64_t>(61, 1)}) {
+        CAPTURE(preset);
+        CAPTURE(model::to_string(kv));
+        CHECK(run_chunked(*w, tokens, split, true, kv) == whole);
+        CHECK(test::rel_diff(run_chunked(*w, tokens, split, false, kv), whole) < 1e-4);
+      }
     }
-  }
 }
 
-TEST_CASE("incremental decode with caches equals full recompute (bit-exact in batch-invariant mode)") {
+TEST_CASE("incremental decode with caches equals full recompute (bit-exact in batch-invariant mode, in every KV format)") {
+  for (auto kv : {model::kv_dtype::fp32, model::kv_dtype::bf16, model::kv_dtype::fp8})
   for (bool invariant : {true, false})
     for (const char* preset : {"tiny", "v3-tiny"}) {
       auto w = test::tiny_model(preset);
       const auto& c = w->config;
       auto tokens = test::random_tokens(70, 5);
       int64_t prompt = 30;
-      dense_cache dc(c, 70 / c.block_size + 1, model::min_ring_tokens(c) + 1);
+      dense_cache dc(c, 70 / c.block_size + 1, model::min_ring_tokens(c) + 1, kv);
       int64_t dec_from = std::max<int64_t>(0, prompt - model::exact_decoder_tail(c));
       model::forward_item item{&dc.cache, std::span<const int32_t>(tokens).subspan(0, prompt), dec_from, 0, true, false, {}};
       model::forward(*w, std::span<model::forward_item>(&item, 1), {invariant, false});
       for (int64_t t = prompt; t < 70; ++t) {
         model::forward_item step{&dc.cache, std::span<const int32_t>(tokens).subspan(t, 1), dec_from, 0, true, false, {}};
         auto out = model::forward(*w, std::span<model::forward_item>(&step, 1), {invariant, false});
-        auto full = model::forward_full(*w, std::span<const int32_t>(tokens).subspan(0, t + 1), {invariant, false});
+        auto full = model::forward_full(*w, std::span<const int32_t>(tokens).subspan(0, t + 1), {invariant, false}, {}, kv);
         CAPTURE(preset);
+        CAPTURE(model::to_string(kv));
         CAPTURE(t);
         CAPTURE(invariant);
         if (invariant) REQUIRE(out.logits == full.logits);

@@ -18,7 +18,9 @@ using runtime::sampling_params;
 
 namespace {
 
-engine_config base_config(int64_t blocks = 256) { return test::exact_engine_config(blocks); }
+engine_config base_config(int64_t blocks = 256, model::kv_dtype kv = model::kv_dtype::fp32) {
+  return test::exact_engine_config(blocks, kv);
+}
 
 sampling_params greedy(int32_t n) {
   sampling_params p;
@@ -33,13 +35,15 @@ std::vector<runtime::token_event> run_one(engine& e, const std::vector<int32_t>&
 
 }  // namespace
 
-TEST_CASE("prefix-cache hit gives the same next-token logits as no hit (bit-exact, both architectures)") {
+TEST_CASE("prefix-cache hit gives the same next-token logits as no hit (bit-exact, both architectures, every KV format)") {
+  for (auto kv : {model::kv_dtype::fp32, model::kv_dtype::bf16, model::kv_dtype::fp8})
   for (const char* preset : {"v3-tiny", "tiny"}) {
     for (bool exact : {true, false}) {
       CAPTURE(preset);
       CAPTURE(exact);
+      CAPTURE(model::to_string(kv));
       auto w = test::tiny_model(preset);
-      auto cfg = base_config();
+      auto cfg = base_config(256, kv);
       cfg.cache.exact_swa = exact;
       cfg.sched.max_chunk = 16;  // chunk boundaries leave window snapshots behind
       engine warm(w, cfg), cold(w, cfg);
@@ -61,7 +65,8 @@ TEST_CASE("prefix-cache hit gives the same next-token logits as no hit (bit-exac
   }
 }
 
-TEST_CASE("batch invariance: 16 seeded sequences sample the same tokens alone and in any batch") {
+TEST_CASE("batch invariance: 16 seeded sequences sample the same tokens alone and in any batch (every KV format)") {
+  for (auto kv : {model::kv_dtype::fp32, model::kv_dtype::bf16, model::kv_dtype::fp8})
   for (const char* preset : {"tiny", "v3-tiny"}) {
     auto w = test::tiny_model(preset);
     std::vector<std::vector<int32_t>> prompts;
@@ -77,7 +82,7 @@ TEST_CASE("batch invariance: 16 seeded sequences sample the same tokens alone an
     };
     std::vector<std::vector<int32_t>> alone;
     for (size_t i = 0; i < 16; ++i) {
-      auto cfg = base_config();
+      auto cfg = base_config(256, kv);
       cfg.cache.prefix_caching = false;
       engine e(w, cfg);
       std::vector<int32_t> out;
@@ -88,7 +93,7 @@ TEST_CASE("batch invariance: 16 seeded sequences sample the same tokens alone an
       std::vector<size_t> order(16);
       for (size_t i = 0; i < 16; ++i) order[i] = i;
       std::shuffle(order.begin(), order.end(), std::mt19937(order_seed));
-      auto cfg = base_config();
+      auto cfg = base_config(256, kv);
       cfg.cache.prefix_caching = false;
       cfg.sched.max_running = batch;
       engine e(w, cfg);
