@@ -50,8 +50,9 @@ struct disagg_cluster : test::cli_cluster {
   // `chunked`: the prefill engines get a cost model (1 ms per token) and a 20 ms step budget,
   // so prompts are computed in chunks of about 19 tokens before the handoff.
   // `gateway_keys`: lines added to the gateway's [gateway] section (balancer policies).
+  // `engine_keys`: lines added to a node's [engine] section, by node name.
   disagg_cluster(const std::string& preset, uint64_t seed, bool exact, bool chunked = false,
-                 const std::string& gateway_keys = "") {
+                 const std::string& gateway_keys = "", const std::map<std::string, std::string>& engine_keys = {}) {
     model = test::generated_model(model_dir, preset, seed);
     if (exact) {
       json c = json::parse(read_text(model_dir / "config.json"));
@@ -86,6 +87,8 @@ struct disagg_cluster : test::cli_cluster {
         text = std::regex_replace(text, std::regex("\n(prefill_policy|decode_policy) = [^\n]*"), "");
         text = std::regex_replace(text, std::regex("\n\\[gateway\\]\n"), "\n[gateway]\n" + gateway_keys);
       }
+      if (auto k = engine_keys.find(node_files[i]); k != engine_keys.end())
+        text = std::regex_replace(text, std::regex("\n\\[engine\\]\n"), "\n[engine]\n" + k->second);
       write_text(config_dir / (node_files[i] + ".toml"), text);
     }
   }
@@ -98,8 +101,10 @@ struct disagg_cluster : test::cli_cluster {
   // The colocated engine (role both, the daemon's config): greedy texts and cached tokens of
   // `prompts` run one after the other (the prefix cache carries over, as on one engine).
   std::vector<std::pair<std::string, int64_t>> colocated(const std::vector<std::vector<int32_t>>& prompts,
-                                                         int32_t max_tokens) const {
-    runtime::engine local(model->weights, tools::shoald::engine_config_for(model->weights->config));
+                                                         int32_t max_tokens,
+                                                         model::kv_dtype kv = model::kv_dtype::bf16) const {
+    runtime::engine local(model->weights,
+                          tools::shoald::engine_config_for(model->weights->config, tools::shoald::default_cache_mib, kv));
     runtime::sampling_params p;
     p.max_tokens = max_tokens;
     p.ignore_eos = true;
@@ -313,6 +318,48 @@ TEST_CASE("disaggregated cluster: kill -9 of a decode node under 50 streams, eve
   MESSAGE(report);
   CHECK(disagg_cluster::placed(report, "decode-b/0") == -1);
   CHECK(disagg_cluster::placed(report, "decode-a/0") > streams / 2);
+}
+
+TEST_CASE("disaggregated cluster: engines of two KV formats, a handoff of another format is refused and counted, every request ends with its prefill engine's text") {
+  // prefill-a and decode-b hold bf16 caches, prefill-b and decode-a fp32; round-robin
+  // placement offers some bf16 handoffs to decode-a first.
+  disagg_cluster c("tiny", 37, false, false, "prefill_policy = \"round_robin\"\ndecode_policy = \"round_robin\"\n",
+                   {{"prefill-b", "kv_dtype = \"fp32\"\n"}, {"decode-a", "kv_dtype = \"fp32\"\n"}});
+  c.start();
+  std::vector<std::string> prompts;
+  for (int i = 0; i < 8; ++i) prompts.push_back("a request in two formats, number " + std::to_string(i));
+  std::vector<std::string> ids, texts;
+  for (const auto& p : prompts) {
+    auto r = c.post("/v1/completions", completion_body(p, 10, false));
+    REQUIRE(r);
+    REQUIRE_MESSAGE(r->status == 200, r->body);
+    json j = json::parse(r->body);
+    ids.push_back(j["id"].get<std::string>().substr(5));  // "cmpl-" + the request id
+    texts.push_back(j["choices"][0]["text"].get<std::string>());
+  }
+  auto stats_of = [&](const char* node) {
+    std::string out;
+    REQUIRE(c.shoal({"shell", "--connect=127.0.0.1:" + std::to_string(c.ports["gateway"]), "-c",
+                     std::string("stats ") + node + "/rank0"}, out) == 0);
+    return out;
+  };
+  const std::string pa = stats_of("prefill-a"), pb = stats_of("prefill-b");
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    CAPTURE(i);
+    const bool on_a = pa.find(ids[i] + ":") != std::string::npos, on_b = pb.find(ids[i] + ":") != std::string::npos;
+    REQUIRE_MESSAGE(on_a != on_b, "request " << ids[i] << " not listed by exactly one prefill engine");
+    const auto kv = on_a ? model::kv_dtype::bf16 : model::kv_dtype::fp32;
+    const std::string want =
+      c.colocated({runtime::encode_prompt(*c.model->tokenizer, prompts[i])}, 10, kv)[0].first;
+    CHECK(texts[i] == want);
+  }
+  // Every handoff ended on a decode engine of its own format: refusals are counted, none failed.
+  const int64_t refused = c.stat("decode-a", "handoffs_refused_format") + c.stat("decode-b", "handoffs_refused_format");
+  CHECK(refused >= 1);
+  CHECK(c.stat("decode-a", "handoff_failures") + c.stat("decode-b", "handoff_failures") == 0);
+  CHECK(c.stat("decode-a", "handoffs_taken") + c.stat("decode-b", "handoffs_taken") +
+          c.stat("prefill-a", "handoffs_kept") + c.stat("prefill-b", "handoffs_kept") ==
+        static_cast<int64_t>(prompts.size()));
 }
 
 TEST_CASE("disaggregated cluster: requests land where the balancers' policies say (shell balancers)") {

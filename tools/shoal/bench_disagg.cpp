@@ -51,6 +51,7 @@ struct disagg_args {
   std::string swa_provider = "tcp;ofi_rxm";  // the SWA slot fetch (another machine's store)
   std::string swa_preset = "small";
   std::string out = "bench/results/disagg.jsonl";
+  std::vector<std::string> kv_dtypes = {"bf16", "fp32"};  // the first is the TTFT/TPOT run's
 };
 
 struct job {
@@ -351,9 +352,19 @@ int run_disagg_bench(const disagg_args& a) {
   const double time_scale = span > 0 ? wanted_span / span : 1.0;
   for (auto& j : jobs) j.arrival *= time_scale;
 
+  c.cache.kv_dtype = *model::parse_kv_dtype(a.kv_dtypes.front());
   auto colo = run_colocated(w, c, jobs, 2);
   handoff_figures hf;
   auto dis = run_disagg(w, c, jobs, a.provider, hf);
+  // The same handoffs in the other formats: bytes moved per handed-off request and per block.
+  std::vector<std::pair<std::string, handoff_figures>> per_format = {{a.kv_dtypes.front(), hf}};
+  for (size_t i = 1; i < a.kv_dtypes.size(); ++i) {
+    runtime::engine_config ci = c;
+    ci.cache.kv_dtype = *model::parse_kv_dtype(a.kv_dtypes[i]);
+    handoff_figures h;
+    run_disagg(w, ci, jobs, a.provider, h);
+    per_format.emplace_back(a.kv_dtypes[i], h);
+  }
   const double handoff_gbps = hf.read_s > 0 ? hf.bytes / hf.read_s / 1e9 : 0;
   const double raw = raw_gbps(a.provider, hf.block_bytes, hf.bytes / std::max<int64_t>(hf.taken, 1));
 
@@ -368,6 +379,22 @@ int run_disagg_bench(const disagg_args& a) {
              "{:.3f} GB/s over {}-byte ranges (ratio {:.2f})\n",
              hf.taken, hf.failed, hf.kept, handoff_gbps, raw, hf.block_bytes, raw > 0 ? handoff_gbps / raw : 0.0);
   fmt::print("  handoff ranges {} in {} reads (adjacent blocks coalesced)\n", hf.blocks, hf.reads);
+  json formats = json::array();
+  const handoff_figures* fp32 = nullptr;
+  for (const auto& [name, h] : per_format)
+    if (name == "fp32") fp32 = &h;
+  for (const auto& [name, h] : per_format) {
+    const double per_request = h.taken > 0 ? h.bytes / static_cast<double>(h.taken) : 0;
+    const double fp32_per_request = fp32 && fp32->taken > 0 ? fp32->bytes / static_cast<double>(fp32->taken) : 0;
+    fmt::print("  KV {:>4}: {} handoffs, {:.0f} bytes moved per handed-off request, {} bytes per block{}\n", name,
+               h.taken, per_request, h.block_bytes,
+               fp32_per_request > 0 ? fmt::format(" ({:.4f}x fp32's per request, {:.4f}x per block)",
+                                                  per_request / fp32_per_request,
+                                                  static_cast<double>(h.block_bytes) / static_cast<double>(fp32->block_bytes))
+                                    : std::string());
+    formats.push_back({{"kv_dtype", name}, {"handoffs", h.taken}, {"bytes_per_request", per_request},
+                       {"block_bytes", h.block_bytes}, {"read_gbps", h.read_s > 0 ? h.bytes / h.read_s / 1e9 : 0.0}});
+  }
   json swa = swa_fetch_vs_replay(a.swa_provider, a.swa_preset, 50, 3);  // prints its own lines
 
   json r = base;
@@ -392,6 +419,8 @@ int run_disagg_bench(const disagg_args& a) {
   r["handoff_ranges"] = hf.blocks;
   r["handoff_reads"] = hf.reads;
   r["swa"] = swa;
+  r["kv_dtype"] = a.kv_dtypes.front();
+  r["kv_formats"] = formats;
   append_jsonl(a.out, r);
   return 0;
 }
@@ -416,6 +445,10 @@ void add_disagg_bench(CLI::App& bench) {
     ->check(CLI::Range(0.01, 10.0));
   b->add_option("--provider", a->provider, "libfabric provider of the handoff (shm, tcp;ofi_rxm on loopback)")
     ->capture_default_str();
+  b->add_option("--kv-dtypes", a->kv_dtypes,
+                "KV formats: the first runs colocated vs disaggregated, each handed off once more for its bytes")
+    ->capture_default_str()
+    ->check(CLI::IsMember({"fp32", "bf16", "fp8"}));
   b->add_option("--swa-provider", a->swa_provider, "libfabric provider of the SWA slot fetch")->capture_default_str();
   b->add_option("--swa-preset", a->swa_preset, "shoal_flash preset of the slot fetch vs replay figure (tiny, small)")
     ->capture_default_str();

@@ -7,10 +7,13 @@
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
+#include <cstring>
 #include <filesystem>
+#include <random>
 
 #include "kernels/cpu/isa.hpp"
 #include "kernels/cpu/thread_pool.hpp"
+#include "model/forward.hpp"
 #include "model/generate.hpp"
 #include "runtime/engine/engine_setup.hpp"
 #include "tools/shoal/bench_util.hpp"
@@ -26,6 +29,9 @@ struct engine_args {
   int decode_tokens = 32;
   std::vector<int> batches = {1, 8, 32};
   int threads = 0;  // 0 = all cores
+  std::vector<std::string> kv_dtypes = {"fp32", "bf16", "fp8"};
+  int64_t kv_context = 2048;
+  std::vector<int> kv_batches = {1, 32};
 };
 
 std::shared_ptr<const model::model_weights> bench_weights(const engine_args& a) {
@@ -137,6 +143,87 @@ decode_result bench_decode(std::shared_ptr<const model::model_weights> w, int ba
   return {static_cast<double>(s1.decode_tokens - s0.decode_tokens) / t, steps / t, idle / std::max(1e-9, busy + idle)};
 }
 
+// One decode step of `batch` sequences `context` tokens deep whose caches are in format `kv`
+// (seconds, median of reps): the forward pass alone over paged memory filled with random
+// entries of the format (decode cost does not depend on the values), so a 2,048-token context
+// needs no prefill. `invariant`: shoald's batch-invariant kernels (one query at a time, each
+// entry read in its stored form) or the offline engine's tiled GEMMs.
+double decode_in_format(const model::model_weights& w, model::kv_dtype kv, int batch, int64_t context, int reps,
+                        bool invariant) {
+  const auto& c = w.config;
+  const model::kv_format f = model::kv_format_of(c, kv);
+  const int64_t per_seq = context / c.block_size + 1;
+  model::kv_pages pages(f, static_cast<int32_t>(per_seq * batch));
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  {  // one random block, copied into every block
+    std::vector<float> e(static_cast<size_t>(f.latent + f.rope));
+    for (int64_t i = 0; i < f.entries(); ++i) {
+      for (auto& x : e) x = normal(rng);
+      model::encode_entry(f, e.data(), pages.block(0) + i * f.entry_bytes());
+    }
+    for (int32_t b = 1; b < pages.num_blocks(); ++b) std::memcpy(pages.block(b), pages.block(0), f.block_bytes());
+  }
+  std::vector<model::sequence_cache> caches(static_cast<size_t>(batch));
+  std::vector<int32_t> tokens(static_cast<size_t>(batch));
+  for (int b = 0; b < batch; ++b) {
+    auto& cache = caches[b];
+    cache.init(c, std::max<int64_t>(model::min_ring_tokens(c), c.window()));
+    cache.pages = &pages;
+    for (int64_t k = 0; k < per_seq; ++k) cache.blocks.push_back(static_cast<int32_t>(b * per_seq + k));
+    for (auto& ring : cache.rings)
+      for (auto& x : ring) x = normal(rng);
+    tokens[b] = static_cast<int32_t>(2 + b % 250);
+  }
+  model::forward_options o;
+  o.batch_invariant = invariant;
+  std::vector<double> t;
+  for (int r = 0; r < reps + 1; ++r) {
+    std::vector<model::forward_item> items;
+    for (int b = 0; b < batch; ++b) {
+      caches[b].computed = context;  // decode the same position again
+      items.push_back({&caches[b], std::span<const int32_t>(&tokens[b], 1), 0, 0, true, false, {}});
+    }
+    double t0 = now_s();
+    model::forward(w, items, o);
+    if (r > 0) t.push_back(now_s() - t0);
+  }
+  return median(t);
+}
+
+// The KV formats at this model's shape: bytes per token per layer, tokens a GiB holds, and
+// decode tok/s with a `kv_context`-token context.
+void bench_kv_formats(const model::model_weights& w, const engine_args& a, const nlohmann::json& base) {
+  const auto& c = w.config;
+  const double fp32_bytes = static_cast<double>(model::kv_format_of(c, model::kv_dtype::fp32).entry_bytes());
+  fmt::print("KV formats ({} + {} values an entry, {} cache layers, 1 entry per {} token(s)); decode with a {}-token "
+             "context, forward pass only:\n",
+             c.kv_lora_rank, c.qk_rope_head_dim, c.cache_layers(), c.ratio(), a.kv_context);
+  for (const auto& name : a.kv_dtypes) {
+    const model::kv_dtype kv = *model::parse_kv_dtype(name);
+    const model::kv_format f = model::kv_format_of(c, kv);
+    // One token adds 1/ratio entry to each cache layer.
+    const double per_token_layer = static_cast<double>(f.entry_bytes()) / static_cast<double>(c.ratio());
+    const double tokens_per_gib = 1073741824.0 / (per_token_layer * static_cast<double>(c.cache_layers()));
+    std::string line = fmt::format("  {:>4}: {:7.1f} B per token per layer ({:.3f}x fp32), {:>9.0f} tokens per GiB",
+                                   name, per_token_layer, static_cast<double>(f.entry_bytes()) / fp32_bytes, tokens_per_gib);
+    nlohmann::json r = base;
+    r.update({{"point", "kv_format"}, {"kv_dtype", name}, {"bytes_per_token_per_layer", per_token_layer},
+              {"ratio_to_fp32", static_cast<double>(f.entry_bytes()) / fp32_bytes}, {"tokens_per_gib", tokens_per_gib},
+              {"context", a.kv_context}});
+    for (int b : a.kv_batches)
+      for (bool invariant : {true, false}) {
+        const double s = decode_in_format(w, kv, b, a.kv_context, a.reps, invariant);
+        line += fmt::format("; b{} {}: {:.1f} tok/s", b, invariant ? "shoald" : "offline", b / s);
+        r[fmt::format("decode_b{}_{}_tokens_per_s", b, invariant ? "invariant" : "tiled")] = b / s;
+      }
+    fmt::print("{}\n", line);
+    append_jsonl(a.out, r);
+  }
+  fmt::print("  (shoald: the batch-invariant kernels every daemon runs, entries read in their stored form; offline: "
+             "the tiled GEMM path)\n");
+}
+
 int run_engine_bench(const engine_args& a) {
   if (a.threads > 0) kernels::set_num_threads(a.threads);
   auto w = bench_weights(a);
@@ -164,6 +251,7 @@ int run_engine_bench(const engine_args& a) {
                  {"triad_gbs", bw.triad_gbs}, {"weight_bytes_per_token", per_token},
                  {"decode_limit_tokens_per_s", decode_limit}});
   append_jsonl(a.out, limits);
+  if (!a.kv_dtypes.empty()) bench_kv_formats(*w, a, base);
   // GEMM peak at the model's prefill shapes, same thread count.
   double peak = 0;
   int64_t rows = std::min<int64_t>(a.prompt_len, 2048);
@@ -249,6 +337,10 @@ void add_engine_bench(CLI::App& bench) {
   b->add_option("--batches", a->batches, "decode batch sizes");
   b->add_option("--out", a->out, "JSONL output");
   b->add_option("--threads", a->threads, "worker threads (0 = all cores)");
+  b->add_option("--kv-dtypes", a->kv_dtypes, "KV formats compared (bytes, tokens per GiB, decode at --kv-context)")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp8"}));
+  b->add_option("--kv-context", a->kv_context, "context of the KV-format decode runs")->check(CLI::Range(1, 1 << 20));
+  b->add_option("--kv-batches", a->kv_batches, "batch sizes of the KV-format decode runs")->check(CLI::Range(1, 4096));
   b->callback([a] {
     try {
       set_exit_code(run_engine_bench(*a));

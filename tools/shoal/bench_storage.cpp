@@ -39,7 +39,10 @@
 #include <caf/send.hpp>
 
 #include "actors/interfaces.hpp"
+#include "actors/kv_block_store.hpp"
 #include "actors/kv_client.hpp"
+#include "model/generate.hpp"
+#include "model/kv_format.hpp"
 #include "actors/storage_node_actor.hpp"
 #include "storage/chunk_file.hpp"
 #include "storage/chunk_store.hpp"
@@ -252,6 +255,53 @@ runtime::block_key key_of(int b) {
   return {.lo = 0xb10c000000000000ull ^ static_cast<uint64_t>(b), .hi = 0x5107a6e000000000ull + static_cast<uint64_t>(b)};
 }
 
+// Bytes the storage nodes hold, summed (their stats).
+uint64_t stored_bytes(caf::actor_system& sys, const std::vector<actors::storage_endpoint>& nodes) {
+  caf::scoped_actor self{sys};
+  uint64_t total = 0;
+  for (const auto& n : nodes)
+    self->request(n.actor, 10s, stats_atom_v)
+      .receive([&](const actors::storage_stats_snapshot& st) { total += st.usage_bytes; },
+               [&](caf::error& e) { throw std::runtime_error("storage stats: " + caf::to_string(e)); });
+  return total;
+}
+
+struct kv_block_point {
+  std::string kv;
+  uint64_t block_bytes = 0;     // one engine block in the format
+  double stored_per_block = 0;  // bytes the nodes hold per stored block (header, parity, chunk files)
+  uint64_t written = 0, failed = 0;
+};
+
+// Engine KV blocks of the v3-small shape written through the engines' store (kv_block_store:
+// the format's header, then the block) in each format: the bytes the cluster holds per block.
+std::vector<kv_block_point> measure_kv_blocks(caf::actor_system& sys, const std::vector<actors::storage_endpoint>& nodes,
+                                              int blocks) {
+  const auto c = model::preset_config("v3-small");
+  if (!c) throw std::runtime_error(c.error().message);
+  std::vector<kv_block_point> out;
+  int next = 2'000'000;
+  for (model::kv_dtype kv : {model::kv_dtype::fp32, model::kv_dtype::bf16, model::kv_dtype::fp8}) {
+    const model::kv_format f = model::kv_format_of(*c, kv);
+    auto client = actors::kv_client::create(sys, {});
+    if (!client) throw std::runtime_error(client.error());
+    (*client)->set_nodes(nodes);
+    actors::kv_block_store store(std::move(*client), static_cast<size_t>(blocks) + 8);
+    const uint64_t before = stored_bytes(sys, nodes);
+    std::vector<uint8_t> raw = random_block(f.block_bytes(), 4242);
+    const auto bytes = std::as_bytes(std::span(raw));
+    for (int b = 0; b < blocks; ++b)
+      if (!store.store_async(key_of(next++), bytes, f, runtime::traffic_class::agent))
+        throw std::runtime_error("kv block store: write queue full");
+    const auto counters = store.stats(true);
+    const uint64_t after = stored_bytes(sys, nodes);
+    out.push_back({std::string(model::to_string(kv)), f.block_bytes(),
+                   static_cast<double>(after - before) / std::max<uint64_t>(1, counters.written), counters.written,
+                   counters.failed});
+  }
+  return out;
+}
+
 int run_storage_bench(const storage_args& a) {
   json base = machine_facts();  // popen: before any thread of ours exists
   base["bench"] = "storage";
@@ -333,6 +383,8 @@ int run_storage_bench(const storage_args& a) {
   double put_gbps = total / put_s / 1e9, get_gbps = total / get_s / 1e9;
   double put_ratio = put_gbps / ec.encode_gbps, get_ratio = get_gbps / lb.gbps;
 
+  auto kv_points = measure_kv_blocks(sys, nodes, 64);
+
   // 4. Single-block get latency with 0, 1, 2 nodes down. Every node is in every block's group
   // (12 nodes, groups of 12); killing the nodes of data chunks 0 and 1 of block 0 forces decodes.
   struct lat_point {
@@ -388,6 +440,13 @@ int run_storage_bench(const storage_args& a) {
   for (const auto& p : lat)
     fmt::print("{:>10} {:>6} {:>10.3f} {:>10.3f} {:>7} {:>9}\n", p.down, p.gets, p.p50, p.p99, p.failed, p.mismatches);
   if (ec.mismatches) fmt::print("raw decode mismatches: {}\n", ec.mismatches);
+  fmt::print("\nengine KV blocks (v3-small shape) through the engines' store, 64 each:\n");
+  const double fp32_stored = kv_points.front().stored_per_block;
+  for (const auto& p : kv_points)
+    fmt::print("  {:>4}: block {} bytes ({:.4f}x fp32), stored {:.0f} bytes per block with header, parity and chunk "
+               "files ({:.4f}x fp32's), {} written, {} failed\n",
+               p.kv, p.block_bytes, static_cast<double>(p.block_bytes) / static_cast<double>(kv_points.front().block_bytes),
+               p.stored_per_block, p.stored_per_block / fp32_stored, p.written, p.failed);
 
   json r = base;
   r["point"] = "ec_raw";
@@ -428,6 +487,17 @@ int run_storage_bench(const storage_args& a) {
   r["get_over_loopback"] = get_ratio;
   r["put_over_chunk_store"] = put_gbps / st.put_gbps;
   append_jsonl(a.out, r);
+  for (const auto& p : kv_points) {
+    r = base;
+    r["point"] = "kv_blocks";
+    r["kv_dtype"] = p.kv;
+    r["engine_block_bytes"] = p.block_bytes;
+    r["stored_bytes_per_block"] = p.stored_per_block;
+    r["ratio_to_fp32"] = p.stored_per_block / fp32_stored;
+    r["written"] = p.written;
+    r["failed"] = p.failed;
+    append_jsonl(a.out, r);
+  }
   for (const auto& p : lat) {
     r = base;
     r["point"] = "get_latency";

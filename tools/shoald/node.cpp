@@ -110,15 +110,17 @@ std::string describe_engine(caf::actor_system& sys, const actors::engine_actor& 
                           c.hit_tokens, s.blocks_free, s.blocks_total, s.waiting_for_remote, c.remote_hit_tokens,
                           c.remote_timeouts);
         if (c.remote_lookups > 0)
-          out += fmt::format(" remote_lookups={} remote_fetch_failures={}", c.remote_lookups, c.remote_fetch_failures);
+          out += fmt::format(" remote_lookups={} remote_fetch_failures={} remote_format_misses={}", c.remote_lookups,
+                             c.remote_fetch_failures, c.remote_format_misses);
         if (!c.remote_last_error.empty()) out += fmt::format(" remote_last_error=\"{}\"", c.remote_last_error);
         // Prefill side: offered, placed with a decode engine, kept; decode side: taken (read or
         // recomputed) and of those recomputed.
         if (snap.role != "both")
           out += fmt::format(" role={} handoffs_offered={} handoffs_placed={} handoffs_kept={} handoffs_taken={} "
-                             "handoff_failures={} handoff_timeouts={} handoff_corrupt={}",
+                             "handoff_failures={} handoff_timeouts={} handoff_corrupt={} handoffs_refused_format={}",
                              snap.role, s.handoffs_offered, s.handoffs_lent, s.handoffs_kept,
-                             c.imports + c.import_failures, c.import_failures, c.import_timeouts, c.import_corrupt);
+                             c.imports + c.import_failures, c.import_failures, c.import_timeouts, c.import_corrupt,
+                             s.handoffs_refused_format);
         // Requests by their one id: routed here now, and the last that left (how they ended).
         std::vector<std::string> running, recent;
         for (request_id id : snap.running) running.push_back(to_string(id));
