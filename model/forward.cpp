@@ -11,6 +11,7 @@
 #include "kernels/assert.hpp"
 #include "kernels/cpu/ops.hpp"
 #include "kernels/cpu/thread_pool.hpp"
+#include "model/backend.hpp"
 #include "model/forward_internal.hpp"
 
 namespace shoal::model {
@@ -186,17 +187,17 @@ forward_output forward(const model_weights& w, std::span<forward_item> items,
   const model_config& c = w.config;
   const stream_layout sl = streams_of(c);
   int64_t d = c.hidden_size;
-  // Encoder rows: every new token of every item.
+  // Encoder rows: every new token of every item, as the step's host plan lays them out.
+  for (auto& it : items)
+    SHOAL_ASSERT(static_cast<int64_t>(it.cache->blocks.size()) * c.block_size >=
+                 it.cache->computed + static_cast<int64_t>(it.tokens.size()));
+  const batch_plan plan = build_plan(c, items);
   std::vector<row_span> spans;
-  std::vector<int32_t> positions;
-  int64_t rows = 0;
-  for (auto& it : items) {
-    int64_t p0 = it.cache->computed;
-    spans.push_back({rows, p0, p0 + static_cast<int64_t>(it.tokens.size())});
-    for (size_t i = 0; i < it.tokens.size(); ++i) positions.push_back(static_cast<int32_t>(p0 + i));
-    rows += static_cast<int64_t>(it.tokens.size());
-    SHOAL_ASSERT(static_cast<int64_t>(it.cache->blocks.size()) * c.block_size >= spans.back().p1);
-  }
+  for (size_t i = 0; i < items.size(); ++i)
+    spans.push_back({plan.row_begin[i], items[i].cache->computed,
+                     items[i].cache->computed + plan.row_begin[i + 1] - plan.row_begin[i]});
+  const std::vector<int32_t>& positions = plan.positions;
+  const int64_t rows = plan.rows();
   std::vector<float> x(static_cast<size_t>(rows * d));
   {
     int64_t row = 0;

@@ -35,6 +35,7 @@ if [ "${1:-}" = "--self-test" ]; then
   plant runtime/config/node_config.hpp '#include "runtime/core/handoff.hpp"' 'runtime/config/'
   plant runtime/engine/engine.hpp '#include "runtime/config/node_config.hpp"' 'runtime/engine/'
   plant runtime/engine/engine.hpp '#include "storage/chunk_store.hpp"' 'runtime/'
+  plant runtime/ep/expert_parallel.cpp '#include "kernels/cpu/ops.hpp"' 'model/backend.hpp only'
   echo '// planted' > "$tmp/runtime/planted.cpp"
   if "$0" "$tmp" > "$tmp/planted.log" 2>&1 || ! grep -q "planted.cpp" "$tmp/planted.log"; then
     echo "self-test: a source file at runtime/'s top level was not caught"; status=1
@@ -79,6 +80,9 @@ runtime_layer() {
   if [ ! -d "$root/runtime/$1" ]; then echo "runtime/$1/ is missing"; fail=1; return; fi
   check_pcre "runtime/$1" "runtime/(?!($allowed)/)" "may include only runtime/ folders $(echo "$1 $2" | tr ' ' ',')"
 }
+# Compute is the backend's (model/backend.hpp): runtime/ includes no kernels/ header but the
+# assertion one.
+check_pcre runtime "kernels/(?!assert\\.hpp)" "runtime reaches compute through model/backend.hpp only"
 runtime_layer base ""
 runtime_layer structured "base"
 runtime_layer vision "base"

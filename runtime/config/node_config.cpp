@@ -5,6 +5,8 @@
 // schema, types and ranges, required keys, cross-key rules) and the first failure is reported.
 #include "runtime/config/node_config.hpp"
 
+#include "model/backend.hpp"
+
 #include "runtime/placement/decode_placement.hpp"
 #include "runtime/placement/prefill_balancer.hpp"
 
@@ -40,7 +42,7 @@ struct schema_section {
 const std::vector<schema_section>& schema() {
   static const std::vector<schema_section> sections = {
       {"node", {"name", "listen", "roles", "model_dir", "drain_timeout_ms", "metrics_listen", "cpus"}},
-      {"engine", {"ranks", "threads", "cache_mib", "kv_dtype", "expert_parallel", "ep_frames", "ep_bulk_min_bytes", "kv_storage", "role", "transport", "handoff_timeout_ms",
+      {"engine", {"ranks", "threads", "cache_mib", "kv_dtype", "device", "expert_parallel", "ep_frames", "ep_bulk_min_bytes", "kv_storage", "role", "transport", "handoff_timeout_ms",
                   "cost_model", "step_ms", "swa_slots", "swa_timeout_ms", "speculative", "spec_nextn",
                   "spec_adaptive_from", "spec_cost_model"}},
       {"gateway", {"listen", "auth_token_file", "prefill_policy", "decode_policy", "balancer_round_ms", "tier_bounds",
@@ -459,6 +461,17 @@ void read_engine(error_sink& sink, const section& e, node_config& c) {
     if (auto d = model::parse_kv_dtype(*v)) c.kv_dtype = *d;
     else sink.fail(config_errc::bad_value, e.pos("kv_dtype"), e.path("kv_dtype"),
                    "expected \"bf16\", \"fp8\" or \"fp32\", got \"" + *v + "\"");
+  }
+  if (std::optional<std::string> v = read_string(sink, e, "device")) {
+    const auto names = model::backend_names();
+    if (std::find(names.begin(), names.end(), *v) != names.end()) {
+      c.device = *v;
+    } else {
+      std::string known;
+      for (const auto& n : names) known += (known.empty() ? "\"" : ", \"") + n + "\"";
+      sink.fail(config_errc::bad_value, e.pos("device"), e.path("device"),
+                "expected a compute backend of this build (" + known + "), got \"" + *v + "\"");
+    }
   }
   if (std::optional<bool> b = read_bool(sink, e, "expert_parallel")) c.expert_parallel = *b;
   if (auto n = read_integer(sink, e, "ep_bulk_min_bytes", 0, int64_t{1} << 30)) c.ep_bulk_min_bytes = *n;

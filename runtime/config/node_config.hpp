@@ -46,6 +46,7 @@ struct node_config {
   int32_t threads = 0;  // compute threads of the process's kernels; 0 = one per CPU it may run on
   int64_t cache_mib = 512;        // KV block memory per rank
   model::kv_dtype kv_dtype = model::kv_dtype::bf16;  // engine.kv_dtype: the KV cache's stored form
+  std::string device = "cpu";     // engine.device: the compute backend (model/backend.hpp)
   bool expert_parallel = false;   // ranks of all such engine nodes form one EP group
   // Expert-parallel dispatch/combine bytes: "transport" (libfabric, engine.transport; control
   // stays CAF) or "caf" (inside the CAF messages). With cluster TLS the default is "caf":

@@ -5,7 +5,7 @@
 // Files are JSON, one per (preset, machine), replaced atomically so a reader never sees half.
 #include "runtime/core/cost_model.hpp"
 
-#include "kernels/cpu/thread_pool.hpp"
+#include "model/backend.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -376,7 +376,7 @@ std::string machine_id() {
     if (colon != std::string::npos) cpu = sanitize_name(line.substr(colon + 1));
     break;
   }
-  return cpu + "-" + std::to_string(kernels::num_threads()) + "c";
+  return cpu + "-" + std::to_string(model::cpu_threads()) + "c";
 }
 
 std::string cost_model_path(const std::string& dir, const std::string& preset,

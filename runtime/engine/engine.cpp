@@ -24,12 +24,29 @@ double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+// The engine's backend: the one given, else engine.device's over the weights (an unknown
+// device is the caller's error: node_config and the tools check it first).
+std::shared_ptr<model::compute_backend> backend_for(const engine_config& c,
+                                                    const std::shared_ptr<const model::model_weights>& w) {
+  if (c.backend) return c.backend;
+  auto b = model::make_backend(c.device, w);
+  SHOAL_ASSERT(b.has_value());
+  return std::move(*b);
+}
+
+// The cache config with its paged memory made by the backend.
+cache_config with_pages(cache_config c, model::compute_backend& b, const model::model_config& m) {
+  if (c.payload && !c.pages) c.pages = b.create_kv(model::kv_format_of(m, c.kv_dtype), static_cast<int32_t>(c.num_blocks));
+  return c;
+}
+
 }  // namespace
 
 engine::engine(std::shared_ptr<const model::model_weights> weights, const engine_config& config,
                std::shared_ptr<const model::tokenizer> tok)
-    : weights_(std::move(weights)), config_(config), tok_(std::move(tok)),
-      caches_(weights_->config, config.cache), sched_(config.sched, caches_), images_(config.image_cache_bytes) {
+    : weights_(std::move(weights)), config_(config), tok_(std::move(tok)), backend_(backend_for(config, weights_)),
+      caches_(weights_->config, with_pages(config.cache, *backend_, weights_->config)), sched_(config.sched, caches_),
+      images_(config.image_cache_bytes) {
   // Step buffers are large and short-lived: keep freed memory in the process instead of
   // returning it to the kernel, so each step does not page-fault its buffers in again.
   mallopt(M_MMAP_THRESHOLD, 32 << 20);  // the largest value glibc accepts
@@ -44,7 +61,7 @@ engine::engine(std::shared_ptr<const model::model_weights> weights, const engine
   }
   if (config_.ep) {
     config_.async_scheduling = false;  // see engine_config::ep
-    ep_ = std::make_unique<ep_moe_exchange>(weights_, config_.ep->layout, config_.ep->transport,
+    ep_ = std::make_unique<ep_moe_exchange>(weights_, backend_, config_.ep->layout, config_.ep->transport,
                                             config_.batch_invariant, config_.ep->limits);
     ep_->set_load_window(config_.ep->load_window_steps);
   }
@@ -235,7 +252,7 @@ std::expected<std::shared_ptr<grammar_matcher>, std::string> engine::make_matche
 embedding_cache::rows engine::image_rows(const prompt_image& im) {
   if (auto hit = images_.get(im.hash)) return hit;
   auto rows = std::make_shared<const std::vector<float>>(
-      model::encode_image(*weights_, im.pixels->rgb, im.pixels->width, im.pixels->height, config_.batch_invariant));
+      backend_->encode_image(im.pixels->rgb, im.pixels->width, im.pixels->height, config_.batch_invariant));
   images_.put(im.hash, rows);
   ++stats_.images_encoded;
   stats_.image_patches_encoded += static_cast<uint64_t>(im.count);
@@ -283,7 +300,7 @@ void engine::run_forward() {
   model::forward_options fo{config_.batch_invariant, config_.naive_prefill, ep_.get()};
   double t0 = now_s();
   if (last_done_ >= 0) stats_.idle_s += t0 - last_done_;
-  flight_->output = model::forward(*weights_, flight_->items, fo);
+  flight_->output = backend_->forward(flight_->items, fo);
   last_done_ = now_s();
   stats_.forward_s += last_done_ - t0;
 }

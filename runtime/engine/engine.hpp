@@ -16,6 +16,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "model/backend.hpp"
 #include "model/tokenizer.hpp"
 #include "model/weights.hpp"
 #include "runtime/core/cache_manager.hpp"
@@ -41,6 +42,10 @@ class token_vocab;
 struct compiled_grammar;
 
 struct engine_config {
+  // The compute backend (engine.device, model/backend.hpp): made by name over the engine's
+  // weights unless one is given (engines of a process may share one).
+  std::string device = "cpu";
+  std::shared_ptr<model::compute_backend> backend;
   // prefill: after a request's first token its cache is offered to a decode engine
   // (take_handoffs); decode and both: runs requests to the end (decode also takes handoffs).
   engine_role role = engine_role::both;
@@ -203,6 +208,7 @@ class engine {
   // The error of the last failed step ("" when none failed yet).
   const std::string& last_error() const { return last_error_; }
   const model::model_config& config() const { return weights_->config; }
+  model::compute_backend& backend() const { return *backend_; }
   const model::tokenizer* tokenizer() const { return tok_.get(); }
 
  private:
@@ -253,6 +259,7 @@ class engine {
   std::shared_ptr<const model::model_weights> weights_;
   engine_config config_;
   std::shared_ptr<const model::tokenizer> tok_;
+  std::shared_ptr<model::compute_backend> backend_;  // before caches_: it makes their pages
   cache_manager caches_;
   scheduler sched_;
   std::unordered_map<int64_t, std::unique_ptr<request>> requests_;

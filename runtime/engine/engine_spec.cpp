@@ -86,7 +86,7 @@ void engine::draft(std::vector<request*>& rs) {
     self_draft(ready, fo, advanced);
   } else {
     const int64_t window = weights_->config.is_flash() ? weights_->config.window() : draft_context_;
-    model::mtp_chain_step(*weights_, items, config_.spec.nextn, window,
+    backend_->mtp_step(items, config_.spec.nextn, window,
                    [&](size_t i, int64_t k, std::span<const float> logits, float confidence) {
                      request& r = *ready[i];
                      const int64_t step = r.output_len() + k;  // the output index this draft would take
@@ -145,7 +145,7 @@ void engine::self_draft(const std::vector<request*>& rs, const model::forward_op
     std::vector<int32_t> seq = r->tokens;
     for (int64_t k = 0; k < config_.spec.nextn; ++k) {
       const int64_t step = r->output_len() + k;
-      const std::vector<float> full = model::forward_full(*weights_, seq, fo).logits;
+      const std::vector<float> full = backend_->forward_full(seq, fo, caches_.format().dtype).logits;
       const std::span<const float> logits = grammar_masked(*r, full, masked);
       const auto gen = std::span<const int32_t>(seq).subspan(static_cast<size_t>(r->prompt_len));
       const double u = draft_uniform(r->seq_seed, step);

@@ -13,8 +13,6 @@
 #include <tuple>
 
 #include "kernels/assert.hpp"
-#include "kernels/cpu/ops.hpp"
-#include "kernels/cpu/thread_pool.hpp"
 #include "runtime/base/msgpack_frame.hpp"
 
 namespace shoal::runtime {
@@ -142,10 +140,12 @@ std::expected<std::vector<float>, std::string> decode_combine(const std::vector<
 
 // ---- ep_moe_exchange ----
 
-ep_moe_exchange::ep_moe_exchange(std::shared_ptr<const model::model_weights> weights, ep_layout layout,
+ep_moe_exchange::ep_moe_exchange(std::shared_ptr<const model::model_weights> weights,
+                                 std::shared_ptr<model::compute_backend> backend, ep_layout layout,
                                  std::shared_ptr<expert_transport> transport, bool batch_invariant,
                                  ep_frame_limits limits)
     : weights_(std::move(weights)),
+      backend_(std::move(backend)),
       invariant_(batch_invariant),
       slots_(model::moe_slot_count(weights_->config)),
       experts_(weights_->config.n_routed_experts),
@@ -280,33 +280,31 @@ struct owned_work {
   }
 };
 
-// Runs the owned experts over the dispatched rows; results[src] (pairs of src, d). Experts run
-// whole on one thread each (largest first to the least loaded thread), as ffn.cpp does.
-void compute_owned(const model::model_weights& w, int64_t slot, bool invariant, const owned_work& work,
+// Runs the owned experts over the dispatched rows through the backend; results[src] (pairs of
+// src, d). The backend runs each expert whole on one worker, as the local path does.
+void compute_owned(model::compute_backend& backend, int64_t slot, bool invariant, const owned_work& work,
                    const std::vector<dispatch_frame>& in, std::vector<std::vector<float>>& results) {
-  int64_t d = w.config.hidden_size, n_exp = static_cast<int64_t>(work.by_expert.size());
-  std::vector<size_t> rows_of(static_cast<size_t>(n_exp));
-  for (int64_t e = 0; e < n_exp; ++e) rows_of[e] = work.by_expert[e].size();
-  int64_t parts = kernels::num_threads();
-  std::vector<std::vector<int64_t>> assigned = model::assign_experts(rows_of, parts);
-  kernels::parallel_for(parts, [&](int64_t p0, int64_t p1) {
-    std::vector<float> x, y;
-    for (int64_t part = p0; part < p1; ++part)
-      for (int64_t e : assigned[part]) {
-        const auto& list = work.by_expert[e];
-        int64_t n = static_cast<int64_t>(list.size());
-        x.resize(static_cast<size_t>(n * d));
-        y.resize(static_cast<size_t>(n * d));
-        for (int64_t i = 0; i < n; ++i) {
-          const dispatch_frame& f = in[list[i].source];
-          std::memcpy(x.data() + i * d, f.xn.data() + int64_t(f.pair_row[list[i].pair]) * d, sizeof(float) * d);
-        }
-        model::routed_expert(w, slot, work.experts[e], x.data(), n, invariant, y.data());
-        for (int64_t i = 0; i < n; ++i)
-          std::memcpy(results[list[i].source].data() + int64_t(list[i].pair) * d, y.data() + i * d,
-                      sizeof(float) * d);
-      }
-  });
+  const int64_t d = backend.weights().config.hidden_size, n_exp = static_cast<int64_t>(work.by_expert.size());
+  std::vector<std::vector<float>> x(static_cast<size_t>(n_exp)), y(static_cast<size_t>(n_exp));
+  std::vector<model::expert_job> jobs;
+  for (int64_t e = 0; e < n_exp; ++e) {
+    const auto& list = work.by_expert[e];
+    const int64_t n = static_cast<int64_t>(list.size());
+    x[e].resize(static_cast<size_t>(n * d));
+    y[e].resize(static_cast<size_t>(n * d));
+    for (int64_t i = 0; i < n; ++i) {
+      const dispatch_frame& f = in[list[i].source];
+      std::memcpy(x[e].data() + i * d, f.xn.data() + int64_t(f.pair_row[list[i].pair]) * d, sizeof(float) * d);
+    }
+    jobs.push_back({work.experts[e], x[e].data(), n, y[e].data()});
+  }
+  backend.run_experts(slot, jobs, invariant);
+  for (int64_t e = 0; e < n_exp; ++e) {
+    const auto& list = work.by_expert[e];
+    for (size_t i = 0; i < list.size(); ++i)
+      std::memcpy(results[list[i].source].data() + int64_t(list[i].pair) * d, y[e].data() + int64_t(i) * d,
+                  sizeof(float) * d);
+  }
 }
 
 // Dispatch: each row once per computing rank, with its pairs for that rank in row order;
@@ -383,7 +381,7 @@ void ep_moe_exchange::run_slot(int64_t slot, const float* xn, int64_t rows, cons
   incoming = {};
   std::vector<std::vector<float>> results(static_cast<size_t>(R));
   for (int32_t src = 0; src < R; ++src) results[src].resize(in[src].pair_row.size() * static_cast<size_t>(d));
-  compute_owned(*weights_, slot, invariant_, work, in, results);
+  compute_owned(*backend_, slot, invariant_, work, in, results);
   outgoing.assign(static_cast<size_t>(R), {});
   for (int32_t src = 0; src < R; ++src)
     outgoing[src] = encode_combine(step, s32, me, d, results[src].data(),

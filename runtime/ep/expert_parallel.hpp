@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "model/backend.hpp"
 #include "model/forward.hpp"
 #include "runtime/base/error.hpp"
 #include "runtime/placement/expert_placement.hpp"
@@ -85,9 +86,10 @@ struct ep_frame_limits {
 // slots in a step — nothing scheduled, no flash decoder rows — stays in lockstep.
 class ep_moe_exchange final : public model::moe_exchange {
  public:
-  // Computes with `weights` (the same the forward pass uses) and `batch_invariant` as the
-  // forward options (slots joined at end_step compute peers' rows too).
-  ep_moe_exchange(std::shared_ptr<const model::model_weights> weights, ep_layout layout,
+  // Computes with `weights` (the same the forward pass uses) on `backend` and
+  // `batch_invariant` as the forward options (slots joined at end_step compute peers' rows too).
+  ep_moe_exchange(std::shared_ptr<const model::model_weights> weights, std::shared_ptr<model::compute_backend> backend,
+                  ep_layout layout,
                   std::shared_ptr<expert_transport> transport, bool batch_invariant,
                   ep_frame_limits limits = {});
 
@@ -133,6 +135,7 @@ class ep_moe_exchange final : public model::moe_exchange {
   [[noreturn]] void fail(const std::string& what);
 
   std::shared_ptr<const model::model_weights> weights_;
+  std::shared_ptr<model::compute_backend> backend_;
   bool invariant_;
   int64_t slots_, experts_, top_k_, hidden_;
   void finish_step();  // a switch agreed in this step takes effect

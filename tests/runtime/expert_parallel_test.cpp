@@ -127,7 +127,7 @@ TEST_CASE("ep forward: N ranks with different batches give the local path's logi
       std::vector<std::thread> threads;
       for (int32_t r = 0; r < n; ++r)
         threads.emplace_back([&, r] {
-          runtime::ep_moe_exchange ex(w, {r, n}, hub.transport(r), true);
+          runtime::ep_moe_exchange ex(w, *model::make_backend("cpu", w), {r, n}, hub.transport(r), true);
           if (batches[r].prompts.empty()) {  // idle rank: two empty lockstep steps
             for (int s = 0; s < 2; ++s) {
               ex.begin_step();

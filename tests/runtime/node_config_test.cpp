@@ -335,6 +335,10 @@ TEST_CASE("node_config: every bad input names its line and key") {
        "[node]\nname = \"e\"\nlisten = \"127.0.0.1:7100\"\nroles = [\"engine\"]\nmodel_dir = \"m\"\n"
        "[engine]\nkv_dtype = \"int4\"\n", config_errc::bad_value, 7, "engine.kv_dtype",
        "expected \"bf16\", \"fp8\" or \"fp32\", got \"int4\""},
+      {"engine.device unknown",
+       "[node]\nname = \"e\"\nlisten = \"127.0.0.1:7100\"\nroles = [\"engine\"]\nmodel_dir = \"m\"\n"
+       "[engine]\ndevice = \"tpu\"\n", config_errc::bad_value, 7, "engine.device",
+       "expected a compute backend of this build (\"cpu\""},
       {"ve.cache_mib = 0", "[node]\nname = \"v\"\nlisten = \"127.0.0.1:7100\"\nroles = [\"ve\"]\nmodel_dir = \"m\"\n"
        "[ve]\ncache_mib = 0\n", config_errc::bad_value, 7, "ve.cache_mib", "must be ≥ 1, got 0"},
       {"ve.transport empty", "[node]\nname = \"v\"\nlisten = \"127.0.0.1:7100\"\nroles = [\"ve\"]\nmodel_dir = \"m\"\n"

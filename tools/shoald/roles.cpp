@@ -327,6 +327,7 @@ std::optional<node_model> load_node_model(const runtime::node_config& cfg, logge
 bool start_engines(caf::actor_system& sys, const runtime::node_config& cfg, const node_model& m, node_parts& parts,
                    actors::node_info& me, logger& log) {
   engine_build b{engine_config_for(m.weights->config, static_cast<double>(cfg.cache_mib), cfg.kv_dtype), nullptr, {}};
+  b.ecfg.device = cfg.device;
   me.engine_role = runtime::to_string(cfg.disagg_role);
   if (!configure_compute_plan(cfg, *m.weights, b.ecfg, log) ||
       !attach_transfers(sys, cfg, m.weights->config, b, parts, me, log) || !attach_kv_storage(sys, cfg, b, parts, log) ||
