@@ -78,7 +78,7 @@ class cpu_backend final : public compute_backend {
     routed_expert_weights(const_cast<model_weights&>(*w_), moe_slot, expert) = std::move(w);
   }
   void drop_expert(int64_t moe_slot, int64_t expert) override {
-    routed_expert_weights(const_cast<model_weights&>(*w_), moe_slot, expert) = expert_weights{};
+    expert_reader::drop(const_cast<model_weights&>(*w_), moe_slot, expert);
   }
 
  private:

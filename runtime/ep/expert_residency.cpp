@@ -75,18 +75,26 @@ struct expert_residency::loan {
 };
 
 std::expected<std::shared_ptr<expert_residency>, std::string> expert_residency::open(
-  const std::string& dir, std::shared_ptr<const model::model_weights> weights) {
+  const std::string& dir, std::shared_ptr<const model::model_weights> weights,
+  std::shared_ptr<model::compute_backend> backend) {
   auto reader = model::expert_reader::open(dir);
   if (!reader) return std::unexpected(reader.error().message);
-  return std::shared_ptr<expert_residency>(new expert_residency(std::move(*reader), std::move(weights)));
+  if (!backend) {
+    auto cpu = model::make_backend("cpu", weights);
+    if (!cpu) return std::unexpected(cpu.error().message);
+    backend = std::move(*cpu);
+  }
+  return std::shared_ptr<expert_residency>(new expert_residency(std::move(*reader), std::move(weights), std::move(backend)));
 }
 
-expert_residency::expert_residency(model::expert_reader reader, std::shared_ptr<const model::model_weights> weights)
+expert_residency::expert_residency(model::expert_reader reader, std::shared_ptr<const model::model_weights> weights,
+                                   std::shared_ptr<model::compute_backend> backend)
     : reader_(std::move(reader)),
       weights_(std::move(weights)),
       // The process's ranks share these weights read-only but for the routed experts, which
-      // only this object changes (see the header).
+      // only this object changes (see the header), through the backend.
       mutable_weights_(const_cast<model::model_weights&>(*weights_)),
+      backend_(std::move(backend)),
       slots_(model::moe_slot_count(weights_->config)),
       experts_(weights_->config.n_routed_experts),
       resident_(static_cast<size_t>(slots_ * experts_), false),
@@ -225,10 +233,10 @@ bool expert_residency::check_fetch(int64_t slot, int64_t expert, const fetch_ent
 }
 
 int64_t expert_residency::install(int64_t slot, int64_t expert, model::expert_weights&& w) {
-  auto& x = model::routed_expert_weights(mutable_weights_, slot, expert);
-  x = std::move(w);
+  const auto bytes = static_cast<int64_t>(w.gate_up.bytes() + w.down.bytes());
+  backend_->load_expert(slot, expert, std::move(w));
   resident_[slot * experts_ + expert] = true;
-  return static_cast<int64_t>(x.gate_up.bytes() + x.down.bytes());
+  return bytes;
 }
 
 void expert_residency::release(const void* holder) {
@@ -245,7 +253,7 @@ void expert_residency::drop(int64_t slot, int64_t expert) {
       if (!kept) kept = std::make_shared<model::expert_weights>(std::move(x));
       l->kept.push_back(kept);
     }
-  model::expert_reader::drop(mutable_weights_, slot, expert);
+  backend_->drop_expert(slot, expert);
   resident_[slot * experts_ + expert] = false;
 }
 

@@ -35,9 +35,11 @@ namespace shoal::runtime {
 class expert_residency {
  public:
   // `weights` loaded from `dir` with no routed experts (they are filled in here: the one part
-  // of the shared weights that changes after loading). Errors name the file.
+  // of the shared weights that changes after loading), installed and dropped through
+  // `backend` (the ranks' compute backend; null: the CPU one over `weights`). Errors name the file.
   static std::expected<std::shared_ptr<expert_residency>, std::string> open(
-    const std::string& dir, std::shared_ptr<const model::model_weights> weights);
+    const std::string& dir, std::shared_ptr<const model::model_weights> weights,
+    std::shared_ptr<model::compute_backend> backend = nullptr);
 
   // experts[slot]: the experts of that MoE slot, ascending.
   using expert_set = std::vector<std::vector<int32_t>>;
@@ -102,7 +104,8 @@ class expert_residency {
   struct fetch_entry;
   struct staged_read;
   struct loan;
-  expert_residency(model::expert_reader reader, std::shared_ptr<const model::model_weights> weights);
+  expert_residency(model::expert_reader reader, std::shared_ptr<const model::model_weights> weights,
+                   std::shared_ptr<model::compute_backend> backend);
   void drop(int64_t slot, int64_t expert);  // mu_ held
   void drop_unheld();                       // mu_ held
   void expire_loans();                      // mu_ held
@@ -116,7 +119,8 @@ class expert_residency {
 
   model::expert_reader reader_;
   std::shared_ptr<const model::model_weights> weights_;
-  model::model_weights& mutable_weights_;  // the routed experts only
+  model::model_weights& mutable_weights_;  // the routed experts only, read for loans
+  std::shared_ptr<model::compute_backend> backend_;  // installs and drops them
   int64_t slots_, experts_;
   mutable std::mutex mu_;
   std::map<const void*, expert_set> held_;

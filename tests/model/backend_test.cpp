@@ -125,7 +125,7 @@ TEST_CASE("backend conformance: another rank's routed experts equal the local ke
     // Drop expert 3, then load it back: the weights go and return.
     model::expert_weights kept = model::moe_slot_layer(w, slot).ffn.experts[3];
     b.drop_expert(slot, 3);
-    CHECK(model::moe_slot_layer(b.weights(), slot).ffn.experts[3].gate_up.empty());
+    CHECK(model::moe_slot_layer(b.weights(), slot).ffn.experts[3].gate_up.bytes() == 0);
     b.load_expert(slot, 3, kept);
     std::fill(got.begin(), got.end(), 0.0f);
     b.run_experts(slot, std::span<const model::expert_job>(jobs.data(), 1), true);

@@ -154,7 +154,15 @@ bool attach_kv_storage(caf::actor_system& sys, const runtime::node_config& cfg, 
 bool attach_expert_parallel(const runtime::node_config& cfg, const node_model& m, engine_build& b, node_parts& parts,
                             logger& log) {
   if (!cfg.expert_parallel) return true;
-  auto residency = runtime::expert_residency::open(cfg.model_dir.string(), m.weights);
+  // One backend for the process's ranks and its routed experts: they install into what the
+  // ranks compute with.
+  auto backend = model::make_backend(cfg.device, m.weights);
+  if (!backend) {
+    log.error("engine.device: {}", backend.error().message);
+    return false;
+  }
+  b.ecfg.backend = *backend;
+  auto residency = runtime::expert_residency::open(cfg.model_dir.string(), m.weights, *backend);
   if (!residency) {
     log.error("cannot open model dir {} for its routed experts: {}", cfg.model_dir.string(), residency.error());
     return false;
