@@ -20,12 +20,14 @@ namespace {
 struct visible_set {
   std::vector<kernels::kv_run> segments;
   int64_t total = 0;
-  // Entry j of the set (in set order) widened into out (entry_dim floats).
-  void widen_all(int64_t r, int64_t rope, float* out, int64_t out_stride) const {
+  // Entries [k0, k1) of the set (in set order) widened into out, rows out_stride floats apart.
+  void widen(int64_t k0, int64_t k1, int64_t r, int64_t rope, float* out, int64_t out_stride) const {
     int64_t j = 0;
-    for (const auto& seg : segments)
-      for (int64_t e = 0; e < seg.count; ++e, ++j)
-        kernels::kv_decode(seg.elem, seg.data + e * seg.stride, r, rope, out + j * out_stride);
+    for (const auto& seg : segments) {
+      for (int64_t k = std::max(k0, j); k < std::min(k1, j + seg.count); ++k)
+        kernels::kv_decode(seg.elem, seg.data + (k - j) * seg.stride, r, rope, out + (k - k0) * out_stride);
+      if ((j += seg.count) >= k1) break;
+    }
   }
 };
 
@@ -81,54 +83,73 @@ void collect(const model_config& c, const sequence_cache& cache, const layer_io&
   add_rows(chunk_entries + (c0 - span.p0) * (dim + 1), t_last - c0 + 1);
 }
 
-// Query tiles of the fast path: rows of one item, scored against the union of their keys
-// with GEMMs, then masked to each query's own visible set.
+// Query tiles of the fast path: rows of one item, scored against the union of their keys with
+// GEMMs, a chunk of keys at a time (widened from the stored form into the chunk's buffer, its
+// GEMMs' packing), each masked to each query's own visible set, under an online softmax.
 constexpr int64_t tile_rows = 32;
+constexpr int64_t key_chunk = 512;
 
 // o_lat (rows of the tile, H, r) for queries t0 … t1−1 of one item (not batch-invariant).
 void attend_tile(const model_config& c, const layer_weights& l, const sequence_cache& cache,
                  const layer_io& io, const row_span& s, const float* chunk_entries,
                  const float* q_lat, const float* q, int64_t t0, int64_t t1, float scale,
                  float* o_lat, std::vector<float>& buf) {
-  int64_t H = c.num_attention_heads, r = c.kv_lora_rank, rope = c.qk_rope_head_dim;
-  int64_t dim = r + rope, nope = c.qk_nope_head_dim, qk = c.qk_head_dim();
-  int64_t m = c.ratio(), W = io.window > 0 ? io.window : c.window();
+  const int64_t H = c.num_attention_heads, r = c.kv_lora_rank, rope = c.qk_rope_head_dim;
+  const int64_t dim = r + rope, nope = c.qk_nope_head_dim, qk = c.qk_head_dim();
+  const int64_t m = c.ratio(), W = io.window > 0 ? io.window : c.window();
   visible_set vs;
   collect(c, cache, io, s, chunk_entries, t0, t1 - 1, vs);
-  int64_t n_keys = vs.total, T = t1 - t0, n_comp = runs_seen(io, t1 - 1, W, m);
-  int64_t raw_lo = window_start(cache, io, t0, W);
-  buf.resize(static_cast<size_t>(n_keys * dim + T * H * dim + T * H * n_keys));
-  float* keys = buf.data();             // (n_keys, dim)
-  float* qt = keys + n_keys * dim;      // (T·H, dim)
-  float* scores = qt + T * H * dim;     // (T·H, n_keys)
-  vs.widen_all(r, rope, keys, dim);  // the tile's keys, packed for its GEMMs
+  const int64_t n_keys = vs.total, T = t1 - t0, TH = T * H, n_comp = runs_seen(io, t1 - 1, W, m);
+  const int64_t raw_lo = window_start(cache, io, t0, W), K = std::min(n_keys, key_chunk);
+  buf.resize(static_cast<size_t>(K * dim + TH * dim + TH * K + 2 * TH * r + 2 * TH));
+  float* keys = buf.data();        // (K, dim): one chunk
+  float* qt = keys + K * dim;      // (T·H, dim)
+  float* scores = qt + TH * dim;   // (T·H, chunk)
+  float* acc = scores + TH * K;    // (T·H, r): Σ p·c, scaled to the running max
+  float* part = acc + TH * r;      // (T·H, r): one chunk's share
+  float* mx = part + TH * r;       // (T·H) running max (the sink's logit to start with)
+  float* sum = mx + TH;            // (T·H) running denominator
   for (int64_t i = 0; i < T; ++i)
     for (int64_t h = 0; h < H; ++h) {
       std::memcpy(qt + (i * H + h) * dim, q_lat + (i * H + h) * r, sizeof(float) * r);
       std::memcpy(qt + (i * H + h) * dim + r, q + i * H * qk + h * qk + nope, sizeof(float) * rope);
+      mx[i * H + h] = l.attn.sink.empty() ? -INFINITY : l.attn.sink[h];
+      sum[i * H + h] = l.attn.sink.empty() ? 0.0f : 1.0f;
     }
-  kernels::matmul(qt, keys, scores, T * H, n_keys, dim, false);
-  for (int64_t i = 0; i < T; ++i) {
-    // Query t sees keys [0, comp) (compressed) and [b0, b1) (its raw window); the rest of the
-    // tile's union is masked to probability 0.
-    int64_t t = t0 + i, comp = runs_seen(io, t, W, m), lo = window_start(cache, io, t, W);
-    int64_t b0 = n_comp + lo - raw_lo, b1 = n_comp + t - raw_lo + 1;
-    for (int64_t h = 0; h < H; ++h) {
-      float* row = scores + (i * H + h) * n_keys;
-      float mx = l.attn.sink.empty() ? -INFINITY : l.attn.sink[h];
-      for (int64_t k = 0; k < comp; ++k) mx = std::max(mx, row[k] *= scale);
-      for (int64_t k = b0; k < b1; ++k) mx = std::max(mx, row[k] *= scale);
-      float sum = l.attn.sink.empty() ? 0.0f : std::exp(l.attn.sink[h] - mx);
-      for (int64_t k = 0; k < comp; ++k) sum += (row[k] = std::exp(row[k] - mx));
-      for (int64_t k = b0; k < b1; ++k) sum += (row[k] = std::exp(row[k] - mx));
-      float inv = 1.0f / sum;
-      std::fill(row + comp, row + b0, 0.0f);
-      std::fill(row + b1, row + n_keys, 0.0f);
-      for (int64_t k = 0; k < comp; ++k) row[k] *= inv;
-      for (int64_t k = b0; k < b1; ++k) row[k] *= inv;
+  std::fill(acc, acc + TH * r, 0.0f);
+  for (int64_t k0 = 0; k0 < n_keys; k0 += K) {
+    const int64_t nk = std::min(K, n_keys - k0);
+    vs.widen(k0, k0 + nk, r, rope, keys, dim);
+    kernels::matmul(qt, keys, scores, TH, nk, dim, false);
+    for (int64_t i = 0; i < T; ++i) {
+      // Query t sees keys [0, comp) (compressed) and [b0, b1) (its raw window); the rest of
+      // the tile's union gets probability 0.
+      const int64_t t = t0 + i, comp = runs_seen(io, t, W, m), lo = window_start(cache, io, t, W);
+      const int64_t b0 = n_comp + lo - raw_lo, b1 = n_comp + t - raw_lo + 1;
+      auto seen = [&](int64_t k) { return k < comp || (k >= b0 && k < b1); };
+      for (int64_t h = 0; h < H; ++h) {
+        const int64_t row_i = i * H + h;
+        float* row = scores + row_i * nk;
+        float top = -INFINITY;
+        for (int64_t k = 0; k < nk; ++k)
+          if (seen(k0 + k)) top = std::max(top, row[k] *= scale);
+        const float next = std::max(mx[row_i], top);
+        if (next == -INFINITY) {  // nothing seen yet
+          std::fill(row, row + nk, 0.0f);
+          continue;
+        }
+        const float shrink = std::exp(mx[row_i] - next);
+        sum[row_i] *= shrink;
+        for (int64_t j = 0; j < r; ++j) acc[row_i * r + j] *= shrink;
+        for (int64_t k = 0; k < nk; ++k) sum[row_i] += (row[k] = seen(k0 + k) ? std::exp(row[k] - next) : 0.0f);
+        mx[row_i] = next;
+      }
     }
+    kernels::matmul_nn(scores, keys, part, TH, r, nk, dim);
+    for (int64_t j = 0; j < TH * r; ++j) acc[j] += part[j];
   }
-  kernels::matmul_nn(scores, keys, o_lat, T * H, r, n_keys, dim);
+  for (int64_t row_i = 0; row_i < TH; ++row_i)
+    for (int64_t j = 0; j < r; ++j) o_lat[row_i * r + j] = acc[row_i * r + j] / sum[row_i];
 }
 
 // o_lat (H, r) of one query, fixed order (batch-invariant path).
@@ -181,7 +202,7 @@ void attend_naive(const model_weights& w, const layer_weights& l, const float* q
   int64_t r = c.kv_lora_rank, v = c.v_head_dim, qk = c.qk_head_dim(), kvw = H * (nope + v);
   std::vector<float> ent(static_cast<size_t>(vs.total * (r + rope)));
   std::vector<float> lat(static_cast<size_t>(vs.total * r)), pe(static_cast<size_t>(vs.total * rope));
-  vs.widen_all(r, rope, ent.data(), r + rope);
+  vs.widen(0, vs.total, r, rope, ent.data(), r + rope);
   for (int64_t j = 0; j < vs.total; ++j) {
     std::memcpy(lat.data() + j * r, ent.data() + j * (r + rope), sizeof(float) * r);
     std::memcpy(pe.data() + j * rope, ent.data() + j * (r + rope) + r, sizeof(float) * rope);
