@@ -1,8 +1,7 @@
-// KV entry forms: bf16 rounding, the MXFP8 latent with a bf16 rope part, and the decode loops
-// the attention kernels call per entry.
+// KV entry forms: bf16 rounding, the MXFP8 latent (mxfp8.hpp's codec) with a bf16 rope part,
+// and the decode the attention kernels call per entry.
 #include "kernels/cpu/kv_codec.hpp"
 
-#include <array>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -16,15 +15,6 @@ namespace {
 
 size_t latent_bytes(int64_t r) { return (mxfp8_bytes(r) + 1) & ~size_t{1}; }
 
-const std::array<float, 256>& e4m3_values() {
-  static const std::array<float, 256> table = [] {
-    std::array<float, 256> t{};
-    for (int b = 0; b < 256; ++b) t[size_t(b)] = e4m3_to_float(uint8_t(b));
-    return t;
-  }();
-  return table;
-}
-
 void bf16_encode(const float* x, int64_t n, uint8_t* out) {
   for (int64_t i = 0; i < n; ++i) {
     uint16_t b = bf16_from_float(x[i]);
@@ -37,18 +27,6 @@ void bf16_decode(const uint8_t* in, int64_t n, float* x) {
     uint16_t b;
     std::memcpy(&b, in + 2 * i, 2);
     x[i] = bf16_to_float(b);
-  }
-}
-
-// mxfp8_decode's values (e4m3 times an exact power of two), through a table.
-void mx_decode(const uint8_t* in, int64_t n, float* x) {
-  const auto& t = e4m3_values();
-  const uint8_t* scales = in + n;
-  for (int64_t b0 = 0, blk = 0; b0 < n; b0 += mxfp8_block, ++blk) {
-    const uint8_t s = scales[blk];
-    const float scale = s == ue8m0_nan ? NAN : std::ldexp(1.0f, int(s) - 127);
-    const int64_t b1 = std::min(n, b0 + mxfp8_block);
-    for (int64_t i = b0; i < b1; ++i) x[i] = t[in[i]] * scale;
   }
 }
 
@@ -92,7 +70,7 @@ void kv_decode(kv_elem elem, const uint8_t* in, int64_t r, int64_t rope, float* 
     case kv_elem::f32: std::memcpy(x, in, sizeof(float) * size_t(r + rope)); return;
     case kv_elem::bf16: bf16_decode(in, r + rope, x); return;
     case kv_elem::e4m3_mx:
-      mx_decode(in, r, x);
+      mxfp8_decode(in, r, x);
       bf16_decode(in + latent_bytes(r), rope, x + r);
       return;
   }
