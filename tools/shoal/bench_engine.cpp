@@ -30,6 +30,7 @@ struct engine_args {
   std::vector<int> batches = {1, 8, 32};
   int threads = 0;  // 0 = all cores
   std::vector<std::string> kv_dtypes = {"fp32", "bf16", "fp8"};
+  model::kv_dtype kv = model::kv_dtype::bf16;  // the engine runs' cache
   int64_t kv_context = 2048;
   std::vector<int> kv_batches = {1, 32};
 };
@@ -116,8 +117,9 @@ struct decode_result {
   double tokens_per_s = 0, steps_per_s = 0, overhead = 0;
 };
 
-decode_result bench_decode(std::shared_ptr<const model::model_weights> w, int batch, int tokens, bool async) {
-  auto cfg = runtime::default_engine_config(w->config, 1024);
+decode_result bench_decode(std::shared_ptr<const model::model_weights> w, int batch, int tokens, bool async,
+                           model::kv_dtype kv) {
+  auto cfg = runtime::default_engine_config(w->config, 1024, kv);
   cfg.async_scheduling = async;
   runtime::engine e(w, cfg);
   runtime::sampling_params p;
@@ -233,6 +235,7 @@ int run_engine_bench(const engine_args& a) {
   base["bench"] = "engine";
   base["preset"] = a.model_dir.empty() ? a.preset : a.model_dir;
   base["threads"] = kernels::num_threads();
+  base["kv_dtype"] = std::string(model::to_string(a.kv));
   fmt::print("cpu: {}; kernels {}; {} threads\n", base["cpu"].get<std::string>(), kernels::isa_summary(),
              kernels::num_threads());
   if (ckpt > 0)
@@ -277,7 +280,7 @@ int run_engine_bench(const engine_args& a) {
                  {"library_bf16_impl", lib ? lib->impl : ""}, {"bf16_gemm_gflops", bf16_peak}});
   append_jsonl(a.out, limits);
   // Prefill, batch 1.
-  auto cfg = runtime::default_engine_config(c, 1024);
+  auto cfg = runtime::default_engine_config(c, 1024, a.kv);
   cfg.cache.prefix_caching = false;
   std::vector<double> times;
   runtime::engine e(w, cfg);  // one engine (its cache memory touched once), prefix caching off
@@ -306,7 +309,7 @@ int run_engine_bench(const engine_args& a) {
   double batch1 = 0;
   for (int b : a.batches)
     for (bool async : {true, false}) {
-      auto d = bench_decode(w, b, a.decode_tokens, async);
+      auto d = bench_decode(w, b, a.decode_tokens, async, a.kv);
       if (b == 1 && async) batch1 = d.tokens_per_s;
       std::string vs;
       if (b == 1) vs = fmt::format(", {:.1f}% of the bandwidth limit", d.tokens_per_s / decode_limit * 100);
@@ -337,6 +340,7 @@ void add_engine_bench(CLI::App& bench) {
   b->add_option("--batches", a->batches, "decode batch sizes");
   b->add_option("--out", a->out, "JSONL output");
   b->add_option("--threads", a->threads, "worker threads (0 = all cores)");
+  add_kv_dtype_option(*b, a->kv, "the KV cache of the prefill and decode runs (default bf16, shoald's)");
   b->add_option("--kv-dtypes", a->kv_dtypes, "KV formats compared (bytes, tokens per GiB, decode at --kv-context)")
       ->check(CLI::IsMember({"fp32", "bf16", "fp8"}));
   b->add_option("--kv-context", a->kv_context, "context of the KV-format decode runs")->check(CLI::Range(1, 1 << 20));
