@@ -38,6 +38,8 @@ node_metrics add_node_metrics(metrics_registry& r) {
       r.add_counter("shoal_engine_handoff_failures_total", "Handoffs a decode engine recomputed instead of reading.", a),
       r.add_counter("shoal_engine_handoff_timeouts_total", "Of those, handoffs whose reads timed out (lender slow or gone).", a),
       r.add_counter("shoal_engine_handoff_corrupt_total", "Of those, handoffs whose bytes failed their checksum.", a),
+      r.add_counter("shoal_engine_handoffs_refused_format_total", "Handoffs refused: their KV blocks are in another format.", a),
+      r.add_counter("shoal_engine_storage_format_misses_total", "Storage reads that stopped at a block of another KV format.", a),
       r.add_gauge("shoal_storage_usage_bytes", "Bytes of chunks a storage node holds.", a),
       r.add_gauge("shoal_storage_capacity_bytes", "A storage node's capacity.", a),
       r.add_gauge("shoal_storage_chunks", "Chunks a storage node holds.", a),

@@ -33,6 +33,9 @@ struct node_metrics {
   // and of those …_handoff_timeouts_total (the lender slow or gone) and …_handoff_corrupt_total
   // (its bytes failed their checksum).
   counter handoff_failures, handoff_timeouts, handoff_corrupt;
+  // KV blocks of another format: handoffs refused (shoal_engine_handoffs_refused_format_total)
+  // and storage reads that stopped at one (shoal_engine_storage_format_misses_total).
+  counter handoffs_refused_format, storage_format_misses;
   gauge storage_usage, storage_capacity, storage_chunks;  // shoal_storage_{usage,capacity}_bytes, shoal_storage_chunks
   counter storage_puts, storage_gets, storage_gc_evicted, storage_ttl_expired;
   counter storage_put_seconds, storage_get_seconds, storage_get_hits;  // latency: rate(seconds) / rate(count)

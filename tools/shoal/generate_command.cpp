@@ -20,6 +20,7 @@ struct generate_args {
   int top_k = 0;
   uint64_t seed = 0;
   double cache_mib = 512;
+  model::kv_dtype kv = model::kv_dtype::bf16;
   bool invariant = false;
   std::string cost_model;   // fitted cost model file (shoal bench fit-cost)
   double step_ms = 0;       // step time budget for prefill chunks (with --cost-model)
@@ -31,7 +32,7 @@ int run_generate(const generate_args& a) {
     fmt::print(stderr, "shoal generate: {}\n", m.error().message);
     return 1;
   }
-  runtime::engine_config cfg = runtime::default_engine_config(m->weights->config, a.cache_mib);
+  runtime::engine_config cfg = runtime::default_engine_config(m->weights->config, a.cache_mib, a.kv);
   cfg.batch_invariant = a.invariant;
   if (!a.cost_model.empty()) {
     auto cm = runtime::read_cost_model_file(a.cost_model);
@@ -76,6 +77,7 @@ void add_generate_command(CLI::App& app) {
   g->add_option("--top-p", a->top_p, "nucleus mass");
   g->add_option("--top-k", a->top_k, "top-k (0 = off)");
   g->add_option("--seed", a->seed, "seed of sample 0 (sample i uses seed + i)");
+  add_kv_dtype_option(*g, a->kv, "the KV cache's stored form (default bf16, as shoald)");
   g->add_option("--cache-mib", a->cache_mib, "block cache memory");
   g->add_flag("--batch-invariant", a->invariant, "fixed-order kernels (same tokens whatever the batch)");
   g->add_option("--cost-model", a->cost_model, "fitted prefill cost model (from shoal bench fit-cost)");

@@ -175,6 +175,8 @@ void record_engine(const runtime::node_metrics& m, const actors::engine_stats_sn
   m.handoff_failures.advance_to(static_cast<double>(st.cache.import_failures), a);
   m.handoff_timeouts.advance_to(static_cast<double>(st.cache.import_timeouts), a);
   m.handoff_corrupt.advance_to(static_cast<double>(st.cache.import_corrupt), a);
+  m.handoffs_refused_format.advance_to(static_cast<double>(st.handoffs_refused_format), a);
+  m.storage_format_misses.advance_to(static_cast<double>(st.cache.remote_format_misses), a);
 }
 
 // The process's own: expert residency and EP frames, resident memory, bulk transport paths.
