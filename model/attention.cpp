@@ -15,8 +15,8 @@
 namespace shoal::model::detail {
 namespace {
 
-// The entries query position t sees, as runs: paged blocks in the cache's stored form, ring
-// and chunk entries as fp32 rows of entry_dim + 1 floats.
+// The entries query position t sees, as runs: paged blocks and ring slots in the cache's
+// stored form, the chunk's entries as fp32 rows of entry_dim + 1 floats.
 struct visible_set {
   std::vector<kernels::kv_run> segments;
   int64_t total = 0;
@@ -76,7 +76,7 @@ void collect(const model_config& c, const sequence_cache& cache, const layer_io&
   for (int64_t p = lo; p < std::min(span.p0, t_last + 1);) {
     int64_t slot = p % cache.ring_tokens;
     int64_t n = std::min(span.p0 - p, cache.ring_tokens - slot);
-    add_rows(cache.ring_entry(io.stream, p), n);
+    add(cache.ring_slot(io.stream, p), n, static_cast<int64_t>(cache.ring_slot_bytes()), elem_of(cache.ring_form.dtype));
     p += n;
   }
   int64_t c0 = std::max(lo, span.p0);

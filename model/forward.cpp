@@ -55,24 +55,35 @@ void routed_expert(const model_weights& w, int64_t moe_slot, int64_t expert, con
   detail::swiglu(f.experts[expert], xn, rows, w.config.hidden_size, batch_invariant, out);
 }
 
-void sequence_cache::init(const model_config& c, int64_t ring) {
+void sequence_cache::init(const model_config& c, int64_t ring, kv_dtype dtype) {
   SHOAL_ASSERT(ring >= min_ring_tokens(c));
   ring_tokens = ring;
+  ring_form = kv_format_of(c, dtype);
   int64_t n = streams_of(c).count();
-  rings.assign(static_cast<size_t>(n),
-               std::vector<float>(static_cast<size_t>(ring * (c.entry_dim() + 1)), 0.0f));
+  rings.assign(static_cast<size_t>(n), std::vector<uint8_t>(static_cast<size_t>(ring) * ring_slot_bytes(), 0));
   ring_floor.assign(static_cast<size_t>(n), 0);
   blocks.clear();
   computed = 0;
 }
 
-float* sequence_cache::ring_entry(int64_t stream, int64_t pos) {
-  int64_t dim = static_cast<int64_t>(rings[stream].size()) / ring_tokens;
-  return rings[stream].data() + (pos % ring_tokens) * dim;
+uint8_t* sequence_cache::ring_slot(int64_t stream, int64_t pos) {
+  return rings[static_cast<size_t>(stream)].data() + static_cast<size_t>(pos % ring_tokens) * ring_slot_bytes();
 }
 
-const float* sequence_cache::ring_entry(int64_t stream, int64_t pos) const {
-  return const_cast<sequence_cache*>(this)->ring_entry(stream, pos);
+const uint8_t* sequence_cache::ring_slot(int64_t stream, int64_t pos) const {
+  return const_cast<sequence_cache*>(this)->ring_slot(stream, pos);
+}
+
+void sequence_cache::ring_read(int64_t stream, int64_t pos, float* entry) const {
+  const uint8_t* slot = ring_slot(stream, pos);
+  decode_entry(ring_form, slot, entry);
+  std::memcpy(entry + ring_form.latent + ring_form.rope, slot + ring_form.entry_bytes(), sizeof(float));
+}
+
+void sequence_cache::ring_write(int64_t stream, int64_t pos, const float* entry) {
+  uint8_t* slot = ring_slot(stream, pos);
+  encode_entry(ring_form, entry, slot);
+  std::memcpy(slot + ring_form.entry_bytes(), entry + ring_form.latent + ring_form.rope, sizeof(float));
 }
 
 uint8_t* sequence_cache::block_entry(int64_t i, int64_t layer, int64_t index) {
@@ -123,15 +134,22 @@ void compute_entries(const model_weights& w, const linear& kv_a, const std::vect
 void write_runs(const model_config& c, sequence_cache& cache, int64_t stream, int64_t cache_layer,
                 const float* chunk_entries, int64_t p0, int64_t p1, int64_t valid_until) {
   int64_t m = c.ratio(), dim = c.entry_dim(), bs = c.block_size, per_block = bs / m;
+  std::vector<float> from_ring;  // entries of a run that began before the chunk, widened
   for (int64_t r = p0 / m; (r + 1) * m <= p1; ++r) {
     int64_t end = r * m + m - 1;
     if (end < p0 || end < valid_until) continue;
     const float* e[64];
     SHOAL_ASSERT(m <= 64);
     float logits[64];
+    from_ring.resize(static_cast<size_t>(m * (dim + 1)));
     for (int64_t i = 0; i < m; ++i) {
       int64_t pos = r * m + i;
-      e[i] = pos >= p0 ? chunk_entries + (pos - p0) * (dim + 1) : cache.ring_entry(stream, pos);
+      if (pos >= p0) {
+        e[i] = chunk_entries + (pos - p0) * (dim + 1);
+      } else {
+        cache.ring_read(stream, pos, from_ring.data() + i * (dim + 1));
+        e[i] = from_ring.data() + i * (dim + 1);
+      }
       logits[i] = e[i][dim];
     }
     kernels::softmax(logits, m);
@@ -152,8 +170,7 @@ void store_ring(sequence_cache& cache, int64_t stream, const float* chunk_entrie
                 int64_t p1, int64_t dim) {
   if (cache.ring_tokens == 0) return;
   for (int64_t pos = std::max(p0, p1 - cache.ring_tokens); pos < p1; ++pos)
-    std::memcpy(cache.ring_entry(stream, pos), chunk_entries + (pos - p0) * (dim + 1),
-                sizeof(float) * (dim + 1));
+    cache.ring_write(stream, pos, chunk_entries + (pos - p0) * (dim + 1));
 }
 
 }  // namespace detail
@@ -317,6 +334,7 @@ std::vector<std::vector<mtp_draft>> mtp_chain(const model_weights& w, std::span<
       views[i].blocks = items[i].cache->blocks;
       views[i].pages = items[i].cache->pages;
       views[i].rings.resize(static_cast<size_t>(sl.count()));
+      views[i].ring_form = items[i].cache->ring_form;
       views[i].ring_floor.assign(static_cast<size_t>(sl.count()), 0);
       views[i].ring_floor[static_cast<size_t>(stream)] = spans[i].p0;
       views[i].computed = spans[i].p0;
@@ -369,7 +387,7 @@ full_result forward_full(const model_weights& w, std::span<const int32_t> tokens
   int64_t n_blocks = (n + c.block_size - 1) / c.block_size;
   kv_pages pages(kv_format_of(c, kv), static_cast<int32_t>(n_blocks));
   sequence_cache cache;
-  cache.init(c, std::max<int64_t>(min_ring_tokens(c), 1));
+  cache.init(c, std::max<int64_t>(min_ring_tokens(c), 1), kv);
   cache.pages = &pages;
   for (int64_t b = 0; b < n_blocks; ++b) cache.blocks.push_back(static_cast<int32_t>(b));
   bool mtp = !w.mtp.empty() && n >= 2;

@@ -40,13 +40,21 @@ struct sequence_cache {
   std::vector<int32_t> blocks;
   kv_pages* pages = nullptr;
   int64_t ring_tokens = 0;
-  std::vector<std::vector<float>> rings;  // per stream: (ring_tokens, entry_dim + 1), last = compress logit
+  // Per stream: (ring_tokens) slots of ring_slot_bytes(), each an entry in ring_form (the
+  // pages' form) followed by its compress logit as 4 fp32 bytes.
+  std::vector<std::vector<uint8_t>> rings;
+  kv_format ring_form;
   std::vector<int64_t> ring_floor;        // per stream: raw entries below this position are not visible
   int64_t computed = 0;                   // positions [0, computed) are in the caches
 
-  void init(const model_config& c, int64_t ring_tokens);
-  float* ring_entry(int64_t stream, int64_t pos);
-  const float* ring_entry(int64_t stream, int64_t pos) const;
+  // Rings of `ring_tokens` slots in form `dtype`, no blocks, nothing computed.
+  void init(const model_config& c, int64_t ring_tokens, kv_dtype dtype = kv_dtype::fp32);
+  size_t ring_slot_bytes() const { return ring_form.entry_bytes() + sizeof(float); }
+  uint8_t* ring_slot(int64_t stream, int64_t pos);
+  const uint8_t* ring_slot(int64_t stream, int64_t pos) const;
+  // The entry and compress logit (entry_dim + 1 floats) of the slot holding pos: widened / stored.
+  void ring_read(int64_t stream, int64_t pos, float* entry) const;
+  void ring_write(int64_t stream, int64_t pos, const float* entry);
   // The stored entry `index` of cache layer `layer` in block i.
   uint8_t* block_entry(int64_t i, int64_t layer, int64_t index);
   const uint8_t* block_entry(int64_t i, int64_t layer, int64_t index) const;
@@ -184,7 +192,7 @@ std::vector<std::vector<mtp_draft>> mtp_chain(const model_weights& w, std::span<
 struct mtp_state {
   bool valid = false;
   int64_t ring_tokens = 0, window = 0;
-  std::vector<std::vector<float>> rings;  // per depth: (ring_tokens, entry_dim + 1)
+  std::vector<std::vector<uint8_t>> rings;  // per depth: (ring_tokens) ring slots of the cache's form
   std::vector<int64_t> floor;             // per depth: no entry below this position is read
   std::vector<int64_t> frontier;          // per depth: its entries below this are final
   std::vector<std::vector<float>> out;    // per depth: output rows of final positions [out_from, frontier)

@@ -15,16 +15,16 @@ namespace {
 
 // Reset when the state cannot continue: never used, another depth count, or rows it would
 // need from before the hidden rows given.
-void reset_if_needed(const model_config& c, mtp_state& s, int64_t depth, int64_t window, int64_t hidden_from,
-                     int64_t n) {
+void reset_if_needed(mtp_state& s, int64_t depth, int64_t window, int64_t hidden_from, int64_t n,
+                     size_t slot_bytes) {
   const bool usable = s.valid && static_cast<int64_t>(s.rings.size()) == depth && s.window == window &&
+                      s.rings[0].size() == static_cast<size_t>(s.ring_tokens) * slot_bytes &&
                       s.frontier[0] >= hidden_from && s.frontier[0] < n;
   if (usable) return;
   s.valid = true;
   s.window = window;
   s.ring_tokens = window + depth + 2;
-  s.rings.assign(static_cast<size_t>(depth),
-                 std::vector<float>(static_cast<size_t>(s.ring_tokens * (c.entry_dim() + 1)), 0.0f));
+  s.rings.assign(static_cast<size_t>(depth), std::vector<uint8_t>(static_cast<size_t>(s.ring_tokens) * slot_bytes, 0));
   s.floor.assign(static_cast<size_t>(depth), hidden_from);
   s.frontier.assign(static_cast<size_t>(depth), hidden_from);
   s.out.assign(static_cast<size_t>(depth), {});
@@ -48,7 +48,7 @@ std::vector<std::vector<mtp_draft>> mtp_chain_step(const model_weights& w, std::
     const mtp_step_item& it = items[i];
     n[i] = static_cast<int64_t>(it.tokens.size()) - 1;
     SHOAL_ASSERT(it.state && it.cache && it.hidden && it.hidden_from >= 0 && it.hidden_from < n[i]);
-    reset_if_needed(c, *it.state, depth, window, it.hidden_from, n[i]);
+    reset_if_needed(*it.state, depth, window, it.hidden_from, n[i], it.cache->ring_slot_bytes());
     u[i].assign(it.tokens.begin(), it.tokens.end());
   }
   std::vector<std::vector<mtp_draft>> out(n_items);
@@ -102,6 +102,7 @@ std::vector<std::vector<mtp_draft>> mtp_chain_step(const model_weights& w, std::
       v.pages = items[i].cache->pages;
       v.ring_tokens = st.ring_tokens;
       v.rings.resize(static_cast<size_t>(sl.count()));
+      v.ring_form = items[i].cache->ring_form;
       v.rings[static_cast<size_t>(stream)] = std::move(st.rings[static_cast<size_t>(k)]);
       v.ring_floor.assign(static_cast<size_t>(sl.count()), 0);
       v.ring_floor[static_cast<size_t>(stream)] = st.floor[static_cast<size_t>(k)];

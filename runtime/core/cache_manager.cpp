@@ -77,7 +77,7 @@ int64_t cache_manager::local_hit(const std::vector<block_key>& keys) const {
 
 void cache_manager::admit(request& r) {
   SHOAL_ASSERT(r.blocks.empty() && can_admit(r));
-  r.cache.init(model_, ring_tokens_);
+  r.cache.init(model_, ring_tokens_, format_.dtype);
   r.cache.pages = pages_.get();
   r.keys = chain_keys(r.tokens, static_cast<int>(bs_), r.images);
   r.blocks_cached = 0;
@@ -351,14 +351,14 @@ std::string cache_manager::validate_handoff(const handoff_state& s) const {
       return "block " + std::to_string(i) + " is " + std::to_string(s.blocks[i].length) + " bytes, this engine's are " +
              std::to_string(bytes);
   model::sequence_cache probe;
-  probe.init(model_, ring_tokens_);
+  probe.init(model_, ring_tokens_, format_.dtype);
   if (s.rings.size() != probe.rings.size() || s.ring_floor.size() != probe.rings.size())
     return std::to_string(s.rings.size()) + " rings and " + std::to_string(s.ring_floor.size()) + " floors, the model has " +
            std::to_string(probe.rings.size()) + " streams";
   for (size_t i = 0; i < s.rings.size(); ++i)
-    if (s.rings[i].length != probe.rings[i].size() * sizeof(float))
+    if (s.rings[i].length != probe.rings[i].size())
       return "ring " + std::to_string(i) + " is " + std::to_string(s.rings[i].length) + " bytes, expected " +
-             std::to_string(probe.rings[i].size() * sizeof(float));
+             std::to_string(probe.rings[i].size());
   if (s.dec_from < 0 || s.dec_from > n) return "dec_from " + std::to_string(s.dec_from) + " outside [0, tokens]";
   return {};
 }
@@ -372,7 +372,7 @@ bool cache_manager::start_import(request& r, const handoff_state& s, transport& 
   w.reserved = pool_.allocate(static_cast<int32_t>(need));
   if (model_.is_flash()) swa_.acquire();
   model::sequence_cache probe;
-  probe.init(model_, ring_tokens_);
+  probe.init(model_, ring_tokens_, format_.dtype);
   w.rings = std::move(probe.rings);
   std::vector<std::span<std::byte>> dsts;  // adjacent blocks on both sides may travel as one read
   for (block_id b : w.reserved)
@@ -410,7 +410,7 @@ std::vector<std::pair<request*, bool>> cache_manager::poll_imports() {
     w.reads.clear();
     if (w.r && ok) {
       request& r = *w.r;
-      r.cache.init(model_, ring_tokens_);
+      r.cache.init(model_, ring_tokens_, format_.dtype);
       r.cache.pages = pages_.get();
   r.cache.pages = pages_.get();
       r.cache.rings = std::move(w.rings);
@@ -445,7 +445,7 @@ bool cache_manager::adopt(request& r, int64_t computed) {
   if (n + 1 > pool_.num_free() || (model_.is_flash() && !swa_.can_acquire())) return false;
   if (model_.is_flash()) swa_.acquire();
   fix_decoder_tail(r);
-  r.cache.init(model_, ring_tokens_);
+  r.cache.init(model_, ring_tokens_, format_.dtype);
   r.cache.pages = pages_.get();
   attach(r, pool_.allocate(static_cast<int32_t>(n)));
   r.cache.computed = computed;

@@ -169,7 +169,7 @@ class cache_manager {
   struct import_wait {
     request* r = nullptr;  // null once aborted
     std::vector<block_id> reserved;
-    std::vector<std::vector<float>> rings;  // (streams) read here, moved into r's cache
+    std::vector<std::vector<uint8_t>> rings;  // (streams) read here, moved into r's cache
     std::vector<std::shared_ptr<transfer>> reads;
     handoff_state state;  // scalars and floors (its descriptors are not used again)
     std::chrono::steady_clock::time_point started;

@@ -40,7 +40,7 @@ struct handoff_state {
   int64_t snapshot_at = -1;
   model::kv_format kv;                // the stored form of the blocks' bytes
   std::vector<remote_memory> blocks;  // (ceil(computed / block_size)) block order
-  std::vector<remote_memory> rings;   // (streams) (ring_tokens, entry_dim + 1) floats each
+  std::vector<remote_memory> rings;   // (streams) ring_tokens slots each, in the kv format (sequence_cache::rings)
 };
 
 }  // namespace shoal::runtime

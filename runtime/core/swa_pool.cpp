@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "kernels/assert.hpp"
 #include "model/kv_format.hpp"
@@ -77,11 +78,12 @@ void swa_pool::save(const block_key& key, const model::sequence_cache& cache, in
   scratch_.resize(snapshot_bytes(p));
   write_header(p - lo, scratch_.data());
   uint8_t* out = scratch_.data() + swa_header_bytes;
+  std::vector<float> e(static_cast<size_t>(entry_dim_ + 1));
   for (int64_t st = 0; st < streams_; ++st)
     for (int64_t pos = lo; pos < p; ++pos, out += entry_bytes()) {
-      const float* e = cache.ring_entry(st, pos);
-      if (storage_ == swa_storage::fp32) std::memcpy(out, e, entry_bytes());
-      else model::mxfp8_encode(e, entry_dim_, out);
+      cache.ring_read(st, pos, e.data());
+      if (storage_ == swa_storage::fp32) std::memcpy(out, e.data(), entry_bytes());
+      else model::mxfp8_encode(e.data(), entry_dim_, out);
     }
   store_->put(key, p, scratch_);
   ++stats_.saves;
@@ -104,12 +106,13 @@ bool swa_pool::restore(const block_key& key, model::sequence_cache& cache, int64
   bool found = store_->read(key, p, [&](std::span<const uint8_t> bytes) {
     if (!header_fits(bytes, p)) return void(sized = false);
     const uint8_t* in = bytes.data() + swa_header_bytes;
+    std::vector<float> e(static_cast<size_t>(entry_dim_ + 1));
     for (int64_t st = 0; st < streams_; ++st)
       for (int64_t pos = lo; pos < p; ++pos, in += entry_bytes()) {
-        float* e = cache.ring_entry(st, pos);
-        if (storage_ == swa_storage::fp32) std::memcpy(e, in, entry_bytes());
-        else model::mxfp8_decode(in, entry_dim_, e);
-        e[entry_dim_] = 0.0f;  // compress logit: P is run-aligned, so no partial run needs it
+        if (storage_ == swa_storage::fp32) std::memcpy(e.data(), in, entry_bytes());
+        else model::mxfp8_decode(in, entry_dim_, e.data());
+        e[static_cast<size_t>(entry_dim_)] = 0.0f;  // compress logit: P is run-aligned, so no partial run needs it
+        cache.ring_write(st, pos, e.data());  // in the ring's own form
       }
   });
   if (!found || !sized) {

@@ -40,7 +40,7 @@ void engine::offer_handoff(request& r) {
       last_error_ = "handoff of request " + std::to_string(r.id.value) + ": " + reg.error();
       return;
     }
-    s.rings.push_back((*reg)->describe(0, ring.size() * sizeof(float)));
+    s.rings.push_back((*reg)->describe(0, ring.size()));
     regs.push_back(std::move(*reg));
   }
   r.handed_off = true;

@@ -21,7 +21,7 @@ struct backend_sequence {
     const auto& c = b.weights().config;
     const int64_t blocks = positions / c.block_size + 1;
     pages = b.create_kv(model::kv_format_of(c, kv), static_cast<int32_t>(blocks));
-    cache.init(c, model::min_ring_tokens(c) + 1);
+    cache.init(c, model::min_ring_tokens(c) + 1, kv);
     cache.pages = pages.get();
     for (int64_t i = 0; i < blocks; ++i) cache.blocks.push_back(static_cast<int32_t>(i));
   }

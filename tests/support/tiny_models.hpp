@@ -94,7 +94,7 @@ struct dense_cache {
   model::sequence_cache cache;
   dense_cache(const model::model_config& c, int64_t n_blocks, int64_t ring, model::kv_dtype kv = model::kv_dtype::fp32)
       : pages(std::make_unique<model::kv_pages>(model::kv_format_of(c, kv), static_cast<int32_t>(n_blocks))) {
-    cache.init(c, ring);
+    cache.init(c, ring, kv);
     cache.pages = pages.get();
     for (int64_t b = 0; b < n_blocks; ++b) cache.blocks.push_back(static_cast<int32_t>(b));
   }

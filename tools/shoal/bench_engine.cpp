@@ -170,11 +170,15 @@ double decode_in_format(const model::model_weights& w, model::kv_dtype kv, int b
   std::vector<int32_t> tokens(static_cast<size_t>(batch));
   for (int b = 0; b < batch; ++b) {
     auto& cache = caches[b];
-    cache.init(c, std::max<int64_t>(model::min_ring_tokens(c), c.window()));
+    cache.init(c, std::max<int64_t>(model::min_ring_tokens(c), c.window()), kv);
     cache.pages = &pages;
     for (int64_t k = 0; k < per_seq; ++k) cache.blocks.push_back(static_cast<int32_t>(b * per_seq + k));
-    for (auto& ring : cache.rings)
-      for (auto& x : ring) x = normal(rng);
+    std::vector<float> e(static_cast<size_t>(c.entry_dim() + 1));
+    for (size_t st = 0; st < cache.rings.size(); ++st)
+      for (int64_t pos = 0; pos < cache.ring_tokens && !cache.rings[st].empty(); ++pos) {
+        for (auto& x : e) x = normal(rng);
+        cache.ring_write(static_cast<int64_t>(st), pos, e.data());
+      }
     tokens[b] = static_cast<int32_t>(2 + b % 250);
   }
   model::forward_options o;

@@ -44,7 +44,7 @@ struct bench_sequence {
   model::sequence_cache cache;
   bench_sequence(const model::model_config& c, int64_t blocks, model::kv_dtype kv)
       : pages(std::make_unique<model::kv_pages>(model::kv_format_of(c, kv), static_cast<int32_t>(blocks))) {
-    cache.init(c, std::max<int64_t>(model::min_ring_tokens(c), c.window()));
+    cache.init(c, std::max<int64_t>(model::min_ring_tokens(c), c.window()), kv);
     cache.pages = pages.get();
     for (int64_t b = 0; b < blocks; ++b) cache.blocks.push_back(static_cast<int32_t>(b));
   }
