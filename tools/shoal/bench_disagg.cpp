@@ -294,6 +294,28 @@ double raw_gbps(const std::string& provider, uint64_t block_bytes, double total)
   return static_cast<double>(src.size()) / median(s) / 1e9;
 }
 
+// Bytes moved per handed-off request and per block in each KV format, against fp32's when it
+// ran; the records of the JSON line.
+json print_handoff_formats(const std::vector<std::pair<std::string, handoff_figures>>& per_format) {
+  json formats = json::array();
+  const handoff_figures* fp32 = nullptr;
+  for (const auto& [name, h] : per_format)
+    if (name == "fp32") fp32 = &h;
+  for (const auto& [name, h] : per_format) {
+    const double per_request = h.taken > 0 ? h.bytes / static_cast<double>(h.taken) : 0;
+    const double fp32_per_request = fp32 && fp32->taken > 0 ? fp32->bytes / static_cast<double>(fp32->taken) : 0;
+    fmt::print("  KV {:>4}: {} handoffs, {:.0f} bytes moved per handed-off request, {} bytes per block{}\n", name,
+               h.taken, per_request, h.block_bytes,
+               fp32_per_request > 0 ? fmt::format(" ({:.4f}x fp32's per request, {:.4f}x per block)",
+                                                  per_request / fp32_per_request,
+                                                  static_cast<double>(h.block_bytes) / static_cast<double>(fp32->block_bytes))
+                                    : std::string());
+    formats.push_back({{"kv_dtype", name}, {"handoffs", h.taken}, {"bytes_per_request", per_request},
+                       {"block_bytes", h.block_bytes}, {"read_gbps", h.read_s > 0 ? h.bytes / h.read_s / 1e9 : 0.0}});
+  }
+  return formats;
+}
+
 int run_disagg_bench(const disagg_args& a) {
   json base = machine_facts();  // popen: before any thread of ours exists
   auto trace = sim::load_mooncake_trace(a.trace);
@@ -379,22 +401,7 @@ int run_disagg_bench(const disagg_args& a) {
              "{:.3f} GB/s over {}-byte ranges (ratio {:.2f})\n",
              hf.taken, hf.failed, hf.kept, handoff_gbps, raw, hf.block_bytes, raw > 0 ? handoff_gbps / raw : 0.0);
   fmt::print("  handoff ranges {} in {} reads (adjacent blocks coalesced)\n", hf.blocks, hf.reads);
-  json formats = json::array();
-  const handoff_figures* fp32 = nullptr;
-  for (const auto& [name, h] : per_format)
-    if (name == "fp32") fp32 = &h;
-  for (const auto& [name, h] : per_format) {
-    const double per_request = h.taken > 0 ? h.bytes / static_cast<double>(h.taken) : 0;
-    const double fp32_per_request = fp32 && fp32->taken > 0 ? fp32->bytes / static_cast<double>(fp32->taken) : 0;
-    fmt::print("  KV {:>4}: {} handoffs, {:.0f} bytes moved per handed-off request, {} bytes per block{}\n", name,
-               h.taken, per_request, h.block_bytes,
-               fp32_per_request > 0 ? fmt::format(" ({:.4f}x fp32's per request, {:.4f}x per block)",
-                                                  per_request / fp32_per_request,
-                                                  static_cast<double>(h.block_bytes) / static_cast<double>(fp32->block_bytes))
-                                    : std::string());
-    formats.push_back({{"kv_dtype", name}, {"handoffs", h.taken}, {"bytes_per_request", per_request},
-                       {"block_bytes", h.block_bytes}, {"read_gbps", h.read_s > 0 ? h.bytes / h.read_s / 1e9 : 0.0}});
-  }
+  json formats = print_handoff_formats(per_format);
   json swa = swa_fetch_vs_replay(a.swa_provider, a.swa_preset, 50, 3);  // prints its own lines
 
   json r = base;

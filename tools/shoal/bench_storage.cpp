@@ -302,6 +302,27 @@ std::vector<kv_block_point> measure_kv_blocks(caf::actor_system& sys, const std:
   return out;
 }
 
+// The KV-block figures (fp32 first), printed and appended as records.
+void print_kv_blocks(const std::vector<kv_block_point>& points, const json& base, const std::string& out) {
+  fmt::print("\nengine KV blocks (v3-small shape) through the engines' store, 64 each:\n");
+  const double fp32_stored = points.front().stored_per_block;
+  for (const auto& p : points) {
+    fmt::print("  {:>4}: block {} bytes ({:.4f}x fp32), stored {:.0f} bytes per block with header, parity and chunk "
+               "files ({:.4f}x fp32's), {} written, {} failed\n",
+               p.kv, p.block_bytes, static_cast<double>(p.block_bytes) / static_cast<double>(points.front().block_bytes),
+               p.stored_per_block, p.stored_per_block / fp32_stored, p.written, p.failed);
+    json r = base;
+    r["point"] = "kv_blocks";
+    r["kv_dtype"] = p.kv;
+    r["engine_block_bytes"] = p.block_bytes;
+    r["stored_bytes_per_block"] = p.stored_per_block;
+    r["ratio_to_fp32"] = p.stored_per_block / fp32_stored;
+    r["written"] = p.written;
+    r["failed"] = p.failed;
+    append_jsonl(out, r);
+  }
+}
+
 int run_storage_bench(const storage_args& a) {
   json base = machine_facts();  // popen: before any thread of ours exists
   base["bench"] = "storage";
@@ -440,13 +461,7 @@ int run_storage_bench(const storage_args& a) {
   for (const auto& p : lat)
     fmt::print("{:>10} {:>6} {:>10.3f} {:>10.3f} {:>7} {:>9}\n", p.down, p.gets, p.p50, p.p99, p.failed, p.mismatches);
   if (ec.mismatches) fmt::print("raw decode mismatches: {}\n", ec.mismatches);
-  fmt::print("\nengine KV blocks (v3-small shape) through the engines' store, 64 each:\n");
-  const double fp32_stored = kv_points.front().stored_per_block;
-  for (const auto& p : kv_points)
-    fmt::print("  {:>4}: block {} bytes ({:.4f}x fp32), stored {:.0f} bytes per block with header, parity and chunk "
-               "files ({:.4f}x fp32's), {} written, {} failed\n",
-               p.kv, p.block_bytes, static_cast<double>(p.block_bytes) / static_cast<double>(kv_points.front().block_bytes),
-               p.stored_per_block, p.stored_per_block / fp32_stored, p.written, p.failed);
+  print_kv_blocks(kv_points, base, a.out);
 
   json r = base;
   r["point"] = "ec_raw";
@@ -487,17 +502,6 @@ int run_storage_bench(const storage_args& a) {
   r["get_over_loopback"] = get_ratio;
   r["put_over_chunk_store"] = put_gbps / st.put_gbps;
   append_jsonl(a.out, r);
-  for (const auto& p : kv_points) {
-    r = base;
-    r["point"] = "kv_blocks";
-    r["kv_dtype"] = p.kv;
-    r["engine_block_bytes"] = p.block_bytes;
-    r["stored_bytes_per_block"] = p.stored_per_block;
-    r["ratio_to_fp32"] = p.stored_per_block / fp32_stored;
-    r["written"] = p.written;
-    r["failed"] = p.failed;
-    append_jsonl(a.out, r);
-  }
   for (const auto& p : lat) {
     r = base;
     r["point"] = "get_latency";
