@@ -14,22 +14,13 @@
 
 #include "model/kv_format.hpp"
 #include "runtime/base/fault_points.hpp"
+#include "runtime/config/host_port.hpp"
 #include "runtime/base/roles.hpp"
 
 namespace shoal::runtime {
 
 enum class log_level : uint8_t { trace, debug, info, warn, error };
 const char* to_string(log_level l);
-
-// "host:port" as written in the file: host is a hostname, IPv4 literal or bracketed IPv6
-// literal ("[::1]:7100", stored without brackets). Port 0 (listen addresses only) asks the
-// OS for a free port.
-struct host_port {
-  std::string host;
-  uint16_t port = 0;
-  bool operator==(const host_port&) const = default;
-};
-std::string to_string(const host_port& a);  // brackets IPv6 hosts again
 
 struct node_config {
   // [node]
