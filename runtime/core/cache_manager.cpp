@@ -33,8 +33,7 @@ cache_manager::cache_manager(const model::model_config& model, const cache_confi
       format_(config.pages ? config.pages->format() : model::kv_format_of(model, config.kv_dtype)),
       pages_(!config.payload ? nullptr
              : config.pages  ? config.pages
-                             : std::make_shared<model::kv_pages>(model::kv_format_of(model, config.kv_dtype),
-                                                                 static_cast<int32_t>(config.num_blocks))),
+                             : std::make_shared<model::kv_pages>(format_, static_cast<int32_t>(config.num_blocks))),
       swa_(config.swa_slots, config.swa_snapshots, model.encoder_layers(), model.entry_dim(),
            model.window(), config.snapshot_storage, config.swa_machine_store) {}
 
@@ -344,7 +343,6 @@ std::string cache_manager::validate_handoff(const handoff_state& s) const {
   if (static_cast<int64_t>(s.blocks.size()) != blocks_for(s.computed))
     return std::to_string(s.blocks.size()) + " blocks for " + std::to_string(s.computed) + " positions, expected " +
            std::to_string(blocks_for(s.computed));
-  if (s.kv != format_) return "KV blocks in " + s.kv.describe() + ", this engine's are " + format_.describe();
   const uint64_t bytes = format_.block_bytes();
   for (size_t i = 0; i < s.blocks.size(); ++i)
     if (s.blocks[i].length != bytes)

@@ -103,7 +103,8 @@ class cache_manager {
   bool adopt(request& r, int64_t computed);
   size_t imports_out() const { return imports_.size(); }
   // Why a handoff cannot continue on this engine ("" when it can): shapes that differ from
-  // this engine's model and cache layout, counts that do not add up.
+  // this engine's model and cache layout, counts that do not add up. Its KV format must be
+  // format() already (the engine refuses another one with a code and counter of its own).
   std::string validate_handoff(const handoff_state& s) const;
   // Remote reads not yet let go by the tier, also those no request waits on any more.
   size_t remote_reads_out() const { return waits_.size() + slot_waits_.size(); }
