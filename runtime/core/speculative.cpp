@@ -13,6 +13,7 @@ const char* to_string(spec_mode m) {
     case spec_mode::off: return "off";
     case spec_mode::fixed: return "fixed";
     case spec_mode::adaptive: return "adaptive";
+    case spec_mode::automatic: return "auto";
   }
   return "off";
 }
@@ -21,6 +22,7 @@ std::optional<spec_mode> spec_mode_from(std::string_view s) {
   if (s == "off") return spec_mode::off;
   if (s == "fixed") return spec_mode::fixed;
   if (s == "adaptive") return spec_mode::adaptive;
+  if (s == "auto") return spec_mode::automatic;
   return std::nullopt;
 }
 
@@ -68,6 +70,7 @@ std::optional<std::string> validate(const spec_config& c, int64_t max_backtrack)
   if (c.draft_context < 0 || c.draft_context > 4096)
     return "speculative.draft_context must be in [0, 4096] (0 = default), got " + std::to_string(c.draft_context);
   if (c.adaptive_from < 0) return "speculative.adaptive_from must be >= 0, got " + std::to_string(c.adaptive_from);
+  if (c.auto_from < 0) return "speculative.auto_from must be >= 0, got " + std::to_string(c.auto_from);
   if (c.mode == spec_mode::adaptive && !c.cost)
     return "speculative.mode adaptive needs a decode cost model (speculative.cost_model)";
   if (!(c.self_draft_noise >= 0 && c.self_draft_noise <= 1))

@@ -46,6 +46,9 @@ struct swa_stats {
 struct spec_stats {
   uint64_t decode_steps = 0;  // request-steps that verified ≥ 0 drafts of a speculating request
   uint64_t drafted = 0, verified = 0, accepted = 0, emitted = 0;
+  // spec_mode::automatic: whether the last step verified drafts, and how often that changed.
+  bool auto_verifying = false;
+  uint64_t auto_switches = 0;
   double verified_per_step() const { return decode_steps ? double(verified) / double(decode_steps) : 0; }
   double accepted_per_step() const { return decode_steps ? double(accepted) / double(decode_steps) : 0; }
   double tokens_per_step() const { return decode_steps ? double(emitted) / double(decode_steps) : 0; }

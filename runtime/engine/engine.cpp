@@ -54,7 +54,8 @@ engine::engine(std::shared_ptr<const model::model_weights> weights, const engine
   if (config_.spec.mode != spec_mode::off) {
     // A bad spec_config is the caller's error (engine_setup and shoald validate it first).
     SHOAL_ASSERT(!validate(config_.spec, max_backtrack(weights_->config, config_.cache)));
-    SHOAL_ASSERT(!weights_->mtp.empty() && !config_.ep && config_.role != engine_role::prefill);
+    SHOAL_ASSERT(!weights_->mtp.empty() && config_.role != engine_role::prefill);
+    SHOAL_ASSERT(!(config_.ep && config_.spec.self_draft));  // self-drafting needs every expert here
     config_.async_scheduling = false;  // see engine_config::spec
     const model::model_config& c = weights_->config;
     draft_context_ = config_.spec.draft_context > 0 ? config_.spec.draft_context : (c.is_flash() ? c.window() : 64);
@@ -64,6 +65,7 @@ engine::engine(std::shared_ptr<const model::model_weights> weights, const engine
     ep_ = std::make_unique<ep_moe_exchange>(weights_, backend_, config_.ep->layout, config_.ep->transport,
                                             config_.batch_invariant, config_.ep->limits);
     ep_->set_load_window(config_.ep->load_window_steps);
+    if (config_.spec.mode != spec_mode::off) ep_->set_draft_depth(config_.spec.nextn);
   }
   if (config_.role == engine_role::prefill) {
     SHOAL_ASSERT(config_.bulk);  // engine_config::bulk is required for role prefill (caller's error)
@@ -396,7 +398,9 @@ std::vector<token_event> engine::complete() {
       drafting.push_back(r);
     }
   }
-  if (!drafting.empty()) draft(drafting);
+  // spec_mode::automatic below its concurrency: no drafts to verify, so none are made.
+  const bool drafts_wanted = config_.spec.mode != spec_mode::automatic || stats_.spec.auto_verifying;
+  if (!drafting.empty() && drafts_wanted) draft(drafting);
   ++stats_.steps;
   flight_.reset();
   return events;

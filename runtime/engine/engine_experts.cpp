@@ -22,6 +22,7 @@ double now_s() {
 std::vector<token_event> engine::step_ep() {
   double t0 = now_s();
   step_plan p = sched_.plan({});
+  add_drafts(p);
   stats_.plan_s += now_s() - t0;
   stalled_ = p.items.empty() && has_work();
   // This placement's experts (and an offered one's) in memory before any of them is computed.
@@ -58,12 +59,22 @@ std::vector<token_event> engine::step_ep() {
       return fail_step(e.what());
     }
   }
-  if (auto joined = ep_->end_step(); !joined) return fail_step(joined.error());
   if (!flight_) {
+    if (auto joined = ep_->end_step(); !joined) return fail_step(joined.error());
     ++stats_.steps;
     return {};
   }
-  return complete();
+  // Completion drafts the next step's tokens through the MTP slots of this same lockstep step
+  // (ep_moe_exchange::set_draft_depth); a draft that fails leaves its requests without drafts
+  // and abandons the step (draft()). The main pass's results hold either way: every exchange
+  // they needed completed.
+  std::vector<token_event> events = complete();
+  if (ep_->in_step())
+    if (auto joined = ep_->end_step(); !joined) {
+      last_error_ = joined.error();
+      ++stats_.failed_steps;
+    }
+  return events;
 }
 
 // The step's forward pass did not finish: its requests' caches are partly written past

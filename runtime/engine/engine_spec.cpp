@@ -78,7 +78,7 @@ void engine::draft(std::vector<request*>& rs) {
   }
   if (items.empty()) return;
   const auto& synth = config_.spec.synthetic;
-  model::forward_options fo{config_.batch_invariant, config_.naive_prefill, nullptr};
+  model::forward_options fo{config_.batch_invariant, config_.naive_prefill, ep_.get()};
   std::vector<int32_t> generated;
   std::vector<float> draft_masked;
   std::vector<size_t> advanced(ready.size(), 0);  // tokens each matcher took for the drafts
@@ -86,6 +86,7 @@ void engine::draft(std::vector<request*>& rs) {
     self_draft(ready, fo, advanced);
   } else {
     const int64_t window = weights_->config.is_flash() ? weights_->config.window() : draft_context_;
+    try {
     backend_->mtp_step(items, config_.spec.nextn, window,
                    [&](size_t i, int64_t k, std::span<const float> logits, float confidence) {
                      request& r = *ready[i];
@@ -112,6 +113,20 @@ void engine::draft(std::vector<request*>& rs) {
                      return token;
                    },
                    fo);
+    } catch (const ep_error& e) {
+      // A draft pass's exchange failed (expert parallelism): no drafts this step; the MTP
+      // caches of the chain are partly written, so each restarts from its hidden rows.
+      last_error_ = e.what();
+      ++stats_.failed_steps;
+      for (size_t i = 0; i < ready.size(); ++i) {
+        if (advanced[i] > 0) ready[i]->matcher->rollback(advanced[i]);
+        ready[i]->spec.drafts.clear();
+        ready[i]->spec.confidence.clear();
+        ready[i]->spec.q.clear();
+        ready[i]->spec.mtp = {};
+      }
+      return;
+    }
   }
   for (size_t i = 0; i < ready.size(); ++i) {
     if (advanced[i] > 0) ready[i]->matcher->rollback(advanced[i]);  // the drafts are not output yet
@@ -179,6 +194,18 @@ void engine::self_draft(const std::vector<request*>& rs, const model::forward_op
 // decodes) or the policy's choice, bounded by max_tokens and by the free blocks.
 void engine::add_drafts(step_plan& plan) {
   if (config_.spec.mode == spec_mode::off) return;
+  if (config_.spec.mode == spec_mode::automatic) {
+    // The step's concurrency: its decoding requests (drafts or not).
+    int64_t decodes = 0;
+    for (const planned_item& it : plan.items)
+      if (it.n_tokens == 1 && it.req->computed() == it.req->num_tokens() - 1) ++decodes;
+    const bool on = decodes >= config_.spec.auto_from;
+    if (on != stats_.spec.auto_verifying) {
+      stats_.spec.auto_verifying = on;
+      ++stats_.spec.auto_switches;
+    }
+    if (!on) return;
+  }
   std::vector<size_t> at;
   std::vector<spec_candidate> cands;
   for (size_t i = 0; i < plan.items.size(); ++i) {
@@ -196,7 +223,8 @@ void engine::add_drafts(step_plan& plan) {
   if (config_.spec.mode == spec_mode::adaptive && static_cast<int64_t>(cands.size()) >= config_.spec.adaptive_from) {
     k = choose_verify_lengths(cands, *config_.spec.cost, plan.tokens);
   } else {
-    const int64_t cap = config_.spec.mode == spec_mode::fixed && config_.spec.fixed_k > 0 ? config_.spec.fixed_k : config_.spec.nextn;
+    const int64_t cap = config_.spec.mode != spec_mode::adaptive && config_.spec.fixed_k > 0 ? config_.spec.fixed_k
+                                                                                              : config_.spec.nextn;
     for (size_t c = 0; c < cands.size(); ++c) k[c] = std::min(cap, static_cast<int64_t>(cands[c].confidence.size()));
   }
   for (size_t c = 0; c < cands.size(); ++c) {

@@ -154,6 +154,21 @@ ep_moe_exchange::ep_moe_exchange(std::shared_ptr<const model::model_weights> wei
       limits_(limits),
       loads_(slots_, std::max<int64_t>(experts_, 1), eplb_policy::decode().window_steps) {
   reconfigure(layout, std::move(transport));
+  set_draft_depth(0);
+}
+
+void ep_moe_exchange::set_draft_depth(int64_t depth) {
+  SHOAL_ASSERT(!in_step_ && depth >= 0);
+  const model::model_config& c = weights_->config;
+  schedule_.clear();
+  // Pass 0: every slot, the MTP modules' too (a forward pass may run them after the main
+  // layers: forward_full's MTP output).
+  for (int64_t s = 0; s < slots_; ++s) schedule_.push_back({s, 0});
+  const int64_t modules = c.num_nextn_predict_layers;
+  SHOAL_ASSERT(depth == 0 || modules > 0);
+  for (int64_t k = 0; k < depth; ++k)
+    if (int64_t s = model::moe_slot_of_layer(c, c.num_hidden_layers + std::min(k, modules - 1)); s >= 0)
+      schedule_.push_back({s, static_cast<int32_t>(k + 1)});
 }
 
 void ep_moe_exchange::reconfigure(ep_layout layout, std::shared_ptr<expert_transport> transport) {
@@ -199,7 +214,7 @@ void ep_moe_exchange::mark_ready() {
 void ep_moe_exchange::begin_step() {
   SHOAL_ASSERT(!in_step_);
   in_step_ = true;
-  next_slot_ = 0;
+  next_ = 0;
   switch_agreed_ = false;
   ++steps_started_;
 }
@@ -207,10 +222,7 @@ void ep_moe_exchange::begin_step() {
 std::expected<void, std::string> ep_moe_exchange::end_step() {
   SHOAL_ASSERT(in_step_);
   try {
-    for (int64_t s = next_slot_; s < slots_; ++s) {
-      next_slot_ = s + 1;
-      run_slot(s, nullptr, 0, nullptr, nullptr, nullptr);
-    }
+    while (next_ < schedule_.size()) run_slot(next_++, nullptr, 0, nullptr, nullptr, nullptr);
   } catch (const ep_error& e) {
     return std::unexpected(e.what());  // fail() already abandoned the step
   }
@@ -242,8 +254,9 @@ void ep_moe_exchange::fail(const std::string& what) {
                  std::to_string(steps_started_ - 1) + ": " + what);
 }
 
-ep_payloads ep_moe_exchange::exchange(int64_t slot, int32_t phase, ep_payloads outgoing) {
-  auto in = transport_->exchange(steps_started_ - 1, static_cast<int32_t>(slot), phase, std::move(outgoing));
+ep_payloads ep_moe_exchange::exchange(size_t pos, int32_t phase, ep_payloads outgoing) {
+  const auto [slot, pass] = schedule_[pos];
+  auto in = transport_->exchange(steps_started_ - 1, static_cast<int32_t>(slot), 2 * pass + phase, std::move(outgoing));
   if (!in) fail("slot " + std::to_string(slot) + (phase == 0 ? " dispatch: " : " combine: ") + in.error());
   if (in->size() != static_cast<size_t>(layout_.size))
     fail("transport returned " + std::to_string(in->size()) + " payloads for a group of " +
@@ -256,14 +269,13 @@ void ep_moe_exchange::routed_experts(const model::model_weights& w, int64_t moe_
                                      bool batch_invariant, float* out) {
   SHOAL_ASSERT(&w == weights_.get() && batch_invariant == invariant_);
   SHOAL_ASSERT(in_step_);
-  // each slot at most once per step, in increasing order
-  SHOAL_ASSERT(moe_slot >= next_slot_ && moe_slot < slots_);
-  for (int64_t s = next_slot_; s < moe_slot; ++s) {  // slots this forward skipped: peers may need us
-    next_slot_ = s + 1;
-    run_slot(s, nullptr, 0, nullptr, nullptr, nullptr);
-  }
-  next_slot_ = moe_slot + 1;
-  run_slot(moe_slot, xn, rows, ids, weights, out);
+  // The schedule's next position of this slot; positions skipped on the way (slots a forward
+  // pass skips, a draft depth with no rows) are joined empty: peers may need this rank.
+  size_t pos = next_;
+  while (pos < schedule_.size() && schedule_[pos].slot != moe_slot) ++pos;
+  SHOAL_ASSERT(pos < schedule_.size());  // a slot outside the schedule (draft depth not set?)
+  while (next_ < pos) run_slot(next_++, nullptr, 0, nullptr, nullptr, nullptr);
+  run_slot(next_++, xn, rows, ids, weights, out);
 }
 
 namespace {
@@ -341,8 +353,9 @@ dispatch_plan plan_dispatch(const ep_placement& place, int64_t slot, int32_t R, 
 
 }  // namespace
 
-void ep_moe_exchange::run_slot(int64_t slot, const float* xn, int64_t rows, const int32_t* ids,
+void ep_moe_exchange::run_slot(size_t pos, const float* xn, int64_t rows, const int32_t* ids,
                                const float* weights, float* out) {
+  const int64_t slot = schedule_[pos].slot;
   const int32_t R = layout_.size, me = layout_.rank;
   const int64_t d = hidden_, k = top_k_;
   const uint64_t step = steps_started_ - 1;
@@ -358,7 +371,7 @@ void ep_moe_exchange::run_slot(int64_t slot, const float* xn, int64_t rows, cons
     outgoing[r] = encode_dispatch(send[r]);
     send[r].xn = {};  // only the pair counts are needed from here on
   }
-  ep_payloads incoming = exchange(slot, 0, std::move(outgoing));
+  ep_payloads incoming = exchange(pos, 0, std::move(outgoing));
 
   // Own experts over every source's rows.
   std::vector<dispatch_frame> in(static_cast<size_t>(R));
@@ -377,7 +390,7 @@ void ep_moe_exchange::run_slot(int64_t slot, const float* xn, int64_t rows, cons
     pairs_computed_ += static_cast<int64_t>(in[src].pair_expert.size());
   }
   // Every rank sees the same slot-0 frames, so every rank agrees on the switch alike.
-  if (slot == 0 && agreed > place.epoch()) switch_agreed_ = true;
+  if (pos == 0 && agreed > place.epoch()) switch_agreed_ = true;
   incoming = {};
   std::vector<std::vector<float>> results(static_cast<size_t>(R));
   for (int32_t src = 0; src < R; ++src) results[src].resize(in[src].pair_row.size() * static_cast<size_t>(d));
@@ -388,7 +401,7 @@ void ep_moe_exchange::run_slot(int64_t slot, const float* xn, int64_t rows, cons
                                    static_cast<int64_t>(in[src].pair_row.size()));
   in = {};
   results = {};
-  incoming = exchange(slot, 1, std::move(outgoing));
+  incoming = exchange(pos, 1, std::move(outgoing));
 
   // Combine: per row, contributions in ascending expert id, as the local path sums them.
   std::vector<std::vector<float>> back(static_cast<size_t>(R));

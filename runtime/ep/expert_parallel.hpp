@@ -96,6 +96,12 @@ class ep_moe_exchange final : public model::moe_exchange {
   // Between steps only: a new group (e.g. survivors after a loss re-partition the experts);
   // the step counter restarts at 0.
   void reconfigure(ep_layout layout, std::shared_ptr<expert_transport> transport);
+  // Speculative decoding under expert parallelism: each lockstep step also runs `depth` MTP
+  // passes (the drafts of the next step), each through its MTP module's MoE slot (module
+  // min(k, modules − 1) at depth k, as model::mtp_chain_step). Every rank of a group must set
+  // the same depth (node_info::ep_spec_depth); 0 (the default): the main model's slots only.
+  // Between steps only.
+  void set_draft_depth(int64_t depth);
   void begin_step();
   // Between steps: the group's next placement (epoch placement().epoch() + 1, this group's
   // size and the model's slots and experts); at most one offered at a time. The engine then
@@ -129,9 +135,10 @@ class ep_moe_exchange final : public model::moe_exchange {
                       bool batch_invariant, float* out) override;
 
  private:
-  void run_slot(int64_t slot, const float* xn, int64_t rows, const int32_t* ids,
+  // Exchanges of position `pos` of the step's schedule.
+  void run_slot(size_t pos, const float* xn, int64_t rows, const int32_t* ids,
                 const float* weights, float* out);
-  ep_payloads exchange(int64_t slot, int32_t phase, ep_payloads outgoing);
+  ep_payloads exchange(size_t pos, int32_t phase, ep_payloads outgoing);
   [[noreturn]] void fail(const std::string& what);
 
   std::shared_ptr<const model::model_weights> weights_;
@@ -150,7 +157,15 @@ class ep_moe_exchange final : public model::moe_exchange {
   int64_t pairs_computed_ = 0, switches_ = 0;
   uint64_t steps_started_ = 0;
   bool in_step_ = false;
-  int64_t next_slot_ = 0;  // slots below it were joined in the running step
+  // A step's MoE exchanges in order: every slot (pass 0), then each draft depth's MTP slot
+  // (pass k + 1). The transport's key is (step, slot, 2·pass + phase), increasing
+  // along the schedule.
+  struct scheduled {
+    int64_t slot;
+    int32_t pass;
+  };
+  std::vector<scheduled> schedule_;
+  size_t next_ = 0;  // positions below it were joined in the running step
 };
 
 // Frame codec, exposed for tests and for the actor layer's diagnostics.

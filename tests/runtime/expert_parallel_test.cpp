@@ -29,6 +29,8 @@ using runtime::ep_layout;
 using ep_placement_ptr = std::shared_ptr<const runtime::ep_placement>;
 using runtime::local_ep_hub;
 using runtime::sampling_params;
+using runtime::spec_mode;
+using runtime::spec_stats;
 using runtime::token_event;
 using namespace std::chrono_literals;
 
@@ -782,4 +784,107 @@ TEST_CASE("ep frames: bad bytes are errors naming what is wrong") {
     CHECK(e.last_error().find(name) != std::string::npos);
     CHECK(e.stats().blocks_free == e.stats().blocks_total);
   }
+}
+
+namespace {
+
+// Tokens per (rank, job index) of `jobs` all on one engine of config `c` (no expert parallelism).
+std::map<std::pair<int32_t, size_t>, std::vector<int32_t>> tokens_on_one(const std::shared_ptr<model::model_weights>& w,
+                                                                        const engine_config& c,
+                                                                        const std::vector<std::vector<job>>& jobs) {
+  engine e(w, c);
+  std::map<int64_t, std::pair<int32_t, size_t>> who;
+  for (int32_t r = 0; r < static_cast<int32_t>(jobs.size()); ++r)
+    for (size_t i = 0; i < jobs[r].size(); ++i) who[e.add_request(jobs[r][i].prompt, jobs[r][i].params)->value] = {r, i};
+  std::map<std::pair<int32_t, size_t>, std::vector<int32_t>> out;
+  while (e.has_work())
+    for (auto& ev : e.step())
+      if (ev.token >= 0) out[who[ev.id.value]].push_back(ev.token);
+  return out;
+}
+
+engine_config with_spec(engine_config c, spec_mode mode, int64_t nextn) {
+  c.spec.mode = mode;
+  c.spec.nextn = nextn;
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("ep speculation: DSpark on every rank of a lockstep group, greedy equals plain greedy, seeded sampling "
+          "equals one speculating engine, an idle rank joins the draft passes") {
+  for (const char* preset : {"tiny", "v3-tiny"}) {
+    CAPTURE(preset);
+    auto w = test::tiny_model(preset);
+    REQUIRE(!w->mtp.empty());
+    const int32_t n = 3, nextn = 3;
+    local_ep_hub hub(n, 10s);
+    std::vector<std::unique_ptr<engine>> engines;
+    for (int32_t r = 0; r < n; ++r)
+      engines.push_back(std::make_unique<engine>(w, with_spec(ep_config(hub, r), spec_mode::fixed, nextn)));
+    std::vector<std::vector<job>> jobs;
+    std::vector<std::map<int64_t, size_t>> ids;
+    std::vector<engine*> group;
+    for (int32_t r = 0; r < n; ++r) {
+      jobs.push_back(jobs_for(r, 5, /*idle=*/2));
+      for (job& j : jobs.back()) j.params.max_tokens += 10;  // decode long enough to speculate
+      ids.push_back(add_jobs(*engines[r], jobs[r]));
+      group.push_back(engines[r].get());
+    }
+    auto events = run_lockstep(group);
+    const auto plain = tokens_on_one(w, base_config(512), jobs);
+    const auto spec_one = tokens_on_one(w, with_spec(base_config(512), spec_mode::fixed, nextn), jobs);
+    for (int32_t r = 0; r < n; ++r) {
+      trace t = trace_of(events[r]);
+      for (auto& [id, i] : ids[r]) {
+        CAPTURE(r);
+        CAPTURE(i);
+        REQUIRE(t.count(id) == 1);
+        CHECK(t[id].first == spec_one.at({r, i}));  // batch-invariant across ranks
+        if (jobs[r][i].params.temperature == 0.0f) CHECK(t[id].first == plain.at({r, i}));  // exact
+      }
+      CHECK(engines[r]->last_error() == "");
+      CHECK(engines[r]->steps_started() == engines[0]->steps_started());
+      CHECK(engines[r]->stats().blocks_free == engines[r]->stats().blocks_total);
+    }
+    const spec_stats s = engines[0]->stats().spec;
+    CHECK(s.verified > 0);
+    CHECK(s.accepted > 0);  // MTP drafts of a random model agree with it now and then
+    CHECK(engines[2]->stats().spec.drafted == 0);  // the idle rank drafted nothing but stepped along
+  }
+}
+
+TEST_CASE("ep speculation, auto policy: no drafts below auto_from decoding requests, every draft from it on, "
+          "switches counted") {
+  auto w = test::tiny_model("v3-tiny");
+  local_ep_hub hub(2, 10s);
+  std::vector<std::unique_ptr<engine>> engines;
+  for (int32_t r = 0; r < 2; ++r) {
+    engine_config c = with_spec(ep_config(hub, r), spec_mode::automatic, 2);
+    c.spec.auto_from = 3;
+    engines.push_back(std::make_unique<engine>(w, c));
+  }
+  // Rank 0 decodes 2 requests (below 3: off), rank 1 decodes 4 (on); greedy output exact on both.
+  std::vector<std::vector<job>> jobs(2);
+  for (int32_t r = 0; r < 2; ++r)
+    for (uint32_t i = 0; i < (r == 0 ? 2u : 4u); ++i) {
+      job j;
+      j.prompt = test::random_tokens(9 + 5 * i, 300 + 10 * r + i);
+      j.params.max_tokens = 16;
+      j.params.ignore_eos = true;
+      jobs[r].push_back(j);
+    }
+  std::vector<std::map<int64_t, size_t>> ids;
+  for (int32_t r = 0; r < 2; ++r) ids.push_back(add_jobs(*engines[r], jobs[r]));
+  auto events = run_lockstep({engines[0].get(), engines[1].get()});
+  const auto plain = tokens_on_one(w, base_config(512), jobs);
+  for (int32_t r = 0; r < 2; ++r) {
+    trace t = trace_of(events[r]);
+    for (auto& [id, i] : ids[r]) CHECK(t[id].first == plain.at({r, i}));
+    CHECK(engines[r]->last_error() == "");
+  }
+  CHECK(engines[0]->stats().spec.drafted == 0);
+  CHECK(engines[0]->stats().spec.verified == 0);
+  CHECK(engines[1]->stats().spec.verified > 0);
+  CHECK(engines[1]->stats().spec.auto_switches >= 1);
 }
