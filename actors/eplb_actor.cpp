@@ -48,6 +48,7 @@ namespace {
 struct eplb_state {
   static inline const char* name = "eplb";
   std::string node;
+  std::string group_name;  // engine.ep_group
   std::chrono::milliseconds interval{1000};
   std::shared_ptr<eplb_board> board;
   std::optional<runtime::eplb_controller> controller;
@@ -66,10 +67,12 @@ struct eplb_state {
   void publish() {
     std::string text;
     if (!leader) {
-      text = group.names.empty() ? "expert-parallel balancer: no expert-parallel group yet\n"
-                                 : "expert-parallel balancer: led by the node of " + group.names[0] + "\n";
+      text = group.names.empty() ? "expert-parallel balancer of group '" + group_name + "': no rank of it yet\n"
+                                 : "expert-parallel balancer of group '" + group_name + "': led by the node of " +
+                                     group.names[0] + "\n";
     } else {
-      text = controller->status() + migration;
+      text = "group '" + group_name + "' (" + std::to_string(group.names.size()) + " ranks): " + controller->status() +
+             migration;
       if (!error.empty()) text += "last round: " + error + "\n";
     }
     std::lock_guard lock(board->mu);
@@ -285,11 +288,12 @@ void start_round(eplb_pointer self) {
   }
 }
 
-caf::behavior eplb_behavior(eplb_pointer self, std::string node, runtime::eplb_policy policy,
+caf::behavior eplb_behavior(eplb_pointer self, std::string node, std::string group, runtime::eplb_policy policy,
                             std::chrono::milliseconds interval, std::chrono::milliseconds fetch_timeout,
                             std::shared_ptr<eplb_board> board) {
   auto& st = self->state;
   st.node = std::move(node);
+  st.group_name = std::move(group);
   st.interval = interval;
   st.fetch_timeout = fetch_timeout;
   st.board = std::move(board);
@@ -299,7 +303,7 @@ caf::behavior eplb_behavior(eplb_pointer self, std::string node, runtime::eplb_p
   return {
     [self](const membership& m) {
       auto& st = self->state;
-      st.group = ep_group_of(m);
+      st.group = ep_group_of(m, st.group_name);
       st.leader = !st.group.names.empty() && st.group.names[0].starts_with(st.node + "/");
       st.round = 0;  // replies of a round for the old group are ignored
       st.publish();
@@ -321,10 +325,10 @@ caf::behavior eplb_behavior(eplb_pointer self, std::string node, runtime::eplb_p
 
 }  // namespace
 
-caf::actor spawn_eplb(caf::actor_system& sys, std::string node, runtime::eplb_policy policy,
+caf::actor spawn_eplb(caf::actor_system& sys, std::string node, std::string group, runtime::eplb_policy policy,
                       std::chrono::milliseconds interval, std::chrono::milliseconds fetch_timeout,
                       std::shared_ptr<eplb_board> board) {
-  auto a = sys.spawn(eplb_behavior, std::move(node), policy, interval, fetch_timeout, board);
+  auto a = sys.spawn(eplb_behavior, std::move(node), std::move(group), policy, interval, fetch_timeout, board);
   board->actor = a;
   return a;
 }

@@ -40,7 +40,7 @@ struct eplb_board {
 // Spawns the balancer of node `node`; subscribe it to the node agent for the membership.
 // `fetch_timeout`: how long a process may take to read the experts it gains (the holders
 // keep them readable that long and ten intervals more).
-caf::actor spawn_eplb(caf::actor_system& sys, std::string node, runtime::eplb_policy policy,
+caf::actor spawn_eplb(caf::actor_system& sys, std::string node, std::string group, runtime::eplb_policy policy,
                       std::chrono::milliseconds interval, std::chrono::milliseconds fetch_timeout,
                       std::shared_ptr<eplb_board> board);
 

@@ -49,6 +49,7 @@ const char* to_string(errc e) {
     case errc::no_room: return "no_room";
     case errc::too_many_requests: return "too_many_requests";
     case errc::refused: return "refused";
+    case errc::conflict: return "conflict";
   }
   return "errc(?)";
 }

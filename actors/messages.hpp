@@ -99,6 +99,7 @@ enum class errc : uint8_t {
   no_room,              // a decode engine cannot reserve the blocks of a handoff (ask another)
   too_many_requests,    // the gateway serves its bound of requests at once (retry later; HTTP 429)
   refused,              // the peer cannot take it now (a placement still being adopted): ask again later
+  conflict,             // it disagrees with what the peer holds (a node unlike its group's members): retrying cannot help
 };
 
 const char* to_string(errc e);
@@ -171,7 +172,8 @@ typename Inspector::result_type inspect(Inspector& f, swa_stats& x) {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, spec_stats& x) {
-  return f(caf::meta::type_name("spec_stats"), x.decode_steps, x.drafted, x.verified, x.accepted, x.emitted);
+  return f(caf::meta::type_name("spec_stats"), x.decode_steps, x.drafted, x.verified, x.accepted, x.emitted,
+           x.auto_verifying, x.auto_switches);
 }
 
 template <class Inspector>
@@ -574,6 +576,15 @@ struct node_info {
   caf::actor swa_directory;             // directory role: the swa_directory_actor
   std::vector<caf::actor> balancers;    // gateway role: its prefill_balancer_actor, decode_balancer_actor, ve_balancer_actor
   caf::actor ve_worker;                 // ve role: the node's ve_worker_actor
+  // Engine role: the checkpoint it serves (model id and a hash of its config and weight
+  // files), which a group's members and a handoff's two ends must share.
+  std::string checkpoint;
+  // engine.expert_parallel: the group its ranks join ("" without expert parallelism), the
+  // group's size as the node declared it (0: not declared) and the speculative drafts per
+  // lockstep step (0: off); every member of a group must agree (ep_join_conflict).
+  std::string ep_group;
+  int32_t ep_group_size = 0;
+  int32_t ep_spec_depth = 0;
   friend bool operator==(const node_info&, const node_info&) = default;
 };
 
@@ -581,7 +592,7 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, node_info& x) {
   return f(caf::meta::type_name("node_info"), x.name, x.host, x.port, x.roles, x.agent, x.ranks,
            x.storage, x.draining, x.storage_ports, x.engine_role, x.swa_store, x.swa_directory, x.balancers,
-           x.ve_worker);
+           x.ve_worker, x.checkpoint, x.ep_group, x.ep_group_size, x.ep_spec_depth);
 }
 
 // The nodes one node agent knows to be up, sorted by name. version grows with every change

@@ -17,6 +17,7 @@
 #include <caf/typed_event_based_actor.hpp>
 
 #include "actors/cluster_tls.hpp"
+#include "actors/rank_actor.hpp"
 
 namespace shoal::actors {
 
@@ -84,10 +85,12 @@ void publish_view(agent_pointer self) {
   for (const auto& s : self->state.subscribers) caf::anon_send(s, view);
 }
 
-// Adds or replaces a member; monitors its agent the first time.
+// Adds or replaces a member; monitors its agent the first time. A node whose expert-parallel
+// group disagrees with its members is not added (its join was refused; see ep_join_conflict).
 void learn(agent_pointer self, const node_info& n) {
   auto& st = self->state;
   if (!n.agent) return;
+  if (n.name != st.table->self().name && ep_join_conflict(st.table->view(), n)) return;
   if (n.name == st.table->self().name) {
     // Only the node itself may change its own entry (e.g. the bound port once published).
     if (n.agent == caf::actor_cast<caf::actor>(self) && st.table->upsert(n)) publish_view(self);
@@ -137,7 +140,9 @@ node_agent_actor::behavior_type agent_behavior(agent_pointer self, node_info me,
     if (self->state.table->remove_agent(msg.source)) publish_view(self);
   });
   return {
-    [self](join_atom, node_info& joining) -> membership {
+    [self](join_atom, node_info& joining) -> caf::result<membership> {
+      if (auto conflict = ep_join_conflict(self->state.table->view(), joining))
+        return make_error(errc::conflict, *conflict);
       learn(self, joining);
       // The joiner announces itself to every member over a direct connection; one it cannot
       // reach would never hear of it. The seed tells them all too (a member that knows it
@@ -192,7 +197,7 @@ node_agent_actor spawn_node_agent(caf::actor_system& sys, node_info self, node_h
 
 std::optional<membership> join_cluster(caf::actor_system& sys, const node_agent_actor& agent,
                                        const std::vector<seed_address>& seeds,
-                                       std::chrono::milliseconds timeout, std::string& error) {
+                                       std::chrono::milliseconds timeout, std::string& error, bool* refused) {
   caf::scoped_actor self{sys};
   node_info me;
   self->request(agent, timeout, members_atom_v)
@@ -211,9 +216,18 @@ std::optional<membership> join_cluster(caf::actor_system& sys, const node_agent_
       continue;
     }
     std::optional<membership> view;
+    bool no = false;
     self->request(*seed_agent, timeout, join_atom_v, me)
       .receive([&](membership& m) { view = std::move(m); },
-               [&](caf::error& e) { error += (error.empty() ? "" : "; ") + where + ": " + sys.render(e); });
+               [&](caf::error& e) {
+                 const error_reply r = to_error_reply(e);
+                 no = r.code == errc::conflict;
+                 error += (error.empty() ? "" : "; ") + where + ": " + (no ? r.message : sys.render(e));
+               });
+    if (no) {
+      if (refused) *refused = true;
+      return std::nullopt;
+    }
     if (!view) continue;
     for (const node_info& n : view->nodes) {
       if (n.name == me.name) continue;

@@ -55,14 +55,17 @@ node_agent_actor spawn_node_agent(caf::actor_system& sys, node_info self, node_h
 
 // Joins the cluster through the first of `seeds` that answers within `timeout` each, then
 // connects to every member directly and announces this node to them. Blocking; call from
-// the daemon's main thread. Returns the membership, or an error naming the seeds tried.
+// the daemon's main thread. Returns the membership, or an error naming the seeds tried. A
+// seed that refuses this node (ep_join_conflict: its expert-parallel group disagrees) ends the
+// attempt at once with *refused set: retrying cannot help.
 struct seed_address {
   std::string host;
   uint16_t port = 0;
 };
 std::optional<membership> join_cluster(caf::actor_system& sys, const node_agent_actor& agent,
                                        const std::vector<seed_address>& seeds,
-                                       std::chrono::milliseconds timeout, std::string& error);
+                                       std::chrono::milliseconds timeout, std::string& error,
+                                       bool* refused = nullptr);
 
 // Healing a partition: members that left this node's view (their agent went down: a cut
 // link, a stopped or restarted process) are tried again, each with its own exponential

@@ -218,11 +218,12 @@ int32_t ep_group_view::index_of(const caf::actor& rank) const {
   return it == ranks.end() ? -1 : static_cast<int32_t>(it - ranks.begin());
 }
 
-ep_group_view ep_group_of(const membership& m) {
+ep_group_view ep_group_of(const membership& m, const std::string& group) {
   std::vector<std::tuple<std::string, caf::actor, caf::actor>> members;
   for (const node_info& n : m.nodes)
     for (const rank_info& r : n.ranks)
-      if (r.rank) members.emplace_back(n.name + "/rank" + std::to_string(r.index), r.rank, r.engine);
+      if (n.ep_group == group)
+        if (r.rank) members.emplace_back(n.name + "/rank" + std::to_string(r.index), r.rank, r.engine);
   std::sort(members.begin(), members.end(),
             [](const auto& a, const auto& b) { return std::get<0>(a) < std::get<0>(b); });
   ep_group_view g;
@@ -240,6 +241,35 @@ ep_group_view ep_group_of(const membership& m) {
   return g;
 }
 
+std::optional<std::string> ep_join_conflict(const membership& m, const node_info& joining) {
+  if (joining.ep_group.empty()) return std::nullopt;
+  for (const node_info& n : m.nodes) {
+    if (n.name == joining.name || n.ep_group != joining.ep_group) continue;
+    auto differs = [&](const char* field, const std::string& theirs, const std::string& mine) -> std::optional<std::string> {
+      if (theirs == mine) return std::nullopt;
+      return "node '" + joining.name + "' cannot join expert-parallel group '" + joining.ep_group + "': its " + field +
+             " is " + mine + ", member '" + n.name + "' has " + theirs;
+    };
+    auto size = [](int32_t s) { return s > 0 ? std::to_string(s) : std::string("undeclared"); };
+    if (auto e = differs("checkpoint", n.checkpoint, joining.checkpoint)) return e;
+    if (auto e = differs("engine.role", n.engine_role, joining.engine_role)) return e;
+    if (auto e = differs("engine.ep_group_size", size(n.ep_group_size), size(joining.ep_group_size))) return e;
+    if (auto e = differs("speculative depth (engine.speculative, engine.spec_nextn)", std::to_string(n.ep_spec_depth),
+                         std::to_string(joining.ep_spec_depth)))
+      return e;
+  }
+  if (joining.ep_group_size > 0) {  // the group may not grow past its declared size
+    size_t ranks = joining.ranks.size();
+    for (const node_info& n : m.nodes)
+      if (n.name != joining.name && n.ep_group == joining.ep_group) ranks += n.ranks.size();
+    if (ranks > static_cast<size_t>(joining.ep_group_size))
+      return "node '" + joining.name + "' cannot join expert-parallel group '" + joining.ep_group + "': its " +
+             std::to_string(joining.ranks.size()) + " rank(s) would make " + std::to_string(ranks) +
+             ", above engine.ep_group_size " + std::to_string(joining.ep_group_size);
+  }
+  return std::nullopt;
+}
+
 // -- the rank actor ------------------------------------------------------------------------------
 
 namespace {
@@ -248,13 +278,15 @@ struct rank_state {
   static inline const char* name = "rank";
   std::shared_ptr<caf_ep_transport> transport;
   engine_actor engine;
+  std::string group_name;  // engine.ep_group
   uint64_t group = 0;  // the last group sent to the engine
 };
 
 caf::behavior rank_behavior(caf::stateful_actor<rank_state>* self, std::shared_ptr<caf_ep_transport> transport,
-                            engine_actor engine) {
+                            engine_actor engine, std::string group) {
   self->state.transport = std::move(transport);
   self->state.engine = std::move(engine);
+  self->state.group_name = std::move(group);
   return {
     [self](expert_atom, ep_frame& f) {
       uint64_t group = f.group, step = f.step;
@@ -262,7 +294,7 @@ caf::behavior rank_behavior(caf::stateful_actor<rank_state>* self, std::shared_p
         caf::anon_send(self->state.engine, lockstep_atom_v, group, step);
     },
     [self](const membership& m) {
-      ep_group_view g = ep_group_of(m);
+      ep_group_view g = ep_group_of(m, self->state.group_name);
       int32_t me = g.index_of(caf::actor_cast<caf::actor>(self));
       if (me < 0 || g.id == self->state.group) return;
       self->state.group = g.id;
@@ -275,8 +307,9 @@ caf::behavior rank_behavior(caf::stateful_actor<rank_state>* self, std::shared_p
 
 }  // namespace
 
-rank_actor spawn_rank(caf::actor_system& sys, std::shared_ptr<caf_ep_transport> transport, engine_actor engine) {
-  return caf::actor_cast<rank_actor>(sys.spawn(rank_behavior, std::move(transport), std::move(engine)));
+rank_actor spawn_rank(caf::actor_system& sys, std::shared_ptr<caf_ep_transport> transport, engine_actor engine,
+                      std::string group) {
+  return caf::actor_cast<rank_actor>(sys.spawn(rank_behavior, std::move(transport), std::move(engine), std::move(group)));
 }
 
 }  // namespace shoal::actors

@@ -93,7 +93,8 @@ class caf_ep_transport final : public runtime::expert_transport {
   int64_t last_join_ = -1;         // highest step a join was asked for in the current group
 };
 
-// The group a membership defines: sorted rank names and their actors; id = FNV-1a of the
+// The group `group` of a membership: the ranks of its nodes with node_info::ep_group ==
+// group, sorted rank names and their actors; id = FNV-1a of the
 // names and the rank actors' addresses (a restarted node is a new group). Plain function,
 // tested directly.
 struct ep_group_view {
@@ -103,9 +104,14 @@ struct ep_group_view {
   std::vector<caf::actor> engines; // their engine actors, same order
   int32_t index_of(const caf::actor& rank) const;
 };
-ep_group_view ep_group_of(const membership& m);
+ep_group_view ep_group_of(const membership& m, const std::string& group);
+// Why `joining` may not join the membership `m`: the first field (checkpoint, engine role,
+// group size, speculative depth) on which it disagrees with a member of its expert-parallel
+// group, naming both nodes; nullopt when it agrees (or runs no expert-parallel ranks).
+std::optional<std::string> ep_join_conflict(const membership& m, const node_info& joining);
 
 // Spawns the rank actor of `engine` (an engine spawned with this transport).
-rank_actor spawn_rank(caf::actor_system& sys, std::shared_ptr<caf_ep_transport> transport, engine_actor engine);
+rank_actor spawn_rank(caf::actor_system& sys, std::shared_ptr<caf_ep_transport> transport, engine_actor engine,
+                      std::string group);
 
 }  // namespace shoal::actors

@@ -42,9 +42,9 @@ struct schema_section {
 const std::vector<schema_section>& schema() {
   static const std::vector<schema_section> sections = {
       {"node", {"name", "listen", "roles", "model_dir", "drain_timeout_ms", "metrics_listen", "cpus"}},
-      {"engine", {"ranks", "threads", "cache_mib", "kv_dtype", "device", "expert_parallel", "ep_frames", "ep_bulk_min_bytes", "kv_storage", "role", "transport", "handoff_timeout_ms",
-                  "cost_model", "step_ms", "swa_slots", "swa_timeout_ms", "speculative", "spec_nextn",
-                  "spec_adaptive_from", "spec_cost_model"}},
+      {"engine", {"ranks", "threads", "cache_mib", "kv_dtype", "device", "expert_parallel", "ep_group", "ep_group_size", "ep_frames", "ep_bulk_min_bytes", "kv_storage", "role", "transport", "handoff_timeout_ms",
+                  "cost_model", "step_ms", "token_budget", "max_running", "swa_slots", "swa_timeout_ms", "speculative", "spec_nextn",
+                  "spec_adaptive_from", "spec_auto_from", "spec_cost_model"}},
       {"gateway", {"listen", "auth_token_file", "prefill_policy", "decode_policy", "balancer_round_ms", "tier_bounds",
                    "balancer_cost_model", "max_in_flight"}},
       {"cluster", {"seeds", "heartbeat_interval_ms", "connection_timeout_ms", "request_timeout_ms", "tls_certificate",
@@ -414,6 +414,14 @@ void read_engine(error_sink& sink, const section& e, node_config& c) {
     }
   }
   if (std::optional<bool> b = read_bool(sink, e, "expert_parallel")) c.expert_parallel = *b;
+  if (std::optional<std::string> v = read_string(sink, e, "ep_group")) {
+    const bool ok = !v->empty() && v->size() <= 64 &&
+                    std::all_of(v->begin(), v->end(), [](char ch) { return is_ascii_alnum(ch) || ch == '-' || ch == '_'; });
+    if (ok) c.ep_group = *v;
+    else sink.fail(config_errc::bad_value, e.pos("ep_group"), e.path("ep_group"),
+                   "expected a group name of 1 to 64 letters, digits, '-' or '_', got \"" + *v + "\"");
+  }
+  if (auto n = read_integer(sink, e, "ep_group_size", 1, 4096)) c.ep_group_size = static_cast<int32_t>(*n);
   if (auto n = read_integer(sink, e, "ep_bulk_min_bytes", 0, int64_t{1} << 30)) c.ep_bulk_min_bytes = *n;
   if (std::optional<std::string> v = read_string(sink, e, "ep_frames")) {
     if (*v == "transport" || *v == "caf") c.ep_frames = *v;
@@ -435,21 +443,25 @@ void read_engine(error_sink& sink, const section& e, node_config& c) {
                    "expected a libfabric provider such as \"shm\" or \"tcp;ofi_rxm\", got \"\"");
   }
   if (auto ms = read_integer(sink, e, "handoff_timeout_ms", 1, hour_ms)) c.handoff_timeout_ms = *ms;
+  if (c.expert_parallel && c.ep_group.empty()) c.ep_group = to_string(c.disagg_role);  // a group per role
 }
 
 // [engine]: the step-time model, the SWA tier and speculative decoding.
 void read_engine_compute(error_sink& sink, const section& e, const fs::path& base, node_config& c) {
   c.cost_model = read_path(sink, e, "cost_model", base);
   if (auto ms = read_integer(sink, e, "step_ms", 1, 60'000)) c.step_ms = *ms;
+  if (auto n = read_integer(sink, e, "token_budget", 1, int64_t{1} << 24)) c.token_budget = *n;
+  if (auto n = read_integer(sink, e, "max_running", 1, 1 << 16)) c.max_running = *n;
   if (auto n = read_integer(sink, e, "swa_slots", 0, 1 << 20)) c.swa_slots = *n;
   if (auto ms = read_integer(sink, e, "swa_timeout_ms", 1, hour_ms)) c.swa_timeout_ms = *ms;
   if (std::optional<std::string> v = read_string(sink, e, "speculative")) {
-    if (*v == "off" || *v == "fixed" || *v == "adaptive") c.speculative = *v;
+    if (*v == "off" || *v == "fixed" || *v == "adaptive" || *v == "auto") c.speculative = *v;
     else sink.fail(config_errc::bad_value, e.pos("speculative"), e.path("speculative"),
-                   "expected \"off\", \"fixed\" or \"adaptive\", got \"" + *v + "\"");
+                   "expected \"off\", \"fixed\", \"adaptive\" or \"auto\", got \"" + *v + "\"");
   }
   if (auto n = read_integer(sink, e, "spec_nextn", 1, 8)) c.spec_nextn = *n;
   if (auto n = read_integer(sink, e, "spec_adaptive_from", 0, 1 << 20)) c.spec_adaptive_from = *n;
+  if (auto n = read_integer(sink, e, "spec_auto_from", 0, 1 << 20)) c.spec_auto_from = *n;
   c.spec_cost_model = read_path(sink, e, "spec_cost_model", base);
 }
 
@@ -464,7 +476,10 @@ void read_ve(error_sink& sink, const section& vs, node_config& c) {
 
 // [eplb]: a preset, then the keys that override it.
 void read_eplb(error_sink& sink, const section& e, node_config& c) {
-  if (std::optional<std::string> v = read_string(sink, e, "preset")) {
+  // Without a preset, the engine role's: DeepSeek's prefill values for prefill groups.
+  std::optional<std::string> v = read_string(sink, e, "preset");
+  if (!v && !e.get("preset")) v = c.disagg_role == engine_role::prefill ? "prefill" : "decode";
+  if (v) {
     if (*v == "decode" || *v == "prefill") {
       c.eplb_preset = *v;
       const bool prefill = *v == "prefill";
@@ -599,23 +614,23 @@ void check_engine(error_sink& sink, const sections& f, const node_config& c) {
     sink.fail(config_errc::bad_value, f.eplb.pos(), "eplb",
               "section [eplb] given but engine.expert_parallel is not true (the balancer places experts of an "
               "expert-parallel group)");
-  if (c.disagg_role != engine_role::both && c.expert_parallel)
-    sink.fail(config_errc::bad_value, f.engine.pos("role"), "engine.role",
-              std::string("\"") + to_string(c.disagg_role) +
-                "\" engines run without expert parallelism in this version (engine.expert_parallel = true)");
-  if (c.speculative != "off" && c.expert_parallel)
-    sink.fail(config_errc::bad_value, f.engine.pos("speculative"), "engine.speculative",
-              "speculative decoding runs without expert parallelism in this version (engine.expert_parallel = true)");
+  for (const char* key : {"ep_group", "ep_group_size"})
+    if (f.engine.get(key) && !c.expert_parallel)
+      sink.fail(config_errc::bad_value, f.engine.pos(key), f.engine.path(key),
+                "given but engine.expert_parallel is not true (only expert-parallel ranks form groups)");
   if (c.speculative != "off" && c.disagg_role == engine_role::prefill)
     sink.fail(config_errc::bad_value, f.engine.pos("speculative"), "engine.speculative",
               "prefill engines hand every request off after its first token: nothing to speculate on");
   if (c.speculative == "adaptive" && !c.spec_cost_model)
     sink.fail(config_errc::missing_key, f.engine.pos("speculative"), "engine.spec_cost_model",
               "required with engine.speculative = \"adaptive\" (shoal bench fit-cost --decode)");
-  for (const char* key : {"spec_nextn", "spec_adaptive_from", "spec_cost_model"})
+  for (const char* key : {"spec_nextn", "spec_adaptive_from", "spec_auto_from", "spec_cost_model"})
     if (c.speculative == "off" && f.engine.get(key))
       sink.fail(config_errc::bad_value, f.engine.pos(key), f.engine.path(key),
-                "only used with engine.speculative = \"fixed\" or \"adaptive\"");
+                "only used with engine.speculative = \"fixed\", \"adaptive\" or \"auto\"");
+  if (f.engine.get("spec_auto_from") && c.speculative != "auto" && c.speculative != "off")
+    sink.fail(config_errc::bad_value, f.engine.pos("spec_auto_from"), "engine.spec_auto_from",
+              "only used with engine.speculative = \"auto\"");
   if (!c.cost_model && f.engine.get("step_ms"))
     sink.fail(config_errc::bad_value, f.engine.pos("step_ms"), "engine.step_ms",
               "a step time budget needs engine.cost_model (the fitted model that predicts step times)");

@@ -38,7 +38,14 @@ struct node_config {
   int64_t cache_mib = 512;        // KV block memory per rank
   model::kv_dtype kv_dtype = model::kv_dtype::bf16;  // engine.kv_dtype: the KV cache's stored form
   std::string device = "cpu";     // engine.device: the compute backend (model/backend.hpp)
-  bool expert_parallel = false;   // ranks of all such engine nodes form one EP group
+  // engine.expert_parallel: the node's ranks join the expert-parallel group engine.ep_group
+  // (default: the engine role's name, so prefill and decode ranks form separate groups). The
+  // group is every rank of every engine node naming it; its members must agree on the
+  // checkpoint, the role, ep_group_size (when given) and the speculative depth, or a joining
+  // node is refused (actors/rank_actor.hpp ep_join_conflict).
+  bool expert_parallel = false;
+  std::string ep_group;
+  int32_t ep_group_size = 0;      // the group's ranks as declared; 0: not declared
   // Expert-parallel dispatch/combine bytes: "transport" (libfabric, engine.transport; control
   // stays CAF) or "caf" (inside the CAF messages). With cluster TLS the default is "caf":
   // libfabric bytes are not encrypted.
@@ -50,12 +57,16 @@ struct node_config {
   int64_t handoff_timeout_ms = 5'000;           // decode side: a handoff's reads, then recompute
   std::optional<std::filesystem::path> cost_model;  // fitted prefill cost model: chunks sized to step_ms
   int64_t step_ms = 50;                         // step time budget with cost_model
+  int64_t token_budget = 32'768;                // tokens one step may compute (scheduler_config)
+  int64_t max_running = 64;                     // sequences running at once (scheduler_config)
   int64_t swa_slots = 256;                      // shoal_flash: the machine's SWA slot store (0 = none)
   int64_t swa_timeout_ms = 2'000;               // a request waits this long for another machine's slot
-  // DSpark speculative decoding (runtime/core/speculative.hpp): "off", "fixed" or "adaptive".
+  // DSpark speculative decoding (runtime/core/speculative.hpp): "off", "fixed", "adaptive" or
+  // "auto" (every draft verified from spec_auto_from decoding requests on, none below).
   std::string speculative = "off";
   int64_t spec_nextn = 5;                        // MTP drafts per step
   int64_t spec_adaptive_from = 16;               // adaptive below this many decodes verifies every draft
+  int64_t spec_auto_from = 16;                   // auto: verification on from this many decodes
   std::optional<std::filesystem::path> spec_cost_model;  // decode cost model (shoal bench fit-cost --decode), adaptive
 
   // [eplb] (only with engine.expert_parallel): the group's expert-parallel balancer, run by

@@ -88,10 +88,15 @@ struct handles {
   const caf::actor& operator[](size_t i) const { return a.actors.at(i); }
 };
 
+// A node whose ranks have rank actors is in expert-parallel group "both" (engine.ep_group's
+// default for colocated engines).
 node_info make_node(std::string name, strings roles, caf::actor agent, std::vector<rank_info> ranks = {},
                     bool draining = false) {
-  return {std::move(name), "127.0.0.1", 0, std::move(roles), std::move(agent), std::move(ranks), {}, draining, {},
-          "both", {}, {}, {}, {}};
+  const bool ep = std::any_of(ranks.begin(), ranks.end(), [](const rank_info& r) { return bool(r.rank); });
+  node_info n{std::move(name), "127.0.0.1", 0, std::move(roles), std::move(agent), std::move(ranks), {}, draining, {},
+              "both", {}, {}, {}, {}, {}, {}, 0, 0};
+  if (ep) n.ep_group = "both";
+  return n;
 }
 
 strings names_of(const membership& m) {
@@ -345,7 +350,7 @@ TEST_CASE("ep_group_of: ranks with a rank actor sorted by node and rank name, id
     make_node("b", {"engine"}, h[4], {{1, h[5], h[2]}, {0, h[3], h[1]}}),
     make_node("g", {"gateway"}, h[5]),
   };
-  actors::ep_group_view g = actors::ep_group_of(m);
+  actors::ep_group_view g = actors::ep_group_of(m, "both");
   CHECK(g.names == strings{"a/rank0", "b/rank0", "b/rank1"});
   CHECK(g.ranks == std::vector<caf::actor>{h[0], h[1], h[2]});
   auto entry = [](const std::string& name, const caf::actor& a) { return name + " " + to_string(a.address()) + "\n"; };
@@ -358,25 +363,93 @@ TEST_CASE("ep_group_of: ranks with a rank actor sorted by node and rank name, id
   membership same = m;  // another version, nodes in another order: the same group
   same.version = 9;
   std::reverse(same.nodes.begin(), same.nodes.end());
-  CHECK(actors::ep_group_of(same).id == g.id);
-  CHECK(actors::ep_group_of(same).ranks == g.ranks);
+  CHECK(actors::ep_group_of(same, "both").id == g.id);
+  CHECK(actors::ep_group_of(same, "both").ranks == g.ranks);
 
   membership left = m;  // node b left
   left.nodes.erase(left.nodes.begin() + 1);
-  actors::ep_group_view smaller = actors::ep_group_of(left);
+  actors::ep_group_view smaller = actors::ep_group_of(left, "both");
   CHECK(smaller.names == strings{"a/rank0"});
   CHECK(smaller.id != g.id);
   CHECK(smaller.index_of(h[1]) == -1);
 
-  actors::ep_group_view none = actors::ep_group_of(membership{});
+  actors::ep_group_view none = actors::ep_group_of(membership{}, "both");
   CHECK(none.names.empty());
   CHECK(none.id == fnv1a(""));
 
   membership restarted = m;  // node b again under the same name, with new actors
   restarted.nodes[1].ranks = {{1, h[5], h[4]}, {0, h[3], h[3]}};
-  actors::ep_group_view again = actors::ep_group_of(restarted);
+  actors::ep_group_view again = actors::ep_group_of(restarted, "both");
   CHECK(again.names == g.names);
   CHECK(again.id != g.id);
+}
+
+TEST_CASE("ep_group_of: prefill and decode ranks form separate groups, each with its own id") {
+  handles h(8);
+  auto node = [&](std::string name, std::string group, std::vector<rank_info> ranks) {
+    node_info n = make_node(std::move(name), {"engine"}, {}, std::move(ranks));
+    n.ep_group = group;
+    n.engine_role = group;
+    return n;
+  };
+  membership m{1,
+               {node("d1", "decode", {{0, h[4], h[0]}, {1, h[5], h[1]}}), node("d2", "decode", {{0, h[6], h[2]}}),
+                node("p1", "prefill", {{0, h[7], h[3]}}), make_node("g", {"gateway"}, {})}};
+  actors::ep_group_view decode = actors::ep_group_of(m, "decode"), prefill = actors::ep_group_of(m, "prefill");
+  CHECK(decode.names == strings{"d1/rank0", "d1/rank1", "d2/rank0"});
+  CHECK(prefill.names == strings{"p1/rank0"});
+  CHECK(prefill.index_of(h[0]) == -1);
+  CHECK(decode.id != prefill.id);
+  CHECK(actors::ep_group_of(m, "both").names.empty());
+}
+
+TEST_CASE("ep_join_conflict: a joiner unlike its group's members is refused, naming the node and the field") {
+  handles h(6);
+  auto node = [&](std::string name, int r) {
+    node_info n = make_node(std::move(name), {"engine"}, {}, {{0, h[r], h[r + 3]}});
+    n.ep_group = "decode";
+    n.engine_role = "decode";
+    n.checkpoint = "small:00ff";
+    n.ep_group_size = 2;
+    n.ep_spec_depth = 3;
+    return n;
+  };
+  const membership m{1, {node("d1", 0), make_node("g", {"gateway"}, {})}};
+  CHECK_FALSE(actors::ep_join_conflict(m, node("d2", 1)));
+  CHECK_FALSE(actors::ep_join_conflict(m, node("d1", 0)));  // itself again (an update)
+
+  node_info other = node("d2", 1);
+  other.checkpoint = "tiny:1234";
+  auto why = actors::ep_join_conflict(m, other);
+  REQUIRE(why);
+  CHECK(why->find("node 'd2'") != std::string::npos);
+  CHECK(why->find("checkpoint is tiny:1234") != std::string::npos);
+  CHECK(why->find("member 'd1' has small:00ff") != std::string::npos);
+
+  other = node("d2", 1);
+  other.engine_role = "prefill";
+  REQUIRE(actors::ep_join_conflict(m, other));
+  CHECK(actors::ep_join_conflict(m, other)->find("engine.role is prefill") != std::string::npos);
+  other = node("d2", 1);
+  other.ep_group_size = 4;
+  REQUIRE(actors::ep_join_conflict(m, other));
+  CHECK(actors::ep_join_conflict(m, other)->find("engine.ep_group_size is 4, member 'd1' has 2") != std::string::npos);
+  other = node("d2", 1);
+  other.ep_spec_depth = 0;
+  REQUIRE(actors::ep_join_conflict(m, other));
+  CHECK(actors::ep_join_conflict(m, other)->find("speculative depth") != std::string::npos);
+
+  // A third node would make 3 ranks in a group declared to have 2.
+  const membership two{2, {node("d1", 0), node("d2", 1)}};
+  REQUIRE(actors::ep_join_conflict(two, node("d3", 2)));
+  CHECK(actors::ep_join_conflict(two, node("d3", 2))->find("would make 3, above engine.ep_group_size 2") !=
+        std::string::npos);
+  // Another group's members do not matter; a node without expert parallelism is never refused.
+  other = node("p1", 2);
+  other.ep_group = "prefill";
+  other.engine_role = "prefill";
+  CHECK_FALSE(actors::ep_join_conflict(two, other));
+  CHECK_FALSE(actors::ep_join_conflict(two, make_node("e", {"engine"}, {}, {{0, h[2], {}}})));
 }
 
 // -- caf_ep_transport -------------------------------------------------------------------------------
@@ -651,8 +724,8 @@ TEST_CASE("expert parallelism across two actor systems: tokens equal a plain eng
   auto ep_b = std::make_shared<caf_ep_transport>(10s);
   auto engine_a = actors::spawn_engine(a, weights, ep_engine_config(), true, ep_a);
   auto engine_b = actors::spawn_engine(b, weights, ep_engine_config(), true, ep_b);
-  auto rank_a = actors::spawn_rank(a, ep_a, engine_a);
-  auto rank_b = actors::spawn_rank(b, ep_b, engine_b);
+  auto rank_a = actors::spawn_rank(a, ep_a, engine_a, "both");
+  auto rank_b = actors::spawn_rank(b, ep_b, engine_b, "both");
   stop_on_exit stop{{caf::actor_cast<caf::actor>(engine_a), caf::actor_cast<caf::actor>(engine_b),
                      caf::actor_cast<caf::actor>(rank_a), caf::actor_cast<caf::actor>(rank_b)}};
   // Both systems live in this process. CAF 0.17 keeps a local actor that was sent to the other
@@ -678,7 +751,7 @@ TEST_CASE("expert parallelism across two actor systems: tokens equal a plain eng
   membership m{2,
                {make_node("node-a", {"engine"}, {}, {{0, as_actor(engine_a), as_actor(rank_a)}}),
                 make_node("node-b", {"engine"}, {}, {{0, {}, as_actor(*rank_b_in_a)}})}};
-  actors::ep_group_view group = actors::ep_group_of(m);
+  actors::ep_group_view group = actors::ep_group_of(m, "both");
   REQUIRE(group.ranks.size() == 2);
   caf::anon_send(as_actor(rank_a), m);
   caf::anon_send(as_actor(*rank_b_in_a), m);

@@ -421,9 +421,9 @@ TEST_CASE("every type of the type-ID block round-trips through a remote actor") 
   actors::rank_info rank1{1, remote, {}};  // a remote engine, no rank actor (no expert parallelism)
   actors::node_info engine_node{"node-b", "127.0.0.1", 4711, {"engine", "storage"},
                                 caf::actor_cast<caf::actor>(self), {rank0, rank1}, {locals[2], remote}, true, {4100, 0},
-                                "prefill", locals[1], {}, {}, locals[0]};
+                                "prefill", locals[1], {}, {}, locals[0], {}, {}, 0, 0};
   actors::node_info gateway_node{"node-a", "::1", 0, {"gateway", "directory"}, locals[2], {}, {}, false, {}, "both",
-                                 {}, locals[0], {locals[1], locals[2], remote}, {}};
+                                 {}, locals[0], {locals[1], locals[2], remote}, {}, {}, {}, 0, 0};
   std::vector<uint8_t> mib(1 << 20);
   for (size_t i = 0; i < mib.size(); ++i) mib[i] = static_cast<uint8_t>(i * 131 + (i >> 12));
 
@@ -541,7 +541,7 @@ TEST_CASE("every message of the typed interfaces that crosses processes round-tr
   caf::actor other = f.client.spawn(echo);
   auto sink = caf::actor_cast<token_sink_actor>(self);
   generation_request req{request_id(5), {256, 9, 8}, greedy(3)};
-  actors::node_info node{"node-c", "10.0.0.3", 7000, {"engine"}, me, {{0, other, me}}, {}, false, {}, "both", {}, {}, {}, {}};
+  actors::node_info node{"node-c", "10.0.0.3", 7000, {"engine"}, me, {{0, other, me}}, {}, false, {}, "both", {}, {}, {}, {}, {}, {}, 0, 0};
   actors::ep_frame frame{11, 3, 2, 0, 1, std::vector<uint8_t>(4096, 0x5a), {}};
 
   // engine_actor (replies: request_id, bool, engine_stats_snapshot)

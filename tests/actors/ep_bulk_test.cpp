@@ -71,7 +71,7 @@ TEST_CASE("caf_ep_transport over libfabric: large frames read one-sided, small o
       o.bulk_from = 4096;
       t.push_back(std::make_shared<caf_ep_transport>(10s, o));
       spawned.push_back(sys.spawn(idle_engine));
-      ranks.push_back(actors::spawn_rank(sys, t.back(), caf::actor_cast<actors::engine_actor>(spawned.back())));
+      ranks.push_back(actors::spawn_rank(sys, t.back(), caf::actor_cast<actors::engine_actor>(spawned.back()), "both"));
       spawned.push_back(caf::actor_cast<caf::actor>(ranks.back()));
     }
     if (t.size() < 2) continue;

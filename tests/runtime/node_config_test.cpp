@@ -186,6 +186,34 @@ TEST_CASE("node_config: [eplb] presets and overrides") {
   REQUIRE(t.has_value());
   CHECK(t->eplb_fetch_timeout_ms == 2500);
   CHECK(t->eplb_expert_groups == 8);
+  // A prefill group takes the prefill preset unless [eplb] names one; its group is "prefill".
+  const auto pf = parse_node_config(ep + "role = \"prefill\"\n", "");
+  REQUIRE_MESSAGE(pf.has_value(), (pf ? std::string() : to_string(pf.error())));
+  CHECK(pf->eplb_preset == "prefill");
+  CHECK(pf->eplb_redundant_per_rank == 4);
+  CHECK(pf->eplb_period_steps == 1'000);
+  CHECK(pf->eplb_window_steps == 100);
+  CHECK(pf->ep_group == "prefill");
+  CHECK(d->ep_group == "both");
+  CHECK(d->ep_group_size == 0);
+  const auto pd = parse_node_config(ep + "role = \"prefill\"\n[eplb]\npreset = \"decode\"\n", "");
+  REQUIRE(pd.has_value());
+  CHECK(pd->eplb_redundant_per_rank == 1);
+}
+
+TEST_CASE("node_config: expert-parallel decode groups with speculation, named groups, step budgets") {
+  const auto c = parse_node_config(base + "[engine]\nexpert_parallel = true\nrole = \"decode\"\nep_group = \"decode-0\"\n"
+                                          "ep_group_size = 4\nspeculative = \"auto\"\nspec_nextn = 3\nspec_auto_from = 8\n"
+                                          "token_budget = 4096\nmax_running = 32\n", "");
+  REQUIRE_MESSAGE(c.has_value(), (c ? std::string() : to_string(c.error())));
+  CHECK(c->disagg_role == engine_role::decode);
+  CHECK(c->ep_group == "decode-0");
+  CHECK(c->ep_group_size == 4);
+  CHECK(c->speculative == "auto");
+  CHECK(c->spec_auto_from == 8);
+  CHECK(c->token_budget == 4096);
+  CHECK(c->max_running == 32);
+  CHECK(c->eplb_preset == "decode");
 }
 
 TEST_CASE("node_config: a [faults] plan is read, and without it nothing is injected") {
@@ -401,8 +429,16 @@ TEST_CASE("node_config: every bad input names its line and key") {
        "expected a string, got a boolean"},
       {"unknown engine role", base + "[engine]\nrole = \"encode\"\n", config_errc::bad_value, 7, "engine.role",
        "expected \"both\", \"prefill\" or \"decode\", got \"encode\""},
-      {"prefill role with expert parallelism", base + "[engine]\nexpert_parallel = true\nrole = \"prefill\"\n",
-       config_errc::bad_value, 8, "engine.role", "without expert parallelism"},
+      {"a group name with a space", base + "[engine]\nexpert_parallel = true\nep_group = \"a b\"\n",
+       config_errc::bad_value, 8, "engine.ep_group", "letters, digits, '-' or '_', got \"a b\""},
+      {"a group without expert parallelism", base + "[engine]\nep_group = \"decode\"\n", config_errc::bad_value, 7,
+       "engine.ep_group", "engine.expert_parallel is not true"},
+      {"a zero group size", base + "[engine]\nexpert_parallel = true\nep_group_size = 0\n", config_errc::bad_value, 8,
+       "engine.ep_group_size", ""},
+      {"a zero token budget", base + "[engine]\ntoken_budget = 0\n", config_errc::bad_value, 7, "engine.token_budget", ""},
+      {"a zero max_running", base + "[engine]\nmax_running = 0\n", config_errc::bad_value, 7, "engine.max_running", ""},
+      {"auto threshold with fixed speculation", base + "[engine]\nspeculative = \"fixed\"\nspec_auto_from = 4\n",
+       config_errc::bad_value, 8, "engine.spec_auto_from", "only used with engine.speculative = \"auto\""},
       {"handoff timeout on a colocated engine", base + "[engine]\nhandoff_timeout_ms = 100\n", config_errc::bad_value, 7,
        "engine.handoff_timeout_ms", "only prefill and decode engines"},
       {"negative SWA slots", base + "[engine]\nswa_slots = -1\n", config_errc::bad_value, 7, "engine.swa_slots", ""},
@@ -411,9 +447,7 @@ TEST_CASE("node_config: every bad input names its line and key") {
       {"step budget without a cost model", base + "[engine]\nstep_ms = 20\n", config_errc::bad_value, 7,
        "engine.step_ms", "needs engine.cost_model"},
       {"unknown speculative mode", base + "[engine]\nspeculative = \"always\"\n", config_errc::bad_value, 7,
-       "engine.speculative", "expected \"off\", \"fixed\" or \"adaptive\", got \"always\""},
-      {"speculation with expert parallelism", base + "[engine]\nexpert_parallel = true\nspeculative = \"fixed\"\n",
-       config_errc::bad_value, 8, "engine.speculative", "without expert parallelism"},
+       "engine.speculative", "expected \"off\", \"fixed\", \"adaptive\" or \"auto\", got \"always\""},
       {"speculation on a prefill engine", base + "[engine]\nrole = \"prefill\"\nspeculative = \"fixed\"\n",
        config_errc::bad_value, 8, "engine.speculative", "nothing to speculate on"},
       {"adaptive speculation without a cost model", base + "[engine]\nspeculative = \"adaptive\"\n",

@@ -13,7 +13,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <iterator>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -69,9 +71,9 @@ const char* help_text =
   "                          placements; the decode balance ratio now and over the last minute\n"
   "ve                        the vision-encoder pool: per worker queue depth in patches, jobs\n"
   "                          placed / completed / given back; images encoded, cache hits\n"
-  "eplb [rebalance]          the expert-parallel balancer: per-layer imbalance now and over the\n"
-  "                          load window, pairs per rank, the last plan and the expert weights\n"
-  "                          it moved; `eplb rebalance` plans a new placement now\n"
+  "eplb [GROUP] [rebalance]  each expert-parallel group's balancer (engine.ep_group): per-layer\n"
+  "                          imbalance now and over the load window, pairs per rank, the last\n"
+  "                          plan and the expert weights it moved; `rebalance` plans anew now\n"
   "help                      this text\n"
   "quit                      leaves the shell\n";
 
@@ -365,26 +367,41 @@ bool shell::cmd_balancers() {
   return true;
 }
 
+// eplb [GROUP] [rebalance]: every expert-parallel group's balancer (or GROUP's).
 bool shell::cmd_eplb(const std::string& arg) {
-  if (!arg.empty() && arg != "rebalance") return fail("usage: eplb [rebalance]");
+  std::istringstream in(arg);
+  std::vector<std::string> words{std::istream_iterator<std::string>(in), std::istream_iterator<std::string>()};
+  const bool rebalance = !words.empty() && words.back() == "rebalance";
+  if (rebalance) words.pop_back();
+  if (words.size() > 1) return fail("usage: eplb [GROUP] [rebalance]");
   auto m = members();
   if (!m) return false;
-  // The balancer that acts is the one on the node of the group's rank 0.
-  const actors::ep_group_view g = actors::ep_group_of(*m);
-  if (g.names.empty()) {
+  std::set<std::string> groups;
+  for (const auto& n : m->nodes)
+    if (!n.ep_group.empty()) groups.insert(n.ep_group);
+  if (!words.empty() && !groups.contains(words[0]))
+    return fail("no expert-parallel group '" + words[0] + "' in the cluster");
+  if (!words.empty()) groups = {words[0]};
+  if (groups.empty()) {
     fmt::print("no expert-parallel group in the cluster (engine.expert_parallel)\n");
     return true;
   }
-  const std::string leader = g.names[0].substr(0, g.names[0].find('/'));
-  for (const auto& n : m->nodes)
-    if (n.name == leader) {
-      auto text = ask<std::string>(caf::actor_cast<actors::node_agent_actor>(n.agent), eplb_atom_v,
-                                   arg.empty() ? std::string("status") : arg);
-      if (!text) return false;
-      fmt::print("{}: {}", leader, *text);
-      return true;
+  bool ok = true;
+  for (const std::string& group : groups) {
+    // The balancer that acts is the one on the node of the group's rank 0.
+    const actors::ep_group_view g = actors::ep_group_of(*m, group);
+    const std::string leader = g.names.empty() ? std::string() : g.names[0].substr(0, g.names[0].find('/'));
+    const auto n = std::find_if(m->nodes.begin(), m->nodes.end(), [&](const auto& x) { return x.name == leader; });
+    if (n == m->nodes.end()) {
+      ok = fail("group '" + group + "': no node of its rank 0 in the membership");
+      continue;
     }
-  return fail("node '" + leader + "' of the group's rank 0 is not in the membership");
+    auto text = ask<std::string>(caf::actor_cast<actors::node_agent_actor>(n->agent), eplb_atom_v,
+                                 std::string(rebalance ? "rebalance" : "status"));
+    if (!text) ok = false;
+    else fmt::print("{}: {}", leader, *text);
+  }
+  return ok;
 }
 
 bool shell::cmd_ve() {

@@ -121,6 +121,13 @@ std::string describe_engine(caf::actor_system& sys, const actors::engine_actor& 
                              snap.role, s.handoffs_offered, s.handoffs_lent, s.handoffs_kept,
                              c.imports + c.import_failures, c.import_failures, c.import_timeouts, c.import_corrupt,
                              s.handoffs_refused_format);
+        // DSpark: drafts made, verified and accepted (per request-step), tokens per decode step.
+        if (s.spec.drafted + s.spec.decode_steps > 0)
+          out += fmt::format(" spec_decode_steps={} spec_drafted={} spec_verified={} spec_accepted={} "
+                             "spec_tokens_per_step={:.3f} spec_auto_verifying={} spec_auto_switches={}",
+                             s.spec.decode_steps, s.spec.drafted, s.spec.verified, s.spec.accepted,
+                             s.spec.tokens_per_step(), s.spec.auto_verifying, s.spec.auto_switches);
+        if (s.failed_steps > 0) out += fmt::format(" failed_steps={}", s.failed_steps);
         // Requests by their one id: routed here now, and the last that left (how they ended).
         std::vector<std::string> running, recent;
         for (request_id id : snap.running) running.push_back(to_string(id));
@@ -341,10 +348,15 @@ std::optional<actors::membership> join(caf::actor_system& sys, const runtime::no
   auto deadline = clock_type::now() + join_deadline;
   std::string error;
   for (int attempt = 1;; ++attempt) {
-    auto m = actors::join_cluster(sys, agent, seeds, std::chrono::milliseconds(cfg.request_timeout_ms), error);
+    bool refused = false;
+    auto m = actors::join_cluster(sys, agent, seeds, std::chrono::milliseconds(cfg.request_timeout_ms), error, &refused);
     if (m) {
       if (!error.empty()) log.warn("joined, but: {}", error);
       return m;
+    }
+    if (refused) {
+      log.error("the cluster refused this node: {}", error);
+      return std::nullopt;
     }
     if (clock_type::now() >= deadline) {
       log.error("cannot join the cluster through any seed within {} s: {}", join_deadline.count(), error);
@@ -458,7 +470,7 @@ int run_node(const runtime::node_config& cfg, logger& log) {
   system_config sys_cfg(cfg);
   caf::actor_system sys{sys_cfg};
   node_parts parts;
-  actors::node_info me{cfg.name, cfg.listen.host, cfg.listen.port, role_names(cfg), {}, {}, {}, false, {}, "both", {}, {}, {}, {}};
+  actors::node_info me{cfg.name, cfg.listen.host, cfg.listen.port, role_names(cfg), {}, {}, {}, false, {}, "both", {}, {}, {}, {}, {}, {}, 0, 0};
   node_metrics_server metrics;
   actors::node_agent_actor agent;
   if (!start_roles(sys, cfg, *model, parts, me, log) || !start_metrics(sys, cfg, parts, metrics, log)) leave(exit_failure);

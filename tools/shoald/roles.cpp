@@ -6,9 +6,12 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string>
 
 #include <fmt/ranges.h>
+#include <xxhash.h>
 #include <caf/actor_system.hpp>
 
 #include "actors/storage_node_actor.hpp"
@@ -31,8 +34,33 @@ struct engine_build {
 };
 
 // engine.cost_model, engine.speculative and engine.spec_cost_model into `ecfg`.
+// The checkpoint as the members of a group compare it: the directory's name, and a hash of its
+// config.json and of its weight files' names and sizes (reading every weight byte would take
+// minutes on a real checkpoint).
+std::string checkpoint_id(const std::filesystem::path& dir) {
+  XXH3_state_t* st = XXH3_createState();
+  XXH3_64bits_reset(st);
+  std::ifstream config(dir / "config.json", std::ios::binary);
+  std::string text((std::istreambuf_iterator<char>(config)), std::istreambuf_iterator<char>());
+  XXH3_64bits_update(st, text.data(), text.size());
+  std::vector<std::pair<std::string, uintmax_t>> files;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec))
+    if (e.path().extension() == ".safetensors") files.emplace_back(e.path().filename().string(), e.file_size(ec));
+  std::sort(files.begin(), files.end());
+  for (const auto& [name, size] : files) {
+    const std::string line = name + " " + std::to_string(size) + "\n";
+    XXH3_64bits_update(st, line.data(), line.size());
+  }
+  const uint64_t h = XXH3_64bits_digest(st);
+  XXH3_freeState(st);
+  return fmt::format("{}:{:016x}", dir.filename().string(), h);
+}
+
 bool configure_compute_plan(const runtime::node_config& cfg, const model::model_weights& w,
                             runtime::engine_config& ecfg, logger& log) {
+  ecfg.sched.token_budget = cfg.token_budget;
+  ecfg.sched.max_running = cfg.max_running;
   if (cfg.cost_model) {  // prefill chunks sized so a step takes about engine.step_ms
     auto cm = runtime::read_cost_model_file(cfg.cost_model->string());
     if (!cm) {
@@ -55,6 +83,7 @@ bool configure_compute_plan(const runtime::node_config& cfg, const model::model_
   ecfg.spec.mode = *runtime::spec_mode_from(cfg.speculative);
   ecfg.spec.nextn = cfg.spec_nextn;
   ecfg.spec.adaptive_from = cfg.spec_adaptive_from;
+  ecfg.spec.auto_from = cfg.spec_auto_from;
   if (cfg.spec_cost_model) {
     auto cm = runtime::read_cost_model_file(cfg.spec_cost_model->string());
     if (!cm) {
@@ -214,7 +243,7 @@ void spawn_ranks(caf::actor_system& sys, const runtime::node_config& cfg, const 
     parts.engines.push_back(actors::spawn_engine(sys, m.weights, b.ecfg, /*detached=*/true, ep, m.tok));
     caf::actor rank;
     if (ep) {
-      parts.ranks.push_back(actors::spawn_rank(sys, ep, parts.engines.back()));
+      parts.ranks.push_back(actors::spawn_rank(sys, ep, parts.engines.back(), cfg.ep_group));
       rank = caf::actor_cast<caf::actor>(parts.ranks.back());
     }
     me.ranks.push_back({r, caf::actor_cast<caf::actor>(parts.engines.back()), rank});
@@ -225,10 +254,12 @@ void spawn_ranks(caf::actor_system& sys, const runtime::node_config& cfg, const 
   parts.eplb = std::make_shared<actors::eplb_board>();
   const runtime::eplb_policy policy{cfg.eplb_redundant_per_rank, cfg.eplb_period_steps, cfg.eplb_window_steps,
                                     cfg.eplb_expert_groups, 1};  // nodes: the group's processes
-  actors::spawn_eplb(sys, cfg.name, policy, std::chrono::milliseconds(cfg.eplb_interval_ms),
+  actors::spawn_eplb(sys, cfg.name, cfg.ep_group, policy, std::chrono::milliseconds(cfg.eplb_interval_ms),
                      std::chrono::milliseconds(cfg.eplb_fetch_timeout_ms), parts.eplb);
-  log.info("expert-parallel balancer: {} preset, {} redundant expert(s) per rank, a plan every {} steps",
-           cfg.eplb_preset, policy.redundant_per_rank, policy.period_steps);
+  log.info("expert-parallel group '{}'{}: balancer with the {} preset, {} redundant expert(s) per rank, a plan every "
+           "{} steps from a {}-step window",
+           cfg.ep_group, cfg.ep_group_size > 0 ? fmt::format(" of {} ranks", cfg.ep_group_size) : std::string(),
+           cfg.eplb_preset, policy.redundant_per_rank, policy.period_steps, policy.window_steps);
 }
 
 actors::storage_node_config storage_config_of(const runtime::node_config& cfg, int32_t i) {
@@ -337,6 +368,12 @@ bool start_engines(caf::actor_system& sys, const runtime::node_config& cfg, cons
   engine_build b{engine_config_for(m.weights->config, static_cast<double>(cfg.cache_mib), cfg.kv_dtype), nullptr, {}};
   b.ecfg.device = cfg.device;
   me.engine_role = runtime::to_string(cfg.disagg_role);
+  me.checkpoint = checkpoint_id(cfg.model_dir);
+  if (cfg.expert_parallel) {
+    me.ep_group = cfg.ep_group;
+    me.ep_group_size = cfg.ep_group_size;
+    me.ep_spec_depth = cfg.speculative == "off" ? 0 : static_cast<int32_t>(cfg.spec_nextn);
+  }
   if (!configure_compute_plan(cfg, *m.weights, b.ecfg, log) ||
       !attach_transfers(sys, cfg, m.weights->config, b, parts, me, log) || !attach_kv_storage(sys, cfg, b, parts, log) ||
       !attach_expert_parallel(cfg, m, b, parts, log))

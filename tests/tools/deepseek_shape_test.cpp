@@ -1,0 +1,179 @@
+// DeepSeek's serving shape as `shoal up` starts it from the sample config/deepseek-shape/
+// (gateway + SWA directory + storage tier on one node, a prefill expert-parallel group of 2
+// ranks on 2 processes, a decode expert-parallel group of 4 ranks on 2 processes with DSpark;
+// the test rewrites only ports, the model path, the storage directory, the cache size and the
+// prefill policy): 20 greedy requests, some sharing prefixes and some read back from the
+// storage tier, equal the offline engine token for token; the shell shows both groups' EPLB,
+// the balancers' placements on every group's ranks and DSpark's counts on the decode ranks.
+// A node whose group disagrees (its declared size) is refused at join, naming itself and the
+// field, and the group it tried to join keeps serving.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <map>
+#include <regex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "actors/http_client.hpp"
+#include "runtime/engine/engine_setup.hpp"
+#include "tests/support/cluster.hpp"
+#include "tools/shoald/engine_options.hpp"
+
+using namespace shoal;
+using namespace std::chrono_literals;
+using nlohmann::json;
+using test::completion_body;
+using test::read_text;
+using test::write_text;
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::vector<std::string> node_files = {"gateway", "prefill-a", "prefill-b", "decode-a", "decode-b"};
+
+struct shape_cluster : test::cli_cluster {
+  std::map<std::string, uint16_t> ports;
+  uint16_t http_port = 0;
+  std::optional<runtime::loaded_model> model;
+
+  shape_cluster() {
+    model = test::generated_model(model_dir, "v3-tiny", 35);
+    http_port = test::free_port();
+    for (const auto& n : node_files) ports[n] = test::free_port();
+    for (size_t i = 0; i < node_files.size(); ++i) write_text(config_dir / (node_files[i] + ".toml"), sample(i));
+    shell_port = ports["gateway"];
+  }
+
+  // Sample node i with this test's ports, model, storage directory and a smaller cache;
+  // prefill requests alternate between the two prefill ranks (a repeated prompt then reaches
+  // the rank that did not compute it, which reads its prefix from the storage tier).
+  std::string sample(size_t i) const {
+    std::string text = read_text(fs::path(SHOAL_SOURCE_DIR) / "config" / "deepseek-shape" / (node_files[i] + ".toml"));
+    REQUIRE(!text.empty());
+    for (size_t j = 0; j < node_files.size(); ++j)
+      text = std::regex_replace(text, std::regex("127\\.0\\.0\\.1:730" + std::to_string(j)),
+                                "127.0.0.1:" + std::to_string(ports.at(node_files[j])));
+    text = std::regex_replace(text, std::regex("127\\.0\\.0\\.1:8000"), "127.0.0.1:" + std::to_string(http_port));
+    text = std::regex_replace(text, std::regex("\\.\\./\\.\\./models/small"), model_dir.string());
+    text = std::regex_replace(text, std::regex("\\.\\./\\.\\./\\.shoal/deepseek-shape-chunks"),
+                              (dir.path / "chunks").string());
+    text = std::regex_replace(text, std::regex("cache_mib = 256"), "cache_mib = 32");
+    text = std::regex_replace(text, std::regex("capacity_mib = 256"), "capacity_mib = 32");
+    text = std::regex_replace(text, std::regex("prefill_policy = \"tiered\""), "prefill_policy = \"round_robin\"");
+    return text;
+  }
+
+  std::string complete(const std::string& prompt, int max_tokens) const {
+    auto r = actors::http_call("127.0.0.1", http_port, "POST", "/v1/completions",
+                               completion_body(prompt, max_tokens, false).dump(), {});
+    REQUIRE_MESSAGE(r, r.error());
+    REQUIRE_MESSAGE(r->status == 200, r->body);
+    return json::parse(r->body)["choices"][0]["text"].get<std::string>();
+  }
+
+  // The offline engine's greedy text (role both, no expert parallelism, no speculation).
+  std::string offline(const std::string& prompt, int max_tokens) const {
+    runtime::engine local(model->weights, tools::shoald::engine_config_for(model->weights->config,
+                                                                           tools::shoald::default_cache_mib,
+                                                                           model::kv_dtype::bf16));
+    runtime::sampling_params p;
+    p.max_tokens = max_tokens;
+    p.ignore_eos = true;
+    auto id = local.add_request(runtime::encode_prompt(*model->tokenizer, prompt), p);
+    REQUIRE_MESSAGE(id, (id ? "" : id.error().message));
+    auto done = local.run_to_completion();
+    REQUIRE(done.size() == 1);
+    return test::as_json_text(model->tokenizer->decode(done[0].output));
+  }
+
+  // Sum of "KEY=N" over the given ranks' shell stats.
+  int64_t stat_sum(const std::vector<std::string>& ranks, const std::string& key) {
+    int64_t sum = 0;
+    for (const auto& r : ranks) {
+      const std::string out = shell("stats " + r);
+      std::smatch m;
+      if (std::regex_search(out, m, std::regex(" " + key + "=(\\d+)"))) sum += std::stoll(m[1]);
+    }
+    return sum;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("deepseek shape: prefill and decode expert-parallel groups with DSpark equal the offline engine, "
+          "the shell shows both groups, a disagreeing node is refused at join") {
+  shape_cluster c;
+  c.start();
+  // 20 requests: 8 distinct prompts and 8 sharing a long system prefix, four at a time; then
+  // 2 long prompts each sent twice in a row: the prefill balancer alternates, so the second
+  // send lands on the rank that did not compute it, which reads the prefix from the storage
+  // tier (after the first one's write-back).
+  const std::string prefix =
+    "You are the assistant of a shipping company. Answer briefly and cite the rule number of the handbook "
+    "that applies; never invent a rule. ";
+  std::vector<std::string> prompts;
+  for (int i = 0; i < 8; ++i) prompts.push_back("Plain question number " + std::to_string(i) + " about tides");
+  for (int i = 0; i < 8; ++i) prompts.push_back(prefix + "Question " + std::to_string(i) + ": where is my parcel?");
+  std::vector<std::string> got(prompts.size());
+  for (size_t i = 0; i < prompts.size(); i += 4) {
+    std::vector<std::thread> clients;
+    for (size_t j = i; j < i + 4; ++j) clients.emplace_back([&, j] { got[j] = c.complete(prompts[j], 12); });
+    for (auto& t : clients) t.join();
+  }
+  for (int k = 0; k < 2; ++k) {
+    const std::string p = "A long letter number " + std::to_string(k) + " to the harbour master, about the berths, "
+                          "the cranes, the pilots and the tides of the coming spring season";
+    for (int twice = 0; twice < 2; ++twice) {
+      prompts.push_back(p);
+      got.push_back(c.complete(p, 12));
+      std::this_thread::sleep_for(1500ms);  // the blocks' write-back to the storage tier
+    }
+  }
+  REQUIRE(prompts.size() == 20);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    CAPTURE(i);
+    CHECK(got[i] == c.offline(prompts[i], 12));
+  }
+
+  const std::vector<std::string> prefill = {"prefill-a/rank0", "prefill-b/rank0"};
+  const std::vector<std::string> decode = {"decode-a/rank0", "decode-a/rank1", "decode-b/rank0", "decode-b/rank1"};
+  // Every request was handed off; the decode ranks verified and accepted MTP drafts.
+  CHECK(c.stat_sum(prefill, "handoffs_placed") == static_cast<int64_t>(prompts.size()));
+  CHECK(c.stat_sum(decode, "handoffs_taken") == static_cast<int64_t>(prompts.size()));
+  CHECK(c.stat_sum(decode, "spec_verified") > 0);
+  CHECK(c.stat_sum(decode, "spec_accepted") >= 0);
+  const std::string d0 = c.shell("stats decode-a/rank0");
+  CHECK_MESSAGE(d0.find("spec_accepted=") != std::string::npos, d0);
+  // Some prefixes came from the storage tier.
+  CHECK(c.stat_sum(prefill, "remote_hit_tokens") > 0);
+
+  const std::string eplb = c.shell("eplb");
+  CHECK_MESSAGE(eplb.find("group 'prefill' (2 ranks)") != std::string::npos, eplb);
+  CHECK_MESSAGE(eplb.find("group 'decode' (4 ranks)") != std::string::npos, eplb);
+  const std::string balancers = c.shell("balancers");
+  for (const auto& r : {"prefill-a/0", "prefill-b/0", "decode-a/0", "decode-a/1", "decode-b/0", "decode-b/1"})
+    CHECK_MESSAGE(balancers.find(std::string("  ") + r + ":") != std::string::npos, balancers);
+
+  // A third decode node declaring a group of 2 is refused at join and exits; the group serves on.
+  std::string text = c.sample(3);
+  const uint16_t port = test::free_port();
+  text = std::regex_replace(text, std::regex("name = \"decode-a\""), "name = \"decode-c\"");
+  text = std::regex_replace(text, std::regex("127\\.0\\.0\\.1:" + std::to_string(c.ports["decode-a"])),
+                            "127.0.0.1:" + std::to_string(port));
+  text = std::regex_replace(text, std::regex("ep_group_size = 4"), "ep_group_size = 2");
+  write_text(c.dir.path / "decode-c.toml", text);
+  test::child_process p({SHOAL_SHOALD_BIN, "--config", (c.dir.path / "decode-c.toml").string()},
+                        c.dir.path / "decode-c.out", c.dir.path / "decode-c.err");
+  auto code = p.wait_exit(120s);
+  REQUIRE(code);
+  CHECK(*code != 0);
+  const std::string log = read_text(c.dir.path / "decode-c.out") + read_text(c.dir.path / "decode-c.err");
+  CHECK_MESSAGE(log.find("node 'decode-c' cannot join expert-parallel group 'decode'") != std::string::npos, log);
+  CHECK_MESSAGE(log.find("engine.ep_group_size is 2") != std::string::npos, log);
+  CHECK(c.shell("eplb decode").find("group 'decode' (4 ranks)") != std::string::npos);
+  CHECK(c.complete(prompts[0], 12) == got[0]);
+}
