@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -41,7 +42,7 @@ struct schema_section {
 // Every key the format knows; anything else is an error so that typos never pass silently.
 const std::vector<schema_section>& schema() {
   static const std::vector<schema_section> sections = {
-      {"node", {"name", "listen", "roles", "model_dir", "drain_timeout_ms", "metrics_listen", "cpus"}},
+      {"node", {"name", "listen", "roles", "model_dir", "drain_timeout_ms", "metrics_listen", "cpus", "state_dir"}},
       {"engine", {"ranks", "threads", "cache_mib", "kv_dtype", "device", "expert_parallel", "ep_group", "ep_group_size", "ep_frames", "ep_bulk_min_bytes", "kv_storage", "role", "transport", "handoff_timeout_ms",
                   "cost_model", "step_ms", "token_budget", "max_running", "swa_slots", "swa_timeout_ms", "speculative", "spec_nextn",
                   "spec_adaptive_from", "spec_auto_from", "spec_cost_model"}},
@@ -366,6 +367,15 @@ void read_node(error_sink& sink, const section& s, const fs::path& base, node_co
   }
   if (std::optional<host_port> a = read_host_port(sink, s, "listen", true)) c.listen = *a;
   c.metrics_listen = read_host_port(sink, s, "metrics_listen", true);
+  if (auto dir = read_path(sink, s, "state_dir", base)) {
+    c.state_dir = *dir;
+  } else if (const char* xdg = std::getenv("XDG_STATE_HOME"); xdg && *xdg == '/') {
+    c.state_dir = fs::path(xdg) / "shoal";
+  } else if (const char* home = std::getenv("HOME"); home && *home == '/') {
+    c.state_dir = fs::path(home) / ".local" / "state" / "shoal";
+  } else {
+    c.state_dir = "/tmp/shoal-state";
+  }
   c.roles = read_roles(sink, s);
   if (std::optional<fs::path> p = read_path(sink, s, "model_dir", base)) c.model_dir = *p;
   if (std::optional<int64_t> ms = read_integer(sink, s, "drain_timeout_ms", 0, day_ms)) c.drain_timeout_ms = *ms;
@@ -631,9 +641,6 @@ void check_engine(error_sink& sink, const sections& f, const node_config& c) {
   if (f.engine.get("spec_auto_from") && c.speculative != "auto" && c.speculative != "off")
     sink.fail(config_errc::bad_value, f.engine.pos("spec_auto_from"), "engine.spec_auto_from",
               "only used with engine.speculative = \"auto\"");
-  if (!c.cost_model && f.engine.get("step_ms"))
-    sink.fail(config_errc::bad_value, f.engine.pos("step_ms"), "engine.step_ms",
-              "a step time budget needs engine.cost_model (the fitted model that predicts step times)");
   if (c.disagg_role == engine_role::both && f.engine.get("handoff_timeout_ms"))
     sink.fail(config_errc::bad_value, f.engine.pos("handoff_timeout_ms"), f.engine.path("handoff_timeout_ms"),
               "only prefill and decode engines move handoffs (engine.role is \"both\")");

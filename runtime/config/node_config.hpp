@@ -31,6 +31,10 @@ struct node_config {
   int64_t drain_timeout_ms = 30'000;  // SIGTERM: longest wait for running requests
   std::optional<host_port> metrics_listen;  // Prometheus text of this node's engines and storage nodes
   std::vector<int> cpus;              // non-empty: the process runs on these CPUs only (sched_setaffinity)
+  // node.state_dir (or shoald --state-dir): what the node learns and keeps across restarts,
+  // the fitted step-cost models under cost-models/. Default: $XDG_STATE_HOME/shoal, else
+  // ~/.local/state/shoal, else /tmp/shoal-state.
+  std::filesystem::path state_dir;
 
   // [engine] (only with the engine role)
   int32_t ranks = 1;  // data-parallel ranks hosted by this node, ≥ 1

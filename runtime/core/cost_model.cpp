@@ -419,4 +419,25 @@ std::expected<std::string, std::string> save_cost_model(const std::string& dir,
   return path;
 }
 
+cost_fitter::cost_fitter(int64_t min_samples, int64_t capacity)
+    : min_samples_(std::max<int64_t>(min_samples, 4)), capacity_(std::max(capacity, min_samples_)) {}
+
+void cost_fitter::add(int64_t n, int64_t p, double seconds) {
+  if (n < 1 || p < 0 || !(seconds > 0) || !std::isfinite(seconds)) return;
+  std::erase_if(samples_, [&](const cost_sample& s) { return s.n == n && s.p == p; });
+  if (static_cast<int64_t>(samples_.size()) >= capacity_) samples_.erase(samples_.begin());
+  samples_.push_back({n, p, seconds});
+}
+
+std::optional<cost_model> cost_fitter::fit() const {
+  if (static_cast<int64_t>(samples_.size()) < min_samples_) return std::nullopt;
+  std::vector<int64_t> ns;
+  for (const cost_sample& s : samples_) ns.push_back(s.n);
+  std::sort(ns.begin(), ns.end());
+  if (std::unique(ns.begin(), ns.end()) - ns.begin() < 4) return std::nullopt;
+  auto m = cost_model::fit(samples_);
+  if (!m) return std::nullopt;
+  return *m;
+}
+
 }  // namespace shoal::runtime

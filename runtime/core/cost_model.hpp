@@ -6,10 +6,12 @@
 
 #include <cstdint>
 #include <expected>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 namespace shoal::runtime {
 
@@ -89,6 +91,26 @@ class cost_model {
   fit_quality quality_;
   std::string preset_;
   std::string machine_;
+};
+
+// Fitting a cost model from the steps an engine runs (shoald's default when no fitted file is
+// at hand: an expert-parallel rank holds no routed experts before its group forms, so it cannot
+// be timed alone at start; its real steps, exchanges included, are what the model must
+// predict). A step of n new tokens in total over items i of n_i tokens on p_i computed ones is
+// the sample (n, Σ n_i·p_i / n): c·n·p is then the step's attention term exactly. Steps that
+// computed a multi-token chunk are kept, one per distinct (n, p) (the latest), at most
+// `capacity`; fit() is tried once `min_samples` are in with at least 4 distinct n.
+class cost_fitter {
+ public:
+  explicit cost_fitter(int64_t min_samples = 32, int64_t capacity = 256);
+  void add(int64_t n, int64_t p, double seconds);
+  int64_t samples() const { return static_cast<int64_t>(samples_.size()); }
+  // The fitted model once the samples determine it (nullopt before, or when they do not yet).
+  std::optional<cost_model> fit() const;
+
+ private:
+  int64_t min_samples_, capacity_;
+  std::vector<cost_sample> samples_;
 };
 
 // Maps `name` onto [A-Za-z0-9._-] for use in a file name: each run of other characters

@@ -46,6 +46,11 @@ struct step_plan {
 class scheduler {
  public:
   scheduler(const scheduler_config& config, cache_manager& caches);
+  // A step-cost model from now on (fitted while serving): chunks sized to `step_budget_s`.
+  void set_cost(cost_model cost, double step_budget_s) {
+    config_.cost = std::move(cost);
+    config_.step_time_budget_s = step_budget_s;
+  }
 
   void add(request* r);
   // Handoff, decode side: r's cache is being read (cache_manager::start_import); it runs as

@@ -43,6 +43,17 @@ struct swa_stats {
 // Step accounting (MEASURE.md): verified and accepted drafts per decode step; tau = 1 +
 // nextn × a with a = accepted / (steps × nextn) under full-draft counting; emitted tokens
 // are actual counts (VARLEN records are never multiplied again).
+// The step-cost model that sizes prefill chunks: where it came from ("none": token budget
+// only; "file": engine_config::cost_source names it; "fitted": from this engine's steps, see
+// cost_fitter), the samples behind it and how well it fits them.
+struct cost_stats {
+  std::string source = "none";
+  std::string detail;        // the file, or "collecting N/M steps"
+  int64_t samples = 0;
+  double r2 = 0, rms_rel_error = 0;
+  bool operator==(const cost_stats&) const = default;
+};
+
 struct spec_stats {
   uint64_t decode_steps = 0;  // request-steps that verified ≥ 0 drafts of a speculating request
   uint64_t drafted = 0, verified = 0, accepted = 0, emitted = 0;

@@ -60,6 +60,13 @@ engine::engine(std::shared_ptr<const model::model_weights> weights, const engine
     const model::model_config& c = weights_->config;
     draft_context_ = config_.spec.draft_context > 0 ? config_.spec.draft_context : (c.is_flash() ? c.window() : 64);
   }
+  if (config_.sched.cost) {
+    stats_.cost = {"file", config_.cost_source, config_.sched.cost->quality().samples, config_.sched.cost->quality().r2,
+                   config_.sched.cost->quality().rms_rel_error};
+  } else if (config_.cost_fit.enabled) {
+    fitter_ = cost_fitter(config_.cost_fit.min_samples);
+    stats_.cost.detail = "collecting 0/" + std::to_string(config_.cost_fit.min_samples) + " steps";
+  }
   if (config_.ep) {
     config_.async_scheduling = false;  // see engine_config::ep
     ep_ = std::make_unique<ep_moe_exchange>(weights_, backend_, config_.ep->layout, config_.ep->transport,
@@ -304,6 +311,7 @@ void engine::run_forward() {
   if (last_done_ >= 0) stats_.idle_s += t0 - last_done_;
   flight_->output = backend_->forward(flight_->items, fo);
   last_done_ = now_s();
+  flight_->forward_s = last_done_ - t0;
   stats_.forward_s += last_done_ - t0;
 }
 
@@ -344,6 +352,7 @@ bool engine::emit(request& r, int32_t token, std::span<const float> logits, std:
 std::vector<token_event> engine::complete() {
   std::vector<token_event> events;
   in_flight_step& f = *flight_;
+  if (config_.cost_fit.enabled && !cost_fitted_) learn_cost(f);
   const int64_t V = weights_->config.vocab_size, d = weights_->config.hidden_size;
   size_t row = 0;
   std::vector<request*> drafting;
@@ -438,6 +447,31 @@ std::vector<token_event> engine::step() {
     }
   }
   return events;
+}
+
+// cost_fit: a step that computed a multi-token chunk is a sample (engine_config::cost_fit);
+// once the samples determine a model the scheduler sizes chunks by it.
+void engine::learn_cost(const in_flight_step& f) {
+  int64_t n = 0, np = 0;
+  bool chunk = false;
+  for (const planned_item& it : f.plan.items) {
+    n += it.n_tokens;
+    np += it.n_tokens * it.base;
+    chunk = chunk || it.n_tokens - it.drafts > 1;
+  }
+  if (!chunk || n == 0) return;
+  fitter_.add(n, np / n, f.forward_s);
+  stats_.cost.samples = fitter_.samples();
+  stats_.cost.detail = "collecting " + std::to_string(fitter_.samples()) + "/" +
+                       std::to_string(config_.cost_fit.min_samples) + " steps";
+  if (fitter_.samples() < config_.cost_fit.min_samples || fitter_.samples() % 4 != 0) return;
+  std::optional<cost_model> m = fitter_.fit();
+  if (!m) return;
+  cost_fitted_ = true;
+  sched_.set_cost(*m, config_.cost_fit.step_budget_s);
+  stats_.cost = {"fitted", "from " + std::to_string(m->quality().samples) + " steps of this engine",
+                 m->quality().samples, m->quality().r2, m->quality().rms_rel_error};
+  if (config_.cost_fit.fitted) config_.cost_fit.fitted(*m);
 }
 
 uint64_t engine::steps_started() const { return ep_ ? ep_->steps_started() : stats_.steps; }

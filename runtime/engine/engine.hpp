@@ -84,6 +84,18 @@ struct engine_config {
   // expert parallelism or role prefill (node_config refuses those). Forces
   // async_scheduling off: the next step depends on how many drafts were accepted.
   spec_config spec;
+  // The step-cost model: `cost_source` says where sched.cost came from (a file's path, for
+  // stats). Without sched.cost and with cost_fit.enabled, the engine fits one from its own
+  // steps (runtime::cost_fitter) and from then on sizes prefill chunks to cost_fit.step_budget_s;
+  // `fitted` is called once with the model (shoald keeps it in its state directory).
+  std::string cost_source;
+  struct cost_fit_config {
+    bool enabled = false;
+    int64_t min_samples = 16;
+    double step_budget_s = 0.05;
+    std::function<void(const cost_model&)> fitted;
+  };
+  cost_fit_config cost_fit;
 };
 
 struct completion {
@@ -219,7 +231,9 @@ class engine {
     std::vector<embedding_cache::rows> rows;             // keeps those rows alive
     std::vector<std::vector<int32_t>> verify_tokens;     // per item: t_c ++ drafts (speculation)
     model::forward_output output;
+    double forward_s = 0;  // the forward pass's seconds (exchanges included)
   };
+  void learn_cost(const in_flight_step& f);  // cost_fit: one step's sample
   embedding_cache::rows image_rows(const prompt_image& im);
   // Encoder rows being read from a vision-encoder worker, by image hash; `settled` once the
   // rows went to the embedding cache (or the failure was counted).
@@ -289,6 +303,8 @@ class engine {
                                                                            std::span<const int32_t> output);
   std::vector<awaiting_rows> awaiting_rows_;
   acceptance_estimate acceptance_;
+  cost_fitter fitter_;        // engine_config::cost_fit
+  bool cost_fitted_ = false;
   int64_t draft_context_ = 0;
 
   // compute thread (async scheduling)

@@ -33,6 +33,7 @@ struct engine_stats {
   uint64_t image_rows_read = 0, image_row_read_failures = 0;
   embedding_cache_stats image_cache;
   spec_stats spec;
+  cost_stats cost;
   bool operator==(const engine_stats&) const = default;
 };
 

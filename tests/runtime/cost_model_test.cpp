@@ -322,3 +322,31 @@ TEST_CASE("cost_model: names are sanitized for file names") {
   CHECK_FALSE(id.empty());
   CHECK(sanitize_name(id) == id);
 }
+
+TEST_CASE("cost_fitter: nothing until enough distinct steps, then the model that generated them") {
+  const cost_model truth(0.004, 2e-4, 1e-7, 5e-8);
+  cost_fitter f(12);
+  CHECK_FALSE(f.fit());
+  for (int rep = 0; rep < 3; ++rep)  // the same step over and over determines nothing
+    f.add(64, 0, truth.predict(64, 0));
+  CHECK(f.samples() == 1);
+  f.add(0, 0, 1.0);      // no tokens: not a sample
+  f.add(8, -1, 1.0);     // bad prefix
+  f.add(8, 0, 0.0);      // no time
+  f.add(8, 0, NAN);
+  CHECK(f.samples() == 1);
+  int64_t k = 0;
+  for (int64_t n : {8, 32, 96, 200})
+    for (int64_t p : {0, 300, 1200}) {
+      f.add(n, p, truth.predict(n, p));
+      ++k;
+    }
+  REQUIRE(f.samples() == 13);
+  auto m = f.fit();
+  REQUIRE(m);
+  CHECK(m->quality().samples == 13);
+  CHECK(m->predict(150, 700) == doctest::Approx(truth.predict(150, 700)).epsilon(1e-6));
+  cost_fitter few(12);
+  for (int64_t p = 0; p < 20; ++p) few.add(p % 3 == 0 ? 16 : 48, 100 * p, truth.predict(16, 100 * p));  // 2 distinct n
+  CHECK_FALSE(few.fit());
+}

@@ -152,6 +152,52 @@ TEST_CASE("async scheduling produces exactly the outputs of synchronous scheduli
   }
 }
 
+TEST_CASE("step-cost model fitted from the engine's own steps: chunks follow it once fitted, outputs unchanged") {
+  auto w = test::tiny_model("v3-tiny");
+  std::vector<std::vector<runtime::completion>> results;
+  for (bool fit : {false, true}) {
+    auto cfg = base_config(256);
+    cfg.batch_invariant = true;
+    std::optional<runtime::cost_model> kept;
+    cfg.cost_fit.enabled = fit;
+    cfg.cost_fit.min_samples = 8;
+    cfg.cost_fit.step_budget_s = 1e-9;  // once fitted: one token of prefill per step
+    cfg.cost_fit.fitted = [&](const runtime::cost_model& m) { kept = m; };
+    engine e(w, cfg);
+    CHECK(e.stats().cost.source == "none");
+    // One request at a time, each prefilled in one step: prompts of varied lengths on 0, 1 or 2
+    // cached blocks of a shared prefix (samples of varied n and p).
+    const auto shared = test::random_tokens(3 * w->config.block_size, 77);
+    std::vector<runtime::completion> done;
+    for (uint32_t i = 0; i < 12 && !kept; ++i) {
+      std::vector<int32_t> prompt(shared.begin(), shared.begin() + (i % 3) * w->config.block_size);
+      const auto tail = test::random_tokens(6 + 11 * i, 700 + i);
+      prompt.insert(prompt.end(), tail.begin(), tail.end());
+      REQUIRE(e.add_request(prompt, greedy(2)).has_value());
+      for (auto& c : e.run_to_completion()) done.push_back(c);
+    }
+    results.push_back(done);
+    const runtime::cost_stats c = e.stats().cost;
+    if (!fit) {
+      CHECK(c.source == "none");
+      CHECK_FALSE(kept);
+      continue;
+    }
+    REQUIRE(kept);
+    CHECK(c.source == "fitted");
+    CHECK(c.samples >= 8);
+    CHECK(kept->quality().samples == c.samples);
+    // After the fit the 1 ns budget leaves one prefill token per step: a prompt added now
+    // takes one step per token.
+    const uint64_t steps = e.stats().steps;
+    REQUIRE(e.add_request(test::random_tokens(10, 999), greedy(1)).has_value());
+    e.run_to_completion();
+    CHECK(e.stats().steps - steps >= 10);
+  }
+  REQUIRE(results[1].size() <= results[0].size());
+  for (size_t i = 0; i < results[1].size(); ++i) CHECK(results[0][i].output == results[1][i].output);
+}
+
 TEST_CASE("bounded replay: divergence from exact reconstruction stays below the stated bound") {
   // Bound (tiny preset, replay 16 = W): mean KL(exact || replay) of the next-token distribution
   // below 0.05 nats over 20 prompts. `shoal bench replay` reports the figure on 100 prompts.

@@ -103,8 +103,10 @@ bool start_node(node_entry& n, const fs::path& shoald, const fs::path& state_dir
   posix_spawnattr_t attr;
   posix_spawnattr_init(&attr);
   posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSID);  // survives the shell that ran `shoal up`
-  std::string bin = shoald.string(), flag = "--config", cfg = fs::absolute(n.file).string();
-  char* argv[] = {bin.data(), flag.data(), cfg.data(), nullptr};
+  // The nodes keep what they learn (fitted step-cost models) in the cluster's state directory.
+  std::string bin = shoald.string(), flag = "--config", cfg = fs::absolute(n.file).string(), sflag = "--state-dir",
+              state = fs::absolute(state_dir).string();
+  char* argv[] = {bin.data(), flag.data(), cfg.data(), sflag.data(), state.data(), nullptr};
   int rc = posix_spawn(&n.pid, bin.c_str(), &fa, &attr, argv, environ);
   posix_spawn_file_actions_destroy(&fa);
   posix_spawnattr_destroy(&attr);

@@ -28,8 +28,10 @@ constexpr int exit_usage = 2;
 int main(int argc, char** argv) {
   tools::tune_allocator();
   CLI::App app{"shoald: one shoal node"};
-  std::string config_path;
+  std::string config_path, state_dir;
   app.add_option("--config", config_path, "node config file (TOML)")->required();
+  app.add_option("--state-dir", state_dir,
+                 "where the node keeps what it learns (fitted step-cost models); overrides node.state_dir");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -41,6 +43,7 @@ int main(int argc, char** argv) {
     fmt::print(stderr, "shoald: {}\n", runtime::to_string(cfg.error()));
     return exit_usage;
   }
+  if (!state_dir.empty()) cfg->state_dir = std::filesystem::absolute(state_dir);
   if (auto isa = kernels::select_isa_from_env(); !isa) {
     fmt::print(stderr, "shoald: {}\n", isa.error());
     return exit_usage;

@@ -121,6 +121,10 @@ std::string describe_engine(caf::actor_system& sys, const actors::engine_actor& 
                              snap.role, s.handoffs_offered, s.handoffs_lent, s.handoffs_kept,
                              c.imports + c.import_failures, c.import_failures, c.import_timeouts, c.import_corrupt,
                              s.handoffs_refused_format);
+        // The step-cost model sizing prefill chunks: its source and how well it fits.
+        out += fmt::format(" cost_model={} cost_model_samples={} cost_model_r2={:.3f} cost_model_rms_error_pct={:.1f} "
+                           "cost_model_detail=\"{}\"",
+                           s.cost.source, s.cost.samples, s.cost.r2, 100 * s.cost.rms_rel_error, s.cost.detail);
         // DSpark: drafts made, verified and accepted (per request-step), tokens per decode step.
         if (s.spec.drafted + s.spec.decode_steps > 0)
           out += fmt::format(" spec_decode_steps={} spec_drafted={} spec_verified={} spec_accepted={} "

@@ -35,8 +35,9 @@ struct engine_build {
 
 // engine.cost_model, engine.speculative and engine.spec_cost_model into `ecfg`.
 // The checkpoint as the members of a group compare it: the directory's name, and a hash of its
-// config.json and of its weight files' names and sizes (reading every weight byte would take
-// minutes on a real checkpoint).
+// config.json and of each weight file's name, size and first and last 64 KiB (its header and
+// the bytes of its first and last tensors: two fine-tunes of one shape differ there; reading
+// every weight byte would take minutes on a real checkpoint).
 std::string checkpoint_id(const std::filesystem::path& dir) {
   XXH3_state_t* st = XXH3_createState();
   XXH3_64bits_reset(st);
@@ -48,19 +49,28 @@ std::string checkpoint_id(const std::filesystem::path& dir) {
   for (const auto& e : std::filesystem::directory_iterator(dir, ec))
     if (e.path().extension() == ".safetensors") files.emplace_back(e.path().filename().string(), e.file_size(ec));
   std::sort(files.begin(), files.end());
+  std::vector<char> buf(64 << 10);
   for (const auto& [name, size] : files) {
     const std::string line = name + " " + std::to_string(size) + "\n";
     XXH3_64bits_update(st, line.data(), line.size());
+    std::ifstream f(dir / name, std::ios::binary);
+    for (uintmax_t at : {uintmax_t{0}, size > buf.size() ? size - buf.size() : uintmax_t{0}}) {
+      f.clear();
+      f.seekg(static_cast<std::streamoff>(at));
+      f.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+      XXH3_64bits_update(st, buf.data(), static_cast<size_t>(f.gcount()));
+    }
   }
   const uint64_t h = XXH3_64bits_digest(st);
   XXH3_freeState(st);
   return fmt::format("{}:{:016x}", dir.filename().string(), h);
 }
 
-bool configure_compute_plan(const runtime::node_config& cfg, const model::model_weights& w,
-                            runtime::engine_config& ecfg, logger& log) {
-  ecfg.sched.token_budget = cfg.token_budget;
-  ecfg.sched.max_running = cfg.max_running;
+// The step-cost model that sizes prefill chunks: engine.cost_model when given; else the one
+// this node fitted before for this checkpoint, KV format, group and machine (in
+// node.state_dir/cost-models); else one fitted from the ranks' first steps and kept there.
+bool configure_cost_model(const runtime::node_config& cfg, runtime::engine_config& ecfg, logger& log) {
+  const double budget_s = static_cast<double>(cfg.step_ms) / 1000.0;
   if (cfg.cost_model) {  // prefill chunks sized so a step takes about engine.step_ms
     auto cm = runtime::read_cost_model_file(cfg.cost_model->string());
     if (!cm) {
@@ -71,9 +81,48 @@ bool configure_compute_plan(const runtime::node_config& cfg, const model::model_
       log.warn("engine.cost_model was fitted on {}, this machine is {}: its step times may be off", cm->machine(),
                runtime::machine_id());
     ecfg.sched.cost = *cm;
-    ecfg.sched.step_time_budget_s = static_cast<double>(cfg.step_ms) / 1000.0;
+    ecfg.sched.step_time_budget_s = budget_s;
+    ecfg.cost_source = cfg.cost_model->string();
     log.info("prefill chunks from cost model {} (step budget {} ms)", cfg.cost_model->string(), cfg.step_ms);
+    return true;
   }
+  const std::string dir = (cfg.state_dir / "cost-models").string();
+  const std::string preset = checkpoint_id(cfg.model_dir) + "-" + std::string(model::to_string(cfg.kv_dtype)) +
+                             (cfg.expert_parallel ? "-ep-" + cfg.ep_group : std::string());
+  const std::string path = runtime::cost_model_path(dir, preset, runtime::machine_id());
+  if (std::filesystem::exists(path)) {
+    auto cm = runtime::load_cost_model(dir, preset, runtime::machine_id());
+    if (cm) {
+      ecfg.sched.cost = *cm;
+      ecfg.sched.step_time_budget_s = budget_s;
+      ecfg.cost_source = path;
+      log.info("prefill chunks from the cost model this node fitted before, {} (R² {:.3f}, rms error {:.1f}%; step "
+               "budget {} ms)", path, cm->quality().r2, 100 * cm->quality().rms_rel_error, cfg.step_ms);
+      return true;
+    }
+    log.warn("the kept cost model {} is unusable ({}): fitting a new one from this node's steps", path, cm.error());
+  }
+  ecfg.cost_fit.enabled = true;
+  ecfg.cost_fit.step_budget_s = budget_s;
+  ecfg.cost_fit.fitted = [dir, preset, &log](const runtime::cost_model& fitted) {
+    runtime::cost_model m = fitted;
+    m.set_preset(preset);
+    m.set_machine(runtime::machine_id());
+    auto saved = runtime::save_cost_model(dir, m);
+    log.info("step-cost model fitted from {} steps (R² {:.3f}, rms error {:.1f}%): prefill chunks follow it now; {}",
+             m.quality().samples, m.quality().r2, 100 * m.quality().rms_rel_error,
+             saved ? "kept in " + *saved : "not kept: " + saved.error());
+  };
+  log.info("no step-cost model for {} on {}: fitting one from the first {} prefill steps (token budget {} until then)",
+           preset, runtime::machine_id(), ecfg.cost_fit.min_samples, cfg.token_budget);
+  return true;
+}
+
+bool configure_compute_plan(const runtime::node_config& cfg, const model::model_weights& w,
+                            runtime::engine_config& ecfg, logger& log) {
+  ecfg.sched.token_budget = cfg.token_budget;
+  ecfg.sched.max_running = cfg.max_running;
+  if (!configure_cost_model(cfg, ecfg, log)) return false;
   if (cfg.speculative == "off") return true;
   if (w.mtp.empty()) {  // DSpark: MTP drafts verified each decode step
     log.error("key 'engine.speculative': the model in {} has no MTP module (num_nextn_predict_layers = 0) to draft with",
