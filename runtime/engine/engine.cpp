@@ -270,6 +270,8 @@ embedding_cache::rows engine::image_rows(const prompt_image& im) {
 
 void engine::dispatch(step_plan plan) {
   in_flight_step f;
+  f.started = now_s();
+  f.verifies = stats_.spec.auto_verifying;
   f.plan = std::move(plan);
   f.inputs.resize(f.plan.items.size());
   f.verify_tokens.resize(f.plan.items.size());
@@ -410,6 +412,15 @@ std::vector<token_event> engine::complete() {
   // spec_mode::automatic below its concurrency: no drafts to verify, so none are made.
   const bool drafts_wanted = config_.spec.mode != spec_mode::automatic || stats_.spec.auto_verifying;
   if (!drafting.empty() && drafts_wanted) draft(drafting);
+  if (!drafts_wanted)  // the MTP chain's incremental state skips these steps: it restarts from the hidden rows
+    for (request* r : drafting) {
+      r->spec.mtp = {};
+      r->spec.drafts.clear();
+      r->spec.drafted_at = -1;
+    }
+  if (config_.spec.mode == spec_mode::automatic)
+    auto_measure(f, static_cast<size_t>(std::count_if(events.begin(), events.end(),
+                                                      [](const token_event& e) { return e.token >= 0; })));
   ++stats_.steps;
   flight_.reset();
   return events;

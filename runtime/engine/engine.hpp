@@ -232,6 +232,8 @@ class engine {
     std::vector<std::vector<int32_t>> verify_tokens;     // per item: t_c ++ drafts (speculation)
     model::forward_output output;
     double forward_s = 0;  // the forward pass's seconds (exchanges included)
+    double started = 0;    // when it was dispatched
+    bool verifies = false; // spec_mode::automatic: this step verified drafts (and will draft)
   };
   void learn_cost(const in_flight_step& f);  // cost_fit: one step's sample
   embedding_cache::rows image_rows(const prompt_image& im);
@@ -256,6 +258,17 @@ class engine {
   // Speculation: verify lengths for the plan's decodes (more blocks taken for them), the
   // verification of one item's logits rows, and the next drafts of the step's requests.
   bool speculates(const request& r) const;
+  // spec_mode::automatic: whether this step verifies (and drafts for the next), from the
+  // measured tokens per second of both choices at this concurrency; auto_measure records one.
+  bool auto_verifies(const step_plan& plan);
+  void auto_measure(const in_flight_step& f, size_t tokens);
+  struct auto_bucket {  // decoding requests in [2^b, 2^(b+1))
+    double rate[2] = {0, 0};  // EMA of tokens per second: [0] without, [1] with verification
+    int64_t seen[2] = {0, 0};
+    int64_t steps = 0;
+  };
+  std::vector<auto_bucket> auto_buckets_;
+  bool auto_last_ = false;  // the previous step's choice
   void add_drafts(step_plan& plan);
   int64_t verify(request& r, std::span<const float> rows, int64_t n_rows, std::vector<token_event>& events);
   bool emit(request& r, int32_t token, std::span<const float> logits, std::vector<token_event>& events);

@@ -2,6 +2,8 @@
 // step's logits rows, the next drafts (the MTP chain, or the target itself for tests), and the
 // verify lengths of a plan's decodes. The step loop is engine.cpp.
 #include <algorithm>
+#include <chrono>
+#include <bit>
 #include <cmath>
 
 #include "model/forward.hpp"
@@ -9,6 +11,14 @@
 #include "runtime/structured/grammar.hpp"
 
 namespace shoal::runtime {
+
+namespace {
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
 
 // Rows j = 0 … n_rows − 1 are the logits after the pending token and after each of the
 // first n_rows − 1 drafts. Row j decides output token j of this step: greedy takes the
@@ -190,16 +200,55 @@ void engine::self_draft(const std::vector<request*>& rs, const model::forward_op
   }
 }
 
+// spec_mode::automatic: verification is a choice per concurrency (decoding requests, in
+// power-of-two buckets) between two measured rates, tokens emitted per second of step with
+// every draft verified (drafting included) and with none. Before a bucket has seen both, the
+// prior is auto_from; then the better one, the other tried again every 256th step of the bucket
+// (the machine's load and the acceptance drift). A step that switches is not measured: it pays
+// for drafting without verifying, or the other way round.
+bool engine::auto_verifies(const step_plan& plan) {
+  int64_t decodes = 0;
+  for (const planned_item& it : plan.items)
+    if (it.n_tokens == 1 && it.req->computed() == it.req->num_tokens() - 1) ++decodes;
+  if (decodes == 0) return stats_.spec.auto_verifying;
+  const size_t b = static_cast<size_t>(std::bit_width(static_cast<uint64_t>(decodes)) - 1);
+  if (auto_buckets_.size() <= b) auto_buckets_.resize(b + 1);
+  auto_bucket& k = auto_buckets_[b];
+  ++k.steps;
+  const bool prior = decodes >= config_.spec.auto_from;
+  if (k.seen[0] < 3 || k.seen[1] < 3) {  // measure both, each over a few consecutive steps
+    const int other = k.seen[prior ? 1 : 0] < 3 ? (prior ? 1 : 0) : (prior ? 0 : 1);
+    return other == 1;
+  }
+  const bool better = k.rate[1] > k.rate[0];
+  return k.steps % 256 == 0 ? !better : better;
+}
+
+void engine::auto_measure(const in_flight_step& f, size_t tokens) {
+  const bool now = f.verifies;
+  const bool steady = now == auto_last_;
+  auto_last_ = now;
+  const int64_t decodes = static_cast<int64_t>(f.plan.items.size());
+  const bool decode_only = std::all_of(f.plan.items.begin(), f.plan.items.end(),
+                                       [](const planned_item& it) { return it.n_tokens - it.drafts == 1; });
+  if (!steady || decodes == 0 || !decode_only) return;  // a switch, or prefill in the step: not a decode rate
+  const size_t b = static_cast<size_t>(std::bit_width(static_cast<uint64_t>(decodes)) - 1);
+  if (auto_buckets_.size() <= b) auto_buckets_.resize(b + 1);
+  auto_bucket& k = auto_buckets_[b];
+  const double dt = now_s() - f.started;
+  if (!(dt > 0)) return;
+  const double rate = double(tokens) / dt;
+  const int i = now ? 1 : 0;
+  k.rate[i] = k.seen[i] == 0 ? rate : 0.8 * k.rate[i] + 0.2 * rate;
+  ++k.seen[i];
+}
+
 // Verify lengths for the plan's decodes: every draft (fixed, or adaptive below adaptive_from
 // decodes) or the policy's choice, bounded by max_tokens and by the free blocks.
 void engine::add_drafts(step_plan& plan) {
   if (config_.spec.mode == spec_mode::off) return;
   if (config_.spec.mode == spec_mode::automatic) {
-    // The step's concurrency: its decoding requests (drafts or not).
-    int64_t decodes = 0;
-    for (const planned_item& it : plan.items)
-      if (it.n_tokens == 1 && it.req->computed() == it.req->num_tokens() - 1) ++decodes;
-    const bool on = decodes >= config_.spec.auto_from;
+    const bool on = auto_verifies(plan);
     if (on != stats_.spec.auto_verifying) {
       stats_.spec.auto_verifying = on;
       ++stats_.spec.auto_switches;

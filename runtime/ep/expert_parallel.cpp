@@ -24,8 +24,8 @@ static_assert(std::endian::native == std::endian::little, "frames carry little-e
 namespace {
 
 constexpr const char* frame_magic = "shoal-ep";
-constexpr uint64_t frame_version = 2;
-constexpr uint32_t dispatch_fields = 14, combine_fields = 9;
+constexpr uint64_t frame_version = 3;
+constexpr uint32_t dispatch_fields = 15, combine_fields = 9;
 
 void pack_header(frame_packer& pk, uint32_t fields, uint64_t phase, uint64_t step, int32_t slot, int32_t source,
                  int64_t hidden) {
@@ -70,6 +70,7 @@ std::vector<uint8_t> encode_dispatch(const dispatch_frame& f) {
   pack_tensor(pk, f.xn.data(), f.xn.size());
   pack_tensor(pk, f.pair_row.data(), f.pair_row.size());
   pack_tensor(pk, f.pair_expert.data(), f.pair_expert.size());
+  pk.pack(f.drafts);
   return std::move(sink.bytes);
 }
 
@@ -85,7 +86,8 @@ std::expected<dispatch_frame, std::string> decode_dispatch(const std::vector<uin
       !r.uint(9, "rows", rows, {}, static_cast<uint64_t>(limits.max_rows)) ||
       !r.uint(10, "pairs", pairs, {}, rows * static_cast<uint64_t>(top_k)) ||
       !r.bin_of(11, "xn", rows * static_cast<uint64_t>(hidden), f.xn) ||
-      !r.bin_of(12, "pair_row", pairs, f.pair_row) || !r.bin_of(13, "pair_expert", pairs, f.pair_expert))
+      !r.bin_of(12, "pair_row", pairs, f.pair_row) || !r.bin_of(13, "pair_expert", pairs, f.pair_expert) ||
+      !r.uint(14, "drafts", f.drafts, {}, 1))
     return std::unexpected(r.error());
   if (f.ready < f.epoch)
     return std::unexpected("dispatch frame field 8 (ready) is " + std::to_string(f.ready) + ", below its epoch " +
@@ -164,6 +166,8 @@ void ep_moe_exchange::set_draft_depth(int64_t depth) {
   // Pass 0: every slot, the MTP modules' too (a forward pass may run them after the main
   // layers: forward_full's MTP output).
   for (int64_t s = 0; s < slots_; ++s) schedule_.push_back({s, 0});
+  pass0_ = schedule_.size();
+  draft_passes_ = depth > 0;
   const int64_t modules = c.num_nextn_predict_layers;
   SHOAL_ASSERT(depth == 0 || modules > 0);
   for (int64_t k = 0; k < depth; ++k)
@@ -211,9 +215,12 @@ void ep_moe_exchange::mark_ready() {
   ready_ = true;
 }
 
-void ep_moe_exchange::begin_step() {
+void ep_moe_exchange::begin_step(bool drafts) {
   SHOAL_ASSERT(!in_step_);
+  SHOAL_ASSERT(!drafts || draft_passes_);
   in_step_ = true;
+  drafts_ = drafts;
+  end_ = schedule_.size();  // until the first position's frames say whether any rank drafts
   next_ = 0;
   switch_agreed_ = false;
   ++steps_started_;
@@ -222,7 +229,7 @@ void ep_moe_exchange::begin_step() {
 std::expected<void, std::string> ep_moe_exchange::end_step() {
   SHOAL_ASSERT(in_step_);
   try {
-    while (next_ < schedule_.size()) run_slot(next_++, nullptr, 0, nullptr, nullptr, nullptr);
+    while (next_ < end_) run_slot(next_++, nullptr, 0, nullptr, nullptr, nullptr);
   } catch (const ep_error& e) {
     return std::unexpected(e.what());  // fail() already abandoned the step
   }
@@ -272,8 +279,8 @@ void ep_moe_exchange::routed_experts(const model::model_weights& w, int64_t moe_
   // The schedule's next position of this slot; positions skipped on the way (slots a forward
   // pass skips, a draft depth with no rows) are joined empty: peers may need this rank.
   size_t pos = next_;
-  while (pos < schedule_.size() && schedule_[pos].slot != moe_slot) ++pos;
-  SHOAL_ASSERT(pos < schedule_.size());  // a slot outside the schedule (draft depth not set?)
+  while (pos < end_ && schedule_[pos].slot != moe_slot) ++pos;
+  SHOAL_ASSERT(pos < end_);  // a slot outside the step's schedule (drafting not announced at begin_step?)
   while (next_ < pos) run_slot(next_++, nullptr, 0, nullptr, nullptr, nullptr);
   run_slot(next_++, xn, rows, ids, weights, out);
 }
@@ -357,6 +364,7 @@ void ep_moe_exchange::run_slot(size_t pos, const float* xn, int64_t rows, const 
                                const float* weights, float* out) {
   const int64_t slot = schedule_[pos].slot;
   const int32_t R = layout_.size, me = layout_.rank;
+  ++positions_run_;
   const int64_t d = hidden_, k = top_k_;
   const uint64_t step = steps_started_ - 1;
   const int32_t s32 = static_cast<int32_t>(slot);
@@ -368,6 +376,7 @@ void ep_moe_exchange::run_slot(size_t pos, const float* xn, int64_t rows, const 
   for (int32_t r = 0; r < R; ++r) {
     send[r].step = step, send[r].slot = s32, send[r].source = me, send[r].hidden = d;
     send[r].epoch = place.epoch(), send[r].ready = ready;
+    send[r].drafts = pos == 0 && drafts_ ? 1 : 0;
     outgoing[r] = encode_dispatch(send[r]);
     send[r].xn = {};  // only the pair counts are needed from here on
   }
@@ -380,17 +389,21 @@ void ep_moe_exchange::run_slot(size_t pos, const float* xn, int64_t rows, const 
   work.experts.assign(mine.begin(), mine.end());
   work.by_expert.resize(work.experts.size());
   uint64_t agreed = ready;
+  bool any_drafts = false;
   for (int32_t src = 0; src < R; ++src) {
     auto f = decode_dispatch(incoming[src], step, s32, src, place, me, d, k, limits_);
     if (!f) fail("slot " + std::to_string(slot) + ": from rank " + std::to_string(src) + ": " + f.error());
     in[src] = std::move(*f);
     agreed = std::min(agreed, in[src].ready);
+    any_drafts = any_drafts || in[src].drafts != 0;
     for (size_t p = 0; p < in[src].pair_expert.size(); ++p)
       work.by_expert[work.index(in[src].pair_expert[p])].push_back({src, static_cast<int32_t>(p)});
     pairs_computed_ += static_cast<int64_t>(in[src].pair_expert.size());
   }
   // Every rank sees the same slot-0 frames, so every rank agrees on the switch alike.
   if (pos == 0 && agreed > place.epoch()) switch_agreed_ = true;
+  // Likewise the draft passes: this step runs them only when some rank drafts in it.
+  if (pos == 0 && !any_drafts) end_ = std::min(end_, pass0_);
   incoming = {};
   std::vector<std::vector<float>> results(static_cast<size_t>(R));
   for (int32_t src = 0; src < R; ++src) results[src].resize(in[src].pair_row.size() * static_cast<size_t>(d));

@@ -56,14 +56,15 @@ class ep_error : public std::runtime_error {
 // Frames (msgpack; tensors as `bin` of little-endian IEEE float32 / int32, never as arrays).
 // Every frame is one msgpack array; header fields are unsigned integers:
 //   dispatch (phase 0), sender s → owner r:
-//     ["shoal-ep", 2 (version), 0 (phase), step, slot, s, d, epoch, ready, n_rows, n_pairs,
+//     ["shoal-ep", 3 (version), 0 (phase), step, slot, s, d, epoch, ready, n_rows, n_pairs,
 //      xn: bin (n_rows, d) float32         — each row once, even when it goes to several experts
 //      pair_row: bin (n_pairs) int32       — index into xn's rows
-//      pair_expert: bin (n_pairs) int32]   — an expert r computes; pairs in the sender's row order
+//      pair_expert: bin (n_pairs) int32    — an expert r computes; pairs in the sender's row order
+//      drafts]                             — 1: the sender drafts in this step (first exchange)
 //     epoch: the placement the sender routed by (must be the receiver's); ready: the highest
 //     placement epoch the sender holds the experts of (epoch or epoch + 1).
 //   combine (phase 1), owner r → sender s:
-//     ["shoal-ep", 2, 1, step, slot, r, d, n_pairs,
+//     ["shoal-ep", 3, 1, step, slot, r, d, n_pairs,
 //      out: bin (n_pairs, d) float32]      — unweighted SwiGLU output of pair i of s's dispatch
 // The gate weights never travel: the sender scales and sums the combined outputs per row in
 // ascending expert id, as the local path does. A receiver checks every field (magic, version,
@@ -102,7 +103,10 @@ class ep_moe_exchange final : public model::moe_exchange {
   // the same depth (node_info::ep_spec_depth); 0 (the default): the main model's slots only.
   // Between steps only.
   void set_draft_depth(int64_t depth);
-  void begin_step();
+  // `drafts`: this rank runs the draft passes in this step (its dispatch frames of the first
+  // exchange say so; the step runs them when any rank of the group does, else it ends after
+  // pass 0).
+  void begin_step(bool drafts = false);
   // Between steps: the group's next placement (epoch placement().epoch() + 1, this group's
   // size and the model's slots and experts); at most one offered at a time. The engine then
   // holds its experts and calls mark_ready. Refused (errc::refused) while another is being
@@ -118,6 +122,8 @@ class ep_moe_exchange final : public model::moe_exchange {
   int64_t pairs_computed() const { return pairs_computed_; }
   // Placement switches since construction.
   int64_t switches() const { return switches_; }
+  // Schedule positions exchanged (dispatch + combine each) since construction.
+  int64_t positions_run() const { return positions_run_; }
   // Joins every slot this step did not use (serving peers' rows routed to this rank's
   // experts). Errors are values here; after one the step is abandoned.
   std::expected<void, std::string> end_step();
@@ -154,7 +160,7 @@ class ep_moe_exchange final : public model::moe_exchange {
   bool ready_ = false;         // offered_'s experts are held
   bool switch_agreed_ = false; // every rank advertised offered_ ready in this step
   expert_load_window loads_;
-  int64_t pairs_computed_ = 0, switches_ = 0;
+  int64_t pairs_computed_ = 0, switches_ = 0, positions_run_ = 0;
   uint64_t steps_started_ = 0;
   bool in_step_ = false;
   // A step's MoE exchanges in order: every slot (pass 0), then each draft depth's MTP slot
@@ -165,7 +171,11 @@ class ep_moe_exchange final : public model::moe_exchange {
     int32_t pass;
   };
   std::vector<scheduled> schedule_;
-  size_t next_ = 0;  // positions below it were joined in the running step
+  size_t pass0_ = 0;           // positions of pass 0
+  bool draft_passes_ = false;  // set_draft_depth > 0
+  bool drafts_ = false;        // this rank drafts in the running step
+  size_t end_ = 0;             // the running step's positions (pass 0 only when no rank drafts)
+  size_t next_ = 0;            // positions below it were joined in the running step
 };
 
 // Frame codec, exposed for tests and for the actor layer's diagnostics.
@@ -176,6 +186,7 @@ struct dispatch_frame {
   std::vector<float> xn;            // (rows, hidden)
   std::vector<int32_t> pair_row;    // (pairs)
   std::vector<int32_t> pair_expert; // (pairs)
+  uint64_t drafts = 0;              // 1: the sender runs this step's draft passes (first exchange only)
 };
 std::vector<uint8_t> encode_dispatch(const dispatch_frame& f);
 // Checks a dispatch frame arriving at `rank` from `source` for (step, slot): routed by

@@ -5,11 +5,19 @@
 // against verified tokens (t = a + b·tokens, least squares over fixed-k steps, k = 0…5),
 // hands that cost model to the adaptive policy, then runs off / fixed-5 / adaptive and
 // reports decode tokens/s, verified and accepted drafts per step. The concurrency from which
-// adaptive beats fixed is the measured threshold (engine spec_config::adaptive_from).
+// adaptive beats fixed is the measured threshold (engine spec_config::adaptive_from). auto
+// (spec_mode::automatic) gets the same measured cost model and verifies every draft in the
+// steps where that is expected to pay, none elsewhere. --ep N runs the group of N ranks in
+// lockstep (DSpark under expert parallelism: off / fixed-5 / auto).
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
+#include <algorithm>
+#include <barrier>
+#include <thread>
+
 #include "model/generate.hpp"
+#include "runtime/ep/expert_parallel.hpp"
 #include "runtime/engine/engine.hpp"
 #include "runtime/engine/engine_setup.hpp"
 #include "tools/shoal/bench_util.hpp"
@@ -26,6 +34,7 @@ struct spec_args {
   int prompt = 64;
   int tokens = 40;
   int draft_context = 0;
+  int ep = 1;  // > 1: an expert-parallel group of this many ranks (threads, in lockstep)
   std::string out = "bench/results/spec.jsonl";
 };
 
@@ -35,14 +44,8 @@ struct run_figures {
   std::vector<std::pair<int64_t, double>> steps;  // (tokens in the step, step seconds)
 };
 
-run_figures run_mode(const std::shared_ptr<const model::model_weights>& w, runtime::spec_config spec, int concurrency,
-                     const spec_args& a) {
-  runtime::engine_config cfg = runtime::default_engine_config(w->config, 256);
-  cfg.sched.max_running = std::max(concurrency, 1);
-  cfg.cache.prefix_caching = false;
-  cfg.spec = std::move(spec);
-  runtime::engine e(w, cfg);
-  for (int i = 0; i < concurrency; ++i) {
+void add_requests(runtime::engine& e, int from, int count, int stride, const spec_args& a) {
+  for (int i = from; i < count; i += stride) {
     runtime::sampling_params p;
     p.max_tokens = a.tokens;
     p.ignore_eos = true;
@@ -51,6 +54,104 @@ run_figures run_mode(const std::shared_ptr<const model::model_weights>& w, runti
       prompt[t] = static_cast<int32_t>(splitmix64(static_cast<uint64_t>(i) * 100003 + t) % 250);
     if (!e.add_request(prompt, p)) throw std::runtime_error("request refused");
   }
+}
+
+runtime::engine_config bench_config(const model::model_weights& w, runtime::spec_config spec, int concurrency) {
+  runtime::engine_config cfg = runtime::default_engine_config(w.config, 256);
+  cfg.sched.max_running = std::max(concurrency, 1);
+  cfg.cache.prefix_caching = false;
+  cfg.spec = std::move(spec);
+  return cfg;
+}
+
+// Under expert parallelism: `a.ep` engines of one group on threads in lockstep (local_ep_hub),
+// the sequences dealt round-robin. A lockstep step is a decode step when no rank prefilled in
+// it; its time is the slowest rank's, its tokens every rank's. Figures of the whole group
+// (verified / accepted per request-step over every rank).
+run_figures run_mode_ep(const std::shared_ptr<const model::model_weights>& w, const runtime::spec_config& spec,
+                        int concurrency, const spec_args& a) {
+  const size_t n = static_cast<size_t>(a.ep);
+  runtime::local_ep_hub hub(a.ep, std::chrono::seconds(60));
+  std::vector<std::unique_ptr<runtime::engine>> engines;
+  for (size_t r = 0; r < n; ++r) {
+    runtime::engine_config cfg = bench_config(*w, spec, concurrency);
+    cfg.batch_invariant = true;
+    cfg.ep = runtime::engine_config::ep_config{};
+    cfg.ep->layout = {static_cast<int32_t>(r), a.ep};
+    cfg.ep->transport = hub.transport(static_cast<int32_t>(r));
+    engines.push_back(std::make_unique<runtime::engine>(w, cfg));
+    add_requests(*engines.back(), static_cast<int>(r), concurrency, a.ep, a);
+  }
+  struct step_rec {
+    double dt = 0, forward_s = 0;
+    int64_t emitted = 0, decode_tokens = 0;
+    bool prefill = false;
+  };
+  std::vector<std::vector<step_rec>> recs(n);
+  std::vector<char> busy(n, 0);
+  std::barrier sync(static_cast<std::ptrdiff_t>(n));
+  std::vector<std::thread> threads;
+  for (size_t r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      runtime::engine& e = *engines[r];
+      for (;;) {
+        busy[r] = e.has_work();
+        sync.arrive_and_wait();
+        const bool any = std::any_of(busy.begin(), busy.end(), [](char b) { return b != 0; });
+        sync.arrive_and_wait();
+        if (!any) return;
+        const auto before = e.stats();
+        const double t0 = now_s();
+        auto events = e.step();
+        step_rec s;
+        s.dt = now_s() - t0;
+        const auto after = e.stats();
+        s.prefill = after.prefill_tokens != before.prefill_tokens;
+        s.forward_s = after.forward_s - before.forward_s;
+        s.decode_tokens = static_cast<int64_t>(after.decode_tokens - before.decode_tokens);
+        for (const auto& ev : events) s.emitted += ev.token >= 0;
+        recs[r].push_back(s);
+      }
+    });
+  for (auto& t : threads) t.join();
+  run_figures f;
+  int64_t emitted = 0;
+  double decode_s = 0, forward_s = 0;
+  uint64_t steps = 0;
+  for (size_t i = 0; i < recs[0].size(); ++i) {
+    bool prefill = false;
+    double dt = 0, fw = 0;
+    int64_t em = 0;
+    for (size_t r = 0; r < n; ++r) {
+      if (i >= recs[r].size()) continue;
+      prefill = prefill || recs[r][i].prefill;
+      dt = std::max(dt, recs[r][i].dt);
+      fw = std::max(fw, recs[r][i].forward_s);
+      em += recs[r][i].emitted;
+    }
+    if (prefill) continue;
+    emitted += em, decode_s += dt, forward_s += fw, ++steps;
+    f.steps.emplace_back(recs[0][i].decode_tokens, recs[0][i].dt);  // rank 0's tokens: its own cost model
+  }
+  runtime::spec_stats s;
+  for (auto& e : engines) {
+    const auto x = e->stats().spec;
+    s.decode_steps += x.decode_steps, s.verified += x.verified, s.accepted += x.accepted, s.emitted += x.emitted;
+  }
+  f.tokens_per_s = decode_s > 0 ? double(emitted) / decode_s : 0;
+  f.step_s = steps ? decode_s / double(steps) : 0;
+  f.forward_share = decode_s > 0 ? forward_s / decode_s : 0;
+  f.verified = s.verified_per_step();
+  f.accepted = s.accepted_per_step();
+  f.tokens_per_step = s.decode_steps ? s.tokens_per_step() : 1.0;
+  return f;
+}
+
+run_figures run_mode(const std::shared_ptr<const model::model_weights>& w, runtime::spec_config spec, int concurrency,
+                     const spec_args& a) {
+  if (a.ep > 1) return run_mode_ep(w, spec, concurrency, a);
+  runtime::engine e(w, bench_config(*w, std::move(spec), concurrency));
+  add_requests(e, 0, concurrency, 1, a);
   run_figures f;
   int64_t emitted = 0;
   double decode_s = 0, forward_s = 0;
@@ -145,7 +246,10 @@ int run_spec_bench(const spec_args& a) {
     const runtime::cost_model cost = fit_linear(pts);
     fmt::print("{:>5} step cost model: t = {:.3g} s + {:.3g} s/token\n", conc, cost.a(), cost.b());
     std::map<std::string, run_figures> res;
-    for (auto mode : {runtime::spec_mode::off, runtime::spec_mode::fixed, runtime::spec_mode::adaptive}) {
+    std::vector<runtime::spec_mode> modes = {runtime::spec_mode::off, runtime::spec_mode::fixed};
+    if (a.ep == 1) modes.push_back(runtime::spec_mode::adaptive);
+    modes.push_back(runtime::spec_mode::automatic);
+    for (auto mode : modes) {
       runtime::spec_config s = base;
       s.mode = mode;
       s.cost = cost;
@@ -154,7 +258,7 @@ int run_spec_bench(const spec_args& a) {
       res[to_string(mode)] = f;
       fmt::print("{:>5} {:>9} {:>11.1f} {:>9.4f} {:>9.2f} {:>9.2f} {:>10.2f} {:>7.0f}%\n", conc, to_string(mode), f.tokens_per_s,
                  f.step_s, f.verified, f.accepted, f.tokens_per_step, 100 * f.forward_share);
-      append_jsonl(a.out, {{"kind", "spec"}, {"model", a.model_dir.empty() ? a.preset : a.model_dir},
+      append_jsonl(a.out, {{"kind", "spec"}, {"model", a.model_dir.empty() ? a.preset : a.model_dir}, {"ep", a.ep},
                            {"concurrency", conc}, {"mode", to_string(mode)}, {"nextn", 5}, {"draft_context", a.draft_context},
                            {"tokens_per_s", f.tokens_per_s}, {"step_s", f.step_s},
                            {"verified_per_step", f.verified}, {"accepted_per_step", f.accepted},
@@ -163,12 +267,17 @@ int run_spec_bench(const spec_args& a) {
                            {"cost_a", cost.a()}, {"cost_b", cost.b()},
                            {"machine", machine}});
     }
+    const double better = std::max(res["off"].tokens_per_s, res["fixed"].tokens_per_s);
+    fmt::print("{:>5} fixed / off = {:.3f}, auto / better of off and fixed = {:.3f}\n", conc,
+               res["fixed"].tokens_per_s / std::max(res["off"].tokens_per_s, 1e-12),
+               res["auto"].tokens_per_s / std::max(better, 1e-12));
+    if (a.ep > 1) continue;
     const double gain = res["adaptive"].tokens_per_s / std::max(res["fixed"].tokens_per_s, 1e-12);
-    fmt::print("{:>5} adaptive / fixed = {:.3f}, fixed / off = {:.3f}\n", conc, gain,
-               res["fixed"].tokens_per_s / std::max(res["off"].tokens_per_s, 1e-12));
+    fmt::print("{:>5} adaptive / fixed = {:.3f}\n", conc, gain);
     if (gain > 1.0 && !threshold) threshold = conc;
     if (gain <= 1.0) threshold.reset();
   }
+  if (a.ep > 1) return 0;
   if (threshold) fmt::print("adaptive beats fixed from {} concurrent sequences on (spec_config::adaptive_from)\n", *threshold);
   else fmt::print("adaptive did not beat fixed at the largest concurrency run\n");
   return 0;
@@ -185,6 +294,9 @@ void add_spec_bench(CLI::App& bench) {
   c->add_option("--prompt", a->prompt, "prompt tokens")->capture_default_str();
   c->add_option("--tokens", a->tokens, "generated tokens per request")->capture_default_str();
   c->add_option("--draft-context", a->draft_context, "MTP rows per draft depth (0: the model's default)")->capture_default_str();
+  c->add_option("--ep", a->ep, "ranks of one expert-parallel group (threads in lockstep); 1: one engine")
+    ->check(CLI::Range(1, 64))
+    ->capture_default_str();
   c->add_option("--out", a->out, "JSONL records")->capture_default_str();
   c->callback([a] { set_exit_code(run_spec_bench(*a)); });
 }
