@@ -323,6 +323,23 @@ void engine::wait_done() { worker_->wait(); }
 
 bool engine::speculates(const request&) const { return config_.spec.mode != spec_mode::off; }
 
+// The next step's drafts of the requests that decoded; spec_mode::automatic makes none while it
+// verifies none, and measures the step.
+void engine::draft_next(std::vector<request*>& drafting, const in_flight_step& f,
+                        const std::vector<token_event>& events) {
+  const bool drafts_wanted = config_.spec.mode != spec_mode::automatic || stats_.spec.auto_verifying;
+  if (!drafting.empty() && drafts_wanted) draft(drafting);
+  if (!drafts_wanted)  // the MTP chain's incremental state skips these steps: it restarts from the hidden rows
+    for (request* r : drafting) {
+      r->spec.mtp = {};
+      r->spec.drafts.clear();
+      r->spec.drafted_at = -1;
+    }
+  if (config_.spec.mode == spec_mode::automatic)
+    auto_measure(f, static_cast<size_t>(std::count_if(events.begin(), events.end(),
+                                                      [](const token_event& e) { return e.token >= 0; })));
+}
+
 // Emits `token` (drawn from the raw logits row `logits`): grammar, text, stop checks, the
 // event. True when r goes on.
 bool engine::emit(request& r, int32_t token, std::span<const float> logits, std::vector<token_event>& events) {
@@ -409,18 +426,7 @@ std::vector<token_event> engine::complete() {
       drafting.push_back(r);
     }
   }
-  // spec_mode::automatic below its concurrency: no drafts to verify, so none are made.
-  const bool drafts_wanted = config_.spec.mode != spec_mode::automatic || stats_.spec.auto_verifying;
-  if (!drafting.empty() && drafts_wanted) draft(drafting);
-  if (!drafts_wanted)  // the MTP chain's incremental state skips these steps: it restarts from the hidden rows
-    for (request* r : drafting) {
-      r->spec.mtp = {};
-      r->spec.drafts.clear();
-      r->spec.drafted_at = -1;
-    }
-  if (config_.spec.mode == spec_mode::automatic)
-    auto_measure(f, static_cast<size_t>(std::count_if(events.begin(), events.end(),
-                                                      [](const token_event& e) { return e.token >= 0; })));
+  draft_next(drafting, f, events);
   ++stats_.steps;
   flight_.reset();
   return events;

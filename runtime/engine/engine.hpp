@@ -260,6 +260,8 @@ class engine {
   bool speculates(const request& r) const;
   // spec_mode::automatic: whether this step verifies (and drafts for the next), from the
   // measured tokens per second of both choices at this concurrency; auto_measure records one.
+  void drop_drafts(const std::vector<request*>& ready, const std::vector<size_t>& advanced, const std::string& why);
+  void draft_next(std::vector<request*>& drafting, const in_flight_step& f, const std::vector<token_event>& events);
   bool auto_verifies(const step_plan& plan);
   void auto_measure(const in_flight_step& f, size_t tokens);
   struct auto_bucket {  // decoding requests in [2^b, 2^(b+1))

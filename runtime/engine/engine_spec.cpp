@@ -124,17 +124,7 @@ void engine::draft(std::vector<request*>& rs) {
                    },
                    fo);
     } catch (const ep_error& e) {
-      // A draft pass's exchange failed (expert parallelism): no drafts this step; the MTP
-      // caches of the chain are partly written, so each restarts from its hidden rows.
-      last_error_ = e.what();
-      ++stats_.failed_steps;
-      for (size_t i = 0; i < ready.size(); ++i) {
-        if (advanced[i] > 0) ready[i]->matcher->rollback(advanced[i]);
-        ready[i]->spec.drafts.clear();
-        ready[i]->spec.confidence.clear();
-        ready[i]->spec.q.clear();
-        ready[i]->spec.mtp = {};
-      }
+      drop_drafts(ready, advanced, e.what());
       return;
     }
   }
@@ -143,6 +133,20 @@ void engine::draft(std::vector<request*>& rs) {
     ready[i]->spec.drafted_at = ready[i]->computed();
   }
   stats_.spec.drafted += static_cast<uint64_t>(ready.size()) * static_cast<uint64_t>(config_.spec.nextn);
+}
+
+// A draft pass's exchange failed (expert parallelism): no drafts this step; the MTP caches of
+// the chain are partly written, so each restarts from its hidden rows.
+void engine::drop_drafts(const std::vector<request*>& ready, const std::vector<size_t>& advanced, const std::string& why) {
+  last_error_ = why;
+  ++stats_.failed_steps;
+  for (size_t i = 0; i < ready.size(); ++i) {
+    if (advanced[i] > 0) ready[i]->matcher->rollback(advanced[i]);
+    ready[i]->spec.drafts.clear();
+    ready[i]->spec.confidence.clear();
+    ready[i]->spec.q.clear();
+    ready[i]->spec.mtp = {};
+  }
 }
 
 // A draft's logits under the request's grammar, where the drafts so far left its matcher (the

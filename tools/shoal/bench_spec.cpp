@@ -64,6 +64,14 @@ runtime::engine_config bench_config(const model::model_weights& w, runtime::spec
   return cfg;
 }
 
+// One rank's lockstep step as the bench saw it.
+struct step_rec {
+  double dt = 0, forward_s = 0;
+  int64_t emitted = 0, decode_tokens = 0;
+  bool prefill = false;
+};
+run_figures group_figures(const std::vector<std::vector<step_rec>>& recs, const runtime::spec_stats& s);
+
 // Under expert parallelism: `a.ep` engines of one group on threads in lockstep (local_ep_hub),
 // the sequences dealt round-robin. A lockstep step is a decode step when no rank prefilled in
 // it; its time is the slowest rank's, its tokens every rank's. Figures of the whole group
@@ -82,11 +90,6 @@ run_figures run_mode_ep(const std::shared_ptr<const model::model_weights>& w, co
     engines.push_back(std::make_unique<runtime::engine>(w, cfg));
     add_requests(*engines.back(), static_cast<int>(r), concurrency, a.ep, a);
   }
-  struct step_rec {
-    double dt = 0, forward_s = 0;
-    int64_t emitted = 0, decode_tokens = 0;
-    bool prefill = false;
-  };
   std::vector<std::vector<step_rec>> recs(n);
   std::vector<char> busy(n, 0);
   std::barrier sync(static_cast<std::ptrdiff_t>(n));
@@ -114,6 +117,16 @@ run_figures run_mode_ep(const std::shared_ptr<const model::model_weights>& w, co
       }
     });
   for (auto& t : threads) t.join();
+  runtime::spec_stats s;
+  for (auto& e : engines) {
+    const auto x = e->stats().spec;
+    s.decode_steps += x.decode_steps, s.verified += x.verified, s.accepted += x.accepted, s.emitted += x.emitted;
+  }
+  return group_figures(recs, s);
+}
+
+run_figures group_figures(const std::vector<std::vector<step_rec>>& recs, const runtime::spec_stats& s) {
+  const size_t n = recs.size();
   run_figures f;
   int64_t emitted = 0;
   double decode_s = 0, forward_s = 0;
@@ -132,11 +145,6 @@ run_figures run_mode_ep(const std::shared_ptr<const model::model_weights>& w, co
     if (prefill) continue;
     emitted += em, decode_s += dt, forward_s += fw, ++steps;
     f.steps.emplace_back(recs[0][i].decode_tokens, recs[0][i].dt);  // rank 0's tokens: its own cost model
-  }
-  runtime::spec_stats s;
-  for (auto& e : engines) {
-    const auto x = e->stats().spec;
-    s.decode_steps += x.decode_steps, s.verified += x.verified, s.accepted += x.accepted, s.emitted += x.emitted;
   }
   f.tokens_per_s = decode_s > 0 ? double(emitted) / decode_s : 0;
   f.step_s = steps ? decode_s / double(steps) : 0;
@@ -193,28 +201,32 @@ runtime::cost_model fit_linear(const std::vector<std::pair<int64_t, double>>& pt
   return runtime::cost_model(std::max(a0, 0.0), std::max(b, 0.0), 0, 0);
 }
 
-int run_spec_bench(const spec_args& a) {
-  std::shared_ptr<const model::model_weights> w;
+// The checkpoint of --model, or the preset's shape with random weights; null after an error.
+std::shared_ptr<const model::model_weights> spec_weights(const spec_args& a) {
   if (!a.model_dir.empty()) {
     auto m = runtime::load_model_dir(a.model_dir, true);
     if (!m) {
       fmt::print(stderr, "shoal bench spec: {}\n", m.error().message);
-      return 2;
+      return nullptr;
     }
-    w = m->weights;
-  } else {
-    auto mw = std::make_shared<model::model_weights>();
-    auto c = model::preset_config(a.preset);
-    if (!c) {
-      fmt::print(stderr, "shoal bench spec: {}\n", c.error().message);
-      return 2;
-    }
-    mw->config = *c;
-    mw->config.vocab_size = a.preset == "small" || a.preset == "v3-small" ? 129280 : 300;
-    mw->config.eos_token_id = 1;
-    model::init_random(*mw, 0);
-    w = mw;
+    return m->weights;
   }
+  auto mw = std::make_shared<model::model_weights>();
+  auto c = model::preset_config(a.preset);
+  if (!c) {
+    fmt::print(stderr, "shoal bench spec: {}\n", c.error().message);
+    return nullptr;
+  }
+  mw->config = *c;
+  mw->config.vocab_size = a.preset == "small" || a.preset == "v3-small" ? 129280 : 300;
+  mw->config.eos_token_id = 1;
+  model::init_random(*mw, 0);
+  return mw;
+}
+
+int run_spec_bench(const spec_args& a) {
+  std::shared_ptr<const model::model_weights> w = spec_weights(a);
+  if (!w) return 2;
   if (w->mtp.empty()) {
     fmt::print(stderr, "shoal bench spec: the model has no MTP module to draft with\n");
     return 2;
