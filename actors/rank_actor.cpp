@@ -222,8 +222,7 @@ ep_group_view ep_group_of(const membership& m, const std::string& group) {
   std::vector<std::tuple<std::string, caf::actor, caf::actor>> members;
   for (const node_info& n : m.nodes)
     for (const rank_info& r : n.ranks)
-      if (n.ep_group == group)
-        if (r.rank) members.emplace_back(n.name + "/rank" + std::to_string(r.index), r.rank, r.engine);
+      if (n.ep_group == group && r.rank) members.emplace_back(n.name + "/rank" + std::to_string(r.index), r.rank, r.engine);
   std::sort(members.begin(), members.end(),
             [](const auto& a, const auto& b) { return std::get<0>(a) < std::get<0>(b); });
   ep_group_view g;

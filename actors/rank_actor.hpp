@@ -1,6 +1,7 @@
 // Expert parallelism over CAF: the rank actor of one engine and the transport its engine's
 // forward pass blocks on. The group is every rank of every engine node naming the same
-// engine.ep_group, ordered by (node name, rank index), as the node agent's membership says; a membership change interrupts a running exchange (that step fails, its requests end
+// engine.ep_group, ordered by (node name, rank index), as the node agent's membership says;
+// a membership change interrupts a running exchange (that step fails, its requests end
 // as errors and the gateway re-routes them) and the engine adopts the new group between
 // steps. Frames go rank actor to rank actor; a frame for a step this rank has not begun
 // makes it join that step (lockstep: a rank without work steps with an empty batch).

@@ -60,17 +60,17 @@ struct node_config {
   std::string transport = "tcp;ofi_rxm";        // libfabric provider of handoff bytes and SWA slot reads
   int64_t handoff_timeout_ms = 5'000;           // decode side: a handoff's reads, then recompute
   std::optional<std::filesystem::path> cost_model;  // fitted prefill cost model: chunks sized to step_ms
-  int64_t step_ms = 50;                         // step time budget with cost_model
+  int64_t step_ms = 50;                         // step time budget of the cost model (given, kept or fitted)
   int64_t token_budget = 32'768;                // tokens one step may compute (scheduler_config)
   int64_t max_running = 64;                     // sequences running at once (scheduler_config)
   int64_t swa_slots = 256;                      // shoal_flash: the machine's SWA slot store (0 = none)
   int64_t swa_timeout_ms = 2'000;               // a request waits this long for another machine's slot
   // DSpark speculative decoding (runtime/core/speculative.hpp): "off", "fixed", "adaptive" or
-  // "auto" (every draft verified from spec_auto_from decoding requests on, none below).
+  // "auto" (every draft verified or none, per concurrency whichever measured faster).
   std::string speculative = "off";
   int64_t spec_nextn = 5;                        // MTP drafts per step
   int64_t spec_adaptive_from = 16;               // adaptive below this many decodes verifies every draft
-  int64_t spec_auto_from = 16;                   // auto: verification on from this many decodes
+  int64_t spec_auto_from = 16;                   // auto: the prior (verify from this many decodes) until measured
   std::optional<std::filesystem::path> spec_cost_model;  // decode cost model (shoal bench fit-cost --decode), adaptive
 
   // [eplb] (only with engine.expert_parallel): the group's expert-parallel balancer, run by

@@ -20,9 +20,9 @@ namespace shoal::runtime {
 // off: no drafts. fixed: every request verifies all its drafts (VARLEN off: the same count
 // whatever the batch, as the deterministic mode needs). adaptive: the batch verifies the
 // drafts of highest expected yield that maximise expected tokens per second of step time.
-// automatic: every draft verified in the steps where that is expected to emit more tokens per
-// second than verifying none (by spec_config::cost when given, else from auto_from decoding
-// requests on); no drafting while it verifies none.
+// automatic: every draft verified or none, per concurrency the choice that measured more tokens
+// per second of step on this engine (the engine's auto_verifies; auto_from is the prior before
+// both were measured); no drafting while it verifies none.
 enum class spec_mode { off, fixed, adaptive, automatic };
 const char* to_string(spec_mode m);
 std::optional<spec_mode> spec_mode_from(std::string_view s);
@@ -50,8 +50,8 @@ struct spec_config {
   // adaptive: below this many decoding requests in the step every draft is verified (the
   // selection costs more than it saves there; measured with `shoal bench spec`).
   int64_t adaptive_from = 16;
-  // automatic without a cost model: the concurrency (decoding requests in a step) from which
-  // drafts are verified.
+  // automatic: before a concurrency has measured both choices, drafts are verified from this
+  // many decoding requests in a step on.
   int64_t auto_from = 16;
   std::optional<cost_model> cost;  // step time t(tokens, mean context); adaptive needs it
   std::optional<synthetic_acceptance> synthetic;

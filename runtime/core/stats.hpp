@@ -40,9 +40,6 @@ struct swa_stats {
   bool operator==(const swa_stats&) const = default;
 };
 
-// Step accounting (MEASURE.md): verified and accepted drafts per decode step; tau = 1 +
-// nextn × a with a = accepted / (steps × nextn) under full-draft counting; emitted tokens
-// are actual counts (VARLEN records are never multiplied again).
 // The step-cost model that sizes prefill chunks: where it came from ("none": token budget
 // only; "file": engine_config::cost_source names it; "fitted": from this engine's steps, see
 // cost_fitter), the samples behind it and how well it fits them.
@@ -54,6 +51,9 @@ struct cost_stats {
   bool operator==(const cost_stats&) const = default;
 };
 
+// Step accounting (MEASURE.md): verified and accepted drafts per decode step; tau = 1 +
+// nextn × a with a = accepted / (steps × nextn) under full-draft counting; emitted tokens
+// are actual counts (VARLEN records are never multiplied again).
 struct spec_stats {
   uint64_t decode_steps = 0;  // request-steps that verified ≥ 0 drafts of a speculating request
   uint64_t drafted = 0, verified = 0, accepted = 0, emitted = 0;

@@ -323,13 +323,18 @@ void engine::wait_done() { worker_->wait(); }
 
 bool engine::speculates(const request&) const { return config_.spec.mode != spec_mode::off; }
 
+bool engine::drafts_wanted() const {
+  return config_.spec.mode != spec_mode::off &&
+         (config_.spec.mode != spec_mode::automatic || stats_.spec.auto_verifying);
+}
+
 // The next step's drafts of the requests that decoded; spec_mode::automatic makes none while it
 // verifies none, and measures the step.
 void engine::draft_next(std::vector<request*>& drafting, const in_flight_step& f,
                         const std::vector<token_event>& events) {
-  const bool drafts_wanted = config_.spec.mode != spec_mode::automatic || stats_.spec.auto_verifying;
-  if (!drafting.empty() && drafts_wanted) draft(drafting);
-  if (!drafts_wanted)  // the MTP chain's incremental state skips these steps: it restarts from the hidden rows
+  const bool wanted = drafts_wanted();
+  if (!drafting.empty() && wanted) draft(drafting);
+  if (!wanted)  // the MTP chain's incremental state skips these steps: it restarts from the hidden rows
     for (request* r : drafting) {
       r->spec.mtp = {};
       r->spec.drafts.clear();

@@ -80,9 +80,10 @@ struct engine_config {
   // hold every expert.
   std::shared_ptr<expert_residency> experts;
   // DSpark speculative decoding (MTP drafts verified each step). Needs a model with MTP
-  // modules and a config that passes validate(spec, max_backtrack(model, cache)); not with
-  // expert parallelism or role prefill (node_config refuses those). Forces
-  // async_scheduling off: the next step depends on how many drafts were accepted.
+  // modules and a config that passes validate(spec, max_backtrack(model, cache)); not with role
+  // prefill (node_config refuses it), nor self_draft under expert parallelism. Forces
+  // async_scheduling off: the next step depends on how many drafts were accepted. Under
+  // expert parallelism the draft passes are part of each lockstep step (set_draft_depth).
   spec_config spec;
   // The step-cost model: `cost_source` says where sched.cost came from (a file's path, for
   // stats). Without sched.cost and with cost_fit.enabled, the engine fits one from its own
@@ -258,10 +259,13 @@ class engine {
   // Speculation: verify lengths for the plan's decodes (more blocks taken for them), the
   // verification of one item's logits rows, and the next drafts of the step's requests.
   bool speculates(const request& r) const;
-  // spec_mode::automatic: whether this step verifies (and drafts for the next), from the
-  // measured tokens per second of both choices at this concurrency; auto_measure records one.
+  // Whether this step's completion makes drafts (speculating, and not spec_mode::automatic
+  // verifying none).
+  bool drafts_wanted() const;
   void drop_drafts(const std::vector<request*>& ready, const std::vector<size_t>& advanced, const std::string& why);
   void draft_next(std::vector<request*>& drafting, const in_flight_step& f, const std::vector<token_event>& events);
+  // spec_mode::automatic: whether this step verifies (and drafts for the next), from the
+  // measured tokens per second of both choices at this concurrency; auto_measure records one.
   bool auto_verifies(const step_plan& plan);
   void auto_measure(const in_flight_step& f, size_t tokens);
   struct auto_bucket {  // decoding requests in [2^b, 2^(b+1))
@@ -270,6 +274,7 @@ class engine {
     int64_t steps = 0;
   };
   std::vector<auto_bucket> auto_buckets_;
+  auto_bucket& auto_bucket_of(int64_t decodes);
   bool auto_last_ = false;  // the previous step's choice
   void add_drafts(step_plan& plan);
   int64_t verify(request& r, std::span<const float> rows, int64_t n_rows, std::vector<token_event>& events);

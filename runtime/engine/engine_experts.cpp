@@ -51,9 +51,7 @@ std::vector<token_event> engine::step_ep() {
   }
   if (want.second && (!config_.experts || held_for_ == want)) ep_->mark_ready();  // (again, once ready)
   // Whether complete() will draft (the group runs the draft passes when any rank does).
-  const bool drafts = config_.spec.mode != spec_mode::off && !p.items.empty() &&
-                      (config_.spec.mode != spec_mode::automatic || stats_.spec.auto_verifying);
-  ep_->begin_step(drafts);
+  ep_->begin_step(!p.items.empty() && drafts_wanted());
   if (!p.items.empty()) {
     dispatch(std::move(p));
     try {

@@ -167,7 +167,6 @@ void ep_moe_exchange::set_draft_depth(int64_t depth) {
   // layers: forward_full's MTP output).
   for (int64_t s = 0; s < slots_; ++s) schedule_.push_back({s, 0});
   pass0_ = schedule_.size();
-  draft_passes_ = depth > 0;
   const int64_t modules = c.num_nextn_predict_layers;
   SHOAL_ASSERT(depth == 0 || modules > 0);
   for (int64_t k = 0; k < depth; ++k)
@@ -217,7 +216,7 @@ void ep_moe_exchange::mark_ready() {
 
 void ep_moe_exchange::begin_step(bool drafts) {
   SHOAL_ASSERT(!in_step_);
-  SHOAL_ASSERT(!drafts || draft_passes_);
+  SHOAL_ASSERT(!drafts || schedule_.size() > pass0_);
   in_step_ = true;
   drafts_ = drafts;
   end_ = schedule_.size();  // until the first position's frames say whether any rank drafts

@@ -100,7 +100,7 @@ class ep_moe_exchange final : public model::moe_exchange {
   // Speculative decoding under expert parallelism: each lockstep step also runs `depth` MTP
   // passes (the drafts of the next step), each through its MTP module's MoE slot (module
   // min(k, modules − 1) at depth k, as model::mtp_chain_step). Every rank of a group must set
-  // the same depth (node_info::ep_spec_depth); 0 (the default): the main model's slots only.
+  // the same depth (node_info::ep_spec_depth); 0 (the default): pass 0 only.
   // Between steps only.
   void set_draft_depth(int64_t depth);
   // `drafts`: this rank runs the draft passes in this step (its dispatch frames of the first
@@ -171,8 +171,7 @@ class ep_moe_exchange final : public model::moe_exchange {
     int32_t pass;
   };
   std::vector<scheduled> schedule_;
-  size_t pass0_ = 0;           // positions of pass 0
-  bool draft_passes_ = false;  // set_draft_depth > 0
+  size_t pass0_ = 0;           // positions of pass 0 (draft passes follow)
   bool drafts_ = false;        // this rank drafts in the running step
   size_t end_ = 0;             // the running step's positions (pass 0 only when no rank drafts)
   size_t next_ = 0;            // positions below it were joined in the running step

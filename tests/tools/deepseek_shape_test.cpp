@@ -35,6 +35,9 @@ namespace {
 
 const std::vector<std::string> node_files = {"gateway", "prefill-a", "prefill-b", "decode-a", "decode-b"};
 
+const std::vector<std::string> all_ranks = {"prefill-a/rank0", "prefill-b/rank0", "decode-a/rank0",
+                                            "decode-a/rank1",  "decode-b/rank0",  "decode-b/rank1"};
+
 struct shape_cluster : test::cli_cluster {
   std::map<std::string, uint16_t> ports;
   uint16_t http_port = 0;
@@ -90,15 +93,35 @@ struct shape_cluster : test::cli_cluster {
     return test::as_json_text(model->tokenizer->decode(done[0].output));
   }
 
+  // Until every block the engine ranks queued for the storage tier is written there: 12 chunk
+  // puts each (10 + 2 erasure coding over the 12 storage node actors).
+  void wait_written_back() {
+    std::string command = "storage";
+    for (const auto& r : all_ranks) command += "; stats " + r;
+    const auto deadline = std::chrono::steady_clock::now() + 60s;
+    for (;;) {
+      const std::string out = shell(command);
+      const int64_t queued = sum_of(out, "remote_stored"), puts = sum_of(out, "puts");
+      if (queued > 0 && puts >= 12 * queued) return;
+      REQUIRE_MESSAGE(std::chrono::steady_clock::now() < deadline,
+                      "blocks queued for storage " << queued << ", chunk puts " << puts << "\n" << out);
+    }
+  }
+
+  // Sum of every " KEY=N" in `text`.
+  static int64_t sum_of(const std::string& text, const std::string& key) {
+    int64_t sum = 0;
+    const std::regex re(" " + key + "=(\\d+)");
+    for (auto it = std::sregex_iterator(text.begin(), text.end(), re); it != std::sregex_iterator(); ++it)
+      sum += std::stoll((*it)[1]);
+    return sum;
+  }
+
   // Sum of "KEY=N" over the given ranks' shell stats.
   int64_t stat_sum(const std::vector<std::string>& ranks, const std::string& key) {
-    int64_t sum = 0;
-    for (const auto& r : ranks) {
-      const std::string out = shell("stats " + r);
-      std::smatch m;
-      if (std::regex_search(out, m, std::regex(" " + key + "=(\\d+)"))) sum += std::stoll(m[1]);
-    }
-    return sum;
+    std::string command;
+    for (const auto& r : ranks) command += (command.empty() ? "stats " : "; stats ") + r;
+    return sum_of(shell(command), key);
   }
 };
 
@@ -130,7 +153,7 @@ TEST_CASE("deepseek shape: prefill and decode expert-parallel groups with DSpark
     for (int twice = 0; twice < 2; ++twice) {
       prompts.push_back(p);
       got.push_back(c.complete(p, 12));
-      std::this_thread::sleep_for(1500ms);  // the blocks' write-back to the storage tier
+      c.wait_written_back();  // the first send's blocks are in the storage tier
     }
   }
   REQUIRE(prompts.size() == 20);
@@ -145,7 +168,6 @@ TEST_CASE("deepseek shape: prefill and decode expert-parallel groups with DSpark
   CHECK(c.stat_sum(prefill, "handoffs_placed") == static_cast<int64_t>(prompts.size()));
   CHECK(c.stat_sum(decode, "handoffs_taken") == static_cast<int64_t>(prompts.size()));
   CHECK(c.stat_sum(decode, "spec_verified") > 0);
-  CHECK(c.stat_sum(decode, "spec_accepted") >= 0);
   const std::string d0 = c.shell("stats decode-a/rank0");
   CHECK_MESSAGE(d0.find("spec_accepted=") != std::string::npos, d0);
   // Some prefixes came from the storage tier.

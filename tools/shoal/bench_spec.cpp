@@ -6,9 +6,9 @@
 // hands that cost model to the adaptive policy, then runs off / fixed-5 / adaptive and
 // reports decode tokens/s, verified and accepted drafts per step. The concurrency from which
 // adaptive beats fixed is the measured threshold (engine spec_config::adaptive_from). auto
-// (spec_mode::automatic) gets the same measured cost model and verifies every draft in the
-// steps where that is expected to pay, none elsewhere. --ep N runs the group of N ranks in
-// lockstep (DSpark under expert parallelism: off / fixed-5 / auto).
+// (spec_mode::automatic) measures both choices itself and keeps the faster per concurrency.
+// --ep N runs the group of N ranks in lockstep (DSpark under expert parallelism: off /
+// fixed-5 / auto).
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
 

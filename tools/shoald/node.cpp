@@ -109,9 +109,11 @@ std::string describe_engine(caf::actor_system& sys, const actors::engine_actor& 
                           rank, snap.requests_running, s.steps, s.prefill_tokens, s.decode_tokens, s.generated,
                           c.hit_tokens, s.blocks_free, s.blocks_total, s.waiting_for_remote, c.remote_hit_tokens,
                           c.remote_timeouts);
-        if (c.remote_lookups > 0)
-          out += fmt::format(" remote_lookups={} remote_fetch_failures={} remote_format_misses={}", c.remote_lookups,
-                             c.remote_fetch_failures, c.remote_format_misses);
+        if (c.remote_lookups + c.remote_stored + c.remote_dropped > 0)
+          out += fmt::format(" remote_lookups={} remote_fetch_failures={} remote_format_misses={} remote_stored={} "
+                             "remote_dropped={}",
+                             c.remote_lookups, c.remote_fetch_failures, c.remote_format_misses, c.remote_stored,
+                             c.remote_dropped);
         if (!c.remote_last_error.empty()) out += fmt::format(" remote_last_error=\"{}\"", c.remote_last_error);
         // Prefill side: offered, placed with a decode engine, kept; decode side: taken (read or
         // recomputed) and of those recomputed.

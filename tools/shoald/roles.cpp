@@ -69,7 +69,8 @@ std::string checkpoint_id(const std::filesystem::path& dir) {
 // The step-cost model that sizes prefill chunks: engine.cost_model when given; else the one
 // this node fitted before for this checkpoint, KV format, group and machine (in
 // node.state_dir/cost-models); else one fitted from the ranks' first steps and kept there.
-bool configure_cost_model(const runtime::node_config& cfg, runtime::engine_config& ecfg, logger& log) {
+bool configure_cost_model(const runtime::node_config& cfg, const std::string& checkpoint, runtime::engine_config& ecfg,
+                          logger& log) {
   const double budget_s = static_cast<double>(cfg.step_ms) / 1000.0;
   if (cfg.cost_model) {  // prefill chunks sized so a step takes about engine.step_ms
     auto cm = runtime::read_cost_model_file(cfg.cost_model->string());
@@ -87,7 +88,7 @@ bool configure_cost_model(const runtime::node_config& cfg, runtime::engine_confi
     return true;
   }
   const std::string dir = (cfg.state_dir / "cost-models").string();
-  const std::string preset = checkpoint_id(cfg.model_dir) + "-" + std::string(model::to_string(cfg.kv_dtype)) +
+  const std::string preset = checkpoint + "-" + std::string(model::to_string(cfg.kv_dtype)) +
                              (cfg.expert_parallel ? "-ep-" + cfg.ep_group : std::string());
   const std::string path = runtime::cost_model_path(dir, preset, runtime::machine_id());
   if (std::filesystem::exists(path)) {
@@ -118,11 +119,12 @@ bool configure_cost_model(const runtime::node_config& cfg, runtime::engine_confi
   return true;
 }
 
+// `checkpoint`: checkpoint_id of the node's model (the kept cost models' key).
 bool configure_compute_plan(const runtime::node_config& cfg, const model::model_weights& w,
-                            runtime::engine_config& ecfg, logger& log) {
+                            const std::string& checkpoint, runtime::engine_config& ecfg, logger& log) {
   ecfg.sched.token_budget = cfg.token_budget;
   ecfg.sched.max_running = cfg.max_running;
-  if (!configure_cost_model(cfg, ecfg, log)) return false;
+  if (!configure_cost_model(cfg, checkpoint, ecfg, log)) return false;
   if (cfg.speculative == "off") return true;
   if (w.mtp.empty()) {  // DSpark: MTP drafts verified each decode step
     log.error("key 'engine.speculative': the model in {} has no MTP module (num_nextn_predict_layers = 0) to draft with",
@@ -423,7 +425,7 @@ bool start_engines(caf::actor_system& sys, const runtime::node_config& cfg, cons
     me.ep_group_size = cfg.ep_group_size;
     me.ep_spec_depth = cfg.speculative == "off" ? 0 : static_cast<int32_t>(cfg.spec_nextn);
   }
-  if (!configure_compute_plan(cfg, *m.weights, b.ecfg, log) ||
+  if (!configure_compute_plan(cfg, *m.weights, me.checkpoint, b.ecfg, log) ||
       !attach_transfers(sys, cfg, m.weights->config, b, parts, me, log) || !attach_kv_storage(sys, cfg, b, parts, log) ||
       !attach_expert_parallel(cfg, m, b, parts, log))
     return false;
