@@ -638,9 +638,12 @@ void check_engine(error_sink& sink, const sections& f, const node_config& c) {
     if (c.speculative == "off" && f.engine.get(key))
       sink.fail(config_errc::bad_value, f.engine.pos(key), f.engine.path(key),
                 "only used with engine.speculative = \"fixed\", \"adaptive\" or \"auto\"");
-  if (f.engine.get("spec_auto_from") && c.speculative != "auto" && c.speculative != "off")
-    sink.fail(config_errc::bad_value, f.engine.pos("spec_auto_from"), "engine.spec_auto_from",
-              "only used with engine.speculative = \"auto\"");
+  // The keys of one mode only (with another they would be read and ignored).
+  for (const auto& [key, mode] : {std::pair{"spec_adaptive_from", "adaptive"}, std::pair{"spec_cost_model", "adaptive"},
+                                  std::pair{"spec_auto_from", "auto"}})
+    if (f.engine.get(key) && c.speculative != "off" && c.speculative != mode)
+      sink.fail(config_errc::bad_value, f.engine.pos(key), f.engine.path(key),
+                std::string("only used with engine.speculative = \"") + mode + "\"");
   if (c.disagg_role == engine_role::both && f.engine.get("handoff_timeout_ms"))
     sink.fail(config_errc::bad_value, f.engine.pos("handoff_timeout_ms"), f.engine.path("handoff_timeout_ms"),
               "only prefill and decode engines move handoffs (engine.role is \"both\")");
