@@ -3,12 +3,15 @@
 #include "actors/request_relay.hpp"
 
 #include <algorithm>
+#include <span>
 
 #include <caf/actor_system.hpp>
 #include <caf/event_based_actor.hpp>
 #include <caf/send.hpp>
 #include <caf/stateful_actor.hpp>
 #include <caf/system_messages.hpp>
+
+#include "runtime/core/relay.hpp"
 
 namespace shoal::actors {
 
@@ -30,199 +33,220 @@ std::optional<stream_item> stream_channel::pop(std::chrono::steady_clock::time_p
 
 namespace {
 
-// Private self-messages: route_atom = try (again) now, kill_atom = the request's time is up.
+runtime::relay_error to_relay_error(const error_reply& r) {
+  return {runtime::relay_failure::host, static_cast<int>(r.code), r.code == errc::invalid_request, r.message};
+}
+
+error_reply to_reply(const runtime::relay_error& e) {
+  switch (e.kind) {
+    case runtime::relay_failure::host: return {static_cast<errc>(e.host_code), e.message};
+    case runtime::relay_failure::timed_out: return {errc::timed_out, e.message};
+    case runtime::relay_failure::engine_down: return {errc::unreachable, e.message};
+    case runtime::relay_failure::step_failed: return {errc::unknown, e.message};
+  }
+  return {errc::unknown, e.message};
+}
+
+struct relay_state;
+using relay_pointer = caf::stateful_actor<relay_state>*;
+
+// The actor hosts runtime::relay (the protocol) and does its messaging: engines are indices
+// into `engines`. Private self-messages: route_atom = retry now, kill_atom = the request's
+// time is up.
+class actor_host final : public runtime::relay_host {
+ public:
+  explicit actor_host(relay_pointer self) : self_(self) {}
+  engine_id intern(const caf::actor& a);
+  const caf::actor& at(engine_id e) const { return engines_.at(static_cast<size_t>(e.value)); }
+  std::optional<engine_id> find(const caf::actor_addr& a) const;
+  std::vector<caf::actor> actors(std::span<const engine_id> ids) const;
+
+  void encode_images() override;
+  void route(std::span<const engine_id> exclude) override;
+  void submit(engine_id e) override;
+  void watch(engine_id e) override;
+  void unwatch(engine_id e) override;
+  void release_prefill() override;
+  void release_decode() override;
+  void retry_after(double seconds) override;
+  void route_decode(uint64_t placement, std::span<const engine_id> refused) override;
+  void offer_to(engine_id d, uint64_t placement) override;
+  void tell_placed(engine_id e, bool placed) override;
+  void cancel_at(engine_id e) override;
+  void fail(const runtime::relay_error& err) override;
+
+ private:
+  relay_pointer self_;
+  std::vector<caf::actor> engines_;
+};
+
 struct relay_state {
   static inline const char* name = "request_relay";
   balancers bal;
   generation_request req;
   std::shared_ptr<stream_channel> channel;
   relay_options options;
-  std::vector<caf::actor> exclude;  // engines that went down under this request
-  caf::actor engine;                // the current attempt's engine
-  int attempt = 0;
-  int64_t forwarded = 0;            // tokens the client has
-  int64_t received = 0;             // tokens of the current attempt
-  // A handoff being placed: the offer of the current (prefill) engine, the decode engines
-  // that refused it, and a number that makes answers to an older placement stale.
-  std::optional<handoff_offer> offer;
-  std::vector<caf::actor> refused;
-  uint64_t placement = 0;
+  std::optional<handoff_offer> offer;  // the prefill engine's, while the machine places it
+  std::unique_ptr<actor_host> host;
+  std::unique_ptr<runtime::relay> machine;
 };
 
-using relay_pointer = caf::stateful_actor<relay_state>*;
-
-// The request left its engine: each balancer ends its placement of it (one that did not
-// place it ignores the id).
-void release(relay_pointer self) {
-  self->send(self->state.bal.prefill, done_atom_v, self->state.req.id);
-  self->send(self->state.bal.decode, done_atom_v, self->state.req.id);
-}
-
-void finish(relay_pointer self) {
+// After each input: the machine done means the actor is too.
+void settle(relay_pointer self) {
   auto& st = self->state;
-  if (st.engine) release(self);
-  st.engine = nullptr;
-  self->quit();
+  if (!st.machine->placing()) st.offer.reset();
+  if (st.machine->done()) self->quit();
 }
 
-void give_up(relay_pointer self, error_reply err) {
-  self->state.channel->push({-1, true, runtime::finish_reason::error, std::move(err), 0});
-  finish(self);
+engine_id actor_host::intern(const caf::actor& a) {
+  for (size_t i = 0; i < engines_.size(); ++i)
+    if (engines_[i] == a) return engine_id{static_cast<int64_t>(i)};
+  engines_.push_back(a);
+  return engine_id{static_cast<int64_t>(engines_.size() - 1)};
 }
 
-// Drops the current engine (excluded from now on when it is gone for good) and tries again
-// after a backoff, unless the error is the request's own fault or attempts are used up.
-void retry(relay_pointer self, error_reply err, bool exclude_engine) {
-  auto& st = self->state;
-  st.offer.reset();
-  ++st.placement;
-  if (st.engine) {
-    self->demonitor(st.engine);
-    release(self);
-    if (exclude_engine) st.exclude.push_back(st.engine);
-    st.engine = nullptr;
-  }
-  if (err.code == errc::invalid_request) return give_up(self, std::move(err));
-  if (++st.attempt >= st.options.max_attempts) {
-    err.message = "gave up after " + std::to_string(st.attempt) + " attempt(s): " + err.message;
-    return give_up(self, std::move(err));
-  }
-  self->delayed_send(self, st.options.retry_backoff * st.attempt, route_atom_v);
+std::optional<engine_id> actor_host::find(const caf::actor_addr& a) const {
+  for (size_t i = 0; i < engines_.size(); ++i)
+    if (engines_[i].address() == a) return engine_id{static_cast<int64_t>(i)};
+  return std::nullopt;
 }
 
-void submit_to(relay_pointer self, caf::actor engine) {
-  auto& st = self->state;
-  st.engine = engine;
-  st.received = 0;
-  self->monitor(engine);
-  self->request(caf::actor_cast<engine_actor>(engine), st.options.request_timeout, submit_atom_v, st.req,
-                caf::actor_cast<token_sink_actor>(self))
-    .then([](request_id) {},
-          [self, engine](caf::error& e) {
-            if (engine != self->state.engine) return;  // a stale attempt
-            error_reply r = to_error_reply(e);
-            retry(self, r, r.code == errc::unreachable || r.code == errc::draining);
-          });
-}
-
-void attempt(relay_pointer self) {
-  auto& st = self->state;
-  self->request(st.bal.prefill, st.options.request_timeout, route_atom_v, st.req.id, st.req.prompt, st.exclude)
-    .then([self](caf::actor& engine) { submit_to(self, std::move(engine)); },
-          [self](caf::error& e) { give_up(self, to_error_reply(e)); });
+std::vector<caf::actor> actor_host::actors(std::span<const engine_id> ids) const {
+  std::vector<caf::actor> out;
+  for (engine_id e : ids) out.push_back(at(e));
+  return out;
 }
 
 // Images first, when the gateway has a VE balancer: the pool encodes them and the prefill
 // engine reads their rows. Without a worker (or when the pool fails) the request goes on
 // without rows and its prefill engine encodes; a bad image fails the request.
-void encode_images(relay_pointer self) {
-  auto& st = self->state;
-  self->request(st.bal.ve, st.options.request_timeout, encode_atom_v, st.req.id, st.req.images)
+void actor_host::encode_images() {
+  auto& st = self_->state;
+  self_->request(st.bal.ve, st.options.request_timeout, encode_atom_v, st.req.id, st.req.images)
     .then(
-      [self](std::vector<runtime::remote_memory>& rows) {
+      [self = self_](std::vector<runtime::remote_memory>& rows) {
         auto& st = self->state;
         if (rows.size() == st.req.images.size())
           for (size_t i = 0; i < rows.size(); ++i) st.req.images[i].rows = std::move(rows[i]);
-        attempt(self);
+        st.machine->images_encoded(nullptr);
+        settle(self);
       },
-      [self](caf::error& e) {
-        error_reply r = to_error_reply(e);
-        if (r.code == errc::invalid_request) return give_up(self, std::move(r));
-        attempt(self);
+      [self = self_](caf::error& e) {
+        const runtime::relay_error err = to_relay_error(to_error_reply(e));
+        self->state.machine->images_encoded(&err);
+        settle(self);
       });
 }
 
-// -- handoff placement -------------------------------------------------------------------
-
-// Nobody takes the offer: the prefill engine decodes the request itself.
-void keep_on_prefill(relay_pointer self) {
-  auto& st = self->state;
-  st.offer.reset();
-  ++st.placement;
-  self->send(caf::actor_cast<engine_actor>(st.engine), handoff_atom_v, st.req.id, false);
-}
-
-void place(relay_pointer self);
-
-// Hands the offer to decode engine `d`; on success `d` is the request's engine from now on.
-void ask_decode(relay_pointer self, caf::actor d, uint64_t placement) {
-  auto& st = self->state;
-  self->request(caf::actor_cast<engine_actor>(d), st.options.handoff_timeout, handoff_atom_v, *st.offer,
-                caf::actor_cast<token_sink_actor>(self))
+void actor_host::route(std::span<const engine_id> exclude) {
+  auto& st = self_->state;
+  self_->request(st.bal.prefill, st.options.request_timeout, route_atom_v, st.req.id, st.req.prompt, actors(exclude))
     .then(
-      [self, d, placement](request_id) {
-        auto& st = self->state;
-        if (placement != st.placement || !st.offer) {  // the request moved on meanwhile
-          caf::anon_send(caf::actor_cast<engine_actor>(d), cancel_atom_v, st.req.id);
-          self->send(st.bal.decode, done_atom_v, st.req.id);
-          return;
-        }
-        const caf::actor prefill = st.engine;
-        self->demonitor(prefill);
-        self->send(st.bal.prefill, done_atom_v, st.req.id);  // its prefill is over
-        self->send(caf::actor_cast<engine_actor>(prefill), handoff_atom_v, st.req.id, true);
-        st.engine = d;
-        self->monitor(d);
-        st.received = static_cast<int64_t>(st.offer->tokens.size()) - st.offer->prompt_len;
-        st.offer.reset();
-        ++st.placement;
+      [self = self_](caf::actor& engine) {
+        self->state.machine->routed(self->state.host->intern(engine));
+        settle(self);
       },
-      [self, d, placement](caf::error&) {
-        auto& st = self->state;
-        self->send(st.bal.decode, done_atom_v, st.req.id);
-        if (placement != st.placement || !st.offer) return;
-        st.refused.push_back(d);
-        if (static_cast<int>(st.refused.size()) >= st.options.handoff_attempts) return keep_on_prefill(self);
-        place(self);
-      });
+          [self = self_](caf::error& e) {
+            const error_reply r = to_error_reply(e);
+            self->state.machine->route_failed(to_relay_error(r), r.code == errc::no_engine);
+            settle(self);
+          });
 }
 
-void place(relay_pointer self) {
-  auto& st = self->state;
-  const uint64_t placement = st.placement;
-  const auto context = static_cast<int64_t>(st.offer->tokens.size());
-  const int64_t left = std::max<int64_t>(0, st.offer->sampling.max_tokens - (context - st.offer->prompt_len));
-  self->request(st.bal.decode, st.options.handoff_timeout, route_atom_v, decode_atom_v, st.req.id, st.offer->blocks_needed, context,
-                left, st.refused)
+void actor_host::submit(engine_id e) {
+  auto& st = self_->state;
+  self_->monitor(at(e));
+  self_->request(caf::actor_cast<engine_actor>(at(e)), st.options.request_timeout, submit_atom_v, st.req,
+                 caf::actor_cast<token_sink_actor>(self_))
+    .then([](request_id) {},
+          [self = self_, e](caf::error& err) {
+            const error_reply r = to_error_reply(err);
+            self->state.machine->submit_failed(e, to_relay_error(r),
+                                               r.code == errc::unreachable || r.code == errc::draining);
+            settle(self);
+          });
+}
+
+void actor_host::watch(engine_id e) { self_->monitor(at(e)); }
+void actor_host::unwatch(engine_id e) { self_->demonitor(at(e)); }
+
+void actor_host::release_prefill() { self_->send(self_->state.bal.prefill, done_atom_v, self_->state.req.id); }
+void actor_host::release_decode() { self_->send(self_->state.bal.decode, done_atom_v, self_->state.req.id); }
+
+void actor_host::retry_after(double seconds) {
+  self_->delayed_send(self_, std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::duration<double>(seconds)),
+                      route_atom_v);
+}
+
+void actor_host::route_decode(uint64_t placement, std::span<const engine_id> refused) {
+  auto& st = self_->state;
+  const handoff_offer& o = *st.offer;
+  const auto context = static_cast<int64_t>(o.tokens.size());
+  const int64_t left = std::max<int64_t>(0, o.sampling.max_tokens - (context - o.prompt_len));
+  self_->request(st.bal.decode, st.options.handoff_timeout, route_atom_v, decode_atom_v, st.req.id, o.blocks_needed,
+                 context, left, actors(refused))
     .then(
-      [self, placement](caf::actor& d) {
-        if (placement != self->state.placement || !self->state.offer) {
-          self->send(self->state.bal.decode, done_atom_v, self->state.req.id);
-          return;
-        }
-        ask_decode(self, std::move(d), placement);
+      [self = self_, placement](caf::actor& d) {
+        self->state.machine->decode_routed(placement, self->state.host->intern(d));
+        settle(self);
       },
-      [self, placement](caf::error&) {
-        if (placement == self->state.placement && self->state.offer) keep_on_prefill(self);
+      [self = self_, placement](caf::error&) {
+        self->state.machine->decode_route_failed(placement);
+        settle(self);
       });
 }
 
-void on_offer(relay_pointer self, handoff_offer& offer) {
+void actor_host::offer_to(engine_id d, uint64_t placement) {
+  auto& st = self_->state;
+  self_->request(caf::actor_cast<engine_actor>(at(d)), st.options.handoff_timeout, handoff_atom_v, *st.offer,
+                 caf::actor_cast<token_sink_actor>(self_))
+    .then(
+      [self = self_, d, placement](request_id) {
+        self->state.machine->decode_took(placement, d);
+        settle(self);
+      },
+      [self = self_, d, placement](caf::error&) {
+        self->state.machine->decode_refused(placement, d);
+        settle(self);
+      });
+}
+
+void actor_host::tell_placed(engine_id e, bool placed) {
+  self_->send(caf::actor_cast<engine_actor>(at(e)), handoff_atom_v, self_->state.req.id, placed);
+}
+
+void actor_host::cancel_at(engine_id e) {
+  caf::anon_send(caf::actor_cast<engine_actor>(at(e)), cancel_atom_v, self_->state.req.id);
+}
+
+void actor_host::fail(const runtime::relay_error& err) {
+  self_->state.channel->push({-1, true, runtime::finish_reason::error, to_reply(err), 0});
+}
+
+std::optional<engine_id> sender_engine(relay_pointer self) {
+  const auto sender = caf::actor_cast<caf::actor>(self->current_sender());
+  if (!sender) return std::nullopt;
+  return self->state.host->find(sender.address());
+}
+
+void on_offer(relay_pointer self, const handoff_offer& offer) {
   auto& st = self->state;
-  if (!st.engine || self->current_sender() != caf::actor_cast<caf::strong_actor_ptr>(st.engine) ||
-      offer.id != st.req.id) {  // a stale attempt's: nobody reads it
-    if (offer.prefill) caf::anon_send(caf::actor_cast<engine_actor>(offer.prefill), cancel_atom_v, offer.id);
-    return;
-  }
-  st.offer = std::move(offer);
-  st.refused.clear();
-  ++st.placement;
-  place(self);
+  const auto from = sender_engine(self);
+  const auto generated = static_cast<int64_t>(offer.tokens.size()) - offer.prompt_len;
+  std::optional<handoff_offer> previous = std::exchange(st.offer, offer);  // the machine places it
+  if (offer.id == st.req.id && from && st.machine->offered(*from, generated)) return;
+  st.offer = std::move(previous);  // a stale attempt's: nobody reads it
+  if (offer.prefill) caf::anon_send(caf::actor_cast<engine_actor>(offer.prefill), cancel_atom_v, offer.id);
 }
 
 void on_token(relay_pointer self, const token_event& ev) {
   auto& st = self->state;
-  if (!st.engine || self->current_sender() != caf::actor_cast<caf::strong_actor_ptr>(st.engine)) return;
-  if (ev.finished && ev.reason == runtime::finish_reason::error)
-    return retry(self, {errc::unknown, "the engine failed a step of this request"}, false);
-  if (ev.token >= 0 && ++st.received > st.forwarded) {
-    ++st.forwarded;
-    st.channel->push({ev.token, false, runtime::finish_reason::none, std::nullopt, 0, ev.logprobs});
-  }
-  if (ev.finished) {
-    st.channel->push({-1, true, ev.reason, std::nullopt, ev.cached_tokens});
-    finish(self);
-  }
+  const auto from = sender_engine(self);
+  if (!from) return;
+  const bool failed = ev.finished && ev.reason == runtime::finish_reason::error;
+  const runtime::relay_verdict v = st.machine->token(*from, ev.token >= 0, ev.finished, failed);
+  if (v.forward) st.channel->push({ev.token, false, runtime::finish_reason::none, std::nullopt, 0, ev.logprobs});
+  if (v.final) st.channel->push({-1, true, ev.reason, std::nullopt, ev.cached_tokens});
 }
 
 caf::behavior relay_behavior(caf::stateful_actor<relay_state>* self, balancers bal,
@@ -233,25 +257,27 @@ caf::behavior relay_behavior(caf::stateful_actor<relay_state>* self, balancers b
   st.req = std::move(req);
   st.channel = std::move(channel);
   st.options = options;
+  st.host = std::make_unique<actor_host>(self);
+  const runtime::relay_limits limits{options.max_attempts, std::chrono::duration<double>(options.retry_backoff).count(),
+                                     std::chrono::duration<double>(options.wait_for_engine).count(),
+                                     options.handoff_attempts};
+  st.machine = std::make_unique<runtime::relay>(limits, *st.host);
   self->set_down_handler([self](caf::down_msg& msg) {
-    if (self->state.engine && msg.source == self->state.engine.address())
-      retry(self, {errc::unreachable, "its engine went down"}, true);
+    if (auto e = self->state.host->find(msg.source)) self->state.machine->engine_down(*e);
+    settle(self);
   });
   self->delayed_send(self, options.request_timeout, kill_atom_v);
-  if (!st.req.images.empty() && st.bal.ve) encode_images(self);
-  else attempt(self);
+  st.machine->start(!st.req.images.empty() && st.bal.ve);
+  settle(self);
   return {
-    [self](const token_event& ev) { on_token(self, ev); },
-    [self](handoff_atom, handoff_offer& offer) { on_offer(self, offer); },
-    [self](route_atom) { attempt(self); },
-    [self](cancel_atom) {
-      if (self->state.engine) caf::anon_send(caf::actor_cast<engine_actor>(self->state.engine), cancel_atom_v,
-                                             self->state.req.id);
-      finish(self);
-    },
+    [self](const token_event& ev) { on_token(self, ev), settle(self); },
+    [self](handoff_atom, const handoff_offer& offer) { on_offer(self, offer), settle(self); },
+    [self](route_atom) { self->state.machine->retry_due(), settle(self); },
+    [self](cancel_atom) { self->state.machine->cancel(), settle(self); },
     [self](kill_atom) {
-      give_up(self, {errc::timed_out, "no answer within the request timeout of " +
-                                          std::to_string(self->state.options.request_timeout.count()) + " ms"});
+      self->state.machine->timed_out("no answer within the request timeout of " +
+                                     std::to_string(self->state.options.request_timeout.count()) + " ms");
+      settle(self);
     },
   };
 }

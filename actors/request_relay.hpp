@@ -1,4 +1,5 @@
-// One request of the gateway in flight: a relay actor that asks the prefill balancer for an engine,
+// One request of the gateway in flight: a relay actor, host of runtime::relay (the protocol,
+// runtime/core/relay.hpp, which the simulator runs too), that asks the prefill balancer for an engine,
 // submits, forwards the token events into a stream_channel the HTTP connection thread reads,
 // and re-routes the request when its engine fails (down, draining, a failed expert-parallel
 // step): the new engine recomputes from the prompt with the same seed, and the tokens the
@@ -55,6 +56,7 @@ struct relay_options {
   int max_attempts = 4;                          // engines tried before giving up
   std::chrono::milliseconds request_timeout{60'000};  // whole request, all attempts
   std::chrono::milliseconds retry_backoff{200};  // × attempt number, before re-routing
+  std::chrono::milliseconds wait_for_engine{5'000};  // while no engine is up: retried this long
   int handoff_attempts = 3;                       // decode engines asked per handoff
   std::chrono::milliseconds handoff_timeout{5'000};  // one decode engine's answer
 };
