@@ -23,6 +23,7 @@
 #include "kernels/assert.hpp"
 #include "model/forward.hpp"
 #include "runtime/base/metrics.hpp"
+#include "runtime/core/handoff_leases.hpp"
 
 namespace shoal::actors {
 
@@ -55,16 +56,11 @@ struct engine_state {
   std::shared_ptr<const model::model_weights> weights;    // the engine's (for expert sizes)
 
   // Prefill side: a request lent to a decode engine, its caches pinned until the decode
-  // engine releases them or the lease deadline passes. Until placed, the route stays (a
-  // refused handoff is decoded here); once placed, the route goes and only the lease is left
-  // (a re-routed attempt of the same id that arrives meanwhile ends it: see make_room).
-  struct lease {
-    uint64_t offer = 0;   // its number in the offer (a decode engine's release names it)
-    uint64_t number = 0;  // which deadline message is current
-    bool placed = false;
-  };
-  std::unordered_map<request_id, lease> leases;
-  uint64_t lease_numbers = 0;
+  // engine releases them or the lease deadline passes (runtime::handoff_leases). Until
+  // placed, the route stays (a refused handoff is decoded here); once placed, the route goes
+  // and only the lease is left (a re-routed attempt of the same id that arrives meanwhile
+  // ends it: see make_room).
+  runtime::handoff_leases leases;
   std::chrono::milliseconds lease_timeout{10'000};
   // Decode side: who lent each imported request (and which lease), told when its reads are over.
   struct lender {
@@ -104,7 +100,7 @@ struct engine_state {
   // Stops request `id` and drops its route; its later events are discarded.
   token_sink_actor drop(request_id id) {
     engine->abort(id);
-    leases.erase(id);
+    leases.drop(id);
     token_sink_actor sink = remove_route(id);
     history.add(id, runtime::finish_reason::aborted);
     engine->forget(id);  // no-op while it is in the running step; see deliver
@@ -179,8 +175,10 @@ void end_lease(self_pointer self, request_id id, bool taken);
 // checksum), so the id is free for the new attempt.
 void make_room(self_pointer self, request_id id) {
   auto& st = self->state;
-  if (auto l = st.leases.find(id); l != st.leases.end() && l->second.placed && !st.routes.contains(id))
+  if (st.leases.lent_out(id) && !st.routes.contains(id)) {
+    st.leases.drop(id);
     end_lease(self, id, true);
+  }
 }
 
 caf::result<request_id> submit(self_pointer self, generation_request& req, token_sink_actor sink) {
@@ -209,9 +207,8 @@ bool cancel(self_pointer self, request_id id) {
 
 // -- handoff ------------------------------------------------------------------------------
 
-void arm_lease(self_pointer self, request_id id, engine_state::lease& l) {
-  l.number = ++self->state.lease_numbers;
-  self->delayed_send(self, self->state.lease_timeout, lease_atom_v, id, l.number);
+void arm_lease(self_pointer self, request_id id, uint64_t number) {
+  self->delayed_send(self, self->state.lease_timeout, lease_atom_v, id, number);
 }
 
 // Prefill side, after a step: every request that just streamed its first token is offered
@@ -225,18 +222,17 @@ void offer_handoffs(self_pointer self) {
       st.engine->forget(h.id);
       continue;
     }
-    auto& l = st.leases[h.id];
-    arm_lease(self, h.id, l);
-    l.offer = l.number;
+    const uint64_t lease = st.leases.offer(h.id);
+    arm_lease(self, h.id, lease);
     const int64_t need = st.engine->handoff_blocks_needed(h);
-    self->send(it->second, handoff_atom_v, to_handoff_offer(h, caf::actor_cast<caf::actor>(self), need, l.offer));
+    self->send(it->second, handoff_atom_v, to_handoff_offer(h, caf::actor_cast<caf::actor>(self), need, lease));
   }
 }
 
-// Prefill side: the lease of `id` ends; taken = the decode engine has the request.
+// Prefill side: the lease of `id` ended (the table no longer holds it); taken = the decode
+// engine has the request.
 void end_lease(self_pointer self, request_id id, bool taken) {
   auto& st = self->state;
-  st.leases.erase(id);
   st.engine->handoff_done(id, taken);
   if (!taken) return schedule_step(self);
   if (st.routes.contains(id)) {  // the decode engine's release came before the sink said placed
@@ -250,28 +246,24 @@ void end_lease(self_pointer self, request_id id, bool taken) {
 void on_placed(self_pointer self, request_id id, bool placed) {
   auto& st = self->state;
   if (!st.routes.contains(id)) return;  // released already, or cancelled
-  auto l = st.leases.find(id);
-  if (l == st.leases.end() || l->second.placed) return;
-  if (!placed) return end_lease(self, id, false);
-  l->second.placed = true;
+  const auto p = st.leases.placed(id, placed);
+  if (p.ended) return end_lease(self, id, false);
+  if (!p.rearm) return;
   st.history.add(id, runtime::finish_reason::handed_off);
   release_sink(self, st.remove_route(id));
-  arm_lease(self, id, l->second);
+  arm_lease(self, id, *p.rearm);
 }
 
 // Prefill side, from the decode engine: its reads of lease `offer` of `id` are over (this
 // engine may lend `id` again after a re-routed attempt: a stale release names an older lease).
 void on_release(self_pointer self, request_id id, uint64_t offer) {
-  auto l = self->state.leases.find(id);
-  if (l != self->state.leases.end() && l->second.offer == offer) end_lease(self, id, true);
+  if (self->state.leases.release(id, offer)) end_lease(self, id, true);
 }
 
+// Placed: the decode engine went quiet (a late read fails its checksum). Never placed: the
+// sink did not answer, so the request is decoded here.
 void on_lease_deadline(self_pointer self, request_id id, uint64_t number) {
-  auto l = self->state.leases.find(id);
-  if (l == self->state.leases.end() || l->second.number != number) return;
-  // Placed: the decode engine went quiet (a late read fails its checksum). Never placed: the
-  // sink did not answer, so the request is decoded here.
-  end_lease(self, id, l->second.placed);
+  if (auto taken = self->state.leases.expire(id, number)) end_lease(self, id, *taken);
 }
 
 void release_lender(self_pointer self, request_id id) {

@@ -1,11 +1,14 @@
-// The relay protocol (runtime/core/relay.hpp) driven by hand: what it asks its host for, in
+// The relay protocol (runtime/core/relay.hpp) and the prefill side's handoff leases
+// (handoff_leases.hpp) driven by hand: what the relay asks its host for, in
 // order, on the normal path, on re-routes, on handoff placement and on stale answers.
 #include <doctest/doctest.h>
 
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "runtime/core/handoff_leases.hpp"
 #include "runtime/core/relay.hpp"
 
 using namespace shoal;
@@ -212,4 +215,39 @@ TEST_CASE("relay: cancel stops the engine's work, a timeout fails the request, b
   t.start(false);
   t.timed_out("no answer within the request timeout");
   CHECK(h.take() == lines{"route[]", "fail: no answer within the request timeout"});
+}
+
+TEST_CASE("handoff leases: not placed ends untaken, placed waits for the release of its own offer") {
+  handoff_leases leases;
+  const request_id a{1}, b{2};
+  const uint64_t la = leases.offer(a);
+  const uint64_t lb = leases.offer(b);
+  CHECK(la != lb);
+  auto pa = leases.placed(a, false);
+  CHECK(pa.ended);
+  CHECK_FALSE(leases.contains(a));
+  CHECK_FALSE(leases.placed(a, true).rearm);  // a late answer
+  auto pb = leases.placed(b, true);
+  REQUIRE(pb.rearm);
+  CHECK(leases.lent_out(b));
+  CHECK_FALSE(leases.placed(b, false).ended);  // answered once already
+  CHECK_FALSE(leases.expire(b, lb));            // the first deadline is no longer current
+  CHECK_FALSE(leases.release(b, lb + 100));     // another lease's release
+  CHECK(leases.release(b, lb));
+  CHECK(leases.size() == 0);
+}
+
+TEST_CASE("handoff leases: a deadline ends the lease, taken only when it had been placed") {
+  handoff_leases leases;
+  const request_id a{1}, b{2};
+  const uint64_t la = leases.offer(a);
+  CHECK(leases.expire(a, la) == std::optional<bool>(false));  // the relay never answered
+  leases.offer(b);
+  const auto pb = leases.placed(b, true);
+  CHECK(leases.expire(b, *pb.rearm) == std::optional<bool>(true));  // the decode engine went quiet
+  const uint64_t again = leases.offer(b);  // lent again after a re-route: an old release is stale
+  CHECK_FALSE(leases.release(b, *pb.rearm));
+  CHECK(leases.contains(b));
+  leases.drop(b);
+  CHECK_FALSE(leases.expire(b, again));
 }
