@@ -46,8 +46,10 @@ std::expected<planted_bug, std::string> planted_bug_named(const std::string& nam
   if (name == "none") return planted_bug::none;
   if (name == "place_on_dead") return planted_bug::place_on_dead;
   if (name == "skip_checksum") return planted_bug::skip_checksum;
-  if (name == "lose_on_crash") return planted_bug::lose_on_crash;
-  return std::unexpected("unknown planted bug '" + name + "' (none, place_on_dead, skip_checksum, lose_on_crash)");
+  if (name == "repeat_tokens") return planted_bug::repeat_tokens;
+  if (name == "lease_never_expires") return planted_bug::lease_never_expires;
+  return std::unexpected("unknown planted bug '" + name +
+                         "' (none, place_on_dead, skip_checksum, repeat_tokens, lease_never_expires)");
 }
 
 std::string describe_faults(uint64_t seed, const fault_outcome& f) {

@@ -66,6 +66,9 @@ void cluster::build_pool(bool prefill, int64_t n, int64_t ep) {
 void cluster::fresh_engine(rank_state& r) {
   const pool_profile& pp = r.prefill ? prof_.prefill : prof_.decode;
   r.sched.reset();
+  r.reqs.clear();
+  r.imports.clear();
+  r.leases = runtime::handoff_leases(planted_lease_bug());
   runtime::cache_config cc;
   cc.num_blocks = pp.kv_blocks;
   cc.payload = false;

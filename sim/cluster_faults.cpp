@@ -55,11 +55,13 @@ void cluster::fault_end(size_t i) {
   }
 }
 
-// Group g goes down (crash: its engines lose everything; partition or a hang past the
-// heartbeat timeout: cut off from the cluster, caches kept). Its step in flight is lost; the
-// balancers stop placing there; its requests are re-routed by the relay, and handoffs that
-// touch it end as DISAGG.md says (the decode side dead: re-route; the prefill side dead
-// while the decode side reads: the decode side recomputes from the tokens it was given).
+// Group g goes down (crash: its engines lose everything and restart as new engines; partition
+// or a hang past the heartbeat timeout: cut off, written off by the cluster). Its step in
+// flight is lost; the balancers stop placing there; its engines' requests, leases and imports
+// go; each relay whose engine was there hears it went down (a CAF down message) and re-routes.
+// What follows for handoffs is the protocol's: a lender that went quiet fails the reads of its
+// bytes (the decode side recomputes), a decode engine that went quiet lets its lender's lease
+// run out.
 void cluster::take_down(size_t g, bool crash) {
   group_state& gs = groups_[g];
   if (gs.down++ > 0) {
@@ -69,52 +71,40 @@ void cluster::take_down(size_t g, bool crash) {
   if (gs.stepping) gs.stepping = false, ++gs.epoch;
   for (int32_t ri : gs.ranks)
     if (ranks_[static_cast<size_t>(ri)].prefill) balancer_->remove_engine(engine_id{ranks_[static_cast<size_t>(ri)].index});
-  auto in_group = [&](int32_t global) { return global >= 0 && static_cast<size_t>(ranks_[static_cast<size_t>(global)].group) == g; };
-  std::vector<int64_t> hit;
-  for (const auto& [id, l] : live_)
-    if (in_group(l.rank) || (l.moving && in_group(static_cast<int32_t>(c_.prefill_ranks + l.to_rank)))) hit.push_back(id);
-  std::sort(hit.begin(), hit.end());  // the map's order is not the run's
-  std::vector<size_t> wake;
-  for (int64_t id : hit) {
-    live& l = live_.at(id);
-    if (c_.faults.planted == planted_bug::lose_on_crash && crash) {
-      live_.erase(id);  // planted bug: dropped, neither finished nor failed
-      continue;
-    }
-    if (l.moving) {
-      rank_state& from = ranks_[static_cast<size_t>(l.rank)];
-      rank_state& d = decode_rank(l.to_rank);
-      ++l.handoff_epoch;  // its completion or timeout in flight is stale now
-      --d.pending;
-      d.pending_kv -= l.moving->num_tokens();
-      from.sched->finish(l.req.get());  // the prefill side unpins
-      d.caches->release(*l.moving);     // the decode side's reservation goes
-      if (in_group(static_cast<int32_t>(c_.prefill_ranks + l.to_rank))) {
-        l.moving.reset();
-        reroute(id, "decode engine down during the handoff");
-      } else {
-        ++fo_.handoff_failures;
-        recompute_on_decode(id);
-        wake.push_back(static_cast<size_t>(d.group));
-      }
-    } else {
-      ranks_[static_cast<size_t>(l.rank)].sched->finish(l.req.get());
-      reroute(id, crash ? "engine crashed" : "engine unreachable");
-    }
+  std::vector<std::pair<int64_t, engine_id>> hit;
+  for (const auto& [id, rc] : live_) {
+    const engine_id e = rc->machine.engine();
+    if (e.valid() && static_cast<size_t>(ranks_[static_cast<size_t>(global_of(e))].group) == g) hit.emplace_back(id, e);
   }
-  for (int32_t ri : gs.ranks) ranks_[static_cast<size_t>(ri)].plan = {}, ranks_[static_cast<size_t>(ri)].load = 0;
+  std::sort(hit.begin(), hit.end());  // the map's order is not the run's
+  for (int32_t ri : gs.ranks) {
+    rank_state& rk = ranks_[static_cast<size_t>(ri)];
+    std::vector<int64_t> held;
+    for (const auto& [id, r] : rk.reqs) held.push_back(id);
+    for (int64_t id : held) drop_request(rk, id);
+    for (auto& [id, im] : rk.imports) rk.caches->release(*im.copy);
+    rk.imports.clear();
+    rk.leases = runtime::handoff_leases(planted_lease_bug());
+    rk.plan = {}, rk.load = 0;
+  }
   if (crash) wipe(g);
-  for (size_t w : wake)
-    if (!groups_[w].stepping) start_step(w);
+  for (const auto& [id, e] : hit) {
+    ++fo_.rerouted;
+    feed(id, [e](runtime::relay& r) { r.engine_down(e); });
+  }
 }
 
 void cluster::wipe(size_t g) {
   if (storage_) storage_->fail_group(g);
-  for (int32_t ri : groups_[g].ranks) fresh_engine(ranks_[static_cast<size_t>(ri)]);
+  for (int32_t ri : groups_[g].ranks) {
+    rank_state& rk = ranks_[static_cast<size_t>(ri)];
+    fresh_engine(rk);
+    ++rk.incarnation;  // the restarted process is another engine to the relays
+  }
 }
 
-// Group g is back (restarted, healed, awake): in the balancers' views again, and the
-// requests parked for want of any prefill engine go out.
+// Group g is back (restarted, healed, awake): in the balancers' views again (relays waiting
+// for any engine find it at their next try).
 void cluster::bring_up(size_t g) {
   group_state& gs = groups_[g];
   if (gs.down == 0 || --gs.down > 0) return;
@@ -122,26 +112,7 @@ void cluster::bring_up(size_t g) {
     const rank_state& r = ranks_[static_cast<size_t>(ri)];
     if (r.prefill) balancer_->add_engine(engine_id{r.index}, prof_.prefill.step, r.group);
   }
-  std::vector<int64_t> parked = std::exchange(parked_, {});
-  for (int64_t id : parked)
-    if (auto it = live_.find(id); it != live_.end() && it->second.rank < 0) route(id);
   if (!gs.stepping) start_step(g);
-}
-
-// The relay sends request `id` again (its tokens so far: those streamed are not repeated),
-// or fails it with a clear error after max_attempts placements.
-void cluster::reroute(int64_t id, const char* why) {
-  live& l = live_.at(id);
-  ++fo_.rerouted;
-  const request_record& rec = records_[static_cast<size_t>(id)];
-  balancer_->done(request_id{id}, clock_.now_s());
-  if (rec.attempts >= c_.faults.max_attempts) {
-    fail(id, "lost its engine " + std::to_string(rec.attempts) + " times (last: " + why + ")");
-    return;
-  }
-  l.req = restarted(*l.req);
-  l.to_rank = -1;
-  route(id);
 }
 
 // A copy of r that computes again from its tokens (prompt and the outputs so far).
@@ -154,13 +125,6 @@ std::unique_ptr<runtime::request> cluster::restarted(const runtime::request& r) 
   c->cached_tokens = r.cached_tokens;
   c->handed_off = r.handed_off;
   return c;
-}
-
-void cluster::fail(int64_t id, std::string why) {
-  request_record& rec = records_[static_cast<size_t>(id)];
-  rec.error = std::move(why);
-  fo_.errors.push_back("request " + std::to_string(id) + ": " + rec.error);
-  live_.erase(id);
 }
 
 // The invariants, once the run is over.
@@ -190,7 +154,8 @@ fault_outcome cluster::check_faults() {
     if (groups_[g].down) fail("group " + std::to_string(g) + " still down at the end");
   for (const rank_state& r : ranks_) {
     o.leaked_blocks += r.caches->pool().num_blocks() - r.caches->pool().num_free();
-    if (r.pending != 0 || r.pending_kv != 0) fail("a decode rank still expects handoffs at the end");
+    if (!r.imports.empty()) fail("a decode rank still reads " + std::to_string(r.imports.size()) + " handoffs at the end");
+    if (r.leases.size() > 0) fail("a prefill rank still holds " + std::to_string(r.leases.size()) + " leases at the end");
   }
   if (o.leaked_blocks > 0) fail(std::to_string(o.leaked_blocks) + " blocks still held at the end");
   const auto views = balancer_->engines();

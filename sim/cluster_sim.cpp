@@ -109,15 +109,19 @@ sim_result cluster::run() {
         if (g && !groups_[*g].stepping) start_step(*g);
         break;
       }
-      case ev::handoff_done: handoff_done(e.a, e.epoch); break;
+      case ev::call: {
+        auto it = calls_.find(static_cast<uint64_t>(e.a));
+        std::function<void()> f = std::move(it->second);
+        calls_.erase(it);
+        f();
+        break;
+      }
       case ev::fault_start: fault_start(static_cast<size_t>(e.a)); break;
       case ev::fault_end: fault_end(static_cast<size_t>(e.a)); break;
       case ev::declare_down: take_down(static_cast<size_t>(fo_.schedule[static_cast<size_t>(e.a)].group), false); break;
       case ev::wake:
         if (!groups_[static_cast<size_t>(e.a)].stepping) start_step(static_cast<size_t>(e.a));
         break;
-      case ev::handoff_timeout: handoff_timeout(e.a, e.epoch); break;
-      case ev::park_deadline: park_deadline(e.a, e.epoch); break;
     }
   }
   sim_result out;
@@ -152,42 +156,26 @@ sim_result cluster::run() {
   return out;
 }
 
+cluster::~cluster() = default;
+
+// A request arrives at the gateway: its relay starts (and, with faults on, its request timeout).
 void cluster::arrive(size_t i) {
   const sim_request& w = work_[i];
-  auto r = std::make_unique<runtime::request>();
-  r->id = request_id{w.id};
-  r->tokens = prompt_tokens(w, prof_.model.vocab_size);
-  r->prompt_len = w.input_len;
-  r->params.max_tokens = static_cast<int32_t>(w.output_len);
   records_[i].tier = balancer_->tier_of(w.input_len);
-  live& l = live_[w.id];
-  l.req = std::move(r);
-  route(w.id);
-}
-
-// The relay places request `id` (its tokens so far) on a prefill engine, or parks it until
-// one is up again.
-void cluster::route(int64_t id) {
-  live& l = live_.at(id);
-  runtime::request& r = *l.req;
-  runtime::prefill_request pr{r.id, r.num_tokens(), runtime::chain_keys(r.tokens, static_cast<int>(prof_.model.block_size))};
-  auto placed = balancer_->place(pr, clock_.now_s());
-  request_record& rec = records_[static_cast<size_t>(id)];
-  if (!placed) {  // every prefill engine is down
-    l.rank = -1;
-    parked_.push_back(id);
-    push(clock_.now_s() + c_.faults.request_timeout_s, ev::park_deadline, id, ++l.park_epoch);
-    return;
-  }
-  const int64_t e = placed->value;  // the rank's index in the prefill pool
-  rank_state& rk = prefill_rank(e);
-  if (groups_[static_cast<size_t>(rk.group)].down) ++fo_.placed_on_dead;
-  ++rec.attempts;
-  rec.prefill_rank = static_cast<int32_t>(e);
-  l.rank = static_cast<int32_t>(e);
-  l.want_handoff = true;
-  rk.sched->add(l.req.get());
-  if (!groups_[static_cast<size_t>(rk.group)].stepping) start_step(static_cast<size_t>(rk.group));
+  runtime::relay_limits limits;
+  limits.max_attempts = c_.faults.max_attempts;
+  limits.wait_for_engine_s = c_.faults.request_timeout_s;
+  const runtime::relay_bug bug =
+    c_.faults.planted == planted_bug::repeat_tokens ? runtime::relay_bug::repeat_tokens : runtime::relay_bug::none;
+  live_.emplace(w.id, std::make_unique<relay_client>(*this, w.id, limits, bug));
+  if (c_.faults.enabled)
+    later(c_.faults.request_timeout_s, [this, id = w.id] {
+      feed(id, [this](runtime::relay& r) {
+        r.timed_out("no answer within the request timeout of " +
+                    std::to_string(static_cast<int64_t>(c_.faults.request_timeout_s)) + " s");
+      });
+    });
+  feed(w.id, [](runtime::relay& r) { r.start(false); });
 }
 
 void cluster::start_step(size_t g) {
@@ -262,47 +250,37 @@ void cluster::end_step(size_t g) {
   ++acc.all_steps, acc.all_busy += now - gs.step_start;
   for (int32_t ri : gs.ranks) {
     rank_state& rk = ranks_[static_cast<size_t>(ri)];
-    for (auto& it : rk.plan.items) {
+    runtime::step_plan plan = std::move(rk.plan);
+    rk.plan = {};
+    for (auto& it : plan.items) {
       runtime::request* r = it.req;
       r->cache.computed = it.base + it.n_tokens;
-      const bool sampled = r->cache.computed == r->num_tokens();
+      const bool sampled_now = r->cache.computed == r->num_tokens();
       prefill_acc_.tokens += static_cast<double>(std::max<int64_t>(0, std::min(it.base + it.n_tokens, r->prompt_len) - it.base));
-      if (sampled && r->output_len() >= 1) decode_acc_.tokens += 1;  // a token after the first
-      request_record& rec = records_[static_cast<size_t>(r->id.value)];
-      if (sampled) {
-        r->tokens.push_back(output_token(r->id.value, r->output_len(), prof_.model.vocab_size));
-        if (r->output_len() == 1 && rec.first_token_s < 0) {
-          rec.first_token_s = now;
-          rec.cached_tokens = r->cached_tokens;
-        }
-      }
+      if (sampled_now && r->output_len() >= 1) decode_acc_.tokens += 1;  // a token after the first
+      if (sampled_now) r->tokens.push_back(output_token(r->id.value, r->output_len(), prof_.model.vocab_size));
       rk.caches->commit(*r);
-      if (r->output_len() >= r->params.max_tokens) {
-        finished(rk, *r, now);
-      } else if (rk.prefill && sampled && live_.at(r->id.value).want_handoff) {
-        hand_off(rk, *r);
-      }
+      if (sampled_now) sampled(ri, *r, now);  // may free r
     }
-    rk.plan = {};
   }
   start_step(g);
 }
 
-void cluster::finished(rank_state& rk, runtime::request& r, double now) {
-  request_record& rec = records_[static_cast<size_t>(r.id.value)];
-  if (rec.finish_s >= 0) ++fo_.duplicates;  // finished once already
-  rec.finish_s = now;
-  rec.output = r.output_len();
-  rec.preemptions += r.preemptions;
-  // The output is the one token sequence expected: none lost or repeated across re-routes.
-  for (int64_t j = 0; j < r.output_len(); ++j)
-    if (r.tokens[static_cast<size_t>(r.prompt_len + j)] != output_token(r.id.value, j, prof_.model.vocab_size)) {
-      ++fo_.wrong_outputs;
-      break;
-    }
-  rk.sched->finish(&r);
-  if (rk.prefill) balancer_->done(r.id, now);
-  live_.erase(r.id.value);
+// Engine rank `gi` sampled a token of `r`: the token event goes to the request's relay (none
+// left: its sink is gone, the engine stops the request); finished, the engine forgets it;
+// a prefill rank offers the request for a handoff after its first token.
+void cluster::sampled(int32_t gi, runtime::request& r, double now) {
+  rank_state& rk = ranks_[static_cast<size_t>(gi)];
+  const int64_t id = r.id.value;
+  if (!live_.contains(id)) return drop_request(rk, id);
+  const bool finished = r.output_len() >= r.params.max_tokens;
+  feed(id, [&](runtime::relay& m) {
+    const runtime::relay_verdict v = m.token(ref(gi), true, finished, false);
+    if (v.forward) client_token(id, r, now);
+    if (v.final) client_final(id, r, now);
+  });
+  if (finished) return drop_request(rk, id);
+  if (rk.prefill && r.output_len() == 1 && live_.contains(id)) offer_handoff(gi, r);
 }
 
 }  // namespace detail

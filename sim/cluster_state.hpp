@@ -16,6 +16,8 @@
 #include <vector>
 
 #include "runtime/core/cache_manager.hpp"
+#include "runtime/core/handoff_leases.hpp"
+#include "runtime/core/relay.hpp"
 #include "runtime/base/clock.hpp"
 #include "runtime/placement/decode_placement.hpp"
 #include "runtime/base/metrics.hpp"
@@ -35,11 +37,13 @@ class sim_clock final : public runtime::clock {
 };
 
 enum class ev {
-  arrive, step_end, fetch_done, handoff_done,
+  arrive, step_end, fetch_done,
+  // a message or timer of the protocol (runtime/core/relay.hpp, handoff_leases.hpp): a = its
+  // key in the run's table of deferred calls
+  call,
   // faults (sim/faults.hpp): a node fault begins / ends (a = its index in the schedule); a hang
-  // outlasts the heartbeat timeout; a hung group may step again; a handoff read is given up;
-  // a parked request's wait for any prefill engine runs out
-  fault_start, fault_end, declare_down, wake, handoff_timeout, park_deadline
+  // outlasts the heartbeat timeout; a hung group may step again
+  fault_start, fault_end, declare_down, wake
 };
 
 struct event {
@@ -171,16 +175,38 @@ class sim_storage final : public runtime::remote_blocks {
   int64_t next_id_ = 0;
 };
 
+// A KV handoff a decode rank took and is reading (DISAGG.md): its reserved copy, the prefill
+// rank that lends it (and that rank's incarnation and lease), and a number that makes the
+// read's completion stale once the import ended otherwise.
+struct import_state {
+  std::unique_ptr<runtime::request> copy;
+  int32_t lender = -1;             // global rank index
+  uint64_t lender_incarnation = 0;
+  uint64_t lease = 0;
+  uint64_t epoch = 0;
+  bool done = false;               // the read ended (a later delivery is a duplicate)
+};
+
+// One engine rank: its cache manager and scheduler, the requests it holds (running, waiting
+// or lent under a lease), the prefill side's leases and the decode side's imports.
 struct rank_state {
   bool prefill = true;
   int32_t group = 0;
   int32_t index = 0;  // within its pool
+  uint64_t incarnation = 0;  // bumped when its process restarts (a new engine to the relays)
   std::unique_ptr<runtime::cache_manager> caches;
   std::unique_ptr<runtime::scheduler> sched;
   runtime::step_plan plan;
   double load = 0;                       // this step's compute beyond the fixed part
-  int64_t pending = 0, pending_kv = 0;   // handoffs on their way here
+  std::unordered_map<int64_t, std::unique_ptr<runtime::request>> reqs;
+  runtime::handoff_leases leases;
+  std::unordered_map<int64_t, import_state> imports;
   int64_t placed = 0;
+  int64_t importing_kv() const {
+    int64_t kv = 0;
+    for (const auto& [id, im] : imports) kv += im.copy->num_tokens();
+    return kv;
+  }
 };
 
 struct group_state {
@@ -197,16 +223,6 @@ struct group_state {
   // hung until, step-time multiplier, when the step in flight ends.
   int down = 0;
   double hung_until = 0, slow = 1, step_end_s = 0;
-};
-
-struct live {
-  std::unique_ptr<runtime::request> req;
-  int32_t rank = -1;            // where it runs now (global rank index; −1: parked, no engine up)
-  std::unique_ptr<runtime::request> moving;  // handoff: the decode rank's copy
-  int32_t to_rank = -1;         // decode pool index
-  bool want_handoff = true;     // hand off after its next token on a prefill rank
-  uint64_t handoff_epoch = 0;   // a handoff's completion or timeout of an older epoch is stale
-  uint64_t park_epoch = 0;
 };
 
 struct pool_acc {

@@ -3,10 +3,11 @@
 // a full disk on the storage tier, damaged chunks) and injects message faults at the named
 // fault points of runtime/base/fault_points.hpp (a KV handoff read that fails, is late or is
 // delivered twice; a write that finds the disk full; a chunk damaged after its checksum).
-// The cluster reacts as DISAGG.md's failure table says the real one does: the relay re-routes
-// a request whose engine went down (tokens already streamed are kept), the decode side
-// recomputes when a handoff read fails or times out, a damaged chunk is a miss, a full disk
-// drops the write. After the run the invariants are checked (fault_outcome::violations):
+// The cluster reacts with the daemons' own protocol code: each request's relay is
+// runtime::relay and each prefill engine's leases are runtime::handoff_leases, hosted in virtual
+// time (sim/cluster_relay.cpp, cluster_handoff.cpp): the relay re-routes a request whose
+// engine went down (tokens already streamed are kept), the decode side recomputes when a
+// handoff read fails or times out, a damaged chunk is a miss, a full disk drops the write. After the run the invariants are checked (fault_outcome::violations):
 // - no request lost: each one completed with exactly its tokens, or got a clear error;
 // - no wrong bytes served: no block read from the tier differs from what was written;
 // - no placement on a node that is down (prefill balancer and decode placement);
@@ -24,12 +25,14 @@
 namespace shoal::sim {
 
 // Test-only switches that break the reaction to a fault on purpose: the campaign must catch
-// each of them with some seed (tests/sim).
+// each of them with some seed (tests/sim). The last two are planted in the daemons' own
+// protocol code (runtime::relay, runtime::handoff_leases), which the simulator runs.
 enum class planted_bug {
   none,
-  place_on_dead,   // decode placement is offered ranks that are down
-  skip_checksum,   // the storage tier serves a damaged chunk instead of a miss
-  lose_on_crash,   // requests on a crashed node are dropped instead of re-routed
+  place_on_dead,        // decode placement is offered ranks that are down
+  skip_checksum,        // the storage tier serves a damaged chunk instead of a miss
+  repeat_tokens,        // the relay sends a re-routed request's tokens the client has again
+  lease_never_expires,  // a prefill engine's placed lease outlives a decode engine that went quiet
 };
 
 enum class fault_kind { crash, hang, partition, slow, disk_full, corrupt };

@@ -31,6 +31,7 @@ bool handoff_leases::release(request_id id, uint64_t offer) {
 std::optional<bool> handoff_leases::expire(request_id id, uint64_t number) {
   auto it = leases_.find(id);
   if (it == leases_.end() || it->second.number != number) return std::nullopt;
+  if (bug_ == lease_bug::never_expires && it->second.placed) return std::nullopt;  // planted
   const bool taken = it->second.placed;
   leases_.erase(it);
   return taken;

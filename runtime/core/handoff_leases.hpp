@@ -18,8 +18,17 @@
 
 namespace shoal::runtime {
 
+// Test-only switch that breaks the leases on purpose (the simulator's fault campaign must
+// catch it, tests/sim). Never set outside tests.
+enum class lease_bug : uint8_t {
+  none,
+  never_expires,  // a lease placed on a decode engine that then goes quiet is never ended
+};
+
 class handoff_leases {
  public:
+  explicit handoff_leases(lease_bug bug = lease_bug::none) : bug_(bug) {}
+
   // Lends `id`; returns the lease's number (its offer names it): arm a deadline with it.
   uint64_t offer(request_id id);
 
@@ -57,6 +66,7 @@ class handoff_leases {
   };
   std::unordered_map<request_id, lease> leases_;
   uint64_t numbers_ = 0;
+  lease_bug bug_;
 };
 
 }  // namespace shoal::runtime

@@ -184,7 +184,7 @@ void add_sim_command(CLI::App& app) {
   f->add_option("--runs", fa->runs, "seeds to run (without --seed)")->capture_default_str();
   f->add_option("--from", fa->from, "first seed (without --seed)")->capture_default_str();
   f->add_option("--profile", fa->profile, "GPU step-time profile")->capture_default_str();
-  f->add_option("--planted", fa->planted, "tests only: none, place_on_dead, skip_checksum, lose_on_crash")->capture_default_str();
+  f->add_option("--planted", fa->planted, "tests only: none, place_on_dead, skip_checksum, repeat_tokens, lease_never_expires")->capture_default_str();
   f->callback([fa] { set_exit_code(run_sim_faults(*fa)); });
 
   auto a = std::make_shared<sim_args>();
