@@ -44,7 +44,7 @@ const std::vector<schema_section>& schema() {
   static const std::vector<schema_section> sections = {
       {"node", {"name", "listen", "roles", "model_dir", "drain_timeout_ms", "metrics_listen", "cpus", "state_dir"}},
       {"engine", {"ranks", "threads", "cache_mib", "kv_dtype", "device", "expert_parallel", "ep_group", "ep_group_size", "ep_frames", "ep_bulk_min_bytes", "kv_storage", "role", "transport", "handoff_timeout_ms",
-                  "cost_model", "step_ms", "token_budget", "max_running", "swa_slots", "swa_timeout_ms", "speculative", "spec_nextn",
+                  "cost_model", "step_ms", "token_budget", "max_running", "overlap_scheduling", "swa_slots", "swa_timeout_ms", "speculative", "spec_nextn",
                   "spec_adaptive_from", "spec_auto_from", "spec_cost_model"}},
       {"gateway", {"listen", "auth_token_file", "prefill_policy", "decode_policy", "balancer_round_ms", "tier_bounds",
                    "balancer_cost_model", "max_in_flight"}},
@@ -462,6 +462,7 @@ void read_engine_compute(error_sink& sink, const section& e, const fs::path& bas
   if (auto ms = read_integer(sink, e, "step_ms", 1, 60'000)) c.step_ms = *ms;
   if (auto n = read_integer(sink, e, "token_budget", 1, int64_t{1} << 24)) c.token_budget = *n;
   if (auto n = read_integer(sink, e, "max_running", 1, 1 << 16)) c.max_running = *n;
+  if (std::optional<bool> b = read_bool(sink, e, "overlap_scheduling")) c.overlap_scheduling = *b;
   if (auto n = read_integer(sink, e, "swa_slots", 0, 1 << 20)) c.swa_slots = *n;
   if (auto ms = read_integer(sink, e, "swa_timeout_ms", 1, hour_ms)) c.swa_timeout_ms = *ms;
   if (std::optional<std::string> v = read_string(sink, e, "speculative")) {

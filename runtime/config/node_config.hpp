@@ -63,6 +63,7 @@ struct node_config {
   int64_t step_ms = 50;                         // step time budget of the cost model (given, kept or fitted)
   int64_t token_budget = 32'768;                // tokens one step may compute (scheduler_config)
   int64_t max_running = 64;                     // sequences running at once (scheduler_config)
+  bool overlap_scheduling = true;               // plan the next step while one computes (engine_config::async_scheduling)
   int64_t swa_slots = 256;                      // shoal_flash: the machine's SWA slot store (0 = none)
   int64_t swa_timeout_ms = 2'000;               // a request waits this long for another machine's slot
   // DSpark speculative decoding (runtime/core/speculative.hpp): "off", "fixed", "adaptive" or

@@ -19,8 +19,8 @@ void scheduler::add(request* r) {
 scheduler::view scheduler::view_of(const request* r, const std::vector<planned_item>& in_flight) const {
   view v{r->computed(), r->num_tokens()};
   for (const auto& it : in_flight)
-    if (it.req == r) {
-      v.computed = it.base + it.n_tokens;
+    if (it.req == r) {  // as if it completed with none of its drafts accepted (refit fits the rest)
+      v.computed = it.base + it.n_tokens - it.drafts;
       if (v.computed == r->num_tokens()) v.tokens += 1;  // its step samples one more token
     }
   return v;
@@ -193,6 +193,50 @@ void scheduler::prune(step_plan& plan) {
     plan.tokens -= it.n_tokens;
     return true;
   });
+}
+
+void scheduler::refit(step_plan& plan) {
+  collect_remote();
+  collect_imports();
+  prune(plan);
+  double time_left = config_.step_time_budget_s > 0 ? config_.step_time_budget_s
+                                                    : std::numeric_limits<double>::infinity();
+  for (auto it = plan.items.begin(); it != plan.items.end();) {
+    request* r = it->req;
+    const int64_t remaining = r->num_tokens() - r->computed();
+    if (remaining <= 0) {
+      caches_.give_back(it->new_blocks);
+      plan.tokens -= it->n_tokens;
+      it = plan.items.erase(it);
+      continue;
+    }
+    if (it->n_tokens > remaining) plan.tokens -= it->n_tokens - remaining, it->n_tokens = remaining;
+    const int64_t need = caches_.blocks_for(r->computed() + it->n_tokens) - static_cast<int64_t>(r->blocks.size());
+    while (static_cast<int64_t>(it->new_blocks.size()) > std::max<int64_t>(need, 0)) {
+      caches_.give_back({it->new_blocks.back()});
+      it->new_blocks.pop_back();
+    }
+    if (need > static_cast<int64_t>(it->new_blocks.size())) {
+      const int64_t more = need - static_cast<int64_t>(it->new_blocks.size());
+      if (more > caches_.pool().num_free()) {
+        discard(plan);
+        plan = {{}, 0, true};
+        return;
+      }
+      for (block_id b : caches_.take_blocks(more)) it->new_blocks.push_back(b);
+    }
+    if (config_.cost) time_left -= config_.cost->predict(it->n_tokens, r->computed());
+    ++it;
+  }
+  int64_t budget = config_.token_budget - plan.tokens;
+  while (!waiting_.empty() && budget > 0 && static_cast<int64_t>(running_.size()) < config_.max_running)
+    if (!try_admit(waiting_.front(), plan, budget, time_left)) break;
+}
+
+void scheduler::discard(step_plan& plan) {
+  for (auto& it : plan.items) caches_.give_back(it.new_blocks);
+  plan.items.clear();
+  plan.tokens = 0;
 }
 
 }  // namespace shoal::runtime

@@ -64,12 +64,21 @@ class scheduler {
   void detach(request* r);
   void resume(request* r);
   // Plans the next step. `in_flight`: requests of the step being computed now, with their
-  // token counts (their positions advance by that much; those with logits get one token).
+  // token counts (their positions advance by that much; those with logits get one token; a
+  // speculative item's drafts count as rejected, refit adds what was accepted).
   step_plan plan(const std::vector<planned_item>& in_flight);
   // Removes a finished (or aborted) request from the running set and frees its caches.
   void finish(request* r);
   // Drops items of requests that finished meanwhile, returning their new blocks.
   void prune(step_plan& plan);
+  // A plan made from the in-flight view, fitted to what that step did once it completed:
+  // requests no longer running leave it, each item's chunk and new blocks match its request
+  // now (a speculative step that accepted fewer drafts than it verified needs fewer; when more
+  // blocks are needed than the pool has, needs_sync), and waiting requests are admitted into
+  // what is left of the token budget (those that arrived while the step computed).
+  void refit(step_plan& plan);
+  // Gives back every new block of `plan` (a plan that will not run).
+  void discard(step_plan& plan);
 
   size_t waiting() const { return waiting_.size(); }
   size_t waiting_for_remote() const { return remote_waiting_.size(); }

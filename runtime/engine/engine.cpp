@@ -56,7 +56,6 @@ engine::engine(std::shared_ptr<const model::model_weights> weights, const engine
     SHOAL_ASSERT(!validate(config_.spec, max_backtrack(weights_->config, config_.cache)));
     SHOAL_ASSERT(!weights_->mtp.empty() && config_.role != engine_role::prefill);
     SHOAL_ASSERT(!(config_.ep && config_.spec.self_draft));  // self-drafting needs every expert here
-    config_.async_scheduling = false;  // see engine_config::spec
     const model::model_config& c = weights_->config;
     draft_context_ = config_.spec.draft_context > 0 ? config_.spec.draft_context : (c.is_flash() ? c.window() : 64);
   }
@@ -68,7 +67,6 @@ engine::engine(std::shared_ptr<const model::model_weights> weights, const engine
     stats_.cost.detail = "collecting 0/" + std::to_string(config_.cost_fit.min_samples) + " steps";
   }
   if (config_.ep) {
-    config_.async_scheduling = false;  // see engine_config::ep
     ep_ = std::make_unique<ep_moe_exchange>(weights_, backend_, config_.ep->layout, config_.ep->transport,
                                             config_.batch_invariant, config_.ep->limits);
     ep_->set_load_window(config_.ep->load_window_steps);
@@ -223,6 +221,7 @@ bool engine::abort(request_id id) {
   r->finish = finish_reason::aborted;
   leases_.erase(id.value);
   sched_.finish(r);
+  if (planned_) sched_.prune(*planned_);  // its planned chunk's blocks go back too
   return true;
 }
 
@@ -441,34 +440,62 @@ std::vector<token_event> engine::step() {
   stalled_ = false;
   if (!rows_reads_.empty() || !awaiting_rows_.empty()) poll_rows();
   if (ep_) return step_ep();
-  double t0 = now_s();
   if (!flight_) {
-    step_plan p = sched_.plan({});
-    add_drafts(p);
-    stats_.plan_s += now_s() - t0;
+    step_plan p = plan_now();
     stalled_ = p.items.empty() && has_work();
     if (p.items.empty()) return {};
     dispatch(std::move(p));
     launch();
   }
-  // Plan the next step while this one computes (async), from the in-flight view.
-  std::optional<step_plan> next;
-  if (config_.async_scheduling) {
-    double t1 = now_s();
-    next = sched_.plan(flight_->plan.items);
-    stats_.plan_s += now_s() - t1;
-  }
+  plan_ahead();
   wait_done();
   std::vector<token_event> events = complete();
-  if (next) {
-    sched_.prune(*next);
-    if (next->needs_sync) next = sched_.plan({});
-    if (!next->items.empty()) {
-      dispatch(std::move(*next));
+  if (planned_) {  // (prune first: requests that just finished give their blocks back)
+    sched_.prune(*planned_);
+    step_plan next = plan_now();
+    if (!next.items.empty()) {
+      dispatch(std::move(next));
       launch();
     }
   }
   return events;
+}
+
+// The next step's plan on the critical path: the one planned ahead, fitted to what the step
+// before it did (speculation: how many drafts were accepted), or a fresh one; then this
+// step's drafts, which depend on the step before it.
+step_plan engine::plan_now() {
+  const double t0 = now_s();
+  step_plan p = planned_ ? take_planned() : sched_.plan({});
+  add_drafts(p);
+  const double dt = now_s() - t0;
+  stats_.plan_s += dt;
+  stats_.plan_exposed_s += dt;
+  return p;
+}
+
+step_plan engine::take_planned() {
+  step_plan p = std::move(*planned_);
+  planned_.reset();
+  sched_.refit(p);
+  if (p.needs_sync) p = sched_.plan({});
+  return p;
+}
+
+// Async scheduling: the next step is planned while this one computes, from the in-flight view
+// (the requests of this step as if it completed with none of its drafts accepted).
+void engine::plan_ahead() {
+  if (!config_.async_scheduling || !flight_) return;
+  const double t0 = now_s();
+  planned_ = sched_.plan(flight_->plan.items);
+  stats_.plan_s += now_s() - t0;
+}
+
+// A plan made ahead that will not run (its step failed, or a request in it is forgotten).
+void engine::drop_planned() {
+  if (!planned_) return;
+  sched_.discard(*planned_);
+  planned_.reset();
 }
 
 // cost_fit: a step that computed a multi-token chunk is a sample (engine_config::cost_fit);
@@ -523,6 +550,12 @@ completion engine::result(request_id id) const {
 void engine::forget(request_id id) {
   auto it = requests_.find(id.value);
   if (it != requests_.end() && it->second->status == request_status::finished) {
+    if (planned_) std::erase_if(planned_->items, [&](planned_item& p) {
+      if (p.req != it->second.get()) return false;
+      caches_.give_back(p.new_blocks);
+      planned_->tokens -= p.n_tokens;
+      return true;
+    });
     requests_.erase(it);
     texts_.erase(id.value);
   }

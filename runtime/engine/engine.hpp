@@ -59,10 +59,11 @@ struct engine_config {
   bool async_scheduling = true;
   bool capture_logits = false;  // copy each sampled position's logits into its event (tests)
   int64_t image_cache_bytes = 64 << 20;  // image-embedding cache (encoder rows by image hash)
-  // Expert parallelism: this engine is rank `ep->layout.rank` of an EP group. Forces
-  // async_scheduling off: the forward pass blocks on the group's exchanges, and a failed
-  // exchange must fail the step that ran it, so a step is planned, computed and completed
-  // within one step() call (the lockstep step number is then exactly steps_started()).
+  // Expert parallelism: this engine is rank `ep->layout.rank` of an EP group. A step is
+  // dispatched, computed and completed within one step() call (a failed exchange fails the
+  // step that ran it, and the lockstep step number is exactly steps_started()); with
+  // async_scheduling the forward pass runs on the compute thread while the next step is
+  // planned, and that plan is fitted and dispatched by the next step() call.
   struct ep_config {
     ep_layout layout;
     std::shared_ptr<expert_transport> transport;
@@ -81,9 +82,11 @@ struct engine_config {
   std::shared_ptr<expert_residency> experts;
   // DSpark speculative decoding (MTP drafts verified each step). Needs a model with MTP
   // modules and a config that passes validate(spec, max_backtrack(model, cache)); not with role
-  // prefill (node_config refuses it), nor self_draft under expert parallelism. Forces
-  // async_scheduling off: the next step depends on how many drafts were accepted. Under
-  // expert parallelism the draft passes are part of each lockstep step (set_draft_depth).
+  // prefill (node_config refuses it), nor self_draft under expert parallelism. With
+  // async_scheduling the next step is planned while this one computes as if no draft were
+  // accepted; once it completed, the plan is fitted to the accepted count (scheduler::refit)
+  // and the drafts (made by the MTP after acceptance) are added: only that part is exposed.
+  // Under expert parallelism the draft passes are part of each lockstep step (set_draft_depth).
   spec_config spec;
   // The step-cost model: `cost_source` says where sched.cost came from (a file's path, for
   // stats). Without sched.cost and with cost_fit.enabled, the engine fits one from its own
@@ -256,6 +259,10 @@ class engine {
   std::expected<std::vector<const prompt_image*>, error> rows_to_read(const std::vector<prompt_image>& images) const;
   void poll_rows();
   void dispatch(step_plan plan);
+  step_plan plan_now();
+  step_plan take_planned();
+  void plan_ahead();
+  void drop_planned();
   // Speculation: verify lengths for the plan's decodes (more blocks taken for them), the
   // verification of one item's logits rows, and the next drafts of the step's requests.
   bool speculates(const request& r) const;
@@ -305,6 +312,7 @@ class engine {
   std::vector<handoff_state> handoffs_;
   int64_t next_id_ = 0;  // above every id seen (add_request without one)
   std::optional<in_flight_step> flight_;
+  std::optional<step_plan> planned_;  // the next step, planned while this one computed (async)
   engine_stats stats_;
   std::unique_ptr<ep_moe_exchange> ep_;
   // The (placement, offered) pair config_.experts holds this engine's experts for.

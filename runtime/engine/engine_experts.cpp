@@ -9,21 +9,10 @@
 
 namespace shoal::runtime {
 
-namespace {
-
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-}  // namespace
-
 // One lockstep step: plan → forward with the EP hook (or no forward) → join the slots it did
-// not use → complete. Synchronous (engine_config::ep).
+// not use → complete (engine_config::ep).
 std::vector<token_event> engine::step_ep() {
-  double t0 = now_s();
-  step_plan p = sched_.plan({});
-  add_drafts(p);
-  stats_.plan_s += now_s() - t0;
+  step_plan p = plan_now();
   stalled_ = p.items.empty() && has_work();
   // This placement's experts (and an offered one's) in memory before any of them is computed.
   // While the experts it gains are read from their holders, the rank steps on the current
@@ -55,8 +44,11 @@ std::vector<token_event> engine::step_ep() {
   if (!p.items.empty()) {
     dispatch(std::move(p));
     try {
-      run_forward();
+      launch();  // (without async scheduling the pass runs here)
+      plan_ahead();
+      wait_done();
     } catch (const ep_error& e) {  // the step was abandoned by the exchange
+      drop_planned();
       return fail_step(e.what());
     }
   }
@@ -70,6 +62,7 @@ std::vector<token_event> engine::step_ep() {
   // and abandons the step (draft()). The main pass's results hold either way: every exchange
   // they needed completed.
   std::vector<token_event> events = complete();
+  if (planned_) sched_.prune(*planned_);  // requests that just finished give their blocks back
   if (ep_->in_step())
     if (auto joined = ep_->end_step(); !joined) {
       last_error_ = joined.error();

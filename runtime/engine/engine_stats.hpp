@@ -15,6 +15,7 @@ struct engine_stats {
   double forward_s = 0;        // compute thread busy in forward passes
   double idle_s = 0;           // compute thread waiting between consecutive steps (exposed overhead)
   double plan_s = 0;           // time spent planning (overlapped when async)
+  double plan_exposed_s = 0;   // of it, planning while no forward pass ran (the step waited for it)
   int64_t running = 0, waiting = 0, waiting_for_remote = 0;
   cache_stats cache;
   swa_stats swa;

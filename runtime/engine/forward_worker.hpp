@@ -1,12 +1,15 @@
 // The engine's compute thread (async scheduling): launch() hands it the step's forward pass
 // and returns at once, so the engine plans the next step meanwhile; wait() returns once the
-// pass ended. Without async scheduling the pass runs inside launch().
+// pass ended, and rethrows what the pass threw (an expert-parallel step abandoned by its
+// exchange fails the step that ran it). Without async scheduling the pass runs inside launch().
 #pragma once
 
 #include <condition_variable>
+#include <exception>
 #include <functional>
 #include <mutex>
 #include <thread>
+#include <utility>
 
 namespace shoal::runtime {
 
@@ -40,6 +43,7 @@ class forward_worker {
     if (!thread_.joinable()) return;
     std::unique_lock lock(mu_);
     cv_.wait(lock, [&] { return done_; });
+    if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
   }
 
  private:
@@ -50,8 +54,14 @@ class forward_worker {
       if (stopping_) return;
       ready_ = false;
       lock.unlock();
-      pass_();
+      std::exception_ptr error;
+      try {
+        pass_();
+      } catch (...) {
+        error = std::current_exception();
+      }
       lock.lock();
+      error_ = error;
       done_ = true;
       cv_.notify_all();
     }
@@ -61,6 +71,7 @@ class forward_worker {
   std::mutex mu_;
   std::condition_variable cv_;
   bool ready_ = false, done_ = false, stopping_ = false;
+  std::exception_ptr error_;
   std::thread thread_;  // last: started once the rest exists
 };
 

@@ -1,7 +1,7 @@
 // DSpark under expert parallelism at the engine level: every rank of a lockstep group drafts
 // and verifies its own requests (the draft passes' MoE exchanges part of each lockstep step),
 // greedy output exact, seeded sampling batch-invariant across ranks; the auto policy; the draft
-// passes run only in steps where some rank drafts.
+// passes run only in steps where some rank drafts; all of it with overlapped scheduling or without.
 #include <doctest/doctest.h>
 
 #include <map>
@@ -45,16 +45,21 @@ engine_config with_spec(engine_config c, spec_mode mode, int64_t nextn) {
 }  // namespace
 
 TEST_CASE("ep speculation: DSpark on every rank of a lockstep group, greedy equals plain greedy, seeded sampling "
-          "equals one speculating engine, an idle rank joins the draft passes") {
-  for (const char* preset : {"tiny", "v3-tiny"}) {
+          "equals one speculating engine, an idle rank joins the draft passes, with overlapped scheduling or without") {
+  for (const char* preset : {"tiny", "v3-tiny"})
+  for (bool overlap : {true, false}) {
     CAPTURE(preset);
+    CAPTURE(overlap);
     auto w = test::tiny_model(preset);
     REQUIRE(!w->mtp.empty());
     const int32_t n = 3, nextn = 3;
     local_ep_hub hub(n, 10s);
     std::vector<std::unique_ptr<engine>> engines;
-    for (int32_t r = 0; r < n; ++r)
-      engines.push_back(std::make_unique<engine>(w, with_spec(ep_config(hub, r), spec_mode::fixed, nextn)));
+    for (int32_t r = 0; r < n; ++r) {
+      engine_config c = with_spec(ep_config(hub, r), spec_mode::fixed, nextn);
+      c.async_scheduling = overlap;
+      engines.push_back(std::make_unique<engine>(w, c));
+    }
     std::vector<std::vector<job>> jobs;
     std::vector<std::map<int64_t, size_t>> ids;
     std::vector<engine*> group;
@@ -84,6 +89,10 @@ TEST_CASE("ep speculation: DSpark on every rank of a lockstep group, greedy equa
     CHECK(s.verified > 0);
     CHECK(s.accepted > 0);  // MTP drafts of a random model agree with it now and then
     CHECK(engines[2]->stats().spec.drafted == 0);  // the idle rank drafted nothing but stepped along
+    // Overlapped: part of the planning ran during forward passes; else all of it was exposed.
+    const auto st = engines[0]->stats();
+    if (overlap) CHECK(st.plan_exposed_s < st.plan_s);
+    else CHECK(st.plan_exposed_s == st.plan_s);
   }
 }
 

@@ -204,8 +204,9 @@ TEST_CASE("node_config: [eplb] presets and overrides") {
 TEST_CASE("node_config: expert-parallel decode groups with speculation, named groups, step budgets") {
   const auto c = parse_node_config(base + "[engine]\nexpert_parallel = true\nrole = \"decode\"\nep_group = \"decode-0\"\n"
                                           "ep_group_size = 4\nspeculative = \"auto\"\nspec_nextn = 3\nspec_auto_from = 8\n"
-                                          "token_budget = 4096\nmax_running = 32\n", "");
+                                          "token_budget = 4096\nmax_running = 32\noverlap_scheduling = false\n", "");
   REQUIRE_MESSAGE(c.has_value(), (c ? std::string() : to_string(c.error())));
+  CHECK_FALSE(c->overlap_scheduling);
   CHECK(c->disagg_role == engine_role::decode);
   CHECK(c->ep_group == "decode-0");
   CHECK(c->ep_group_size == 4);
@@ -437,6 +438,8 @@ TEST_CASE("node_config: every bad input names its line and key") {
        "engine.ep_group_size", ""},
       {"a zero token budget", base + "[engine]\ntoken_budget = 0\n", config_errc::bad_value, 7, "engine.token_budget", ""},
       {"a zero max_running", base + "[engine]\nmax_running = 0\n", config_errc::bad_value, 7, "engine.max_running", ""},
+      {"overlap as a string", base + "[engine]\noverlap_scheduling = \"yes\"\n", config_errc::wrong_type, 7,
+       "engine.overlap_scheduling", "expected true or false"},
       {"auto threshold with fixed speculation", base + "[engine]\nspeculative = \"fixed\"\nspec_auto_from = 4\n",
        config_errc::bad_value, 8, "engine.spec_auto_from", "only used with engine.speculative = \"auto\""},
       {"adaptive threshold with auto speculation", base + "[engine]\nspeculative = \"auto\"\nspec_adaptive_from = 4\n",

@@ -204,3 +204,45 @@ TEST_CASE("SWA pool: a slot of another storage or shape is refused and counted, 
   CHECK(reader.restore(k, restored.cache, 32));
   CHECK(reader.stats().shape_misses == 2);
 }
+
+TEST_CASE("a plan made during a speculative step is fitted to the drafts accepted, and admits late arrivals") {
+  harness h("v3-tiny", blocks(8), budget(64));
+  request* a = h.add(40, 1);  // 3 blocks of 16
+  h.apply(h.sched.plan({}));
+  REQUIRE(a->computed() == 40);
+  // In flight: its token at 40 and 8 drafts. Planned ahead as if none were accepted: one
+  // decode at 41, within its 3 blocks.
+  const std::vector<planned_item> in_flight{{a, 9, {}, 40, 8}};
+  step_plan next = h.sched.plan(in_flight);
+  REQUIRE(next.items.size() == 1);
+  CHECK(next.items[0].n_tokens == 1);
+  CHECK(next.items[0].new_blocks.empty());
+  // Completed: all 8 accepted (positions 40 … 48, 9 tokens out); a late request arrives.
+  a->cache.computed = 49;
+  for (int i = 0; i < 9; ++i) a->tokens.push_back(7);
+  request* b = h.add(20, 2);
+  h.sched.refit(next);
+  REQUIRE(next.items.size() == 2);
+  CHECK(next.items[0].req == a);
+  CHECK(next.items[0].new_blocks == std::vector<block_id>{block_id(3)});  // position 49 opens block 3
+  CHECK(next.items[1].req == b);
+  CHECK(next.items[1].n_tokens == 20);
+  CHECK(next.tokens == 21);
+  h.apply(next);
+  // Blocks run out for what was accepted: the plan is given back whole and marked for a sync plan.
+  REQUIRE(a->computed() == 50);
+  REQUIRE(b->computed() == 20);
+  const std::vector<planned_item> flight2{{a, 1, {}, 50, 0}, {b, 1, {}, 20, 0}};
+  step_plan third = h.sched.plan(flight2);
+  CHECK(third.items.size() == 2);
+  a->cache.computed = 64;  // (as if a step had accepted 13 drafts: position 64 opens block 4)
+  a->tokens.resize(65, 7);
+  b->cache.computed = 21;
+  b->tokens.push_back(7);
+  const std::vector<block_id> hog = h.caches.take_blocks(h.caches.pool().num_free());
+  h.sched.refit(third);
+  CHECK(third.needs_sync);
+  CHECK(third.items.empty());
+  CHECK(h.caches.pool().num_free() == 0);
+  h.caches.give_back(hog);
+}

@@ -8,7 +8,9 @@
 // adaptive beats fixed is the measured threshold (engine spec_config::adaptive_from). auto
 // (spec_mode::automatic) measures both choices itself and keeps the faster per concurrency.
 // --ep N runs the group of N ranks in lockstep (DSpark under expert parallelism: off /
-// fixed-5 / auto).
+// fixed-5 / auto). Engines schedule overlapped (the next step planned while one computes)
+// unless --sync; the column `plan exp.` is the planning each decode step waited for (the
+// exposed scheduling overhead of that configuration).
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
@@ -35,12 +37,14 @@ struct spec_args {
   int tokens = 40;
   int draft_context = 0;
   int ep = 1;  // > 1: an expert-parallel group of this many ranks (threads, in lockstep)
+  bool sync = false;  // async (overlapped) scheduling off
   std::string out = "bench/results/spec.jsonl";
 };
 
 struct run_figures {
   double tokens_per_s = 0, step_s = 0, verified = 0, accepted = 0, tokens_per_step = 0;
   double forward_share = 0;  // of decode step time: the forward pass (the rest drafts, verifies, plans)
+  double plan_exposed_s = 0; // per decode step: planning it waited for
   std::vector<std::pair<int64_t, double>> steps;  // (tokens in the step, step seconds)
 };
 
@@ -56,8 +60,10 @@ void add_requests(runtime::engine& e, int from, int count, int stride, const spe
   }
 }
 
-runtime::engine_config bench_config(const model::model_weights& w, runtime::spec_config spec, int concurrency) {
+runtime::engine_config bench_config(const model::model_weights& w, runtime::spec_config spec, int concurrency,
+                                    const spec_args& a) {
   runtime::engine_config cfg = runtime::default_engine_config(w.config, 256);
+  cfg.async_scheduling = !a.sync;
   cfg.sched.max_running = std::max(concurrency, 1);
   cfg.cache.prefix_caching = false;
   cfg.spec = std::move(spec);
@@ -66,7 +72,7 @@ runtime::engine_config bench_config(const model::model_weights& w, runtime::spec
 
 // One rank's lockstep step as the bench saw it.
 struct step_rec {
-  double dt = 0, forward_s = 0;
+  double dt = 0, forward_s = 0, plan_exposed_s = 0;
   int64_t emitted = 0, decode_tokens = 0;
   bool prefill = false;
 };
@@ -82,7 +88,7 @@ run_figures run_mode_ep(const std::shared_ptr<const model::model_weights>& w, co
   runtime::local_ep_hub hub(a.ep, std::chrono::seconds(60));
   std::vector<std::unique_ptr<runtime::engine>> engines;
   for (size_t r = 0; r < n; ++r) {
-    runtime::engine_config cfg = bench_config(*w, spec, concurrency);
+    runtime::engine_config cfg = bench_config(*w, spec, concurrency, a);
     cfg.batch_invariant = true;
     cfg.ep = runtime::engine_config::ep_config{};
     cfg.ep->layout = {static_cast<int32_t>(r), a.ep};
@@ -111,6 +117,7 @@ run_figures run_mode_ep(const std::shared_ptr<const model::model_weights>& w, co
         const auto after = e.stats();
         s.prefill = after.prefill_tokens != before.prefill_tokens;
         s.forward_s = after.forward_s - before.forward_s;
+        s.plan_exposed_s = after.plan_exposed_s - before.plan_exposed_s;
         s.decode_tokens = static_cast<int64_t>(after.decode_tokens - before.decode_tokens);
         for (const auto& ev : events) s.emitted += ev.token >= 0;
         recs[r].push_back(s);
@@ -129,26 +136,28 @@ run_figures group_figures(const std::vector<std::vector<step_rec>>& recs, const 
   const size_t n = recs.size();
   run_figures f;
   int64_t emitted = 0;
-  double decode_s = 0, forward_s = 0;
+  double decode_s = 0, forward_s = 0, plan_s = 0;
   uint64_t steps = 0;
   for (size_t i = 0; i < recs[0].size(); ++i) {
     bool prefill = false;
-    double dt = 0, fw = 0;
+    double dt = 0, fw = 0, pl = 0;
     int64_t em = 0;
     for (size_t r = 0; r < n; ++r) {
       if (i >= recs[r].size()) continue;
       prefill = prefill || recs[r][i].prefill;
       dt = std::max(dt, recs[r][i].dt);
       fw = std::max(fw, recs[r][i].forward_s);
+      pl = std::max(pl, recs[r][i].plan_exposed_s);
       em += recs[r][i].emitted;
     }
     if (prefill) continue;
-    emitted += em, decode_s += dt, forward_s += fw, ++steps;
+    emitted += em, decode_s += dt, forward_s += fw, plan_s += pl, ++steps;
     f.steps.emplace_back(recs[0][i].decode_tokens, recs[0][i].dt);  // rank 0's tokens: its own cost model
   }
   f.tokens_per_s = decode_s > 0 ? double(emitted) / decode_s : 0;
   f.step_s = steps ? decode_s / double(steps) : 0;
   f.forward_share = decode_s > 0 ? forward_s / decode_s : 0;
+  f.plan_exposed_s = steps ? plan_s / double(steps) : 0;
   f.verified = s.verified_per_step();
   f.accepted = s.accepted_per_step();
   f.tokens_per_step = s.decode_steps ? s.tokens_per_step() : 1.0;
@@ -158,11 +167,11 @@ run_figures group_figures(const std::vector<std::vector<step_rec>>& recs, const 
 run_figures run_mode(const std::shared_ptr<const model::model_weights>& w, runtime::spec_config spec, int concurrency,
                      const spec_args& a) {
   if (a.ep > 1) return run_mode_ep(w, spec, concurrency, a);
-  runtime::engine e(w, bench_config(*w, std::move(spec), concurrency));
+  runtime::engine e(w, bench_config(*w, std::move(spec), concurrency, a));
   add_requests(e, 0, concurrency, 1, a);
   run_figures f;
   int64_t emitted = 0;
-  double decode_s = 0, forward_s = 0;
+  double decode_s = 0, forward_s = 0, plan_s = 0;
   uint64_t steps = 0;
   while (e.has_work()) {
     const auto before = e.stats();
@@ -176,6 +185,7 @@ run_figures run_mode(const std::shared_ptr<const model::model_weights>& w, runti
     emitted += n;
     decode_s += dt;
     forward_s += after.forward_s - before.forward_s;
+    plan_s += after.plan_exposed_s - before.plan_exposed_s;
     ++steps;
     f.steps.emplace_back(static_cast<int64_t>(after.decode_tokens - before.decode_tokens), dt);
   }
@@ -183,6 +193,7 @@ run_figures run_mode(const std::shared_ptr<const model::model_weights>& w, runti
   f.tokens_per_s = decode_s > 0 ? double(emitted) / decode_s : 0;
   f.step_s = steps ? decode_s / double(steps) : 0;
   f.forward_share = decode_s > 0 ? forward_s / decode_s : 0;
+  f.plan_exposed_s = steps ? plan_s / double(steps) : 0;
   f.verified = s.spec.verified_per_step();
   f.accepted = s.spec.accepted_per_step();
   f.tokens_per_step = s.spec.decode_steps ? s.spec.tokens_per_step() : 1.0;
@@ -233,11 +244,12 @@ int run_spec_bench(const spec_args& a) {
   }
   const nlohmann::json machine = machine_facts();
   fmt::print("model {}, prompt {} tokens, {} generated per request, nextn 5, draft context {}, synthetic acceptance "
-             "(fixed-5 accepts 3.30), CPU {}\n",
+             "(fixed-5 accepts 3.30), {} scheduling, EP {}, CPU {}\n",
              a.model_dir.empty() ? a.preset : a.model_dir, a.prompt, a.tokens,
-             a.draft_context ? std::to_string(a.draft_context) : "default", machine.value("cpu", std::string("?")));
-  fmt::print("{:>5} {:>9} {:>11} {:>9} {:>9} {:>9} {:>10} {:>8}\n", "conc", "mode", "tok/s", "s/step", "verified", "accepted",
-             "tok/step", "forward");
+             a.draft_context ? std::to_string(a.draft_context) : "default", a.sync ? "sync" : "overlapped", a.ep,
+             machine.value("cpu", std::string("?")));
+  fmt::print("{:>5} {:>9} {:>11} {:>9} {:>9} {:>9} {:>10} {:>8} {:>12}\n", "conc", "mode", "tok/s", "s/step", "verified",
+             "accepted", "tok/step", "forward", "plan exp. ms");
   std::optional<int> threshold;
   for (int conc : a.concurrency) {
     runtime::spec_config base;
@@ -268,14 +280,16 @@ int run_spec_bench(const spec_args& a) {
       s.adaptive_from = 0;  // measured here, not assumed
       run_figures f = run_mode(w, s, conc, a);
       res[to_string(mode)] = f;
-      fmt::print("{:>5} {:>9} {:>11.1f} {:>9.4f} {:>9.2f} {:>9.2f} {:>10.2f} {:>7.0f}%\n", conc, to_string(mode), f.tokens_per_s,
-                 f.step_s, f.verified, f.accepted, f.tokens_per_step, 100 * f.forward_share);
+      fmt::print("{:>5} {:>9} {:>11.1f} {:>9.4f} {:>9.2f} {:>9.2f} {:>10.2f} {:>7.0f}% {:>12.3f}\n", conc, to_string(mode),
+                 f.tokens_per_s, f.step_s, f.verified, f.accepted, f.tokens_per_step, 100 * f.forward_share,
+                 1e3 * f.plan_exposed_s);
       append_jsonl(a.out, {{"kind", "spec"}, {"model", a.model_dir.empty() ? a.preset : a.model_dir}, {"ep", a.ep},
                            {"concurrency", conc}, {"mode", to_string(mode)}, {"nextn", 5}, {"draft_context", a.draft_context},
                            {"tokens_per_s", f.tokens_per_s}, {"step_s", f.step_s},
                            {"verified_per_step", f.verified}, {"accepted_per_step", f.accepted},
                            {"tokens_per_step", f.tokens_per_step}, {"counting", "actual"},
                            {"tau", 1 + f.accepted}, {"forward_share", f.forward_share},
+                           {"scheduling", a.sync ? "sync" : "overlapped"}, {"plan_exposed_s_per_step", f.plan_exposed_s},
                            {"cost_a", cost.a()}, {"cost_b", cost.b()},
                            {"machine", machine}});
     }
@@ -309,6 +323,7 @@ void add_spec_bench(CLI::App& bench) {
   c->add_option("--ep", a->ep, "ranks of one expert-parallel group (threads in lockstep); 1: one engine")
     ->check(CLI::Range(1, 64))
     ->capture_default_str();
+  c->add_flag("--sync", a->sync, "plan each step after the previous one completed (no overlapped scheduling)");
   c->add_option("--out", a->out, "JSONL records")->capture_default_str();
   c->callback([a] { set_exit_code(run_spec_bench(*a)); });
 }

@@ -124,6 +124,7 @@ bool configure_compute_plan(const runtime::node_config& cfg, const model::model_
                             const std::string& checkpoint, runtime::engine_config& ecfg, logger& log) {
   ecfg.sched.token_budget = cfg.token_budget;
   ecfg.sched.max_running = cfg.max_running;
+  ecfg.async_scheduling = cfg.overlap_scheduling;
   if (!configure_cost_model(cfg, checkpoint, ecfg, log)) return false;
   if (cfg.speculative == "off") return true;
   if (w.mtp.empty()) {  // DSpark: MTP drafts verified each decode step
