@@ -8,6 +8,7 @@
 #include <caf/result.hpp>
 #include <caf/stateful_actor.hpp>
 #include <caf/typed_event_based_actor.hpp>
+#include <fmt/format.h>
 
 #include "runtime/core/block_pool.hpp"
 #include "runtime/base/fault_points.hpp"
@@ -38,8 +39,32 @@ std::optional<engine_id> engine_ids::find(const caf::actor& engine) const {
 
 // -- prefill ------------------------------------------------------------------------------
 
-prefill_routing::prefill_routing(runtime::prefill_balancer_config config, runtime::cost_model cost)
-    : balancer_(std::move(config)), cost_(cost), tier_placements_(static_cast<size_t>(balancer_.tiers()), 0) {}
+prefill_routing::prefill_routing(runtime::prefill_balancer_config config, runtime::cost_model cost, bool explicit_cost)
+    : balancer_(std::move(config)), cost_(cost), explicit_cost_(explicit_cost),
+      tier_placements_(static_cast<size_t>(balancer_.tiers()), 0) {}
+
+void prefill_routing::observe_cost(const caf::actor& a, const runtime::cost_stats& s) {
+  if (explicit_cost_ || s.coef.size() != 4) return;
+  for (const auto& [id, ref] : entry_)
+    if (ref.actor == a) {
+      auto& have = own_[id];
+      if (have != s.coef && balancer_.set_cost(id, runtime::cost_model(s.coef[0], s.coef[1], s.coef[2], s.coef[3])))
+        have = s.coef;
+      return;
+    }
+}
+
+std::vector<caf::actor> prefill_routing::entry_engines() const {
+  std::vector<caf::actor> out;
+  for (const auto& [id, ref] : entry_) out.push_back(ref.actor);
+  return out;
+}
+
+std::pair<size_t, size_t> prefill_routing::own_models() const {
+  size_t n = 0;
+  for (const auto& [id, ref] : entry_) n += own_.contains(id);
+  return {n, entry_.size()};
+}
 
 void prefill_routing::update(const membership& m) {
   std::map<engine_id, engine_ref> entry;
@@ -59,7 +84,7 @@ void prefill_routing::update(const membership& m) {
     }
   }
   for (const auto& [id, ref] : entry_)
-    if (!entry.contains(id)) balancer_.remove_engine(id);  // its relays place their requests again
+    if (!entry.contains(id)) balancer_.remove_engine(id), own_.erase(id);  // its relays place their requests again
   entry_ = std::move(entry);
 }
 
@@ -94,6 +119,9 @@ balancer_report prefill_routing::report(double now_s) const {
   out.policy = runtime::to_string(balancer_.config().policy);
   out.tier_bounds = balancer_.config().tier_bounds;
   out.tier_placements = tier_placements_;
+  const auto [own, all] = own_models();
+  out.cost = explicit_cost_ ? "gateway.balancer_cost_model"
+                            : fmt::format("the engines' own: {} of {} (the others: the default until they report one)", own, all);
   for (const auto& v : balancer_.engines()) {
     const engine_ref& ref = entry_.at(v.engine);
     out.engines.push_back({ref.name, v.tier, v.in_flight, v.in_flight_tokens, std::max(0.0, v.busy_until_s - now_s), ref.placed});
@@ -212,11 +240,31 @@ double wall_s() {
 struct prefill_state {
   static inline const char* name = "prefill_balancer";
   std::unique_ptr<prefill_routing> routing;
+  bool polling = false;
 };
 
-prefill_balancer_actor::behavior_type prefill_behavior(prefill_balancer_actor::stateful_pointer<prefill_state> self,
-                                                       balancer_options options) {
-  self->state.routing = std::make_unique<prefill_routing>(options.prefill, options.cost);
+// How often the prefill balancer asks its engines for their step-cost models (they change when
+// an engine fits one, once, seconds after it starts).
+constexpr auto cost_poll_interval = std::chrono::seconds(2);
+
+using prefill_impl = prefill_balancer_actor::extend<caf::reacts_to<tick_atom>>;
+using prefill_pointer = prefill_impl::stateful_pointer<prefill_state>;
+
+void poll_costs(prefill_pointer self) {
+  auto& st = self->state;
+  const std::vector<caf::actor> engines = st.routing->entry_engines();
+  const auto [own, all] = st.routing->own_models();
+  st.polling = !engines.empty() && own < all;
+  if (!st.polling) return;
+  for (const caf::actor& a : engines)
+    self->request(caf::actor_cast<engine_actor>(a), cost_poll_interval, stats_atom_v)
+      .then([self, a](const engine_stats_snapshot& s) { self->state.routing->observe_cost(a, s.engine.cost); },
+            [](const caf::error&) {});  // gone: the next membership drops it
+  self->delayed_send(self, cost_poll_interval, tick_atom_v);
+}
+
+prefill_impl::behavior_type prefill_behavior(prefill_pointer self, balancer_options options) {
+  self->state.routing = std::make_unique<prefill_routing>(options.prefill, options.cost, options.cost_fitted);
   return {
     [self](route_atom, request_id id, const std::vector<int32_t>& prompt,
            const std::vector<caf::actor>& exclude) -> caf::result<caf::actor> {
@@ -226,7 +274,11 @@ prefill_balancer_actor::behavior_type prefill_behavior(prefill_balancer_actor::s
     },
     [self](done_atom, request_id id) { self->state.routing->done(id, wall_s()); },
     [self](stats_atom) { return self->state.routing->report(wall_s()); },
-    [self](const membership& m) { self->state.routing->update(m); },
+    [self](const membership& m) {
+      self->state.routing->update(m);
+      if (!self->state.polling && !self->state.routing->explicit_cost()) poll_costs(self);
+    },
+    [self](tick_atom) { poll_costs(self); },
   };
 }
 
@@ -284,7 +336,7 @@ decode_impl::behavior_type decode_behavior(decode_pointer self, balancer_options
 }  // namespace
 
 balancers spawn_balancers(caf::actor_system& sys, const balancer_options& options) {
-  auto p = sys.spawn(prefill_behavior, options);
+  auto p = caf::actor_cast<prefill_balancer_actor>(sys.spawn(prefill_behavior, options));
   auto d = sys.spawn(decode_behavior, options);
   return {p, caf::actor_cast<decode_balancer_actor>(d)};
 }

@@ -44,8 +44,16 @@ struct engine_ref {
 
 class prefill_routing {
  public:
-  prefill_routing(runtime::prefill_balancer_config config, runtime::cost_model cost);
+  // `explicit_cost`: `cost` came from gateway.balancer_cost_model and stays; else each engine's
+  // own model replaces it once the engine reports one (observe_cost).
+  prefill_routing(runtime::prefill_balancer_config config, runtime::cost_model cost, bool explicit_cost = false);
   void update(const membership& m);
+  // Engine `a`'s step-cost model as its stats report it (fitted at start, or read from a file).
+  void observe_cost(const caf::actor& a, const runtime::cost_stats& s);
+  std::vector<caf::actor> entry_engines() const;
+  bool explicit_cost() const { return explicit_cost_; }
+  // Entry engines weighed by their own model / all entry engines.
+  std::pair<size_t, size_t> own_models() const;
   std::optional<caf::actor> route(request_id id, const std::vector<int32_t>& prompt,
                                   const std::vector<caf::actor>& exclude, double now_s);
   void done(request_id id, double now_s);
@@ -55,7 +63,9 @@ class prefill_routing {
  private:
   runtime::prefill_balancer balancer_;
   runtime::cost_model cost_;
+  bool explicit_cost_ = false;
   std::map<engine_id, engine_ref> entry_;
+  std::map<engine_id, std::vector<double>> own_;  // engines weighed by their own model: its coefficients
   engine_ids ids_;
   std::vector<engine_ref> fallback_;  // decode engines
   size_t next_fallback_ = 0;

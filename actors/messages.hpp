@@ -184,7 +184,7 @@ typename Inspector::result_type inspect(Inspector& f, embedding_cache_stats& x) 
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, runtime::cost_stats& x) {
-  return f(caf::meta::type_name("cost_stats"), x.source, x.detail, x.samples, x.r2, x.rms_rel_error);
+  return f(caf::meta::type_name("cost_stats"), x.source, x.detail, x.samples, x.r2, x.rms_rel_error, x.coef);
 }
 
 template <class Inspector>
@@ -544,13 +544,14 @@ struct balancer_report {
   std::vector<int64_t> tier_placements;  // prefill: requests placed per tier
   double balance_now = 1;              // decode: mean / max of (requests, KV) load now
   double balance_window = 1;           // decode: mean of the polls over the last minute
+  std::string cost;                    // prefill: which step-cost models weigh the engines
   friend bool operator==(const balancer_report&, const balancer_report&) = default;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, balancer_report& x) {
   return f(caf::meta::type_name("balancer_report"), x.kind, x.policy, x.engines, x.tier_bounds, x.tier_placements,
-           x.balance_now, x.balance_window);
+           x.balance_now, x.balance_window, x.cost);
 }
 
 struct rank_info {

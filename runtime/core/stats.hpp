@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace shoal::runtime {
 
@@ -48,6 +49,7 @@ struct cost_stats {
   std::string detail;        // the file, or "collecting N/M steps"
   int64_t samples = 0;
   double r2 = 0, rms_rel_error = 0;
+  std::vector<double> coef;  // the model's a, b, c, d (cost_model.hpp) once there is one: the prefill balancer's too
   bool operator==(const cost_stats&) const = default;
 };
 

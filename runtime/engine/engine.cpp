@@ -60,8 +60,9 @@ engine::engine(std::shared_ptr<const model::model_weights> weights, const engine
     draft_context_ = config_.spec.draft_context > 0 ? config_.spec.draft_context : (c.is_flash() ? c.window() : 64);
   }
   if (config_.sched.cost) {
-    stats_.cost = {"file", config_.cost_source, config_.sched.cost->quality().samples, config_.sched.cost->quality().r2,
-                   config_.sched.cost->quality().rms_rel_error};
+    const cost_model& m = *config_.sched.cost;
+    stats_.cost = {"file", config_.cost_source, m.quality().samples, m.quality().r2, m.quality().rms_rel_error,
+                   {m.a(), m.b(), m.c(), m.d()}};
   } else if (config_.cost_fit.enabled) {
     fitter_ = cost_fitter(config_.cost_fit.min_samples);
     stats_.cost.detail = "collecting 0/" + std::to_string(config_.cost_fit.min_samples) + " steps";
@@ -519,7 +520,7 @@ void engine::learn_cost(const in_flight_step& f) {
   cost_fitted_ = true;
   sched_.set_cost(*m, config_.cost_fit.step_budget_s);
   stats_.cost = {"fitted", "from " + std::to_string(m->quality().samples) + " steps of this engine",
-                 m->quality().samples, m->quality().r2, m->quality().rms_rel_error};
+                 m->quality().samples, m->quality().r2, m->quality().rms_rel_error, {m->a(), m->b(), m->c(), m->d()}};
   if (config_.cost_fit.fitted) config_.cost_fit.fitted(*m);
 }
 

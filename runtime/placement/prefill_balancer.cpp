@@ -82,6 +82,13 @@ void prefill_balancer::add_engine(engine_id engine, cost_model cost, int64_t gro
   engines_[engine] = std::move(s);
 }
 
+bool prefill_balancer::set_cost(engine_id engine, cost_model cost) {
+  auto it = engines_.find(engine);
+  if (it == engines_.end()) return false;
+  it->second.cost = cost;
+  return true;
+}
+
 std::vector<request_id> prefill_balancer::remove_engine(engine_id engine) {
   std::vector<std::pair<uint64_t, request_id>> lost;
   for (const auto& [id, p] : in_flight_)

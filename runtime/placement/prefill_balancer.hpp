@@ -90,6 +90,8 @@ class prefill_balancer {
   // group's step lasts as long as its busiest rank's, so among engines that finish equally
   // early the one whose group has the fewest prompt tokens in flight is chosen.
   void add_engine(engine_id engine, cost_model cost, int64_t group = -1);
+  // The engine's step-cost model from now on (one it fitted or loaded); false: no such engine.
+  bool set_cost(engine_id engine, cost_model cost);
   // The engine is gone (down) or draining: it gets nothing more; returns the requests placed
   // there and not reported done, in placement order, for the caller to place again.
   std::vector<request_id> remove_engine(engine_id engine);

@@ -1,12 +1,15 @@
 // The step-cost model on by default: a node with no cost-model file anywhere (its state
 // directory empty, no engine.cost_model) fits one from its first prefill steps, says so in
-// the shell's stats (source, samples, fit error) and keeps it in the state directory; started
+// the shell's stats (source, samples, fit error), the prefill balancer weighs the engine by it
+// (shell balancers), and keeps it in the state directory; started
 // again, it reads the kept file instead of fitting. Outputs equal the offline engine's
 // throughout (chunk sizes never change a batch-invariant engine's tokens).
 #include <doctest/doctest.h>
 
+#include <chrono>
 #include <regex>
 #include <string>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -77,6 +80,13 @@ TEST_CASE("step-cost model by default: fitted from the first prefill steps, kept
   for (const auto& f : fs::directory_iterator(c.state_dir / "cost-models"))
     kept += f.path().extension() == ".json" && f.path().filename().string().starts_with("cost-");
   CHECK(kept == 1);
+  // The prefill balancer weighs the engine by the same model (it polls the engines' stats).
+  std::string bal;
+  for (int i = 0; i < 40 && bal.find("the engines' own: 1 of 1") == std::string::npos; ++i) {
+    if (i > 0) std::this_thread::sleep_for(std::chrono::milliseconds(250));
+    bal = c.shell("balancers");
+  }
+  CHECK_MESSAGE(bal.find("cost_models=the engines' own: 1 of 1") != std::string::npos, bal);
 
   // Started again on the same state directory: the kept model, no new fit.
   test::cluster_down(c.dir.path, c.state_dir);

@@ -349,7 +349,7 @@ bool shell::cmd_balancers() {
           const std::string hi = t < r->tier_bounds.size() ? std::to_string(r->tier_bounds[t]) : "inf";
           tiers += fmt::format("{}[{}, {}): {} placed", t ? "; " : "", lo, hi, r->tier_placements[t]);
         }
-        fmt::print("{}/prefill_balancer: policy={} tiers {}\n", n.name, r->policy, tiers);
+        fmt::print("{}/prefill_balancer: policy={} tiers {} cost_models={}\n", n.name, r->policy, tiers, r->cost);
       } else {
         fmt::print("{}/decode_balancer: policy={} balance_ratio now={:.3f} last_minute={:.3f}\n", n.name, r->policy,
                    r->balance_now, r->balance_window);
