@@ -299,7 +299,8 @@ void engine::dispatch(step_plan plan) {
       fi.logits = true;
       fi.logit_rows = 1 + it.drafts;
     }
-    fi.hidden = fi.logits && speculates(*r);
+    // Hidden rows only when this step's completion drafts (auto: not while it verifies none).
+    fi.hidden = fi.logits && speculates(*r) && drafts_wanted();
     fi.inputs = f.inputs[k];
     f.items.push_back(fi);
     (it.n_tokens - it.drafts > 1 ? stats_.prefill_tokens : stats_.decode_tokens) += static_cast<uint64_t>(it.n_tokens);
