@@ -550,3 +550,21 @@ TEST_CASE("node_config: unreadable files are io errors without a position") {
   CHECK(d.error().code == config_errc::io);
   CHECK(d.error().message.find("directory") != std::string::npos);
 }
+
+TEST_CASE("node_config: config/deepseek-colocated/ is deepseek-shape's ranks in one expert-parallel group of 6") {
+  const node_config gw = load_sample("config/deepseek-colocated/gateway.toml");
+  CHECK(gw.has_role(role::gateway));
+  CHECK(gw.has_role(role::storage));
+  int32_t ranks = 0;
+  for (const char* n : {"node-a", "node-b", "node-c", "node-d"}) {
+    CAPTURE(n);
+    const node_config e = load_sample(std::string("config/deepseek-colocated/") + n + ".toml");
+    CHECK(e.disagg_role == engine_role::both);
+    CHECK(e.expert_parallel);
+    CHECK(e.ep_group == "all");
+    CHECK(e.ep_group_size == 6);
+    CHECK(e.speculative == "fixed");
+    ranks += static_cast<int32_t>(e.ranks);
+  }
+  CHECK(ranks == 6);
+}

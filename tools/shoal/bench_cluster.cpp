@@ -6,12 +6,13 @@
 // token ids from the trace's prefix-block hashes, max_tokens = the trace's output length,
 // ignore_eos), sent on schedule as streaming completions, one client thread each. With
 // --profile the simulator replays the same requests on the same shape (prefill and decode
-// ranks of the config, EP 1) with that profile, and prints its figures beside the cluster's.
+// ranks of the config, in its expert-parallel groups of engine.ep_group_size) with that profile, and prints its figures beside the cluster's.
 // --cost-model also becomes the cluster's gateway.balancer_cost_model, so the real balancers
 // predict with the same model as the simulated ones.
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
@@ -78,6 +79,7 @@ struct shape {
   std::string http_host;
   uint16_t http_port = 0;
   int64_t prefill = 0, decode = 0;
+  int64_t prefill_ep = 1, decode_ep = 1;  // expert-parallel group sizes (engine.ep_group_size)
   std::string model_id;
   std::vector<std::pair<bool, runtime::host_port>> metrics;  // (decode pool?, node.metrics_listen) of engine nodes
 };
@@ -130,6 +132,7 @@ std::expected<shape, std::string> cluster_shape(const fs::path& dir) {
     if (c->has_role(runtime::role::engine)) {
       const bool decode = c->disagg_role == runtime::engine_role::decode;
       (decode ? s.decode : s.prefill) += c->ranks;
+      if (c->expert_parallel) (decode ? s.decode_ep : s.prefill_ep) = std::max<int64_t>(c->ep_group_size, c->ranks);
       if (c->metrics_listen) s.metrics.emplace_back(decode, *c->metrics_listen);
     }
   }
@@ -254,7 +257,8 @@ int run_cluster_bench(const cluster_args& a) {
     if (prof) {
       sim::sim_config c;
       c.prof = *prof;
-      c.prefill_ranks = sh->prefill, c.prefill_ep = 1, c.decode_ranks = sh->decode, c.decode_ep = 1, c.seed = a.seed;
+      c.prefill_ranks = sh->prefill, c.prefill_ep = sh->prefill_ep, c.decode_ranks = sh->decode;
+      c.decode_ep = sh->decode_ep, c.seed = a.seed;
       auto r = sim::run_cluster(c, *work, p);
       if (!r) {
         fmt::print(stderr, "shoal bench cluster: {}\n", r.error());
