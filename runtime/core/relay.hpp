@@ -125,7 +125,6 @@ class relay {
   bool done() const { return done_; }
   bool placing() const { return offer_pending_; }
   engine_id engine() const { return engine_; }
-  int attempts() const { return attempt_; }
   int64_t forwarded() const { return forwarded_; }
 
  private:

@@ -16,12 +16,17 @@
 #include <malloc.h>
 
 #include "kernels/assert.hpp"
+#include "runtime/base/clock.hpp"
 
 namespace shoal::runtime {
 namespace {
 
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+double now_s() { return default_clock()->now_s(); }
+
+// The stats of a step-cost model in use: where it came from, its fit, its coefficients.
+cost_stats cost_stats_of(std::string source, std::string detail, const cost_model& m) {
+  return {std::move(source), std::move(detail), m.quality().samples, m.quality().r2, m.quality().rms_rel_error,
+          {m.a(), m.b(), m.c(), m.d()}};
 }
 
 // The engine's backend: the one given, else engine.device's over the weights (an unknown
@@ -60,9 +65,7 @@ engine::engine(std::shared_ptr<const model::model_weights> weights, const engine
     draft_context_ = config_.spec.draft_context > 0 ? config_.spec.draft_context : (c.is_flash() ? c.window() : 64);
   }
   if (config_.sched.cost) {
-    const cost_model& m = *config_.sched.cost;
-    stats_.cost = {"file", config_.cost_source, m.quality().samples, m.quality().r2, m.quality().rms_rel_error,
-                   {m.a(), m.b(), m.c(), m.d()}};
+    stats_.cost = cost_stats_of("file", config_.cost_source, *config_.sched.cost);
   } else if (config_.cost_fit.enabled) {
     fitter_ = cost_fitter(config_.cost_fit.min_samples);
     stats_.cost.detail = "collecting 0/" + std::to_string(config_.cost_fit.min_samples) + " steps";
@@ -452,8 +455,7 @@ std::vector<token_event> engine::step() {
   plan_ahead();
   wait_done();
   std::vector<token_event> events = complete();
-  if (planned_) {  // (prune first: requests that just finished give their blocks back)
-    sched_.prune(*planned_);
+  if (planned_) {  // (plan_now fits it: requests that just finished give their blocks back)
     step_plan next = plan_now();
     if (!next.items.empty()) {
       dispatch(std::move(next));
@@ -520,8 +522,7 @@ void engine::learn_cost(const in_flight_step& f) {
   if (!m) return;
   cost_fitted_ = true;
   sched_.set_cost(*m, config_.cost_fit.step_budget_s);
-  stats_.cost = {"fitted", "from " + std::to_string(m->quality().samples) + " steps of this engine",
-                 m->quality().samples, m->quality().r2, m->quality().rms_rel_error, {m->a(), m->b(), m->c(), m->d()}};
+  stats_.cost = cost_stats_of("fitted", "from " + std::to_string(m->quality().samples) + " steps of this engine", *m);
   if (config_.cost_fit.fitted) config_.cost_fit.fitted(*m);
 }
 
@@ -552,12 +553,7 @@ completion engine::result(request_id id) const {
 void engine::forget(request_id id) {
   auto it = requests_.find(id.value);
   if (it != requests_.end() && it->second->status == request_status::finished) {
-    if (planned_) std::erase_if(planned_->items, [&](planned_item& p) {
-      if (p.req != it->second.get()) return false;
-      caches_.give_back(p.new_blocks);
-      planned_->tokens -= p.n_tokens;
-      return true;
-    });
+    if (planned_) sched_.prune(*planned_);  // no planned item may point at it
     requests_.erase(it);
     texts_.erase(id.value);
   }

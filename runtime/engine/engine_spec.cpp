@@ -2,23 +2,15 @@
 // step's logits rows, the next drafts (the MTP chain, or the target itself for tests), and the
 // verify lengths of a plan's decodes. The step loop is engine.cpp.
 #include <algorithm>
-#include <chrono>
 #include <bit>
 #include <cmath>
 
 #include "model/forward.hpp"
+#include "runtime/base/clock.hpp"
 #include "runtime/engine/engine.hpp"
 #include "runtime/structured/grammar.hpp"
 
 namespace shoal::runtime {
-
-namespace {
-
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-}  // namespace
 
 // Rows j = 0 … n_rows − 1 are the logits after the pending token and after each of the
 // first n_rows − 1 drafts. Row j decides output token j of this step: greedy takes the
@@ -239,7 +231,7 @@ void engine::auto_measure(const in_flight_step& f, size_t tokens) {
                                        [](const planned_item& it) { return it.n_tokens - it.drafts == 1; });
   if (!steady || decodes == 0 || !decode_only) return;  // a switch, or prefill in the step: not a decode rate
   auto_bucket& k = auto_bucket_of(decodes);
-  const double dt = now_s() - f.started;
+  const double dt = default_clock()->now_s() - f.started;
   if (!(dt > 0)) return;
   const double rate = double(tokens) / dt;
   const int i = now ? 1 : 0;

@@ -80,7 +80,8 @@ TEST_CASE("step-cost model by default: fitted from the first prefill steps, kept
   for (const auto& f : fs::directory_iterator(c.state_dir / "cost-models"))
     kept += f.path().extension() == ".json" && f.path().filename().string().starts_with("cost-");
   CHECK(kept == 1);
-  // The prefill balancer weighs the engine by the same model (it polls the engines' stats).
+  // The prefill balancer weighs the engine by the same model. It polls the engines' stats every
+  // 2 s in another process, so the shell is asked again until it says so (at most 10 s).
   std::string bal;
   for (int i = 0; i < 40 && bal.find("the engines' own: 1 of 1") == std::string::npos; ++i) {
     if (i > 0) std::this_thread::sleep_for(std::chrono::milliseconds(250));
