@@ -33,6 +33,8 @@ node_metrics add_node_metrics(metrics_registry& r) {
       r.add_counter("shoal_engine_step_seconds_total", "Seconds the engine spent in forward passes.", a),
       r.add_counter("shoal_engine_prefill_tokens_total", "Prompt tokens computed.", a),
       r.add_counter("shoal_engine_decode_tokens_total", "Tokens decoded.", a),
+      r.add_counter("shoal_engine_spec_verified_total", "DSpark drafts the target model verified.", a),
+      r.add_counter("shoal_engine_spec_accepted_total", "Of those, drafts accepted (emitted as output).", a),
       r.add_counter("shoal_engine_images_encoded_total", "Images run through the vision encoder.", a),
       r.add_counter("shoal_engine_image_cache_hits_total", "Images whose encoder rows came from the embedding cache.", a),
       r.add_counter("shoal_engine_handoff_failures_total", "Handoffs a decode engine recomputed instead of reading.", a),

@@ -28,6 +28,7 @@ struct node_metrics {
   counter hit_tokens, storage_hit_tokens;      // shoal_engine_prefix_hit_tokens_total, …_storage_hit_tokens_total
   counter steps, step_seconds;                 // shoal_engine_steps_total, shoal_engine_step_seconds_total
   counter prefill_tokens, decode_tokens;       // shoal_engine_{prefill,decode}_tokens_total
+  counter spec_verified, spec_accepted;        // shoal_engine_spec_{verified,accepted}_total: DSpark drafts
   counter images_encoded, image_cache_hits;    // shoal_engine_images_encoded_total, …_image_cache_hits_total
   // Decode side of a handoff: shoal_engine_handoff_failures_total (recomputed instead of read),
   // and of those …_handoff_timeouts_total (the lender slow or gone) and …_handoff_corrupt_total

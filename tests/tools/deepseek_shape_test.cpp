@@ -1,7 +1,7 @@
 // DeepSeek's serving shape as `shoal up` starts it from the sample config/deepseek-shape/
 // (gateway + SWA directory + storage tier on one node, a prefill expert-parallel group of 2
 // ranks on 2 processes, a decode expert-parallel group of 4 ranks on 2 processes with DSpark;
-// the test rewrites only ports, the model path, the storage directory, the cache size and the
+// the test rewrites only ports (dropping the fixed metrics ports), the model path, the storage directory, the cache size and the
 // prefill policy): 20 greedy requests, some sharing prefixes and some read back from the
 // storage tier, equal the offline engine token for token; the shell shows both groups' EPLB,
 // the balancers' placements on every group's ranks and DSpark's counts on the decode ranks.
@@ -51,7 +51,7 @@ struct shape_cluster : test::cli_cluster {
     shell_port = ports["gateway"];
   }
 
-  // Sample node i with this test's ports, model, storage directory and a smaller cache;
+  // Sample node i with this test's ports (no metrics port), model, storage directory and a smaller cache;
   // prefill requests alternate between the two prefill ranks (a repeated prompt then reaches
   // the rank that did not compute it, which reads its prefix from the storage tier).
   std::string sample(size_t i) const {
@@ -61,6 +61,7 @@ struct shape_cluster : test::cli_cluster {
       text = std::regex_replace(text, std::regex("127\\.0\\.0\\.1:730" + std::to_string(j)),
                                 "127.0.0.1:" + std::to_string(ports.at(node_files[j])));
     text = std::regex_replace(text, std::regex("127\\.0\\.0\\.1:8000"), "127.0.0.1:" + std::to_string(http_port));
+    text = std::regex_replace(text, std::regex("metrics_listen = \"[^\"]*\"\n"), "");  // fixed ports; not read here
     text = std::regex_replace(text, std::regex("\\.\\./\\.\\./models/small"), model_dir.string());
     text = std::regex_replace(text, std::regex("\\.\\./\\.\\./\\.shoal/deepseek-shape-chunks"),
                               (dir.path / "chunks").string());

@@ -183,6 +183,8 @@ void record_engine(const runtime::node_metrics& m, const actors::engine_stats_sn
   m.step_seconds.advance_to(st.forward_s, a);
   m.prefill_tokens.advance_to(static_cast<double>(st.prefill_tokens), a);
   m.decode_tokens.advance_to(static_cast<double>(st.decode_tokens), a);
+  m.spec_verified.advance_to(static_cast<double>(st.spec.verified), a);
+  m.spec_accepted.advance_to(static_cast<double>(st.spec.accepted), a);
   m.images_encoded.advance_to(static_cast<double>(st.images_encoded), a);
   m.image_cache_hits.advance_to(static_cast<double>(st.image_cache.hits), a);
   m.handoff_failures.advance_to(static_cast<double>(st.cache.import_failures), a);
