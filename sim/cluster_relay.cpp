@@ -132,10 +132,10 @@ void cluster::decode_route_answer(int64_t id, uint64_t placement, std::vector<en
 }
 
 // The client's stream: each token must be the next one it expects, once.
-void cluster::client_token(int64_t id, const runtime::request& r, double now) {
+void cluster::client_token(int64_t id, int32_t token, int64_t cached_tokens, double now) {
   request_record& rec = records_[static_cast<size_t>(id)];
-  if (r.tokens.back() != output_token(id, rec.output, prof_.model.vocab_size)) ++fo_.wrong_outputs;
-  if (++rec.output == 1) rec.first_token_s = now, rec.cached_tokens = r.cached_tokens;
+  if (token != output_token(id, rec.output, prof_.model.vocab_size)) ++fo_.wrong_outputs;
+  if (++rec.output == 1) rec.first_token_s = now, rec.cached_tokens = cached_tokens;
 }
 
 void cluster::client_final(int64_t id, const runtime::request& r, double now) {

@@ -46,8 +46,11 @@ class cluster {
 
   void arrive(size_t i);
   void start_step(size_t g);
+  double plan_rank(rank_state& r, const pool_profile& pp, int64_t drafts, bool& drafting);
   void end_step(size_t g);
-  void sampled(int32_t gi, runtime::request& r, double now);
+  void sampled(int32_t gi, runtime::request& r, double now, int64_t emitted);
+  void add_drafts(rank_state& r, int64_t k);
+  int64_t accepted_drafts(group_state& gs, int64_t k);
 
   // ---- the protocol's messages and timers: deferred calls, run in order at their time ----
 
@@ -66,7 +69,7 @@ class cluster {
   void feed(int64_t id, const std::function<void(runtime::relay&)>& f);
   void route_answer(int64_t id, std::vector<engine_id> exclude);
   void decode_route_answer(int64_t id, uint64_t placement, std::vector<engine_id> refused);
-  void client_token(int64_t id, const runtime::request& r, double now);
+  void client_token(int64_t id, int32_t token, int64_t cached_tokens, double now);
   void client_final(int64_t id, const runtime::request& r, double now);
 
   // ---- the engines' side (cluster_handoff.cpp) ----
@@ -107,6 +110,8 @@ class cluster {
   std::shared_ptr<sim_storage> storage_;
   std::vector<rank_state> ranks_;
   std::vector<group_state> groups_;
+  int32_t processes_ = 0;                     // engine processes (cluster_sim.hpp: *_processes)
+  mutable std::vector<int64_t> busy_groups_;  // share_rate's scratch: stepping groups per process
   std::unordered_map<int64_t, std::unique_ptr<relay_client>> live_;  // the requests' relays
   std::unordered_map<uint64_t, std::function<void()>> calls_;       // deferred calls by key
   uint64_t next_call_ = 0;
@@ -118,9 +123,10 @@ class cluster {
   pool_acc prefill_acc_, decode_acc_;
   std::map<int64_t, std::pair<double, double>> timeline_;
   std::vector<double> loads_, pool_loads_;
-  std::vector<std::pair<int64_t, int64_t>> items_;
+  std::vector<std::pair<int64_t, int64_t>> items_, decodes_;
   std::normal_distribution<double> normal_;
-  uint64_t handoffs_ = 0, kept_ = 0;
+  std::uniform_real_distribution<double> uniform_;
+  uint64_t handoffs_ = 0, kept_ = 0, spec_verified_ = 0, spec_accepted_ = 0;
   double last_arrival_ = 0;
   std::unique_ptr<runtime::fault_injector> inject_;  // faults on: the run's message faults
   fault_outcome fo_;

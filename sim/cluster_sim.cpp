@@ -10,6 +10,7 @@
 #include <memory>
 #include <queue>
 #include <random>
+#include <tuple>
 #include <unordered_map>
 
 #include <xxhash.h>
@@ -134,6 +135,7 @@ sim_result cluster::run() {
   out.span_s = last - first;
   out.handoffs = handoffs_;
   out.kept = kept_;
+  out.spec_verified = spec_verified_, out.spec_accepted = spec_accepted_;
   if (storage_) out.storage_lookups = storage_->lookups, out.storage_hit_blocks = storage_->hit_blocks;
   for (const rank_state& r : ranks_) {
     if (!r.prefill) out.decode_per_rank.push_back(r.placed);
@@ -178,6 +180,28 @@ void cluster::arrive(size_t i) {
   feed(w.id, [](runtime::relay& r) { r.start(false); });
 }
 
+// A rank's plan for the step (its drafts added, its blocks attached) and the step's predicted
+// time on it; sets its load; `drafting` becomes true when it drafts.
+double cluster::plan_rank(rank_state& r, const pool_profile& pp, int64_t drafts, bool& drafting) {
+  r.plan = r.sched->plan({});
+  if (drafts > 0) add_drafts(r, drafts);
+  items_.clear();
+  decodes_.clear();
+  for (auto& it : r.plan.items) {
+    r.caches->attach(*it.req, it.new_blocks);
+    it.base = it.req->computed();
+    items_.emplace_back(it.n_tokens, it.base);
+    if (drafts > 0 && it.n_tokens - it.drafts == 1) decodes_.emplace_back(1, it.base);
+  }
+  double t = items_.empty() ? 0 : prof_.step_seconds(pp, items_);
+  // The next step's drafts: `drafts` MTP passes over this step's decodes.
+  if (!decodes_.empty())
+    t += static_cast<double>(drafts) * prof_.speculation.draft_factor * prof_.step_seconds(pp, decodes_);
+  drafting = drafting || !decodes_.empty();
+  r.load = items_.empty() ? 0 : std::max(0.0, t - pp.step.a());
+  return t;
+}
+
 void cluster::start_step(size_t g) {
   group_state& gs = groups_[g];
   const pool_profile& pp = gs.prefill ? prof_.prefill : prof_.decode;
@@ -190,32 +214,32 @@ void cluster::start_step(size_t g) {
   const bool shared = shared_cores(gs) > 0;
   if (shared) advance_shared(gs, now);
   bool any = false;
-  double longest = 0;
+  double longest = 0, total = 0;
+  bool drafting = false;  // some rank drafts: the group runs the draft passes in lockstep
   loads_.clear();
   if (storage_) storage_->current_group = g;
+  const int64_t drafts = gs.prefill ? c_.prefill_drafts : c_.decode_drafts;
   for (int32_t ri : gs.ranks) {
     rank_state& r = ranks_[static_cast<size_t>(ri)];
-    r.plan = r.sched->plan({});
-    items_.clear();
-    for (auto& it : r.plan.items) {
-      r.caches->attach(*it.req, it.new_blocks);
-      it.base = it.req->computed();
-      items_.emplace_back(it.n_tokens, it.base);
-    }
-    const double t = items_.empty() ? 0 : prof_.step_seconds(pp, items_);
-    r.load = items_.empty() ? 0 : std::max(0.0, t - pp.step.a());
+    const double t = plan_rank(r, pp, drafts, drafting);
     loads_.push_back(r.load);
-    any = any || !items_.empty();
+    any = any || !r.plan.items.empty();
     longest = std::max(longest, t);
+    total += t;
   }
   if (!any) {
     gs.stepping = false;
     if (shared) reschedule_shared(gs, now);  // the others have the cores to themselves sooner
     return;
   }
-  double dt = longest;
+  // Cores of its own: as long as its slowest rank. Shared: the work of all its ranks over its
+  // processes (cluster_compute.cpp).
+  double dt = shared ? total / static_cast<double>(gs.processes.size()) : longest;
   if (prof_.step_noise > 0) dt *= std::max(0.5, 1.0 + prof_.step_noise * normal_(gs.rng));
   dt *= gs.slow;
+  // An expert-parallel group's passes (the main one, and the draft passes when some rank
+  // drafts) each wait on their exchanges: latency beyond the compute, on no core.
+  const double exchanges = gs.ranks.size() > 1 ? prof_.ep_pass_s * static_cast<double>(1 + (drafting ? drafts : 0)) : 0;
   gs.stepping = true;
   gs.step_start = now;
   gs.counted = now >= c_.warmup_s && now < last_arrival_;
@@ -233,11 +257,11 @@ void cluster::start_step(size_t g) {
     }
   }
   if (shared) {
-    gs.work_left = dt, gs.since = now;
+    gs.work_left = dt, gs.since = now, gs.compute_from = now + exchanges;
     reschedule_shared(gs, now);
   } else {
-    gs.step_end_s = now + dt;
-    push(now + dt, ev::step_end, static_cast<int64_t>(g), ++gs.epoch);
+    gs.step_end_s = now + exchanges + dt;
+    push(gs.step_end_s, ev::step_end, static_cast<int64_t>(g), ++gs.epoch);
   }
 }
 
@@ -254,13 +278,17 @@ void cluster::end_step(size_t g) {
     rk.plan = {};
     for (auto& it : plan.items) {
       runtime::request* r = it.req;
-      r->cache.computed = it.base + it.n_tokens;
-      const bool sampled_now = r->cache.computed == r->num_tokens();
-      prefill_acc_.tokens += static_cast<double>(std::max<int64_t>(0, std::min(it.base + it.n_tokens, r->prompt_len) - it.base));
-      if (sampled_now && r->output_len() >= 1) decode_acc_.tokens += 1;  // a token after the first
-      if (sampled_now) r->tokens.push_back(output_token(r->id.value, r->output_len(), prof_.model.vocab_size));
+      const int64_t done = it.base + it.n_tokens - it.drafts;  // without the drafts it verified
+      const bool sampled_now = done == r->num_tokens();
+      const int64_t accepted = it.drafts > 0 ? accepted_drafts(gs, it.drafts) : 0;
+      spec_verified_ += static_cast<uint64_t>(it.drafts), spec_accepted_ += static_cast<uint64_t>(accepted);
+      const int64_t emitted = sampled_now ? 1 + accepted : 0;
+      prefill_acc_.tokens += static_cast<double>(std::max<int64_t>(0, std::min(done, r->prompt_len) - it.base));
+      if (emitted > 0) decode_acc_.tokens += static_cast<double>(emitted - (r->output_len() == 0 ? 1 : 0));  // after the first
+      for (int64_t j = 0; j < emitted; ++j) r->tokens.push_back(output_token(r->id.value, r->output_len(), prof_.model.vocab_size));
+      r->cache.computed = done + accepted;
       rk.caches->commit(*r);
-      if (sampled_now) sampled(ri, *r, now);  // may free r
+      if (sampled_now) sampled(ri, *r, now, emitted);  // may free r
     }
   }
   start_step(g);
@@ -269,18 +297,27 @@ void cluster::end_step(size_t g) {
 // Engine rank `gi` sampled a token of `r`: the token event goes to the request's relay (none
 // left: its sink is gone, the engine stops the request); finished, the engine forgets it;
 // a prefill rank offers the request for a handoff after its first token.
-void cluster::sampled(int32_t gi, runtime::request& r, double now) {
+void cluster::sampled(int32_t gi, runtime::request& r, double now, int64_t emitted) {
   rank_state& rk = ranks_[static_cast<size_t>(gi)];
   const int64_t id = r.id.value;
   if (!live_.contains(id)) return drop_request(rk, id);
   const bool finished = r.output_len() >= r.params.max_tokens;
-  feed(id, [&](runtime::relay& m) {
-    const runtime::relay_verdict v = m.token(ref(gi), true, finished, false);
-    if (v.forward) client_token(id, r, now);
-    if (v.final) client_final(id, r, now);
-  });
+  for (int64_t j = emitted; j > 0; --j)  // one event per token, oldest first
+    feed(id, [&](runtime::relay& m) {
+      const runtime::relay_verdict v = m.token(ref(gi), true, finished && j == 1, false);
+      if (v.forward) client_token(id, r.tokens[r.tokens.size() - static_cast<size_t>(j)], r.cached_tokens, now);
+      if (v.final) client_final(id, r, now);
+    });
   if (finished) return drop_request(rk, id);
-  if (rk.prefill && r.output_len() == 1 && live_.contains(id)) offer_handoff(gi, r);
+  // Colocated (no decode pool): the rank decodes what it prefilled.
+  if (rk.prefill && c_.decode_ranks > 0 && r.output_len() == 1 && live_.contains(id)) offer_handoff(gi, r);
+}
+
+// The accepted drafts of a verify of `k`: each with the profile's probability, given the ones before.
+int64_t cluster::accepted_drafts(group_state& gs, int64_t k) {
+  int64_t a = 0;
+  while (a < k && uniform_(gs.rng) < prof_.speculation.accept) ++a;
+  return a;
 }
 
 }  // namespace detail
@@ -289,8 +326,18 @@ std::expected<sim_result, std::string> run_cluster(const sim_config& c, const st
                                                    const policy_pair& policy) {
   if (c.prefill_ranks < 1 || c.prefill_ep < 1 || c.prefill_ranks % c.prefill_ep != 0)
     return std::unexpected("prefill ranks must be a positive multiple of the prefill EP size");
-  if (c.decode_ranks < 1 || c.decode_ep < 1 || c.decode_ranks % c.decode_ep != 0)
-    return std::unexpected("decode ranks must be a positive multiple of the decode EP size");
+  if (c.decode_ranks < 0 || c.decode_ep < 1 || c.decode_ranks % c.decode_ep != 0)
+    return std::unexpected("decode ranks must be a multiple of the decode EP size (0: colocated)");
+  for (auto [sizes, n, pool] : {std::tuple{&c.prefill_processes, c.prefill_ranks, "prefill"},
+                                 std::tuple{&c.decode_processes, c.decode_ranks, "decode"}}) {
+    int64_t sum = 0;
+    for (int64_t k : *sizes) sum += k;
+    if (!sizes->empty() && (sum != n || std::ranges::any_of(*sizes, [](int64_t k) { return k < 1; })))
+      return std::unexpected(std::string("the ") + pool + " processes' ranks (each ≥ 1) must add up to the " + pool + " ranks");
+  }
+  if ((c.prefill_drafts > 0 || c.decode_drafts > 0) && !c.prof.speculation.known)
+    return std::unexpected("the cluster speculates but profile '" + c.prof.name +
+                           "' has no \"speculation\" section (accept, draft_factor)");
   if (c.prof.prefill.fitted || c.prof.decode.fitted)
     return std::unexpected("profile '" + c.prof.name + "' takes its step model from a fitted cost model (--cost-model FILE)");
   if (!runtime::make_decode_placement(policy.decode)) return std::unexpected("unknown decode placement '" + policy.decode + "'");
@@ -304,7 +351,7 @@ std::expected<sim_result, std::string> run_cluster(const sim_config& c, const st
   const int64_t bs = c.prof.model.block_size;
   for (const auto& w : work) {
     const int64_t need = (w.input_len + w.output_len + bs) / bs + 1;
-    if (need > c.prof.prefill.kv_blocks || need > c.prof.decode.kv_blocks)
+    if (need > c.prof.prefill.kv_blocks || (c.decode_ranks > 0 && need > c.prof.decode.kv_blocks))
       return std::unexpected("request " + std::to_string(w.id) + " (" + std::to_string(w.input_len) + " + " +
                              std::to_string(w.output_len) + " tokens) does not fit one rank's kv_blocks");
     if (c.prof.model.max_position_embeddings > 0 && w.input_len + w.output_len > c.prof.model.max_position_embeddings)

@@ -50,7 +50,17 @@ std::expected<policy_pair, std::string> policy_named(const std::string& name);
 struct sim_config {
   profile prof;
   int64_t prefill_ranks = 64, prefill_ep = 8;   // groups of prefill_ep ranks
+  // 0 decode ranks: a colocated cluster, whose prefill ranks (role "both") decode every
+  // request they prefilled; nothing is handed off.
   int64_t decode_ranks = 64, decode_ep = 64;
+  // DSpark drafts per decode step on each pool's ranks (engine.spec_nextn of a speculating
+  // config; 0: none), timed and accepted as the profile's "speculation" says.
+  int64_t prefill_drafts = 0, decode_drafts = 0;
+  // Ranks per engine process of each pool, in rank order (empty: one rank a process). A
+  // process's ranks share its kernel thread pool, which runs their work one after another,
+  // so on shared cores (profile host_cores or a pool's cores) the cores are split among the
+  // busy processes, and a process's share among its busy ranks.
+  std::vector<int64_t> prefill_processes, decode_processes;
   runtime::prefill_balancer_config prefill_balancer;  // policy set per run from policy_pair
   uint64_t seed = 1;
   double timeline_s = 0;   // > 0: balance-ratio timeline bucket (seconds of virtual time)
@@ -90,6 +100,7 @@ struct sim_result {
   double wall_s = 0;                  // the run's own time
   uint64_t storage_hit_blocks = 0, storage_lookups = 0, handoffs = 0, kept = 0, preemptions = 0;
   uint64_t prompt_tokens = 0, hit_tokens = 0;
+  uint64_t spec_verified = 0, spec_accepted = 0;  // DSpark drafts verified and accepted, every pool
   std::vector<std::pair<double, double>> decode_timeline;  // (bucket start, mean balance ratio)
   std::vector<int64_t> decode_per_rank;                    // requests placed per decode rank
   std::vector<int64_t> prefill_per_tier;                   // requests per tier

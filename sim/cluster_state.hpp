@@ -193,6 +193,7 @@ struct rank_state {
   bool prefill = true;
   int32_t group = 0;
   int32_t index = 0;  // within its pool
+  int32_t process = 0;  // the engine process it runs in (its ranks share one kernel thread pool)
   uint64_t incarnation = 0;  // bumped when its process restarts (a new engine to the relays)
   std::unique_ptr<runtime::cache_manager> caches;
   std::unique_ptr<runtime::scheduler> sched;
@@ -212,11 +213,13 @@ struct rank_state {
 struct group_state {
   bool prefill = true;
   std::vector<int32_t> ranks;  // indices into the sim's ranks
+  std::vector<int32_t> processes;  // the engine processes its ranks run in
   bool stepping = false;
   std::mt19937_64 rng;
   // The step in flight: when it began, whether it falls in the measured window, and, on shared
   // cores, the seconds of full-speed compute it still needs as of `since`.
   double step_start = 0, work_left = 0, since = 0;
+  double compute_from = 0;  // shared cores: its exchanges' latency ends (compute progresses from then)
   bool counted = false;
   uint64_t epoch = 0;  // bumped whenever the step's end is rescheduled
   // Faults: down (crashed, partitioned or declared dead; a count, as faults may overlap),

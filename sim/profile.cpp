@@ -143,6 +143,14 @@ std::expected<profile, std::string> parse_profile(std::string_view text, const s
     p.storage.jitter = rd.number(*s, "storage", "jitter", 0, 2, false, 0);
     p.storage.timeout_s = rd.number(*s, "storage", "timeout_s", 1e-3, 600, false, 5);
   }
+  if (j.contains("speculation")) {
+    if (const json* s = rd.object(j, "", "speculation")) {
+      p.speculation.accept = rd.number(*s, "speculation", "accept", 0, 1);
+      p.speculation.draft_factor = rd.number(*s, "speculation", "draft_factor", 0, 10);
+      p.speculation.known = true;
+    }
+  }
+  p.ep_pass_s = rd.number(j, "", "ep_pass_s", 0, 10, false, 0);
   p.step_noise = rd.number(j, "", "step_noise", 0, 0.5, false, 0);
   p.host_cores = rd.integer(j, "", "host_cores", 0, 4096, false, 0);
   if (p.host_cores > 0 && (p.prefill.cores > 0 || p.decode.cores > 0))

@@ -43,6 +43,18 @@ struct storage_model {
   double timeout_s = 5;           // the engine's remote_timeout_s
 };
 
+// Speculative decoding (DSpark: MTP drafts verified by the target model) as the simulator
+// times it. A step of a pool whose ranks draft k tokens verifies each decode's pending token
+// and its k drafts (an item of n = 1 + k in the pool's step model), then drafts the next k
+// through the MTP module: k passes, each `draft_factor` × the main pass over the same decodes
+// (items of n = 1). Each draft is accepted with probability `accept` given the ones before it
+// were (a seeded draw), so a step emits 1 + the leading accepted drafts.
+struct speculation_model {
+  double accept = 0;
+  double draft_factor = 0;
+  bool known = false;  // the profile has a "speculation" section
+};
+
 struct profile {
   std::string name;
   std::vector<std::string> sources;
@@ -53,6 +65,12 @@ struct profile {
   double handoff_gbps = 0;        // per rank, Gbit/s
   double handoff_latency_s = 0;
   storage_model storage;
+  speculation_model speculation;
+  // Seconds each pass of an expert-parallel group (EP > 1) waits on its dispatch and combine
+  // exchanges beyond its compute, on no core: a step takes one per pass (the main pass, and
+  // each draft pass when a rank drafts). 0: exchanges cost nothing (the GPU profile's
+  // overlapped all-to-all).
+  double ep_pass_s = 0;
   double step_noise = 0;          // relative sigma of each step's time (seeded)
   int64_t host_cores = 0;         // > 0: all ranks share this many cores (a loopback cluster on one host)
   double ttft_slo_s = 0, tpot_slo_s = 0;

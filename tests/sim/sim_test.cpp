@@ -177,7 +177,7 @@ TEST_CASE("sim: cores shared by a pool's ranks slow the steps computed at once, 
   CHECK(pinned->host_cores == 0);
 }
 
-TEST_CASE("sim: ranks on shared cores progress as a processor-sharing server") {
+TEST_CASE("sim: ranks on shared cores progress as a processor-sharing server of engine processes") {
   // Two prefill ranks on one core, each step 0.01 s per token: a 100-token prompt is 1 s alone.
   auto p = parse_profile(R"({"name":"ps","model":"small",
       "prefill":{"step":{"a":0,"b":0.01,"c":0,"d":0},"kv_blocks":100,"cores":1},
@@ -199,6 +199,23 @@ TEST_CASE("sim: ranks on shared cores progress as a processor-sharing server") {
   CHECK(r->requests[1].first_token_s == doctest::Approx(2.0));
   // Busy time is wall time: the one step begun in [warmup 0, last arrival 0.5) lasted 1.5 s.
   CHECK(r->prefill.busy_s == doctest::Approx(1.5));
+
+  // Two cores: ranks in processes of their own each go at full speed; the two ranks of one
+  // process share its thread pool, so each goes at half speed while both compute.
+  c.prof.prefill.cores = 2;
+  auto apart = run_cluster(c, work, *policy_named("round_robin"));
+  REQUIRE_MESSAGE(apart, apart.error());
+  CHECK(apart->requests[0].first_token_s == doctest::Approx(1.0));
+  CHECK(apart->requests[1].first_token_s == doctest::Approx(1.5));
+  c.prefill_processes = {2};
+  auto together = run_cluster(c, work, *policy_named("round_robin"));
+  REQUIRE_MESSAGE(together, together.error());
+  CHECK(together->requests[0].first_token_s == doctest::Approx(1.5));
+  CHECK(together->requests[1].first_token_s == doctest::Approx(2.0));
+  c.prefill_processes = {1, 2};
+  auto wrong = run_cluster(c, work, *policy_named("round_robin"));
+  REQUIRE_FALSE(wrong);
+  CHECK(wrong.error().find("prefill processes") != std::string::npos);
 }
 
 TEST_CASE("sim: ServeGen's client model gives a seeded, rate-true workload") {
@@ -219,4 +236,73 @@ TEST_CASE("sim: ServeGen's client model gives a seeded, rate-true workload") {
   CHECK(a->size() < 16 * 600 * 3);
   for (const auto& r : *a) CHECK(r.input_len >= 1);
   CHECK_FALSE(servegen_workload("/nonexistent", o, 1));
+}
+
+TEST_CASE("sim: a colocated cluster decodes where it prefilled, and speculating ranks emit their accepted drafts") {
+  const std::string text = R"({"name":"co","model":"small",
+      "prefill":{"step":{"a":0.01,"b":0.001,"c":0,"d":0},"kv_blocks":1000},
+      "decode":{"step":{"a":0.01,"b":0.001,"c":0,"d":0},"kv_blocks":1000},"kv_bytes_per_token":1,"handoff_gbps":1,
+      "storage":{"capacity_blocks":0,"read_latency_s":0,"read_gbps":1},"slo":{"ttft_s":1,"tpot_s":1},
+      "speculation":{"accept":1,"draft_factor":0.5}})";
+  auto p = parse_profile(text, "co.json");
+  REQUIRE_MESSAGE(p, p.error());
+  CHECK(p->speculation.known);
+  std::vector<sim_request> work;
+  for (int64_t i = 0; i < 4; ++i) work.push_back({i, 0.001 * static_cast<double>(i), 100, 31, {}, 512});
+  auto run = [&](int64_t drafts, double accept, double ep_pass = 0) {
+    sim_config c;
+    c.prof = *p;
+    c.prof.speculation.accept = accept;
+    c.prof.ep_pass_s = ep_pass;
+    c.prefill_ranks = 2, c.prefill_ep = 2, c.decode_ranks = 0, c.decode_ep = 1;
+    c.prefill_drafts = drafts;
+    auto r = run_cluster(c, work, *policy_named("round_robin"));
+    REQUIRE_MESSAGE(r, r.error());
+    return *r;
+  };
+  // The mean time per output token after the first.
+  auto tpot = [](const sim_result& r) {
+    double s = 0;
+    for (const auto& q : r.requests) s += (q.finish_s - q.first_token_s) / static_cast<double>(q.output - 1);
+    return s / static_cast<double>(r.requests.size());
+  };
+  const sim_result plain = run(0, 1), sure = run(2, 1), never = run(2, 0);
+  for (const sim_result* r : {&plain, &sure, &never}) {
+    CHECK(r->handoffs == 0);
+    CHECK(r->kept == 0);
+    for (const auto& q : r->requests) {
+      CHECK(q.output == 31);  // every token, each once (a repeated or skipped one fails the client's check)
+      CHECK(q.decode_rank == -1);
+      CHECK(q.error.empty());
+    }
+  }
+  // Every draft accepted: 3 tokens a step, so about a third of the decode steps, each dearer
+  // (3 verified tokens and 2 draft passes at half a step's cost) but cheaper per token.
+  CHECK(sure.prefill.all_steps * 2 < plain.prefill.all_steps);
+  CHECK(tpot(sure) < tpot(plain));
+  // None accepted: a token a step, as without drafts, each step paying for the verify and the drafts.
+  CHECK(never.prefill.all_steps == plain.prefill.all_steps);
+  CHECK(tpot(never) > 1.5 * tpot(plain));
+  // Exchanges: the first prefill step (request 0 alone) waits one pass's latency more; a
+  // drafting decode step waits three (the main pass and two draft passes).
+  const sim_result waits = run(0, 1, 0.05), waits_drafting = run(2, 0, 0.05);
+  CHECK(waits.requests[0].first_token_s == doctest::Approx(plain.requests[0].first_token_s + 0.05));
+  CHECK(tpot(waits) == doctest::Approx(tpot(plain) + 0.05).epsilon(0.02));
+  CHECK(tpot(waits_drafting) == doctest::Approx(tpot(never) + 0.15).epsilon(0.02));
+  sim_config no_spec;
+  no_spec.prof = gpu_profile();
+  no_spec.prefill_ranks = 8, no_spec.prefill_ep = 4, no_spec.decode_ranks = 8, no_spec.decode_ep = 8;
+  no_spec.decode_drafts = 2;
+  auto refused = run_cluster(no_spec, work, *policy_named("shoal"));
+  REQUIRE_FALSE(refused);
+  CHECK(refused.error().find("\"speculation\"") != std::string::npos);
+  auto shipped = load_profile(std::string(SHOAL_SOURCE_DIR) + "/config/sim/cpu-deepseek.json");
+  REQUIRE_MESSAGE(shipped, shipped.error());
+  CHECK(shipped->speculation.known);
+  CHECK(shipped->ep_pass_s > 0);
+  std::string wrong = text;
+  wrong.replace(wrong.find("\"accept\":1"), 10, "\"accept\":2");
+  auto bad = parse_profile(wrong, "s.json");
+  REQUIRE_FALSE(bad);
+  CHECK(bad.error().find("speculation.accept") != std::string::npos);
 }

@@ -6,7 +6,10 @@
 // token ids from the trace's prefix-block hashes, max_tokens = the trace's output length,
 // ignore_eos), sent on schedule as streaming completions, one client thread each. With
 // --profile the simulator replays the same requests on the same shape (prefill and decode
-// ranks of the config, in its expert-parallel groups of engine.ep_group_size) with that profile, and prints its figures beside the cluster's.
+// ranks of the config, in its expert-parallel groups of engine.ep_group_size and its engine
+// processes, with its token budgets, max_running and DSpark depths; a config without decode
+// nodes is colocated)
+// with that profile, and prints its figures beside the cluster's.
 // --cost-model also becomes the cluster's gateway.balancer_cost_model, so the real balancers
 // predict with the same model as the simulated ones.
 #include <CLI/CLI.hpp>
@@ -18,6 +21,7 @@
 #include <mutex>
 #include <sstream>
 #include <thread>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
@@ -48,7 +52,7 @@ struct cluster_args {
 };
 
 // A copy of the node configs beside the original (relative paths keep resolving) whose
-// gateway section names the policies.
+// gateway section names the policies, and whose storage tier (if any) starts empty in the copy.
 std::expected<fs::path, std::string> policy_config(const fs::path& dir, const sim::policy_pair& p,
                                                    const std::string& cost_model) {
   fs::path out = dir.parent_path() / (".bench-cluster-" + dir.filename().string());
@@ -69,6 +73,13 @@ std::expected<fs::path, std::string> policy_config(const fs::path& dir, const si
       text.insert(at + 11, keys);
       gateway = true;
     }
+    // A storage tier of its own, empty: blocks an earlier run (or policy) wrote are no hits here.
+    if (auto at = text.find("\n[storage]\n"); at != std::string::npos) {
+      const size_t end = text.find("\n[", at + 1);
+      const size_t k = text.find("\ndir = ", at);
+      if (k != std::string::npos && k < end)
+        text.replace(k, text.find('\n', k + 1) - k, fmt::format("\ndir = \"{}\"", fs::absolute(out / "chunks").string()));
+    }
     std::ofstream(out / e.path().filename()) << text;
   }
   if (!gateway) return std::unexpected(dir.string() + ": no node config with a [gateway] section");
@@ -80,6 +91,10 @@ struct shape {
   uint16_t http_port = 0;
   int64_t prefill = 0, decode = 0;
   int64_t prefill_ep = 1, decode_ep = 1;  // expert-parallel group sizes (engine.ep_group_size)
+  int64_t prefill_drafts = 0, decode_drafts = 0;  // DSpark drafts per step (engine.spec_nextn when speculating)
+  // The engines' scheduler limits per pool (engine.token_budget, engine.max_running), for the simulator.
+  int64_t prefill_budget = 0, prefill_running = 0, decode_budget = 0, decode_running = 0;
+  std::vector<int64_t> prefill_processes, decode_processes;  // ranks of each engine node, per pool
   std::string model_id;
   std::vector<std::pair<bool, runtime::host_port>> metrics;  // (decode pool?, node.metrics_listen) of engine nodes
 };
@@ -90,10 +105,13 @@ struct shape {
 // the same mean step time and tokens per step.
 struct pool_steps {
   double steps = 0, seconds = 0, tokens = 0;
+  double verified = 0, accepted = 0;  // DSpark drafts
   bool known = false;
   std::string line() const {
     if (!known || steps <= 0) return "n/a";
-    return fmt::format("{:.0f} steps, {:.3f} s/step, {:.1f} tokens/step", steps, seconds / steps, tokens / steps);
+    std::string l = fmt::format("{:.0f} steps, {:.3f} s/step, {:.1f} tokens/step", steps, seconds / steps, tokens / steps);
+    if (verified > 0) l += fmt::format(", drafts accepted {:.0f} of {:.0f} ({:.2f})", accepted, verified, accepted / verified);
+    return l;
   }
 };
 
@@ -113,6 +131,8 @@ std::pair<pool_steps, pool_steps> scrape_steps(const shape& sh) {
     p.steps += counter_sum(resp->body, "shoal_engine_steps_total");
     p.seconds += counter_sum(resp->body, "shoal_engine_step_seconds_total");
     p.tokens += counter_sum(resp->body, decode ? "shoal_engine_decode_tokens_total" : "shoal_engine_prefill_tokens_total");
+    p.verified += counter_sum(resp->body, "shoal_engine_spec_verified_total");
+    p.accepted += counter_sum(resp->body, "shoal_engine_spec_accepted_total");
     p.known = true;
   }
   pre.known = pre.known && ok_pre, dec.known = dec.known && ok_dec;
@@ -121,9 +141,12 @@ std::pair<pool_steps, pool_steps> scrape_steps(const shape& sh) {
 
 std::expected<shape, std::string> cluster_shape(const fs::path& dir) {
   shape s;
-  for (const auto& e : fs::directory_iterator(dir)) {
-    if (e.path().extension() != ".toml") continue;
-    auto c = runtime::load_node_config(e.path());
+  std::vector<fs::path> files;  // in name order: the engine processes' order in the simulator
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().extension() == ".toml") files.push_back(e.path());
+  std::ranges::sort(files);
+  for (const fs::path& file : files) {
+    auto c = runtime::load_node_config(file);
     if (!c) return std::unexpected(runtime::to_string(c.error()));
     if (c->http_listen) {
       s.http_host = c->http_listen->host, s.http_port = c->http_listen->port;
@@ -132,12 +155,27 @@ std::expected<shape, std::string> cluster_shape(const fs::path& dir) {
     if (c->has_role(runtime::role::engine)) {
       const bool decode = c->disagg_role == runtime::engine_role::decode;
       (decode ? s.decode : s.prefill) += c->ranks;
+      (decode ? s.decode_processes : s.prefill_processes).push_back(c->ranks);
       if (c->expert_parallel) (decode ? s.decode_ep : s.prefill_ep) = std::max<int64_t>(c->ep_group_size, c->ranks);
+      if (c->speculative != "off") (decode ? s.decode_drafts : s.prefill_drafts) = c->spec_nextn;
+      (decode ? s.decode_budget : s.prefill_budget) = c->token_budget;
+      (decode ? s.decode_running : s.prefill_running) = c->max_running;
       if (c->metrics_listen) s.metrics.emplace_back(decode, *c->metrics_listen);
     }
   }
   if (s.http_port == 0) return std::unexpected(dir.string() + ": no gateway with a fixed gateway.listen port");
   return s;
+}
+
+// The simulator's cluster as the config's: ranks, EP groups, engine processes, DSpark depths
+// and scheduler limits (into the profile's pools).
+void into_sim(const shape& sh, sim::sim_config& c) {
+  c.prefill_ranks = sh.prefill, c.prefill_ep = sh.prefill_ep, c.decode_ranks = sh.decode, c.decode_ep = sh.decode_ep;
+  c.prefill_drafts = sh.prefill_drafts, c.decode_drafts = sh.decode_drafts;
+  c.prefill_processes = sh.prefill_processes, c.decode_processes = sh.decode_processes;
+  for (auto [pool, budget, running] : {std::tuple{&c.prof.prefill, sh.prefill_budget, sh.prefill_running},
+                                       std::tuple{&c.prof.decode, sh.decode_budget, sh.decode_running}})
+    if (budget > 0) pool->token_budget = budget, pool->max_running = running;
 }
 
 std::vector<sim::request_record> replay(const shape& sh, const std::vector<sim::sim_request>& work, int64_t vocab,
@@ -182,6 +220,23 @@ std::vector<sim::request_record> replay(const shape& sh, const std::vector<sim::
     });
   for (auto& c : clients) c.join();
   return recs;
+}
+
+// The simulator's figures against the real cluster's, and each pool's steps.
+void print_prediction(const sim::serving_metrics& r, const sim::serving_metrics& m,
+                      const std::pair<pool_steps, pool_steps>& real, const std::pair<pool_steps, pool_steps>& simulated) {
+  auto ratio = [](double sim, double real) { return real > 0 ? sim / real : 0.0; };
+  fmt::print("{}: simulated / real TTFT p50 {:.2f} p99 {:.2f}, TPOT p50 {:.2f} p99 {:.2f}, completed {:.2f}\n", r.policy,
+             ratio(m.ttft_p50, r.ttft_p50), ratio(m.ttft_p99, r.ttft_p99), ratio(m.tpot_p50, r.tpot_p50),
+             ratio(m.tpot_p99, r.tpot_p99), ratio(static_cast<double>(m.finished), static_cast<double>(r.finished)));
+  fmt::print("  prefill pool: real {}; simulated {}\n", real.first.line(), simulated.first.line());
+  fmt::print("  decode pool:  real {}; simulated {}\n", real.second.line(), simulated.second.line());
+}
+
+json steps_json(const pool_steps& p) {
+  return p.known ? json{{"steps", p.steps}, {"seconds", p.seconds}, {"tokens", p.tokens}, {"spec_verified", p.verified},
+                        {"spec_accepted", p.accepted}}
+                 : json(nullptr);
 }
 
 int run_cluster_bench(const cluster_args& a) {
@@ -246,9 +301,6 @@ int run_cluster_bench(const cluster_args& a) {
     json rec = json::parse(sim::to_jsonl(m, "cluster", ""));
     rec["failed"] = failed, rec["trace"] = a.trace, rec["speed"] = a.speed, rec["length_scale"] = a.length_scale;
     rec["machine"] = machine_facts();
-    auto steps_json = [](const pool_steps& p) {
-      return p.known ? json{{"steps", p.steps}, {"seconds", p.seconds}, {"tokens", p.tokens}} : json(nullptr);
-    };
     rec["prefill_steps"] = steps_json(real_steps.back().first), rec["decode_steps"] = steps_json(real_steps.back().second);
     append_jsonl(a.out, rec);
     real.push_back(m);
@@ -257,18 +309,20 @@ int run_cluster_bench(const cluster_args& a) {
     if (prof) {
       sim::sim_config c;
       c.prof = *prof;
-      c.prefill_ranks = sh->prefill, c.prefill_ep = sh->prefill_ep, c.decode_ranks = sh->decode;
-      c.decode_ep = sh->decode_ep, c.seed = a.seed;
+      c.seed = a.seed;
+      into_sim(*sh, c);
       auto r = sim::run_cluster(c, *work, p);
       if (!r) {
         fmt::print(stderr, "shoal bench cluster: {}\n", r.error());
         return 2;
       }
       simulated.push_back(sim::summarize(*r, c));
-      auto pool = [](const sim::pool_summary& p) {
-        return pool_steps{static_cast<double>(p.all_steps), p.all_busy_s, p.tokens, true};
+      auto pool = [&](const sim::pool_summary& p, bool drafts) {
+        const double v = drafts ? static_cast<double>(r->spec_verified) : 0, acc = drafts ? static_cast<double>(r->spec_accepted) : 0;
+        return pool_steps{static_cast<double>(p.all_steps), p.all_busy_s, p.tokens, v, acc, true};
       };
-      sim_steps.emplace_back(pool(r->prefill), pool(r->decode));
+      // The drafts are the decode pool's, or the colocated ranks'.
+      sim_steps.emplace_back(pool(r->prefill, sh->decode == 0), pool(r->decode, sh->decode > 0));
       json s = json::parse(sim::to_jsonl(simulated.back(), "sim", ""));
       s["prefill_steps"] = steps_json(sim_steps.back().first), s["decode_steps"] = steps_json(sim_steps.back().second);
       s["trace"] = a.trace, s["speed"] = a.speed, s["length_scale"] = a.length_scale, s["profile"] = prof->name;
@@ -279,18 +333,19 @@ int run_cluster_bench(const cluster_args& a) {
   fmt::print("real cluster:\n{}", sim::format_table(real));
   if (prof) {
     fmt::print("simulator ({}):\n{}", prof->name, sim::format_table(simulated));
-    for (size_t i = 0; i < real.size(); ++i) {
-      fmt::print("{}: simulated / real TTFT p50 {:.2f}, TPOT p50 {:.2f}\n", real[i].policy,
-                 real[i].ttft_p50 > 0 ? simulated[i].ttft_p50 / real[i].ttft_p50 : 0.0,
-                 real[i].tpot_p50 > 0 ? simulated[i].tpot_p50 / real[i].tpot_p50 : 0.0);
-      fmt::print("  prefill pool: real {}; simulated {}\n", real_steps[i].first.line(), sim_steps[i].first.line());
-      fmt::print("  decode pool:  real {}; simulated {}\n", real_steps[i].second.line(), sim_steps[i].second.line());
-    }
+    for (size_t i = 0; i < real.size(); ++i) print_prediction(real[i], simulated[i], real_steps[i], sim_steps[i]);
   }
   return 0;
 }
 
 }  // namespace
+
+std::expected<void, std::string> sim_shape_from_config(const std::string& dir, sim::sim_config& c) {
+  auto sh = cluster_shape(dir);
+  if (!sh) return std::unexpected(sh.error());
+  into_sim(*sh, c);
+  return {};
+}
 
 void add_cluster_bench(CLI::App& bench) {
   auto a = std::make_shared<cluster_args>();

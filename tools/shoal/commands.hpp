@@ -2,6 +2,7 @@
 // the app with a callback; the callback records the process exit code.
 #pragma once
 
+#include <expected>
 #include <filesystem>
 #include <string>
 
@@ -14,6 +15,10 @@ class Option;
 
 namespace shoal::model {
 enum class kv_dtype : uint8_t;
+}
+
+namespace shoal::sim {
+struct sim_config;
 }
 
 namespace shoal::tools {
@@ -39,6 +44,10 @@ void add_spec_bench(CLI::App& bench);       // bench spec
 void add_cluster_commands(CLI::App& app);   // up, down
 void add_sim_command(CLI::App& app);        // sim
 void add_cluster_bench(CLI::App& bench);    // bench cluster
+// The shape of the cluster a node-config directory describes, as `shoal bench cluster`
+// simulates it (bench_cluster.cpp): ranks, EP groups, engine processes, DSpark depths and the
+// engines' scheduler limits into `c` (its profile's pools). Errors name the file.
+std::expected<void, std::string> sim_shape_from_config(const std::string& dir, sim::sim_config& c);
 // `shoal up` / `shoal down` (cluster_commands.cpp): exit codes.
 int cluster_up(const std::filesystem::path& config, const std::filesystem::path& state_dir, int timeout_s);
 int cluster_down(const std::filesystem::path& state_dir, int timeout_s);

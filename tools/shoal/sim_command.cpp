@@ -24,11 +24,22 @@ struct sim_args {
   std::vector<std::string> policies;
   uint64_t seed = 1;
   int64_t requests = 0, prefill_ranks = 64, prefill_ep = 8, decode_ranks = 64, decode_ep = 64, max_input = 0;
+  int64_t prefill_drafts = 0, decode_drafts = 0;
+  std::string config;  // a node-config directory whose shape replaces the rank options
   double speed = 1, length_scale = 1, duration = 0, start = 0, round_s = 10, timeline = 0, warmup = 0;
   std::vector<int64_t> tiers;
 };
 
-int run_sim(const sim_args& a) {
+// --config: the node configs' shape into `c`, and into the rank options the report prints.
+std::expected<void, std::string> shape_from_config(sim_args& a, sim::sim_config& c) {
+  if (a.config.empty()) return {};
+  if (auto ok = sim_shape_from_config(a.config, c); !ok) return ok;
+  a.prefill_ranks = c.prefill_ranks, a.prefill_ep = c.prefill_ep, a.decode_ranks = c.decode_ranks, a.decode_ep = c.decode_ep;
+  a.prefill_drafts = c.prefill_drafts, a.decode_drafts = c.decode_drafts;
+  return {};
+}
+
+int run_sim(sim_args a) {  // a copy: --config fills in the rank options
   auto prof = sim::load_profile(a.profile);
   if (!prof) {
     fmt::print(stderr, "shoal sim: {}\n", prof.error());
@@ -50,6 +61,11 @@ int run_sim(const sim_args& a) {
   c.prof = *prof;
   c.prefill_ranks = a.prefill_ranks, c.prefill_ep = a.prefill_ep;
   c.decode_ranks = a.decode_ranks, c.decode_ep = a.decode_ep;
+  c.prefill_drafts = a.prefill_drafts, c.decode_drafts = a.decode_drafts;
+  if (auto ok = shape_from_config(a, c); !ok) {
+    fmt::print(stderr, "shoal sim: {}\n", ok.error());
+    return 2;
+  }
   c.seed = a.seed;
   c.prefill_balancer.round_s = a.round_s;
   if (!a.tiers.empty()) c.prefill_balancer.tier_bounds = a.tiers;
@@ -75,7 +91,8 @@ int run_sim(const sim_args& a) {
   nlohmann::json extra = {{"trace", source}, {"profile", prof->name}, {"seed", a.seed}, {"speed", a.speed},
                           {"length_scale", a.length_scale}, {"requests_in", work->size()},
                           {"prefill_ranks", a.prefill_ranks}, {"prefill_ep", a.prefill_ep},
-                          {"decode_ranks", a.decode_ranks}, {"decode_ep", a.decode_ep}, {"machine", machine_facts()}};
+                          {"decode_ranks", a.decode_ranks}, {"decode_ep", a.decode_ep},
+                          {"prefill_drafts", a.prefill_drafts}, {"decode_drafts", a.decode_drafts}, {"machine", machine_facts()}};
   for (const auto& p : pols) {
     auto r = sim::run_cluster(c, *work, p);
     if (!r) {
@@ -200,8 +217,17 @@ void add_sim_command(CLI::App& app) {
   s->add_option("--policies", a->policies, "shoal, untiered, round_robin, least_requests, cache_aware, dynamo or PREFILL+DECODE (default: all six)")->delimiter(',');
   s->add_option("--prefill-ranks", a->prefill_ranks)->capture_default_str();
   s->add_option("--prefill-ep", a->prefill_ep)->capture_default_str();
-  s->add_option("--decode-ranks", a->decode_ranks)->capture_default_str();
+  s->add_option("--decode-ranks", a->decode_ranks, "0: colocated (the prefill ranks decode what they prefilled)")
+      ->capture_default_str();
   s->add_option("--decode-ep", a->decode_ep)->capture_default_str();
+  s->add_option("--config", a->config,
+                "the cluster of a node-config directory (as shoal bench cluster simulates it: its ranks, EP groups, engine "
+                "processes, DSpark depths, token budgets and max_running) instead of the rank options")
+      ->check(CLI::ExistingDirectory);
+  s->add_option("--prefill-drafts", a->prefill_drafts, "DSpark drafts per decode step on the prefill ranks (colocated)")
+      ->check(CLI::Range(0, 16));
+  s->add_option("--decode-drafts", a->decode_drafts, "DSpark drafts per decode step on the decode ranks (the profile's \"speculation\" times them)")
+      ->check(CLI::Range(0, 16));
   s->add_option("--speed", a->speed, "arrival rate × this")->capture_default_str();
   s->add_option("--length-scale", a->length_scale, "input and output lengths × this")->capture_default_str();
   s->add_option("--max-input", a->max_input, "cut longer prompts to this many tokens");
