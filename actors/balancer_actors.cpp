@@ -132,9 +132,41 @@ balancer_report prefill_routing::report(double now_s) const {
 
 // -- decode -------------------------------------------------------------------------------
 
-decode_routing::decode_routing(const std::string& policy, const runtime::cost_model& step)
-    : placement_(runtime::make_decode_placement(policy, step.b() + step.d(), step.c())), policy_(policy) {
+decode_routing::decode_routing(const std::string& policy, const runtime::cost_model& step, bool explicit_step)
+    : placement_(runtime::make_decode_placement(policy, step.b() + step.d(), step.c())), policy_(policy),
+      explicit_step_(explicit_step) {
   if (!placement_) placement_ = runtime::make_decode_placement(policy_ = "decode_balancer");
+  if (explicit_step_) weights_ = "gateway.balancer_cost_model";
+  if (policy_ != "decode_balancer") weights_ = "none (" + policy_ + " weighs nothing)";
+}
+
+void decode_routing::observe_cost(const caf::actor& engine, const runtime::cost_stats& decode_cost) {
+  auto id = ids_.find(engine);
+  if (explicit_step_ || !id || decode_cost.coef.size() != 4) return;
+  auto& have = own_[*id];
+  if (have == decode_cost.coef) return;
+  have = decode_cost.coef;
+  reweigh();
+}
+
+// Once every decode engine has its own decode model: a request weighs their mean b + d (a
+// decode item, n = 1), a KV token their mean c; weights that are not both positive leave each
+// dimension relative to its mean, as before any model.
+void decode_routing::reweigh() {
+  if (policy_ != "decode_balancer") return;  // the others weigh nothing
+  size_t own = 0;
+  double per_request = 0, per_kv = 0;
+  for (const engine_ref& e : engines_)
+    if (auto m = own_.find(e.id); m != own_.end()) ++own, per_request += m->second[1] + m->second[3], per_kv += m->second[2];
+  if (own == 0 || own < engines_.size()) return;
+  per_request /= static_cast<double>(own), per_kv /= static_cast<double>(own);
+  if (!(per_request > 0 && per_kv > 0)) {
+    weights_ = fmt::format("none: the engines' decode fits ({} of {}) give no positive weights", own, engines_.size());
+    return;
+  }
+  placement_ = runtime::make_decode_placement(policy_, per_request, per_kv);
+  weights_ = fmt::format("the engines' decode fits ({} of {}): {:.3g} ms per request, {:.3g} us per KV token", own,
+                         engines_.size(), per_request * 1e3, per_kv * 1e6);
 }
 
 void decode_routing::update(const membership& m) {
@@ -216,6 +248,7 @@ balancer_report decode_routing::report() const {
   balancer_report out;
   out.kind = "decode";
   out.policy = policy_;
+  out.cost = weights_;
   for (const auto& e : engines_) {
     auto r = in_flight_.find(e.id);
     auto k = kv_tokens_.find(e.id);
@@ -306,6 +339,7 @@ void poll_decoders(decode_pointer self) {
               // Fault point balancer_message: the report is lost; the last view of the engine stands.
               if (runtime::inject(runtime::fault_point::balancer_message)) return;
               self->state.routing->observe(a, s.engine.blocks_free, s.engine.kv_tokens);
+              self->state.routing->observe_cost(a, s.engine.decode_cost);
             },
             [](const caf::error&) {});  // gone: the next membership drops it
   }
@@ -313,8 +347,8 @@ void poll_decoders(decode_pointer self) {
 }
 
 decode_impl::behavior_type decode_behavior(decode_pointer self, balancer_options options) {
-  self->state.routing = std::make_unique<decode_routing>(options.decode_policy,
-                                                         options.cost_fitted ? options.cost : runtime::cost_model{});
+  self->state.routing = std::make_unique<decode_routing>(
+    options.decode_policy, options.cost_fitted ? options.cost : runtime::cost_model{}, options.cost_fitted);
   return {
     [self](route_atom, decode_atom, request_id id, int64_t blocks, int64_t context, int64_t max_new,
            const std::vector<caf::actor>& refused) -> caf::result<caf::actor> {

@@ -77,13 +77,17 @@ class decode_routing {
   // A runtime::make_decode_placement name; `step`: the cost model whose decode items (n = 1
   // on p cached tokens: b + d per request, c per KV token) weigh the decode balancer's two
   // dimensions (all zero: normalised by their means).
-  explicit decode_routing(const std::string& policy, const runtime::cost_model& step = {});
+  // `explicit_step`: `step` is gateway.balancer_cost_model, which keeps the weights; else the
+  // engines' own decode fits weigh them once every decode engine reported one.
+  explicit decode_routing(const std::string& policy, const runtime::cost_model& step = {}, bool explicit_step = false);
   void update(const membership& m);
   std::optional<caf::actor> route(request_id id, const runtime::decode_ask& ask, const std::vector<caf::actor>& refused);
   void done(request_id id);
   // An engine's free blocks and KV tokens as it reported them (until then it is assumed to
   // have room and an empty cache).
   void observe(const caf::actor& engine, int64_t blocks_free, int64_t kv_tokens);
+  // An engine's fitted decode steps (runtime::engine_stats::decode_cost; coef empty: none yet).
+  void observe_cost(const caf::actor& engine, const runtime::cost_stats& decode_cost);
   // Samples the balance ratio now (after a round of polls).
   void sample();
   balancer_report report() const;
@@ -91,8 +95,12 @@ class decode_routing {
 
  private:
   double balance_now() const;
+  void reweigh();
   std::unique_ptr<runtime::decode_placement> placement_;
   std::string policy_;
+  bool explicit_step_ = false;
+  std::map<engine_id, std::vector<double>> own_;  // decode engines' fitted decode models (a, b, c, d)
+  std::string weights_ = "none (each dimension relative to its mean)";
   engine_ids ids_;
   std::vector<engine_ref> engines_;  // in membership order
   std::map<engine_id, int64_t> in_flight_, blocks_free_, kv_tokens_;

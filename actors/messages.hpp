@@ -193,7 +193,7 @@ typename Inspector::result_type inspect(Inspector& f, engine_stats& x) {
            x.failed_steps, x.forward_s, x.idle_s, x.plan_s, x.plan_exposed_s, x.running, x.waiting, x.waiting_for_remote, x.cache, x.swa,
            x.blocks_free, x.blocks_total, x.kv_tokens, x.handoffs_offered, x.handoffs_lent, x.handoffs_kept,
            x.handoffs_refused_format, x.images_encoded, x.image_patches_encoded, x.image_rows_read, x.image_row_read_failures, x.image_cache,
-           x.spec, x.cost);
+           x.spec, x.cost, x.decode_cost);
 }
 
 
@@ -544,7 +544,7 @@ struct balancer_report {
   std::vector<int64_t> tier_placements;  // prefill: requests placed per tier
   double balance_now = 1;              // decode: mean / max of (requests, KV) load now
   double balance_window = 1;           // decode: mean of the polls over the last minute
-  std::string cost;                    // prefill: which step-cost models weigh the engines
+  std::string cost;                    // which step-cost models weigh the engines (decode: its two dimensions)
   friend bool operator==(const balancer_report&, const balancer_report&) = default;
 };
 

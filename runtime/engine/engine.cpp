@@ -70,6 +70,7 @@ engine::engine(std::shared_ptr<const model::model_weights> weights, const engine
     fitter_ = cost_fitter(config_.cost_fit.min_samples);
     stats_.cost.detail = "collecting 0/" + std::to_string(config_.cost_fit.min_samples) + " steps";
   }
+  if (config_.cost_fit.decode) decode_fitter_ = cost_fitter(decode_fit_samples());
   if (config_.ep) {
     ep_ = std::make_unique<ep_moe_exchange>(weights_, backend_, config_.ep->layout, config_.ep->transport,
                                             config_.batch_invariant, config_.ep->limits);
@@ -380,7 +381,7 @@ bool engine::emit(request& r, int32_t token, std::span<const float> logits, std:
 std::vector<token_event> engine::complete() {
   std::vector<token_event> events;
   in_flight_step& f = *flight_;
-  if (config_.cost_fit.enabled && !cost_fitted_) learn_cost(f);
+  if ((config_.cost_fit.enabled && !cost_fitted_) || (config_.cost_fit.decode && !decode_fitted_)) learn_cost(f);
   const int64_t V = weights_->config.vocab_size, d = weights_->config.hidden_size;
   size_t row = 0;
   std::vector<request*> drafting;
@@ -512,7 +513,9 @@ void engine::learn_cost(const in_flight_step& f) {
     np += it.n_tokens * it.base;
     chunk = chunk || it.n_tokens - it.drafts > 1;
   }
-  if (!chunk || n == 0) return;
+  if (n == 0) return;
+  if (!chunk) return learn_decode_cost(n, np / n, f.forward_s);
+  if (!config_.cost_fit.enabled || cost_fitted_) return;
   fitter_.add(n, np / n, f.forward_s);
   stats_.cost.samples = fitter_.samples();
   stats_.cost.detail = "collecting " + std::to_string(fitter_.samples()) + "/" +
@@ -524,6 +527,23 @@ void engine::learn_cost(const in_flight_step& f) {
   sched_.set_cost(*m, config_.cost_fit.step_budget_s);
   stats_.cost = cost_stats_of("fitted", "from " + std::to_string(m->quality().samples) + " steps of this engine", *m);
   if (config_.cost_fit.fitted) config_.cost_fit.fitted(*m);
+}
+
+// cost_fit.decode: a step of decodes only (drafts verified included) is a sample of the decode
+// model; fitted once, for the decode balancer (it sizes nothing here). Decode steps are short
+// and many, and their times vary more (an expert-parallel step waits on its exchanges), so the
+// fit takes 4 × cost_fit.min_samples of them.
+void engine::learn_decode_cost(int64_t n, int64_t p, double seconds) {
+  if (!config_.cost_fit.decode || decode_fitted_) return;
+  decode_fitter_.add(n, p, seconds);
+  stats_.decode_cost.samples = decode_fitter_.samples();
+  stats_.decode_cost.detail = "collecting " + std::to_string(decode_fitter_.samples()) + "/" +
+                              std::to_string(decode_fit_samples()) + " decode steps";
+  if (decode_fitter_.samples() < decode_fit_samples() || decode_fitter_.samples() % 4 != 0) return;
+  std::optional<cost_model> m = decode_fitter_.fit();
+  if (!m) return;
+  decode_fitted_ = true;
+  stats_.decode_cost = cost_stats_of("fitted", "from " + std::to_string(m->quality().samples) + " decode steps of this engine", *m);
 }
 
 uint64_t engine::steps_started() const { return ep_ ? ep_->steps_started() : stats_.steps; }

@@ -98,6 +98,9 @@ struct engine_config {
     int64_t min_samples = 16;
     double step_budget_s = 0.05;
     std::function<void(const cost_model&)> fitted;
+    // Also fit decode steps (stats().decode_cost, the decode balancer's weights) from
+    // 4 × min_samples decode-only steps, whatever sizes the prefill chunks.
+    bool decode = false;
   };
   cost_fit_config cost_fit;
 };
@@ -240,6 +243,8 @@ class engine {
     bool verifies = false; // spec_mode::automatic: this step verified drafts (and will draft)
   };
   void learn_cost(const in_flight_step& f);  // cost_fit: one step's sample
+  void learn_decode_cost(int64_t n, int64_t p, double seconds);
+  int64_t decode_fit_samples() const { return 4 * config_.cost_fit.min_samples; }
   embedding_cache::rows image_rows(const prompt_image& im);
   // Encoder rows being read from a vision-encoder worker, by image hash; `settled` once the
   // rows went to the embedding cache (or the failure was counted).
@@ -333,6 +338,8 @@ class engine {
   acceptance_estimate acceptance_;
   cost_fitter fitter_;        // engine_config::cost_fit
   bool cost_fitted_ = false;
+  cost_fitter decode_fitter_;  // engine_config::cost_fit.decode
+  bool decode_fitted_ = false;
   int64_t draft_context_ = 0;
 
   // compute thread (async scheduling)

@@ -35,6 +35,9 @@ struct engine_stats {
   embedding_cache_stats image_cache;
   spec_stats spec;
   cost_stats cost;
+  // Decode steps (n = the step's rows, p = their mean context, as shoal bench fit-cost --decode
+  // fits them) fitted from this engine's own steps: the decode balancer's weights.
+  cost_stats decode_cost;
   bool operator==(const engine_stats&) const = default;
 };
 

@@ -152,6 +152,28 @@ TEST_CASE("async scheduling produces exactly the outputs of synchronous scheduli
   }
 }
 
+TEST_CASE("decode steps fitted from the engine's own steps (the decode balancer's weights), chunking untouched") {
+  auto w = test::tiny_model("v3-tiny");
+  auto cfg = base_config(256);
+  cfg.batch_invariant = true;
+  cfg.cost_fit.decode = true;
+  cfg.cost_fit.min_samples = 8;
+  engine e(w, cfg);
+  CHECK(e.stats().decode_cost.source == "none");
+  // Requests join one at a time, each decoding a while: decode steps of 1 … 6 sequences.
+  for (uint32_t i = 0; i < 6; ++i) {
+    REQUIRE(e.add_request(test::random_tokens(8 + i, 300 + i), greedy(40)).has_value());
+    for (int s = 0; s < 6; ++s) e.step();
+  }
+  e.run_to_completion();
+  const runtime::cost_stats c = e.stats().decode_cost;
+  REQUIRE_MESSAGE(c.source == "fitted", c.detail);
+  CHECK(c.samples >= 32);  // 4 × min_samples decode steps
+  CHECK(c.coef.size() == 4);
+  CHECK(c.detail.find("decode steps") != std::string::npos);
+  CHECK(e.stats().cost.source == "none");  // prefill chunks are not sized by it
+}
+
 TEST_CASE("step-cost model fitted from the engine's own steps: chunks follow it once fitted, outputs unchanged") {
   auto w = test::tiny_model("v3-tiny");
   std::vector<std::vector<runtime::completion>> results;

@@ -171,6 +171,8 @@ TEST_CASE("deepseek shape: prefill and decode expert-parallel groups with DSpark
   CHECK(c.stat_sum(decode, "spec_verified") > 0);
   const std::string d0 = c.shell("stats decode-a/rank0");
   CHECK_MESSAGE(d0.find("spec_accepted=") != std::string::npos, d0);
+  // Decode ranks fit their decode steps (the decode balancer's weights once all four have one).
+  CHECK(c.stat_sum(decode, "decode_cost_model_samples") > 0);
   // Some prefixes came from the storage tier.
   CHECK(c.stat_sum(prefill, "remote_hit_tokens") > 0);
 
@@ -178,6 +180,8 @@ TEST_CASE("deepseek shape: prefill and decode expert-parallel groups with DSpark
   CHECK_MESSAGE(eplb.find("group 'prefill' (2 ranks)") != std::string::npos, eplb);
   CHECK_MESSAGE(eplb.find("group 'decode' (4 ranks)") != std::string::npos, eplb);
   const std::string balancers = c.shell("balancers");
+  CHECK_MESSAGE(balancers.find("decode_balancer: policy=decode_balancer") != std::string::npos, balancers);
+  CHECK_MESSAGE(balancers.find(" weights=") != std::string::npos, balancers);
   for (const auto& r : {"prefill-a/0", "prefill-b/0", "decode-a/0", "decode-a/1", "decode-b/0", "decode-b/1"})
     CHECK_MESSAGE(balancers.find(std::string("  ") + r + ":") != std::string::npos, balancers);
 

@@ -351,8 +351,8 @@ bool shell::cmd_balancers() {
         }
         fmt::print("{}/prefill_balancer: policy={} tiers {} cost_models={}\n", n.name, r->policy, tiers, r->cost);
       } else {
-        fmt::print("{}/decode_balancer: policy={} balance_ratio now={:.3f} last_minute={:.3f}\n", n.name, r->policy,
-                   r->balance_now, r->balance_window);
+        fmt::print("{}/decode_balancer: policy={} balance_ratio now={:.3f} last_minute={:.3f} weights={}\n", n.name,
+                   r->policy, r->balance_now, r->balance_window, r->cost);
       }
       for (const auto& e : r->engines) {
         if (r->kind == "prefill")

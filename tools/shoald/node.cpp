@@ -127,6 +127,10 @@ std::string describe_engine(caf::actor_system& sys, const actors::engine_actor& 
         out += fmt::format(" cost_model={} cost_model_samples={} cost_model_r2={:.3f} cost_model_rms_error_pct={:.1f} "
                            "cost_model_detail=\"{}\"",
                            s.cost.source, s.cost.samples, s.cost.r2, 100 * s.cost.rms_rel_error, s.cost.detail);
+        // Its decode steps' model (the decode balancer's weights), on engines that decode.
+        if (snap.role != "prefill")
+          out += fmt::format(" decode_cost_model={} decode_cost_model_samples={} decode_cost_model_rms_error_pct={:.1f}",
+                             s.decode_cost.source, s.decode_cost.samples, 100 * s.decode_cost.rms_rel_error);
         // DSpark: drafts made, verified and accepted (per request-step), tokens per decode step.
         if (s.spec.drafted + s.spec.decode_steps > 0)
           out += fmt::format(" spec_decode_steps={} spec_drafted={} spec_verified={} spec_accepted={} "

@@ -69,9 +69,11 @@ std::string checkpoint_id(const std::filesystem::path& dir) {
 // The step-cost model that sizes prefill chunks: engine.cost_model when given; else the one
 // this node fitted before for this checkpoint, KV format, group and machine (in
 // node.state_dir/cost-models); else one fitted from the ranks' first steps and kept there.
+// Engines that decode also fit their decode steps, whichever it is: the decode balancer's weights.
 bool configure_cost_model(const runtime::node_config& cfg, const std::string& checkpoint, runtime::engine_config& ecfg,
                           logger& log) {
   const double budget_s = static_cast<double>(cfg.step_ms) / 1000.0;
+  ecfg.cost_fit.decode = cfg.disagg_role != runtime::engine_role::prefill;
   if (cfg.cost_model) {  // prefill chunks sized so a step takes about engine.step_ms
     auto cm = runtime::read_cost_model_file(cfg.cost_model->string());
     if (!cm) {
