@@ -2,6 +2,9 @@
 #include "runtime/core/speculative.hpp"
 
 #include <algorithm>
+#include <bit>
+
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/assert.hpp"
@@ -178,6 +181,48 @@ token_distribution residual(const token_distribution& p, const token_distributio
   }
   if (r.ids.empty()) return p;  // p == q up to rounding: any draw from p is exact
   return r;
+}
+
+auto_verify::bucket& auto_verify::of(int64_t decodes) {
+  const size_t b = static_cast<size_t>(std::bit_width(static_cast<uint64_t>(std::max<int64_t>(1, decodes))) - 1);
+  if (buckets_.size() <= b) buckets_.resize(b + 1);
+  return buckets_[b];
+}
+
+bool auto_verify::choose(int64_t decodes) {
+  bucket& k = of(decodes);
+  ++k.steps;
+  const bool prior = decodes >= prior_from_;
+  if (k.seen[0] < 3 || k.seen[1] < 3) return k.seen[prior ? 1 : 0] < 3 ? prior : !prior;
+  const bool better = k.rate[1] > k.rate[0];
+  if (k.trial >= 0 && k.trial_left > 0) {
+    --k.trial_left;
+    return k.trial == 1;
+  }
+  if (k.trial >= 0) {  // a trial ended: it confirmed the choice (back off) or changed it
+    k.interval = better == k.trial_of ? std::min<int64_t>(2 * k.interval, 8192) : 256;
+    k.retry_at = k.steps + k.interval;
+    k.trial = -1;
+  }
+  if (k.steps < k.retry_at) return better;
+  k.trial = better ? 0 : 1, k.trial_of = better, k.trial_left = 1;
+  return k.trial == 1;
+}
+
+void auto_verify::measure(int64_t decodes, bool verified, bool decode_only, double rate) {
+  const bool steady = verified == last_;
+  last_ = verified;
+  if (!steady || decodes == 0 || !decode_only || !(rate > 0)) return;  // a switch, or not a decode rate
+  bucket& k = of(decodes);
+  const int i = verified ? 1 : 0;
+  const double w = k.trial == i ? 0.5 : 0.2;  // a trial's step is the fresh news of that choice
+  k.rate[i] = k.seen[i] == 0 ? rate : (1 - w) * k.rate[i] + w * rate;
+  ++k.seen[i];
+}
+
+double auto_verify::rate(int64_t decodes, bool verified) const {
+  const size_t b = static_cast<size_t>(std::bit_width(static_cast<uint64_t>(std::max<int64_t>(1, decodes))) - 1);
+  return b < buckets_.size() ? buckets_[b].rate[verified ? 1 : 0] : 0;
 }
 
 }  // namespace shoal::runtime

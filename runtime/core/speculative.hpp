@@ -21,8 +21,8 @@ namespace shoal::runtime {
 // whatever the batch, as the deterministic mode needs). adaptive: the batch verifies the
 // drafts of highest expected yield that maximise expected tokens per second of step time.
 // automatic: every draft verified or none, per concurrency the choice that measured more tokens
-// per second of step on this engine (the engine's auto_verifies; auto_from is the prior before
-// both were measured); no drafting while it verifies none.
+// per second of step on this engine (auto_verify below; auto_from is the prior before both
+// were measured); no drafting while it verifies none.
 enum class spec_mode { off, fixed, adaptive, automatic };
 const char* to_string(spec_mode m);
 std::optional<spec_mode> spec_mode_from(std::string_view s);
@@ -87,6 +87,41 @@ class acceptance_estimate {
   float at(int64_t depth) const;                    // prior 0.5 until seen
  private:
   std::vector<uint64_t> verified_, accepted_;
+};
+
+// spec_mode::automatic's choice: verification per concurrency (decoding requests, in
+// power-of-two buckets) between two measured rates, tokens emitted per second of step with
+// every draft verified (drafting included) and with none. Before a bucket has measured both
+// (3 steps each, the prior's first: verify from `prior_from` decodes on), the prior decides;
+// then the better one. The machine's load and the acceptance drift, so the other is tried
+// again: a trial of 2 steps (the switch, which is not measured because it pays for drafting
+// without verifying or the other way round, then one measured step, weighted 0.5 against 0.2
+// for an ordinary one), 256 steps after the last trial, the interval doubling up to 8,192 each
+// time a trial leaves the choice as it was and back to 256 when it changes it.
+class auto_verify {
+ public:
+  explicit auto_verify(int64_t prior_from) : prior_from_(prior_from) {}
+  // Whether the next step, with `decodes` > 0 decoding requests, verifies.
+  bool choose(int64_t decodes);
+  // A completed step: its decodes, whether it verified, whether it decoded only (no prefill
+  // chunk), and its tokens emitted per second. Measured when it decoded only and made the same
+  // choice as the step before it.
+  void measure(int64_t decodes, bool verified, bool decode_only, double rate);
+  double rate(int64_t decodes, bool verified) const;  // 0 until measured
+
+ private:
+  struct bucket {  // decoding requests in [2^b, 2^(b+1))
+    double rate[2] = {0, 0};  // [0] without, [1] with verification
+    int64_t seen[2] = {0, 0};
+    int64_t steps = 0;
+    int64_t retry_at = 256, interval = 256, trial_left = 0;
+    int trial = -1;         // the choice on trial (0 / 1), -1: none
+    bool trial_of = false;  // the better choice when the trial began
+  };
+  bucket& of(int64_t decodes);
+  int64_t prior_from_;
+  std::vector<bucket> buckets_;
+  bool last_ = false;  // the previous measured step's choice
 };
 
 // Rejection sampling (Leviathan et al.; Chen et al.): draft token x drawn from q is accepted

@@ -63,6 +63,7 @@ engine::engine(std::shared_ptr<const model::model_weights> weights, const engine
     SHOAL_ASSERT(!(config_.ep && config_.spec.self_draft));  // self-drafting needs every expert here
     const model::model_config& c = weights_->config;
     draft_context_ = config_.spec.draft_context > 0 ? config_.spec.draft_context : (c.is_flash() ? c.window() : 64);
+    auto_ = auto_verify(config_.spec.auto_from);
   }
   if (config_.sched.cost) {
     stats_.cost = cost_stats_of("file", config_.cost_source, *config_.sched.cost);

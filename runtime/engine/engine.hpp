@@ -280,14 +280,7 @@ class engine {
   // measured tokens per second of both choices at this concurrency; auto_measure records one.
   bool auto_verifies(const step_plan& plan);
   void auto_measure(const in_flight_step& f, size_t tokens);
-  struct auto_bucket {  // decoding requests in [2^b, 2^(b+1))
-    double rate[2] = {0, 0};  // EMA of tokens per second: [0] without, [1] with verification
-    int64_t seen[2] = {0, 0};
-    int64_t steps = 0;
-  };
-  std::vector<auto_bucket> auto_buckets_;
-  auto_bucket& auto_bucket_of(int64_t decodes);
-  bool auto_last_ = false;  // the previous step's choice
+  auto_verify auto_{16};  // spec_mode::automatic (its prior from spec.auto_from)
   void add_drafts(step_plan& plan);
   int64_t verify(request& r, std::span<const float> rows, int64_t n_rows, std::vector<token_event>& events);
   bool emit(request& r, int32_t token, std::span<const float> logits, std::vector<token_event>& events);

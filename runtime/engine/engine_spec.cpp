@@ -196,47 +196,22 @@ void engine::self_draft(const std::vector<request*>& rs, const model::forward_op
   }
 }
 
-// spec_mode::automatic: verification is a choice per concurrency (decoding requests, in
-// power-of-two buckets) between two measured rates, tokens emitted per second of step with
-// every draft verified (drafting included) and with none. Before a bucket has seen both, the
-// prior is auto_from; then the better one, the other tried again every 256th step of the bucket
-// (the machine's load and the acceptance drift). A step that switches is not measured: it pays
-// for drafting without verifying, or the other way round.
-engine::auto_bucket& engine::auto_bucket_of(int64_t decodes) {
-  const size_t b = static_cast<size_t>(std::bit_width(static_cast<uint64_t>(decodes)) - 1);
-  if (auto_buckets_.size() <= b) auto_buckets_.resize(b + 1);
-  return auto_buckets_[b];
-}
-
+// spec_mode::automatic (runtime::auto_verify): this step's choice, by its decoding requests.
 bool engine::auto_verifies(const step_plan& plan) {
   int64_t decodes = 0;
   for (const planned_item& it : plan.items)
     if (it.n_tokens == 1 && it.req->computed() == it.req->num_tokens() - 1) ++decodes;
   if (decodes == 0) return stats_.spec.auto_verifying;
-  auto_bucket& k = auto_bucket_of(decodes);
-  ++k.steps;
-  const bool prior = decodes >= config_.spec.auto_from;
-  // Measure both, each over a few consecutive steps: the prior's choice first.
-  if (k.seen[0] < 3 || k.seen[1] < 3) return k.seen[prior ? 1 : 0] < 3 ? prior : !prior;
-  const bool better = k.rate[1] > k.rate[0];
-  return k.steps % 256 == 0 ? !better : better;
+  return auto_.choose(decodes);
 }
 
+// A completed step's rate for auto_verify: tokens emitted per second of the step.
 void engine::auto_measure(const in_flight_step& f, size_t tokens) {
-  const bool now = f.verifies;
-  const bool steady = now == auto_last_;
-  auto_last_ = now;
   const int64_t decodes = static_cast<int64_t>(f.plan.items.size());
   const bool decode_only = std::all_of(f.plan.items.begin(), f.plan.items.end(),
                                        [](const planned_item& it) { return it.n_tokens - it.drafts == 1; });
-  if (!steady || decodes == 0 || !decode_only) return;  // a switch, or prefill in the step: not a decode rate
-  auto_bucket& k = auto_bucket_of(decodes);
   const double dt = default_clock()->now_s() - f.started;
-  if (!(dt > 0)) return;
-  const double rate = double(tokens) / dt;
-  const int i = now ? 1 : 0;
-  k.rate[i] = k.seen[i] == 0 ? rate : 0.8 * k.rate[i] + 0.2 * rate;
-  ++k.seen[i];
+  auto_.measure(decodes, f.verifies, decode_only, dt > 0 ? double(tokens) / dt : 0);
 }
 
 // Verify lengths for the plan's decodes: every draft (fixed, or adaptive below adaptive_from

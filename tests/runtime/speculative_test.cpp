@@ -427,3 +427,57 @@ TEST_CASE("adaptive DSpark at 60 sequences: 3.2-4.4 of 5 drafts verified, accept
   CHECK(adapt_acc >= 0.97 * fixed_acc);
   CHECK((n + adapt_acc) / adapt_time > (n + fixed_acc) / fixed_time);  // the point of it
 }
+
+// auto_verify with steady, known rates: the prior first, then each choice measured (a switch
+// is not), the better kept; trials of the other at 256, 512 and 1,024 steps later while they
+// confirm it, each trial's second step measured; a trial that finds the other better moves the
+// choice there.
+TEST_CASE("auto_verify: measured both ways, keeps the faster, retries with back-off, follows a change") {
+  runtime::auto_verify a(16);
+  double on_rate = 100, off_rate = 300;  // tokens per second of step: verification loses
+  std::vector<int64_t> trial_steps;       // steps (from 1) on which it verified after settling
+  int64_t step = 0;
+  auto run = [&](int64_t steps) {
+    for (int64_t i = 0; i < steps; ++i) {
+      const bool v = a.choose(4);
+      ++step;
+      if (step > 10 && v) trial_steps.push_back(step);
+      a.measure(4, v, true, v ? on_rate : off_rate);
+    }
+  };
+  // 4 decodes: below the prior's 16, so it verifies none first.
+  CHECK_FALSE(a.choose(4));
+  a.measure(4, false, true, off_rate);
+  step = 1;
+  run(2000);
+  CHECK(a.rate(4, false) == doctest::Approx(off_rate));
+  CHECK(a.rate(4, true) == doctest::Approx(on_rate));
+  // Trials of 2 steps each, the gaps doubling: 512, then 1,024 steps from the decision after
+  // one trial to the next trial.
+  REQUIRE(trial_steps.size() == 6);
+  for (size_t t = 0; t < 6; t += 2) CHECK(trial_steps[t + 1] == trial_steps[t] + 1);
+  CHECK(trial_steps[2] == trial_steps[1] + 1 + 512);
+  CHECK(trial_steps[4] == trial_steps[3] + 1 + 1024);
+  // Verification becomes the better choice: a trial measures it, and the choice follows.
+  on_rate = 1000;
+  trial_steps.clear();
+  run(3000);
+  REQUIRE(!trial_steps.empty());
+  bool settled_on = true;
+  for (int i = 0; i < 20; ++i) {
+    const bool v = a.choose(4);
+    settled_on = settled_on && v;
+    a.measure(4, v, true, v ? on_rate : off_rate);
+  }
+  CHECK(settled_on);
+  // Another bucket has its own measurements: 40 decodes start from the prior (verify).
+  CHECK(a.choose(40));
+  // A step with prefill in it, or of another choice than the last, is not measured.
+  runtime::auto_verify b(16);
+  b.measure(4, false, false, 50);
+  CHECK(b.rate(4, false) == 0);
+  b.measure(4, true, true, 50);  // the first verified step after unverified ones: a switch
+  CHECK(b.rate(4, true) == 0);
+  b.measure(4, true, true, 60);
+  CHECK(b.rate(4, true) == doctest::Approx(60));
+}
