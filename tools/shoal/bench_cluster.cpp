@@ -49,7 +49,21 @@ struct cluster_args {
   int64_t max_input = 1024;  // inside the range bench fit-cost measures
   uint64_t seed = 1;
   std::string out = "bench/results/cluster.jsonl";
+  std::string records;  // per-request JSONL, real and simulated (empty: none)
 };
+
+// One line per request of a run: where the tail of TTFT or TPOT comes from.
+void append_records(const std::string& file, const std::string& kind, const std::string& policy,
+                    const std::vector<sim::request_record>& recs) {
+  if (file.empty()) return;
+  for (const auto& r : recs) {
+    const double tpot = r.output > 1 ? (r.finish_s - r.first_token_s) / static_cast<double>(r.output - 1) : 0;
+    append_jsonl(file, json{{"kind", kind}, {"policy", policy}, {"id", r.id}, {"arrival_s", r.arrival_s},
+                            {"ttft_s", r.first_token_s >= 0 ? r.first_token_s - r.arrival_s : -1.0}, {"tpot_s", tpot},
+                            {"input", r.input}, {"output", r.output}, {"prefill_rank", r.prefill_rank},
+                            {"decode_rank", r.decode_rank}});
+  }
+}
 
 // A copy of the node configs beside the original (relative paths keep resolving) whose
 // gateway section names the policies, and whose storage tier (if any) starts empty in the copy.
@@ -303,6 +317,7 @@ int run_cluster_bench(const cluster_args& a) {
     rec["machine"] = machine_facts();
     rec["prefill_steps"] = steps_json(real_steps.back().first), rec["decode_steps"] = steps_json(real_steps.back().second);
     append_jsonl(a.out, rec);
+    append_records(a.records, "cluster", p.name, recs);
     real.push_back(m);
     std::error_code ec;
     fs::remove_all(*dir, ec);
@@ -317,6 +332,7 @@ int run_cluster_bench(const cluster_args& a) {
         return 2;
       }
       simulated.push_back(sim::summarize(*r, c));
+      append_records(a.records, "sim", p.name, r->requests);
       auto pool = [&](const sim::pool_summary& p, bool drafts) {
         const double v = drafts ? static_cast<double>(r->spec_verified) : 0, acc = drafts ? static_cast<double>(r->spec_accepted) : 0;
         return pool_steps{static_cast<double>(p.all_steps), p.all_busy_s, p.tokens, v, acc, true};
@@ -362,6 +378,7 @@ void add_cluster_bench(CLI::App& bench) {
   c->add_option("--decode-cost-model", a->decode_cost_model, "fitted decode steps (shoal bench fit-cost --decode) for the simulated decode pool");
   c->add_option("--seed", a->seed, "simulator seed")->capture_default_str();
   c->add_option("--out", a->out, "JSONL records")->capture_default_str();
+  c->add_option("--records", a->records, "also one JSONL line per request (TTFT, TPOT, lengths, ranks), real and simulated");
   c->callback([a] { set_exit_code(run_cluster_bench(*a)); });
 }
 
