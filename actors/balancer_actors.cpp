@@ -44,14 +44,10 @@ prefill_routing::prefill_routing(runtime::prefill_balancer_config config, runtim
       tier_placements_(static_cast<size_t>(balancer_.tiers()), 0) {}
 
 void prefill_routing::observe_cost(const caf::actor& a, const runtime::cost_stats& s) {
-  if (explicit_cost_ || s.coef.size() != 4) return;
-  for (const auto& [id, ref] : entry_)
-    if (ref.actor == a) {
-      auto& have = own_[id];
-      if (have != s.coef && balancer_.set_cost(id, runtime::cost_model(s.coef[0], s.coef[1], s.coef[2], s.coef[3])))
-        have = s.coef;
-      return;
-    }
+  auto id = ids_.find(a);
+  if (explicit_cost_ || s.coef.size() != 4 || !id || !entry_.contains(*id)) return;
+  if (auto have = own_.find(*id); have != own_.end() && have->second == s.coef) return;
+  if (balancer_.set_cost(*id, runtime::cost_model(s.coef[0], s.coef[1], s.coef[2], s.coef[3]))) own_[*id] = s.coef;
 }
 
 std::vector<caf::actor> prefill_routing::entry_engines() const {

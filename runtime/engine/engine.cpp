@@ -51,7 +51,7 @@ engine::engine(std::shared_ptr<const model::model_weights> weights, const engine
                std::shared_ptr<const model::tokenizer> tok)
     : weights_(std::move(weights)), config_(config), tok_(std::move(tok)), backend_(backend_for(config, weights_)),
       caches_(weights_->config, with_pages(config.cache, *backend_, weights_->config)), sched_(config.sched, caches_),
-      images_(config.image_cache_bytes) {
+      images_(config.image_cache_bytes), auto_(config.spec.auto_from) {
   // Step buffers are large and short-lived: keep freed memory in the process instead of
   // returning it to the kernel, so each step does not page-fault its buffers in again.
   mallopt(M_MMAP_THRESHOLD, 32 << 20);  // the largest value glibc accepts
@@ -63,7 +63,6 @@ engine::engine(std::shared_ptr<const model::model_weights> weights, const engine
     SHOAL_ASSERT(!(config_.ep && config_.spec.self_draft));  // self-drafting needs every expert here
     const model::model_config& c = weights_->config;
     draft_context_ = config_.spec.draft_context > 0 ? config_.spec.draft_context : (c.is_flash() ? c.window() : 64);
-    auto_ = auto_verify(config_.spec.auto_from);
   }
   if (config_.sched.cost) {
     stats_.cost = cost_stats_of("file", config_.cost_source, *config_.sched.cost);
@@ -382,7 +381,7 @@ bool engine::emit(request& r, int32_t token, std::span<const float> logits, std:
 std::vector<token_event> engine::complete() {
   std::vector<token_event> events;
   in_flight_step& f = *flight_;
-  if ((config_.cost_fit.enabled && !cost_fitted_) || (config_.cost_fit.decode && !decode_fitted_)) learn_cost(f);
+  learn_cost(f);
   const int64_t V = weights_->config.vocab_size, d = weights_->config.hidden_size;
   size_t row = 0;
   std::vector<request*> drafting;
@@ -505,8 +504,15 @@ void engine::drop_planned() {
 }
 
 // cost_fit: a step that computed a multi-token chunk is a sample (engine_config::cost_fit);
-// once the samples determine a model the scheduler sizes chunks by it.
+// once the samples determine a model the scheduler sizes chunks by it. cost_fit.decode: a step
+// of decodes only (drafts verified included) is a sample of the decode model, fitted once for
+// the decode balancer (it sizes nothing here). Decode steps are short and many, and their
+// times vary more (an expert-parallel step waits on its exchanges), so that fit takes
+// 4 × cost_fit.min_samples of them.
 void engine::learn_cost(const in_flight_step& f) {
+  const bool prefill_wanted = config_.cost_fit.enabled && !cost_fitted_;
+  const bool decode_wanted = config_.cost_fit.decode && !decode_fitted_;
+  if (!prefill_wanted && !decode_wanted) return;
   int64_t n = 0, np = 0;
   bool chunk = false;
   for (const planned_item& it : f.plan.items) {
@@ -514,37 +520,31 @@ void engine::learn_cost(const in_flight_step& f) {
     np += it.n_tokens * it.base;
     chunk = chunk || it.n_tokens - it.drafts > 1;
   }
-  if (n == 0) return;
-  if (!chunk) return learn_decode_cost(n, np / n, f.forward_s);
-  if (!config_.cost_fit.enabled || cost_fitted_) return;
-  fitter_.add(n, np / n, f.forward_s);
-  stats_.cost.samples = fitter_.samples();
-  stats_.cost.detail = "collecting " + std::to_string(fitter_.samples()) + "/" +
-                       std::to_string(config_.cost_fit.min_samples) + " steps";
-  if (fitter_.samples() < config_.cost_fit.min_samples || fitter_.samples() % 4 != 0) return;
-  std::optional<cost_model> m = fitter_.fit();
+  if (n == 0 || !(chunk ? prefill_wanted : decode_wanted)) return;
+  auto m = chunk ? sample_cost(fitter_, stats_.cost, config_.cost_fit.min_samples, "steps", n, np / n, f.forward_s)
+                 : sample_cost(decode_fitter_, stats_.decode_cost, decode_fit_samples(), "decode steps", n, np / n,
+                               f.forward_s);
   if (!m) return;
+  if (!chunk) {
+    decode_fitted_ = true;
+    return;
+  }
   cost_fitted_ = true;
   sched_.set_cost(*m, config_.cost_fit.step_budget_s);
-  stats_.cost = cost_stats_of("fitted", "from " + std::to_string(m->quality().samples) + " steps of this engine", *m);
   if (config_.cost_fit.fitted) config_.cost_fit.fitted(*m);
 }
 
-// cost_fit.decode: a step of decodes only (drafts verified included) is a sample of the decode
-// model; fitted once, for the decode balancer (it sizes nothing here). Decode steps are short
-// and many, and their times vary more (an expert-parallel step waits on its exchanges), so the
-// fit takes 4 × cost_fit.min_samples of them.
-void engine::learn_decode_cost(int64_t n, int64_t p, double seconds) {
-  if (!config_.cost_fit.decode || decode_fitted_) return;
-  decode_fitter_.add(n, p, seconds);
-  stats_.decode_cost.samples = decode_fitter_.samples();
-  stats_.decode_cost.detail = "collecting " + std::to_string(decode_fitter_.samples()) + "/" +
-                              std::to_string(decode_fit_samples()) + " decode steps";
-  if (decode_fitter_.samples() < decode_fit_samples() || decode_fitter_.samples() % 4 != 0) return;
-  std::optional<cost_model> m = decode_fitter_.fit();
-  if (!m) return;
-  decode_fitted_ = true;
-  stats_.decode_cost = cost_stats_of("fitted", "from " + std::to_string(m->quality().samples) + " decode steps of this engine", *m);
+// One sample into `fitter`, its progress into `stats`; the model once `needed` samples (checked
+// every 4th) determine one, with `stats` then saying so.
+std::optional<cost_model> engine::sample_cost(cost_fitter& fitter, cost_stats& stats, int64_t needed, const char* what,
+                                              int64_t n, int64_t p, double seconds) {
+  fitter.add(n, p, seconds);
+  stats.samples = fitter.samples();
+  stats.detail = "collecting " + std::to_string(fitter.samples()) + "/" + std::to_string(needed) + " " + what;
+  if (fitter.samples() < needed || fitter.samples() % 4 != 0) return std::nullopt;
+  std::optional<cost_model> m = fitter.fit();
+  if (m) stats = cost_stats_of("fitted", "from " + std::to_string(m->quality().samples) + " " + what + " of this engine", *m);
+  return m;
 }
 
 uint64_t engine::steps_started() const { return ep_ ? ep_->steps_started() : stats_.steps; }

@@ -243,7 +243,8 @@ class engine {
     bool verifies = false; // spec_mode::automatic: this step verified drafts (and will draft)
   };
   void learn_cost(const in_flight_step& f);  // cost_fit: one step's sample
-  void learn_decode_cost(int64_t n, int64_t p, double seconds);
+  static std::optional<cost_model> sample_cost(cost_fitter& fitter, cost_stats& stats, int64_t needed, const char* what,
+                                               int64_t n, int64_t p, double seconds);
   int64_t decode_fit_samples() const { return 4 * config_.cost_fit.min_samples; }
   embedding_cache::rows image_rows(const prompt_image& im);
   // Encoder rows being read from a vision-encoder worker, by image hash; `settled` once the
@@ -280,7 +281,6 @@ class engine {
   // measured tokens per second of both choices at this concurrency; auto_measure records one.
   bool auto_verifies(const step_plan& plan);
   void auto_measure(const in_flight_step& f, size_t tokens);
-  auto_verify auto_{16};  // spec_mode::automatic (its prior from spec.auto_from)
   void add_drafts(step_plan& plan);
   int64_t verify(request& r, std::span<const float> rows, int64_t n_rows, std::vector<token_event>& events);
   bool emit(request& r, int32_t token, std::span<const float> logits, std::vector<token_event>& events);
@@ -329,6 +329,7 @@ class engine {
                                                                            std::span<const int32_t> output);
   std::vector<awaiting_rows> awaiting_rows_;
   acceptance_estimate acceptance_;
+  auto_verify auto_;  // spec_mode::automatic (its prior from spec.auto_from)
   cost_fitter fitter_;        // engine_config::cost_fit
   bool cost_fitted_ = false;
   cost_fitter decode_fitter_;  // engine_config::cost_fit.decode

@@ -2,7 +2,6 @@
 // step's logits rows, the next drafts (the MTP chain, or the target itself for tests), and the
 // verify lengths of a plan's decodes. The step loop is engine.cpp.
 #include <algorithm>
-#include <bit>
 #include <cmath>
 
 #include "model/forward.hpp"

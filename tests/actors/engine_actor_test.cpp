@@ -581,7 +581,7 @@ TEST_CASE("every message of the typed interfaces that crosses processes round-tr
   round_trip(self, remote, route_atom_v, decode_atom_v, request_id(3), int64_t{6}, int64_t{90}, int64_t{16},
              std::vector<caf::actor>{other});
   round_trip(self, remote, done_atom_v, request_id(3));
-  round_trip(self, remote, actors::balancer_report{"prefill", "tiered", {{"n/0", 1, 2, 300, 0.5, 7}}, {16384}, {4, 1}, 0.9, 0.8});
+  round_trip(self, remote, actors::balancer_report{"prefill", "tiered", {{"n/0", 1, 2, 300, 0.5, 7}}, {16384}, {4, 1}, 0.9, 0.8, "the engines' own: 1 of 1"});
   // ve_worker_actor, ve_balancer_actor (replies: vector<remote_memory>, ve_worker_stats, ve_report)
   runtime::prompt_image im = test_image(0, 4, {1, 2}, 28, std::vector<uint8_t>(28 * 28 * 3, 7));
   round_trip(self, remote, encode_atom_v, std::vector<runtime::prompt_image>{im});

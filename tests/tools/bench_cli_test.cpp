@@ -70,4 +70,8 @@ TEST_CASE("shoal sim --config replays a trace on the shape of a node-config dire
   rc = sim_on(dir.path);
   CHECK(rc != 0);
   CHECK_MESSAGE(text.find("gateway") != std::string::npos, text);
+  // The shape comes from the configs: a rank option beside --config is refused by name.
+  rc = test::run_shoal(dir.path, {"sim", "--config", (src / "config/deepseek-shape").string(), "--prefill-ranks", "4"}, text);
+  CHECK(rc != 0);
+  CHECK_MESSAGE(text.find("--prefill-ranks") != std::string::npos, text);
 }

@@ -215,19 +215,23 @@ void add_sim_command(CLI::App& app) {
   s->add_option("--cost-model", a->cost_model, "fitted cost model (shoal bench fit-cost) for a profile whose step is \"fitted\"");
   s->add_option("--decode-cost-model", a->decode_cost_model, "fitted decode steps (shoal bench fit-cost --decode) for its decode pool");
   s->add_option("--policies", a->policies, "shoal, untiered, round_robin, least_requests, cache_aware, dynamo or PREFILL+DECODE (default: all six)")->delimiter(',');
-  s->add_option("--prefill-ranks", a->prefill_ranks)->capture_default_str();
-  s->add_option("--prefill-ep", a->prefill_ep)->capture_default_str();
-  s->add_option("--decode-ranks", a->decode_ranks, "0: colocated (the prefill ranks decode what they prefilled)")
-      ->capture_default_str();
-  s->add_option("--decode-ep", a->decode_ep)->capture_default_str();
-  s->add_option("--config", a->config,
-                "the cluster of a node-config directory (as shoal bench cluster simulates it: its ranks, EP groups, engine "
-                "processes, DSpark depths, token budgets and max_running) instead of the rank options")
-      ->check(CLI::ExistingDirectory);
-  s->add_option("--prefill-drafts", a->prefill_drafts, "DSpark drafts per decode step on the prefill ranks (colocated)")
-      ->check(CLI::Range(0, 16));
-  s->add_option("--decode-drafts", a->decode_drafts, "DSpark drafts per decode step on the decode ranks (the profile's \"speculation\" times them)")
-      ->check(CLI::Range(0, 16));
+  std::vector<CLI::Option*> shape = {
+    s->add_option("--prefill-ranks", a->prefill_ranks)->capture_default_str(),
+    s->add_option("--prefill-ep", a->prefill_ep)->capture_default_str(),
+    s->add_option("--decode-ranks", a->decode_ranks, "0: colocated (the prefill ranks decode what they prefilled)")
+      ->capture_default_str(),
+    s->add_option("--decode-ep", a->decode_ep)->capture_default_str(),
+    s->add_option("--prefill-drafts", a->prefill_drafts, "DSpark drafts per decode step on the prefill ranks (colocated)")
+      ->check(CLI::Range(0, 16)),
+    s->add_option("--decode-drafts", a->decode_drafts,
+                  "DSpark drafts per decode step on the decode ranks (the profile's \"speculation\" times them)")
+      ->check(CLI::Range(0, 16))};
+  auto* config = s->add_option("--config", a->config,
+                               "the cluster of a node-config directory (as shoal bench cluster simulates it: its ranks, EP "
+                               "groups, engine processes, DSpark depths, token budgets and max_running); not with the "
+                               "rank and draft options")
+                   ->check(CLI::ExistingDirectory);
+  for (CLI::Option* o : shape) config->excludes(o);
   s->add_option("--speed", a->speed, "arrival rate × this")->capture_default_str();
   s->add_option("--length-scale", a->length_scale, "input and output lengths × this")->capture_default_str();
   s->add_option("--max-input", a->max_input, "cut longer prompts to this many tokens");
