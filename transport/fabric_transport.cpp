@@ -5,16 +5,21 @@
 #include "transport/fabric_transport.hpp"
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <cstring>
 #include <deque>
+#include <filesystem>
 #include <list>
 #include <map>
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <utility>
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <rdma/fabric.h>
@@ -351,6 +356,24 @@ class fabric_registration final : public runtime::registered_memory {
 
 }  // namespace
 
+size_t sweep_stale_shm_regions(const std::string& dir) {
+  std::error_code ec;
+  const auto me = static_cast<unsigned long>(::getpid()), uid = static_cast<unsigned long>(::getuid());
+  size_t removed = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789:") != std::string::npos) continue;
+    unsigned long pid = 0, owner = 0, n = 0;
+    int used = 0;
+    if (std::sscanf(name.c_str(), "%lu:%lu:%lu%n", &pid, &owner, &n, &used) != 3 || used != static_cast<int>(name.size()))
+      continue;
+    if (owner != uid || pid == 0) continue;
+    const bool gone = pid != me && ::kill(static_cast<pid_t>(pid), 0) == -1 && errno == ESRCH;
+    if ((pid == me || gone) && std::filesystem::remove(e.path(), ec)) ++removed;
+  }
+  return removed;
+}
+
 namespace {
 
 // fi_getinfo → fabric → domain → av, cq → endpoint → its address; errors name the step.
@@ -359,6 +382,12 @@ std::expected<std::shared_ptr<fabric_transport::state>, std::string> bring_up(co
   auto s = std::make_shared<state>();
   s->cfg = cfg;
   const std::string where = "libfabric provider '" + cfg.provider + "'";
+  if (cfg.provider == "shm") {  // once a process (a forked child is another: its pid is new)
+    static std::mutex mu;
+    static pid_t swept_by = 0;
+    std::lock_guard lock(mu);
+    if (std::exchange(swept_by, ::getpid()) != ::getpid()) sweep_stale_shm_regions("/dev/shm");
+  }
   fi_info* hints = fi_allocinfo();
   hints->ep_attr->type = FI_EP_RDM;
   hints->caps = FI_RMA | FI_READ | FI_REMOTE_READ;

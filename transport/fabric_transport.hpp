@@ -62,6 +62,15 @@ class fabric_transport final : public runtime::transport {
 // through several endpoints, which checksums them once.
 runtime::remote_memory locate(const runtime::registered_memory& r, uint64_t offset, uint64_t length);
 
+// Removes the shm regions in `dir` (libfabric's shm provider names them "<pid>:<uid>:<n>")
+// that belong to this user and were left by a process that is gone (killed, or exited without
+// closing its endpoint), or that carry this process's own pid: a region left by an earlier
+// process whose pid this one now has makes the provider refuse this process's endpoint
+// (fi_enable: EBUSY, since the owner it records, this pid, is alive). Called once a process
+// before its first shm endpoint, with "/dev/shm"; returns how many it removed. Like the
+// provider, it takes a pid not alive in this pid namespace as gone.
+size_t sweep_stale_shm_regions(const std::string& dir);
+
 // The bench's reference: the same reads as raw fi_read calls on a fresh endpoint of the same
 // provider, `inflight` at a time, no checksum and no bookkeeping; the wall time of the loop.
 // Ranges larger than the provider's message size are not split (the caller keeps them small).
