@@ -51,8 +51,13 @@ void close_fid(T*& obj) {
 struct read_op {
   std::shared_ptr<runtime::transfer> result;
   std::span<std::byte> dst;
-  std::vector<std::pair<std::span<std::byte>, uint32_t>> checks;  // parts of dst and their crc32c
-  fid_mr* local_mr = nullptr;  // FI_MR_LOCAL: dst registered for the read
+  // Where the provider writes: dst, or (a provider that needs the owner's progress to finish a
+  // read) this buffer, copied to dst when the read succeeds, so that a read ended at its
+  // deadline while the provider still holds it never writes into the caller's memory.
+  std::unique_ptr<std::byte[]> staging;
+  std::vector<std::pair<std::span<std::byte>, uint32_t>> checks;  // parts of where it lands and their crc32c
+  fid_mr* local_mr = nullptr;  // FI_MR_LOCAL: where it lands, registered for the read
+  bool reported = false;       // the result went to the caller
   size_t pieces_out = 0;
   bool posting = true;         // pieces still being posted
   std::string error;
@@ -182,21 +187,26 @@ struct fabric_transport::state {
   void finish_if_done(read_op* op) {
     if (op->posting || op->pieces_out > 0) return;
     if (op->local_mr) fi_close(&op->local_mr->fid);
-    if (op->cancelled) op->fail(runtime::errc::timed_out, "read timed out");
-    for (const auto& [part, crc] : op->checks) {
-      if (!op->error.empty()) break;
+    if (!op->reported) report(*op);
+    ops.remove_if([&](const read_op& x) { return &x == op; });
+  }
+
+  // Under mu: the read's result to its caller, once: the checksums of what landed, copied to
+  // the caller's memory from staging; a read still out (abandoned at its deadline) fails.
+  void report(read_op& op) {
+    op.reported = true;
+    if (op.cancelled) op.fail(runtime::errc::timed_out, "read timed out");
+    for (const auto& [part, crc] : op.checks) {
+      if (!op.error.empty()) break;
       const uint32_t got = storage::crc32c(part.data(), part.size());
       if (got != crc)
-        op->fail(runtime::errc::corrupt, "checksum mismatch: crc32c of the bytes read " + std::to_string(got) +
-                                           " != described " + std::to_string(crc) +
-                                           " (the owner's memory changed or was released)");
+        op.fail(runtime::errc::corrupt, "checksum mismatch: crc32c of the bytes read " + std::to_string(got) +
+                                          " != described " + std::to_string(crc) +
+                                          " (the owner's memory changed or was released)");
     }
-    auto result = op->result;
-    std::string err = std::move(op->error);
-    const runtime::errc code = op->code;
-    ops.remove_if([&](const read_op& x) { return &x == op; });
-    if (err.empty()) result->complete();
-    else result->fail(code, std::move(err));
+    if (op.error.empty() && op.staging) std::memcpy(op.dst.data(), op.staging.get(), op.dst.size());
+    if (op.error.empty()) op.result->complete();
+    else op.result->fail(op.code, std::move(op.error));
   }
 
   void drain_cq() {
@@ -235,6 +245,19 @@ struct fabric_transport::state {
         for (auto& p : pieces)
           if (p.op == &op && p.posted) fi_cancel(&ep->fid, &p.ctx);  // comes back as a canceled completion, if at all
       }
+    abandon_stuck(now);
+  }
+
+  // Under mu: reads past their deadline whose pieces the provider still holds a moment after
+  // fi_cancel (tcp;ofi_rxm cancels no posted read, and a stopped owner keeps its connection
+  // open and answers nothing: the read would wait for it as long as the owner is stopped).
+  // A read that lands in its staging buffer ends for its caller now, as timed out; the
+  // provider may still write into the staging buffer, never into the caller's memory, and the
+  // read's bookkeeping goes when its last piece comes back.
+  void abandon_stuck(std::chrono::steady_clock::time_point now) {
+    constexpr auto grace = std::chrono::milliseconds(20);
+    for (auto& op : ops)
+      if (op.cancelled && !op.reported && op.staging && op.pieces_out > 0 && now >= op.deadline + grace) report(op);
   }
 
   // Posts the queued pieces in order until the provider takes no more; pieces of a read
@@ -261,9 +284,9 @@ struct fabric_transport::state {
   std::chrono::milliseconds sleep_budget() const {
     auto wait = std::chrono::milliseconds(100);
     const auto now = std::chrono::steady_clock::now();
-    for (const auto& op : ops)
-      if (!op.cancelled)
-        wait = std::min(wait, std::max(std::chrono::milliseconds(0),
+    for (const auto& op : ops)  // a cancelled one: abandoned a moment later if still out
+      if (!op.reported)
+        wait = std::min(wait, std::max(std::chrono::milliseconds(op.cancelled ? 5 : 0),
                                        std::chrono::ceil<std::chrono::milliseconds>(op.deadline - now)));
     return wait;
   }
@@ -589,9 +612,13 @@ std::shared_ptr<runtime::transfer> fabric_transport::post(const runtime::remote_
     result->fail(runtime::errc::unavailable, name() + ": " + fa.error());
     return result;
   }
+  // shm reads the owner's memory without its help; other providers need the owner to progress.
+  std::unique_ptr<std::byte[]> staging;
+  if (s_->cfg.provider != "shm" && !dst.empty()) staging = std::make_unique_for_overwrite<std::byte[]>(dst.size());
+  const std::span<std::byte> land = staging ? std::span(staging.get(), dst.size()) : dst;
   fid_mr* local = nullptr;
   if (s_->needs(FI_MR_LOCAL) && !dst.empty()) {
-    auto mr = s_->reg(dst.data(), dst.size(), FI_READ);
+    auto mr = s_->reg(land.data(), land.size(), FI_READ);
     if (!mr) {
       result->fail(runtime::errc::unavailable, name() + ": registering the destination: " + mr.error());
       return result;
@@ -604,7 +631,8 @@ std::shared_ptr<runtime::transfer> fabric_transport::post(const runtime::remote_
     op = &s_->ops.emplace_back();
     op->result = result;
     op->dst = dst;
-    for (const auto& p : parts) op->checks.emplace_back(dst.subspan(p.offset, p.length), p.crc);
+    op->staging = std::move(staging);
+    for (const auto& p : parts) op->checks.emplace_back(land.subspan(p.offset, p.length), p.crc);
     op->local_mr = local;
     op->deadline = std::chrono::steady_clock::now() + timeout;
   }
@@ -624,7 +652,7 @@ std::shared_ptr<runtime::transfer> fabric_transport::post(const runtime::remote_
       std::lock_guard lock(s_->mu);
       p = &s_->pieces.emplace_back();
       p->op = op;
-      p->buf = dst.data() + off;
+      p->buf = land.data() + off;
       p->len = n;
       p->desc = desc;
       p->peer = *fa;

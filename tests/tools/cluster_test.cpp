@@ -187,7 +187,7 @@ TEST_CASE("3-process cluster: completions and chat, streamed and not, equal the 
   CHECK(after->status == 200);
 }
 
-TEST_CASE("3-process cluster: kill -9 of an engine node under 50 streams ends every request, the survivor serves") {
+TEST_CASE("3-process cluster: kill -9 of an engine node under 50 streams fails none, every text exact, the survivor serves") {
   cluster c;
   c.start();
   const int streams = 50;
@@ -218,8 +218,8 @@ TEST_CASE("3-process cluster: kill -9 of an engine node under 50 streams ends ev
     }
   }
   MESSAGE(completed << " completed, " << failed << " failed with an error");
-  CHECK(completed + failed == streams);  // every request accounted for
-  CHECK(completed > 0);                  // and the survivor served some of them
+  CHECK(failed == 0);  // the lost engine's requests were re-routed and recomputed, none failed
+  CHECK(completed == streams);
 
   // The survivor keeps serving, and the gateway's view no longer has engine-b.
   auto r = c.post("/v1/completions", completion_body(prompts[0], n, false));

@@ -4,6 +4,7 @@
 // a foreign address, a wrong-sized destination and a gone owner are clear errors, never a hang.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -297,6 +298,69 @@ TEST_CASE("fabric transport: thousands of reads of an owner that is stopped for 
     CHECK_MESSAGE(failed == 0, first_error);
     for (size_t i = 0; i < n; ++i)
       if (std::memcmp(dst.data() + (n - 1 - i) * block, bytes.data() + i * block, block) != 0) FAIL("block " << i << " differs");
+    CHECK(owner.finish());
+  }
+}
+
+TEST_CASE("fabric transport: reads of an owner stopped past their deadline fail at it, and nothing lands in their memory later") {
+  // A stopped owner (SIGSTOP) keeps its connection open and answers nothing: a read posted to
+  // tcp;ofi_rxm would wait for it forever (shm reads the owner's memory without it). Each read
+  // ends by its deadline, with a timeout or bit-exact, and once it has ended the transport
+  // writes nothing more into its destination, also when the owner resumes (the caller reuses
+  // that memory at once: a recompute, another request).
+  for (const auto& cfg : providers) {
+    CAPTURE(cfg.provider);
+    constexpr size_t block = 64 << 10, n = 16;
+    forked_owner owner(cfg, block * n);
+    auto reader = make(cfg);
+    {  // connected and served once while the owner runs
+      std::vector<std::byte> first(block);
+      runtime::remote_memory m = owner.desc;
+      m.length = block;
+      m.crc32c = storage::crc32c(random_bytes(block * n, 11).data(), block);
+      auto t = reader->read(m, first, std::chrono::seconds(5));
+      REQUIRE(settle(*t));
+      REQUIRE_MESSAGE(t->ok(), t->error());
+    }
+    REQUIRE(::kill(owner.pid, SIGSTOP) == 0);
+    std::vector<std::byte> dst(block * n, std::byte{0x5a});
+    std::vector<std::shared_ptr<runtime::transfer>> ts;
+    const auto bytes = random_bytes(block * n, 11);
+    const auto t0 = std::chrono::steady_clock::now();
+    for (size_t i = 0; i < n; ++i) {
+      runtime::remote_memory m = owner.desc;
+      m.addr += i * block;
+      m.length = block;
+      m.crc32c = storage::crc32c(bytes.data() + i * block, block);
+      ts.push_back(reader->read(m, std::span(dst).subspan(i * block, block), std::chrono::milliseconds(500)));
+    }
+    size_t timed_out = 0;
+    for (size_t i = 0; i < n; ++i) {  // shm reads the owner's memory without its help: those succeed
+      auto& t = ts[i];
+      REQUIRE(settle(*t, std::chrono::seconds(5)));
+      if (t->ok()) CHECK(std::memcmp(dst.data() + i * block, bytes.data() + i * block, block) == 0);
+      else CHECK_MESSAGE(t->code() == runtime::errc::timed_out, t->error());
+      timed_out += !t->ok();
+    }
+    const double ended_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    MESSAGE(cfg.provider << ": " << timed_out << " of " << n << " reads of the stopped owner timed out; all ended after "
+                         << ended_s << " s (deadline 0.5 s)");
+    if (cfg.provider != "shm") CHECK(timed_out == n);
+    CHECK(ended_s < 3);
+    std::fill(dst.begin(), dst.end(), std::byte{0x5a});  // what the caller put there after the failure
+    REQUIRE(::kill(owner.pid, SIGCONT) == 0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));  // the owner serves what it still has
+    CHECK_MESSAGE(std::all_of(dst.begin(), dst.end(), [](std::byte b) { return b == std::byte{0x5a}; }),
+                  "bytes landed in a read's destination after the read had failed");
+    {  // and a new read of the resumed owner succeeds
+      std::vector<std::byte> again(block);
+      runtime::remote_memory m = owner.desc;
+      m.length = block;
+      m.crc32c = storage::crc32c(bytes.data(), block);
+      auto t = reader->read(m, again, std::chrono::seconds(5));
+      REQUIRE(settle(*t));
+      CHECK_MESSAGE(t->ok(), t->error());
+    }
     CHECK(owner.finish());
   }
 }
