@@ -48,6 +48,9 @@ struct node_metrics {
   // shoal_engine_experts_resident{actor="node"} (MoE layer, routed expert) weights in memory,
   // shoal_engine_experts_resident_bytes their bytes.
   gauge experts_resident, experts_resident_bytes;
+  // shoal_ep_group_ranks{actor="node"}: ranks in the expert-parallel group this process's
+  // ranks are in now (fewer than configured while a lost member is out).
+  gauge ep_group_ranks;
   // shoal_ep_frames_sent_total{path="bulk"|"inline"}: expert-parallel frames this process's
   // ranks sent over the bulk transport / inside CAF messages.
   counter ep_frames_sent;

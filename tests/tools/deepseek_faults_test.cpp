@@ -2,8 +2,9 @@
 // (config/deepseek-shape/: a prefill group of 2 ranks on 2 processes, a decode group of 4 ranks
 // on 2 processes with DSpark): kill -9 or SIGSTOP of one process of either group under 30
 // greedy streams fails no stream, and every stream's text is the offline engine's, token for
-// token (nothing repeated or missing across the re-route); a restarted (kill -9) or resumed
-// (SIGCONT) process joins its group back at full size and the cluster serves exactly.
+// token (nothing repeated or missing across the re-route); a process restarted with `shoal up
+// --node` (kill -9) or resumed (SIGCONT) joins its group back at full size and the cluster
+// serves exactly.
 #include <doctest/doctest.h>
 
 #include <chrono>
@@ -74,13 +75,19 @@ void lose_and_rejoin(const std::string& victim, fault f) {
     MESSAGE(c.shell(command) << test::log_tails(c.state_dir));
   }
 
-  // Back: restarted from its config, or resumed; the group is whole again and serves exactly.
-  std::optional<test::child_process> restarted;
-  if (f == fault::kill)
-    restarted.emplace(std::vector<std::string>{SHOAL_SHOALD_BIN, "--config", (c.config_dir / (victim + ".toml")).string()},
-                      c.dir.path / (victim + ".restart.out"), c.dir.path / (victim + ".restart.err"));
-  else
+  // Back: restarted with `shoal up --node` (refused while it runs), or resumed; the group is
+  // whole again and serves exactly.
+  std::string out;
+  const std::vector<std::string> restart = {"up", "--config", c.config_dir.string(), "--state-dir", c.state_dir.string(),
+                                            "--node", victim, "--timeout", "120"};
+  if (f == fault::kill) {
+    REQUIRE_MESSAGE(c.shoal(restart, out) == 0, out);
+    CHECK(test::cluster_pids(c.state_dir).at(victim) != pid);
+    CHECK(c.shoal(restart, out) == 1);
+    CHECK_MESSAGE(out.find("shoal up --node " + victim + ": it is running already") != std::string::npos, out);
+  } else {
     REQUIRE(::kill(pid, SIGCONT) == 0);
+  }
   const auto g = group(victim);
   const std::string whole = "group '" + g.name + "' (" + std::to_string(g.ranks) + " ranks)";
   const auto deadline = std::chrono::steady_clock::now() + 90s;

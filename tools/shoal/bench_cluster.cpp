@@ -65,38 +65,26 @@ void append_records(const std::string& file, const std::string& kind, const std:
   }
 }
 
+// The gateway section of a node config names the policies (and the balancers' cost model).
+bool set_policies(std::string& text, const sim::policy_pair& p, const std::string& cost_model) {
+  auto at = text.find("\n[gateway]\n");
+  if (at == std::string::npos) return false;
+  for (const char* key : {"\nprefill_policy = ", "\ndecode_policy = ", "\nbalancer_cost_model = "})
+    for (size_t k; (k = text.find(key)) != std::string::npos;) text.erase(k, text.find('\n', k + 1) - k);
+  at = text.find("\n[gateway]\n");
+  std::string keys = fmt::format("prefill_policy = \"{}\"\ndecode_policy = \"{}\"\n", runtime::to_string(p.prefill), p.decode);
+  if (!cost_model.empty()) keys += fmt::format("balancer_cost_model = \"{}\"\n", fs::absolute(cost_model).string());
+  text.insert(at + 11, keys);
+  return true;
+}
+
 // A copy of the node configs beside the original (relative paths keep resolving) whose
 // gateway section names the policies, and whose storage tier (if any) starts empty in the copy.
 std::expected<fs::path, std::string> policy_config(const fs::path& dir, const sim::policy_pair& p,
                                                    const std::string& cost_model) {
-  fs::path out = dir.parent_path() / (".bench-cluster-" + dir.filename().string());
-  std::error_code ec;
-  fs::remove_all(out, ec);
-  fs::create_directories(out, ec);
-  if (ec) return std::unexpected("cannot create " + out.string() + ": " + ec.message());
   bool gateway = false;
-  for (const auto& e : fs::directory_iterator(dir)) {
-    if (e.path().extension() != ".toml") continue;
-    std::string text = read_text(e.path());
-    if (auto at = text.find("\n[gateway]\n"); at != std::string::npos) {
-      for (const char* key : {"\nprefill_policy = ", "\ndecode_policy = ", "\nbalancer_cost_model = "})
-        for (size_t k; (k = text.find(key)) != std::string::npos;) text.erase(k, text.find('\n', k + 1) - k);
-      at = text.find("\n[gateway]\n");
-      std::string keys = fmt::format("prefill_policy = \"{}\"\ndecode_policy = \"{}\"\n", runtime::to_string(p.prefill), p.decode);
-      if (!cost_model.empty()) keys += fmt::format("balancer_cost_model = \"{}\"\n", fs::absolute(cost_model).string());
-      text.insert(at + 11, keys);
-      gateway = true;
-    }
-    // A storage tier of its own, empty: blocks an earlier run (or policy) wrote are no hits here.
-    if (auto at = text.find("\n[storage]\n"); at != std::string::npos) {
-      const size_t end = text.find("\n[", at + 1);
-      const size_t k = text.find("\ndir = ", at);
-      if (k != std::string::npos && k < end)
-        text.replace(k, text.find('\n', k + 1) - k, fmt::format("\ndir = \"{}\"", fs::absolute(out / "chunks").string()));
-    }
-    std::ofstream(out / e.path().filename()) << text;
-  }
-  if (!gateway) return std::unexpected(dir.string() + ": no node config with a [gateway] section");
+  auto out = fresh_config_copy(dir, [&](std::string& text) { gateway = set_policies(text, p, cost_model) || gateway; });
+  if (out && !gateway) return std::unexpected(dir.string() + ": no node config with a [gateway] section");
   return out;
 }
 
@@ -355,6 +343,29 @@ int run_cluster_bench(const cluster_args& a) {
 }
 
 }  // namespace
+
+std::expected<std::filesystem::path, std::string> fresh_config_copy(const std::filesystem::path& dir,
+                                                                   const std::function<void(std::string&)>& edit) {
+  fs::path out = dir.parent_path() / (".bench-cluster-" + dir.filename().string());
+  std::error_code ec;
+  fs::remove_all(out, ec);
+  fs::create_directories(out, ec);
+  if (ec) return std::unexpected("cannot create " + out.string() + ": " + ec.message());
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (e.path().extension() != ".toml") continue;
+    std::string text = read_text(e.path());
+    if (edit) edit(text);
+    // A storage tier of its own, empty: blocks an earlier run (or policy) wrote are no hits here.
+    if (auto at = text.find("\n[storage]\n"); at != std::string::npos) {
+      const size_t end = text.find("\n[", at + 1);
+      const size_t k = text.find("\ndir = ", at);
+      if (k != std::string::npos && k < end)
+        text.replace(k, text.find('\n', k + 1) - k, fmt::format("\ndir = \"{}\"", fs::absolute(out / "chunks").string()));
+    }
+    std::ofstream(out / e.path().filename()) << text;
+  }
+  return out;
+}
 
 std::expected<void, std::string> sim_shape_from_config(const std::string& dir, sim::sim_config& c) {
   auto sh = cluster_shape(dir);

@@ -21,6 +21,7 @@ void add_bench_commands(CLI::App& app) {
   add_ep_migration_bench(*bench);
   add_spec_bench(*bench);
   add_cluster_bench(*bench);
+  add_ep_fault_bench(*bench);
   add_model_benches(*bench);
   add_serve_bench(*bench);
   add_storage_bench(*bench);

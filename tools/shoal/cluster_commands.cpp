@@ -53,7 +53,17 @@ fs::path self_dir() {
   return ec ? fs::current_path() : exe.parent_path();
 }
 
-bool alive(pid_t pid) { return pid > 0 && kill(pid, 0) == 0; }
+// A zombie still answers kill(pid, 0): a child of this process that exited is reaped, and a
+// node whose parent has not reaped it (`shoal up` exited; an init that reaps late) is dead by
+// its /proc state.
+bool alive(pid_t pid) {
+  if (pid <= 0) return false;
+  waitpid(pid, nullptr, WNOHANG);
+  if (kill(pid, 0) != 0) return false;
+  const std::string stat = read_text("/proc/" + std::to_string(pid) + "/stat");
+  const size_t paren = stat.rfind(')');
+  return paren == std::string::npos || paren + 2 >= stat.size() || (stat[paren + 2] != 'Z' && stat[paren + 2] != 'X');
+}
 
 std::vector<std::pair<pid_t, std::string>> read_state(const fs::path& state) {
   std::vector<std::pair<pid_t, std::string>> out;
@@ -230,6 +240,48 @@ int cluster_up(const fs::path& config, const fs::path& state_dir, int timeout_s)
   return 0;
 }
 
+std::map<std::string, int> cluster_pids(const fs::path& state_dir) {
+  std::map<std::string, int> out;
+  for (const auto& [pid, name] : read_state(state_dir / "cluster.pids")) out[name] = pid;
+  return out;
+}
+
+int cluster_start_node(const fs::path& config, const fs::path& state_dir, const std::string& name, int timeout_s) {
+  fs::path state = state_dir / "cluster.pids";
+  auto recorded = read_state(state);
+  for (const auto& [pid, n] : recorded)
+    if (n == name && alive(pid)) {
+      fmt::print(stderr, "shoal up --node {}: it is running already (pid {})\n", name, pid);
+      return 1;
+    }
+  if (recorded_cluster(state_dir).empty()) {
+    fmt::print(stderr, "shoal up --node {}: no running cluster recorded in {} (start it with shoal up)\n", name,
+               state_dir.string());
+    return 1;
+  }
+  auto nodes = load_nodes(config);
+  if (!nodes) return 2;
+  auto it = std::find_if(nodes->begin(), nodes->end(), [&](const node_entry& n) { return n.config.name == name; });
+  if (it == nodes->end()) {
+    fmt::print(stderr, "shoal up --node {}: no node of that name in {}\n", name, config.string());
+    return 2;
+  }
+  if (!start_node(*it, self_dir() / "shoald", state_dir)) return 1;
+  std::erase_if(recorded, [&](const auto& e) { return e.second == name; });
+  recorded.emplace_back(it->pid, name);
+  {
+    std::ofstream f(state, std::ios::trunc);
+    for (const auto& [pid, n] : recorded) f << pid << ' ' << n << '\n';
+  }
+  if (!wait_listening(*it, clock_type::now() + std::chrono::seconds(timeout_s))) {
+    fmt::print(stderr, "shoal up --node {}: it did not come up; its log ({}):\n{}\n", name, it->log.string(),
+               read_text(it->log));
+    return 1;
+  }
+  fmt::print("started {} (pid {}), log {}\n", name, it->pid, it->log.string());
+  return 0;
+}
+
 int cluster_down(const fs::path& state_dir, int timeout_s) {
   fs::path state = state_dir / "cluster.pids";
   auto nodes = read_state(state);
@@ -245,13 +297,17 @@ int cluster_down(const fs::path& state_dir, int timeout_s) {
 }
 
 void add_cluster_commands(CLI::App& app) {
-  static std::string config = "config/local-3node", state_dir = ".shoal";
+  static std::string config = "config/local-3node", state_dir = ".shoal", node;
   static int up_timeout = 300, down_timeout = 60;
   auto* up = app.add_subcommand("up", "start a local multi-process cluster (one shoald per node config)");
   up->add_option("--config", config, "a node config (.toml) or a directory of them")->capture_default_str();
   up->add_option("--state-dir", state_dir, "where node logs and the pid record go")->capture_default_str();
   up->add_option("--timeout", up_timeout, "seconds to wait for every node")->capture_default_str();
-  up->callback([] { set_exit_code(cluster_up(config, state_dir, up_timeout)); });
+  up->add_option("--node", node, "start only this node of the config in the running cluster (a restart after it died)");
+  up->callback([] {
+    set_exit_code(node.empty() ? cluster_up(config, state_dir, up_timeout)
+                               : cluster_start_node(config, state_dir, node, up_timeout));
+  });
   auto* down = app.add_subcommand("down", "stop the cluster `shoal up` started (SIGTERM: nodes drain)");
   down->add_option("--state-dir", state_dir, "the state directory given to `shoal up`")->capture_default_str();
   down->add_option("--timeout", down_timeout, "seconds before SIGKILL")->capture_default_str();

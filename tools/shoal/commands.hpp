@@ -4,6 +4,8 @@
 
 #include <expected>
 #include <filesystem>
+#include <functional>
+#include <map>
 #include <string>
 
 #include <cstdint>
@@ -44,13 +46,25 @@ void add_spec_bench(CLI::App& bench);       // bench spec
 void add_cluster_commands(CLI::App& app);   // up, down
 void add_sim_command(CLI::App& app);        // sim
 void add_cluster_bench(CLI::App& bench);    // bench cluster
+void add_ep_fault_bench(CLI::App& bench);   // bench ep-fault
 // The shape of the cluster a node-config directory describes, as `shoal bench cluster`
 // simulates it (bench_cluster.cpp): ranks, EP groups, engine processes, DSpark depths and the
 // engines' scheduler limits into `c` (its profile's pools). Errors name the file.
 std::expected<void, std::string> sim_shape_from_config(const std::string& dir, sim::sim_config& c);
+// A copy of the node configs of `dir` beside it (".bench-cluster-<name>", made anew; relative
+// paths keep resolving), each file's text passed through `edit`, with the storage tier's
+// directory inside the copy, so a benchmark run starts with an empty tier.
+std::expected<std::filesystem::path, std::string> fresh_config_copy(const std::filesystem::path& dir,
+                                                                   const std::function<void(std::string&)>& edit);
 // `shoal up` / `shoal down` (cluster_commands.cpp): exit codes.
 int cluster_up(const std::filesystem::path& config, const std::filesystem::path& state_dir, int timeout_s);
 int cluster_down(const std::filesystem::path& state_dir, int timeout_s);
+// The pids `shoal up` recorded in `state_dir`, by node name.
+std::map<std::string, int> cluster_pids(const std::filesystem::path& state_dir);
+// `shoal up --node NAME`: starts that node of `config` in the running cluster of `state_dir`
+// (a restart after it died; refused while it runs), and records its pid for `shoal down`.
+int cluster_start_node(const std::filesystem::path& config, const std::filesystem::path& state_dir,
+                       const std::string& name, int timeout_s);
 // The node a shell reaches the cluster that `shoal up --state-dir DIR` started through
 // ("HOST:PORT", recorded in DIR/cluster.connect); empty when DIR records no running cluster.
 std::string recorded_cluster(const std::filesystem::path& state_dir);

@@ -203,8 +203,12 @@ void record_process(const runtime::node_metrics& m, const node_parts& parts) {
   if (parts.experts) {
     m.experts_resident.set(static_cast<double>(parts.experts->resident_experts()), "node");
     m.experts_resident_bytes.set(static_cast<double>(parts.experts->resident_bytes()), "node");
-    double bulk = 0, inline_ = 0;
-    for (const auto& t : parts.ep_transports) bulk += static_cast<double>(t->frames_bulk()), inline_ += static_cast<double>(t->frames_inline());
+    double bulk = 0, inline_ = 0, ranks = 0;
+    for (const auto& t : parts.ep_transports) {
+      bulk += static_cast<double>(t->frames_bulk()), inline_ += static_cast<double>(t->frames_inline());
+      ranks = std::max(ranks, static_cast<double>(t->size()));
+    }
+    m.ep_group_ranks.set(ranks, "node");
     m.ep_frames_sent.advance_to(bulk, "bulk");
     m.ep_frames_sent.advance_to(inline_, "inline");
     const auto moved = parts.experts->migration();

@@ -1,0 +1,282 @@
+// `shoal bench ep-fault`: one process of an expert-parallel group is lost under load, and what
+// the clients see is measured. The cluster is `shoal up` of a node-config directory (default
+// config/deepseek-shape: a prefill group of 2 ranks on 2 processes, a decode group of 4 ranks
+// on 2 processes), with an empty storage tier. Each trial streams --streams greedy completions
+// of --tokens tokens at once; once every stream has its first tokens, the victim process is
+// killed (SIGKILL) or stopped (SIGSTOP). Per trial it reports:
+// - the time from the fault to the next token of every stream still running (p50, max): the
+//   group's unavailability as a client sees it;
+// - each stream's extra time to its last token against a run of the same streams without a
+//   fault (p50, max): what re-routed and recomputed requests cost;
+// - the routed-expert bytes the surviving processes read while the group re-formed, by source
+//   (a holder process over the bulk transport, or the checkpoint), from their /metrics;
+// - for a kill, the restart (`shoal up --node`) and the time until every surviving process's
+//   group is whole again; for a stop, SIGCONT after the streams ended and the same time.
+// Streams that fail are counted and the first error printed. Records go to --out (JSONL).
+#include <CLI/CLI.hpp>
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <atomic>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <regex>
+#include <thread>
+
+#include <signal.h>
+
+#include <nlohmann/json.hpp>
+
+#include "actors/http_client.hpp"
+#include "runtime/config/node_config.hpp"
+#include "tools/shoal/bench_util.hpp"
+#include "tools/shoal/commands.hpp"
+
+namespace shoal::tools {
+
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+struct fault_args {
+  std::string config = "config/deepseek-shape";
+  int64_t streams = 30, tokens = 64;
+  std::vector<std::string> faults = {"decode-b:kill", "decode-b:stop", "prefill-b:kill", "prefill-b:stop"};
+  std::string out = "bench/results/ep_fault.jsonl";
+};
+
+// The engine nodes of a config: their EP group, its configured size and their metrics port.
+struct engine_node {
+  std::string name, group;
+  int64_t group_size = 0;
+  std::optional<runtime::host_port> metrics;
+};
+struct cluster_view {
+  runtime::host_port http;
+  std::string model;  // the gateway's model name
+  std::vector<engine_node> engines;
+};
+
+std::expected<cluster_view, std::string> read_cluster(const fs::path& dir) {
+  cluster_view v;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (e.path().extension() != ".toml") continue;
+    auto c = runtime::load_node_config(e.path());
+    if (!c) return std::unexpected(runtime::to_string(c.error()));
+    if (c->http_listen) v.http = *c->http_listen, v.model = c->model_dir.filename().string();
+    if (c->has_role(runtime::role::engine) && c->expert_parallel)
+      v.engines.push_back({c->name, c->ep_group, std::max<int64_t>(c->ep_group_size, c->ranks), c->metrics_listen});
+  }
+  if (v.http.port == 0) return std::unexpected(dir.string() + ": no gateway with a fixed gateway.listen port");
+  for (const auto& n : v.engines)
+    if (!n.metrics) return std::unexpected(dir.string() + ": engine node '" + n.name + "' has no node.metrics_listen");
+  return v;
+}
+
+// One value of a labelled series in a Prometheus text body (0 when absent).
+double series(const std::string& body, const std::string& name, const std::string& labels) {
+  std::smatch m;
+  const std::regex re(name + "\\{" + labels + "\\} ([0-9.e+-]+)");
+  return std::regex_search(body, m, re) ? std::stod(m[1]) : 0.0;
+}
+
+std::string metrics_of(const engine_node& n) {
+  actors::http_call_options o;
+  o.timeout = std::chrono::seconds(3);
+  auto r = actors::http_call(n.metrics->host, n.metrics->port, "GET", "/metrics", "", o);
+  return r && r->status == 200 ? r->body : std::string();
+}
+
+// Expert bytes read by the nodes other than `victim`, by source.
+std::pair<double, double> expert_bytes(const cluster_view& v, const std::string& victim) {
+  double holder = 0, checkpoint = 0;
+  for (const auto& n : v.engines) {
+    if (n.name == victim) continue;
+    const std::string body = metrics_of(n);
+    holder += series(body, "shoal_ep_expert_bytes_read_total", "source=\"holder\"");
+    checkpoint += series(body, "shoal_ep_expert_bytes_read_total", "source=\"checkpoint\"");
+  }
+  return {holder, checkpoint};
+}
+
+// Whether every node of `group` reports the group at its configured size.
+bool group_whole(const cluster_view& v, const std::string& group) {
+  for (const auto& n : v.engines)
+    if (n.group == group &&
+        series(metrics_of(n), "shoal_ep_group_ranks", "actor=\"node\"") != static_cast<double>(n.group_size))
+      return false;
+  return true;
+}
+
+// What the clients saw: each stream's token arrival times (s from the start), its error.
+struct streams_seen {
+  std::vector<std::vector<double>> tokens;
+  std::vector<std::string> errors;
+  double fault_at = -1;
+};
+
+// --streams greedy streams at once; `fault` runs once every stream has two tokens (or after 30 s).
+streams_seen run_streams(const fault_args& a, const cluster_view& v, const std::function<void()>& fault) {
+  const auto n = static_cast<size_t>(a.streams);
+  streams_seen seen;
+  seen.tokens.resize(n);
+  seen.errors.resize(n);
+  std::mutex mu;
+  std::atomic<size_t> started{0}, ended{0};
+  const double t0 = now_s();
+  std::vector<std::thread> clients;
+  for (size_t i = 0; i < n; ++i)
+    clients.emplace_back([&, i] {
+      json body = {{"model", v.model}, {"prompt", fmt::format("stream {} asks the harbour master about the tides", i)},
+                   {"max_tokens", a.tokens}, {"temperature", 0}, {"ignore_eos", true}, {"stream", true}};
+      actors::http_call_options o;
+      o.timeout = std::chrono::seconds(180);
+      size_t got = 0;
+      o.on_body = [&](std::string_view piece) {
+        std::lock_guard lock(mu);
+        for (size_t at = piece.find("data: {"); at != std::string_view::npos; at = piece.find("data: {", at + 1)) {
+          seen.tokens[i].push_back(now_s() - t0);
+          if (++got == 2) ++started;
+        }
+      };
+      auto r = actors::http_call(v.http.host, v.http.port, "POST", "/v1/completions", body.dump(), o);
+      std::lock_guard lock(mu);
+      if (!r) seen.errors[i] = r.error();
+      else if (r->status != 200) seen.errors[i] = fmt::format("HTTP {}: {}", r->status, r->body);
+      else if (auto e = r->body.find("\"error\""); e != std::string::npos) seen.errors[i] = r->body.substr(e, 200);
+      ++ended;
+    });
+  if (fault) {
+    while (started < n && ended == 0 && now_s() - t0 < 30) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    seen.fault_at = now_s() - t0;
+    fault();
+  }
+  for (auto& c : clients) c.join();
+  return seen;
+}
+
+double quantile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[static_cast<size_t>(q * static_cast<double>(v.size() - 1) + 0.5)];
+}
+
+double waited_until(const std::function<bool()>& done, double limit_s) {
+  const double t0 = now_s();
+  while (!done() && now_s() - t0 < limit_s) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  return done() ? now_s() - t0 : -1;
+}
+
+// One trial: victim "NAME:kill" or "NAME:stop", against the same streams' baseline.
+json run_trial(const fault_args& a, const fs::path& dir, const fs::path& state, const cluster_view& v,
+               const std::string& spec, const streams_seen& base) {
+  const auto colon = spec.find(':');
+  const std::string victim = spec.substr(0, colon), how = colon == std::string::npos ? "kill" : spec.substr(colon + 1);
+  json rec = {{"fault", how}, {"victim", victim}, {"streams", a.streams}, {"tokens", a.tokens}};
+  auto node = std::find_if(v.engines.begin(), v.engines.end(), [&](const engine_node& n) { return n.name == victim; });
+  const auto pids = cluster_pids(state);
+  const pid_t pid = pids.contains(victim) ? pids.at(victim) : -1;
+  if (node == v.engines.end() || pid <= 0 || (how != "kill" && how != "stop")) {
+    rec["error"] = "not an expert-parallel engine node of the running cluster, or not kill|stop";
+    return rec;
+  }
+  const auto before = expert_bytes(v, victim);
+  auto seen = run_streams(a, v, [&] { ::kill(pid, how == "kill" ? SIGKILL : SIGSTOP); });
+  std::vector<double> gaps, extra;
+  int failed = 0;
+  std::string first_error;
+  for (size_t i = 0; i < seen.tokens.size(); ++i) {
+    if (!seen.errors[i].empty() && failed++ == 0) first_error = seen.errors[i];
+    const auto& t = seen.tokens[i];
+    auto next = std::upper_bound(t.begin(), t.end(), seen.fault_at);
+    if (next != t.end() && next != t.begin()) gaps.push_back(*next - seen.fault_at);  // running at the fault
+    if (!t.empty() && !base.tokens[i].empty()) extra.push_back(t.back() - base.tokens[i].back());
+  }
+  const auto after = expert_bytes(v, victim);
+  if (how == "kill") {
+    rec["restart_rc"] = cluster_start_node(dir, state, victim, 120);
+  } else {
+    ::kill(pid, SIGCONT);
+  }
+  const double whole_s = waited_until([&] { return group_whole(v, node->group); }, 120);
+  rec["failed"] = failed, rec["first_error"] = first_error;
+  rec["fault_to_next_token_s"] = {{"p50", quantile(gaps, 0.5)}, {"max", quantile(gaps, 1.0)}, {"streams", gaps.size()}};
+  rec["extra_to_last_token_s"] = {{"p50", quantile(extra, 0.5)}, {"max", quantile(extra, 1.0)}};
+  rec["expert_bytes_read"] = {{"holder", after.first - before.first}, {"checkpoint", after.second - before.second}};
+  rec["group_whole_after_s"] = whole_s;
+  fmt::print("{:<10} {:<5} next token after the fault: p50 {:.2f} s, max {:.2f} s ({} streams running); extra to the "
+             "last token p50 {:.2f} s, max {:.2f} s; {} failed{}\n"
+             "           experts read by the survivors: {:.1f} MiB from holders, {:.1f} MiB from the checkpoint; "
+             "group whole again {:.1f} s after the {}\n",
+             victim, how, quantile(gaps, 0.5), quantile(gaps, 1.0), gaps.size(), quantile(extra, 0.5), quantile(extra, 1.0),
+             failed, failed ? " (first: " + first_error + ")" : std::string(), (after.first - before.first) / (1 << 20),
+             (after.second - before.second) / (1 << 20), whole_s, how == "kill" ? "restart" : "SIGCONT");
+  return rec;
+}
+
+int run_fault_bench(const fault_args& a) {
+  auto dir = fresh_config_copy(a.config, {});
+  if (!dir) {
+    fmt::print(stderr, "shoal bench ep-fault: {}\n", dir.error());
+    return 2;
+  }
+  auto v = read_cluster(*dir);
+  if (!v) {
+    fmt::print(stderr, "shoal bench ep-fault: {}\n", v.error());
+    return 2;
+  }
+  const fs::path state = *dir / "state";
+  if (cluster_up(*dir, state, 300) != 0) return 1;
+  fmt::print("cluster {}: {} streams of {} tokens per trial\n", a.config, a.streams, a.tokens);
+  run_streams(a, *v, {});  // warm-up: every rank has stepped, cost models collect
+  const streams_seen base = run_streams(a, *v, {});
+  for (const auto& e : base.errors)
+    if (!e.empty()) {
+      fmt::print(stderr, "shoal bench ep-fault: a stream of the run without a fault failed: {}\n", e);
+      cluster_down(state, 60);
+      return 1;
+    }
+  for (const auto& n : v->engines)
+    if (!group_whole(*v, n.group)) {
+      fmt::print(stderr, "shoal bench ep-fault: group '{}' does not report its {} ranks (shoal_ep_group_ranks)\n", n.group,
+                 n.group_size);
+      cluster_down(state, 60);
+      return 1;
+    }
+  std::vector<double> last;
+  for (const auto& t : base.tokens) last.push_back(t.empty() ? 0 : t.back());
+  fmt::print("baseline (no fault): last token p50 {:.2f} s, max {:.2f} s\n", quantile(last, 0.5), quantile(last, 1.0));
+  int rc = 0;
+  for (const auto& spec : a.faults) {
+    json rec = run_trial(a, *dir, state, *v, spec, base);
+    rec["config"] = a.config, rec["machine"] = machine_facts();
+    if (rec.contains("error")) {
+      fmt::print(stderr, "shoal bench ep-fault: {}: {}\n", spec, rec["error"].get<std::string>());
+      rc = 2;
+      break;
+    }
+    append_jsonl(a.out, rec);
+  }
+  cluster_down(state, 60);
+  std::error_code ec;
+  fs::remove_all(*dir, ec);
+  return rc;
+}
+
+}  // namespace
+
+void add_ep_fault_bench(CLI::App& bench) {
+  auto a = std::make_shared<fault_args>();
+  auto* c = bench.add_subcommand("ep-fault", "kill -9 / SIGSTOP of one process of an expert-parallel group under streams: "
+                                             "fault to next token, extra latency, expert bytes by source, rejoin time");
+  c->add_option("--config", a->config, "node-config directory of the cluster")->capture_default_str();
+  c->add_option("--streams", a->streams, "concurrent streams per trial")->capture_default_str();
+  c->add_option("--tokens", a->tokens, "tokens per stream")->capture_default_str();
+  c->add_option("--faults", a->faults, "NODE:kill or NODE:stop, one trial each")->delimiter(',')->capture_default_str();
+  c->add_option("--out", a->out, "JSONL records")->capture_default_str();
+  c->callback([a] { set_exit_code(run_fault_bench(*a)); });
+}
+
+}  // namespace shoal::tools
