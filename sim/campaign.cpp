@@ -48,8 +48,9 @@ std::expected<planted_bug, std::string> planted_bug_named(const std::string& nam
   if (name == "skip_checksum") return planted_bug::skip_checksum;
   if (name == "repeat_tokens") return planted_bug::repeat_tokens;
   if (name == "lease_never_expires") return planted_bug::lease_never_expires;
+  if (name == "route_to_lost") return planted_bug::route_to_lost;
   return std::unexpected("unknown planted bug '" + name +
-                         "' (none, place_on_dead, skip_checksum, repeat_tokens, lease_never_expires)");
+                         "' (none, place_on_dead, skip_checksum, repeat_tokens, lease_never_expires, route_to_lost)");
 }
 
 std::string describe_faults(uint64_t seed, const fault_outcome& f) {
@@ -61,6 +62,9 @@ std::string describe_faults(uint64_t seed, const fault_outcome& f) {
       s += fmt::format(" corrupt({} chunks at {:.2f} s)", e.factor, e.start_s);
     else if (e.kind == fault_kind::disk_full)
       s += fmt::format(" disk_full(at {:.2f} s for {:.2f} s)", e.start_s, e.duration_s);
+    else if (e.kind == fault_kind::rank_crash || e.kind == fault_kind::rank_hang)
+      s += fmt::format(" {}(group {} rank {} at {:.2f} s for {:.2f} s{})", fault_kind_name(e.kind), e.group, e.rank, e.start_s,
+                       e.duration_s, e.skipped ? ", skipped: its group's last rank" : "");
     else if (e.kind == fault_kind::slow)
       s += fmt::format(" slow(group {} x{:.1f} at {:.2f} s for {:.2f} s)", e.group, e.factor, e.start_s, e.duration_s);
     else

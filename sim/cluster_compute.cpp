@@ -82,6 +82,8 @@ void cluster::build_pool(bool prefill, int64_t n, int64_t ep) {
       gs.ranks.push_back(static_cast<int32_t>(ranks_.size()));
       ranks_.push_back(std::move(r));
     }
+    gs.members = gs.placed_on = gs.ranks;
+    gs.placement = runtime::ep_placement::contiguous(1, sim_experts, static_cast<int32_t>(gs.members.size()));
     groups_.push_back(std::move(gs));
   }
 }

@@ -41,7 +41,122 @@ void cluster::fault_start(size_t i) {
     case fault_kind::corrupt:
       if (storage_) storage_->damage(static_cast<int64_t>(f.factor));
       break;
+    case fault_kind::rank_crash:
+    case fault_kind::rank_hang: rank_fault_start(i); break;
   }
+}
+
+// One process of an expert-parallel group crashes or hangs. Its group's lockstep step waits
+// for it: a crash is seen at once (a CAF down message), a hang at the heartbeat timeout, and
+// the group re-forms without it then. A fault that would leave its group with no rank is
+// skipped (the node faults cover a whole group going).
+void cluster::rank_fault_start(size_t i) {
+  fault_event& f = fo_.schedule[i];
+  group_state& gs = groups_[static_cast<size_t>(f.group)];
+  const int32_t ri = gs.ranks[static_cast<size_t>(f.rank)];
+  const bool member = std::ranges::find(gs.members, ri) != gs.members.end();
+  if (!member || gs.members.size() < 2) {
+    f.skipped = true;
+    return;
+  }
+  const double now = clock_.now_s();
+  if (f.kind == fault_kind::rank_crash) {
+    take_down_rank(ri, true);
+    push(now + f.duration_s, ev::fault_end, static_cast<int64_t>(i));
+    return;
+  }
+  const double stalled = std::min(f.duration_s, c_.faults.detect_s);  // the exchange waits that long
+  gs.hung_until = std::max(gs.hung_until, now + stalled);
+  delay_step(gs, static_cast<size_t>(f.group), gs.hung_until);
+  if (f.duration_s > c_.faults.detect_s) {
+    push(now + c_.faults.detect_s, ev::declare_down, static_cast<int64_t>(i));
+    push(now + f.duration_s, ev::fault_end, static_cast<int64_t>(i));
+  }
+}
+
+void cluster::declare_down(size_t i) {
+  const fault_event& f = fo_.schedule[i];
+  if (f.kind == fault_kind::rank_hang)
+    take_down_rank(groups_[static_cast<size_t>(f.group)].ranks[static_cast<size_t>(f.rank)], false);
+  else
+    take_down(static_cast<size_t>(f.group), false);
+}
+
+// The step in flight of group g ends no sooner than `until` plus what it had left.
+void cluster::delay_step(group_state& gs, size_t g, double until) {
+  if (!gs.stepping) return;
+  const double now = clock_.now_s();
+  if (shared_cores(gs) > 0) {
+    advance_shared(gs, now);
+    gs.compute_from = std::max(gs.compute_from, until);
+    reschedule_shared(gs, now);
+    return;
+  }
+  gs.step_end_s = std::max(gs.step_end_s, now) + std::max(0.0, until - now);
+  push(gs.step_end_s, ev::step_end, static_cast<int64_t>(g), ++gs.epoch);
+}
+
+// Rank ri leaves its group: out of the balancers' views, its requests re-routed by their
+// relays, its leases and imports gone (crash: a new engine when it restarts). The survivors'
+// step in flight is recomputed after the group re-forms over them.
+void cluster::take_down_rank(int32_t ri, bool crash) {
+  rank_state& rk = ranks_[static_cast<size_t>(ri)];
+  const auto g = static_cast<size_t>(rk.group);
+  if (rk.down++ > 0 || groups_[g].down) {
+    if (crash) fresh_engine(rk), ++rk.incarnation;
+    return;
+  }
+  ++fo_.rank_losses;
+  if (rk.prefill) balancer_->remove_engine(engine_id{rk.index});
+  std::vector<std::pair<int64_t, engine_id>> hit;
+  for (const auto& [id, rc] : live_) {
+    const engine_id e = rc->machine.engine();
+    if (e.valid() && global_of(e) == ri) hit.emplace_back(id, e);
+  }
+  std::sort(hit.begin(), hit.end());
+  std::vector<int64_t> held;
+  for (const auto& [id, r] : rk.reqs) held.push_back(id);
+  std::sort(held.begin(), held.end());
+  for (int64_t id : held) drop_request(rk, id);
+  for (auto& [id, im] : rk.imports) rk.caches->release(*im.copy);
+  rk.imports.clear();
+  rk.leases = runtime::handoff_leases(planted_lease_bug());
+  rk.plan = {}, rk.load = 0;
+  if (crash) fresh_engine(rk), ++rk.incarnation;
+  reform(g);
+  for (const auto& [id, e] : hit) {
+    ++fo_.rerouted;
+    feed(id, [e](runtime::relay& r) { r.engine_down(e); });
+  }
+}
+
+// Rank ri is back (restarted, awake): its group grows back over it at the next re-formation.
+void cluster::bring_up_rank(int32_t ri) {
+  rank_state& rk = ranks_[static_cast<size_t>(ri)];
+  if (rk.down == 0 || --rk.down > 0) return;
+  const auto g = static_cast<size_t>(rk.group);
+  if (groups_[g].down) return;  // the group's own restart brings it back
+  ++fo_.rejoins;
+  if (rk.prefill) balancer_->add_engine(engine_id{rk.index}, prof_.prefill.step, rk.group);
+  reform(g);
+  if (!groups_[g].stepping) start_step(g);
+}
+
+// Group g agrees on its ranks up and places the experts over them (the runtime's contiguous
+// placement; the planted bug keeps the old one), reading the experts a rank lacks: its steps
+// wait c_.faults.reform_s.
+void cluster::reform(size_t g) {
+  group_state& gs = groups_[g];
+  gs.members.clear();
+  for (int32_t ri : gs.ranks)
+    if (!ranks_[static_cast<size_t>(ri)].down) gs.members.push_back(ri);
+  const bool keep = c_.faults.planted == planted_bug::route_to_lost && gs.members.size() < gs.placed_on.size();
+  if (!keep && !gs.members.empty()) {
+    gs.placement = runtime::ep_placement::contiguous(1, sim_experts, static_cast<int32_t>(gs.members.size()));
+    gs.placed_on = gs.members;
+  }
+  gs.reformed_at = clock_.now_s() + c_.faults.reform_s;
+  delay_step(gs, g, gs.reformed_at);
 }
 
 void cluster::fault_end(size_t i) {
@@ -51,6 +166,10 @@ void cluster::fault_end(size_t i) {
     case fault_kind::partition:
     case fault_kind::hang: bring_up(static_cast<size_t>(f.group)); break;
     case fault_kind::slow: groups_[static_cast<size_t>(f.group)].slow /= f.factor; break;
+    case fault_kind::rank_crash:
+    case fault_kind::rank_hang:
+      if (!f.skipped) bring_up_rank(groups_[static_cast<size_t>(f.group)].ranks[static_cast<size_t>(f.rank)]);
+      break;
     default: break;
   }
 }
@@ -69,8 +188,9 @@ void cluster::take_down(size_t g, bool crash) {
     return;
   }
   if (gs.stepping) gs.stepping = false, ++gs.epoch;
-  for (int32_t ri : gs.ranks)
-    if (ranks_[static_cast<size_t>(ri)].prefill) balancer_->remove_engine(engine_id{ranks_[static_cast<size_t>(ri)].index});
+  for (int32_t ri : gs.ranks)  // a rank down on its own left the views already
+    if (const rank_state& r = ranks_[static_cast<size_t>(ri)]; r.prefill && !r.down)
+      balancer_->remove_engine(engine_id{r.index});
   std::vector<std::pair<int64_t, engine_id>> hit;
   for (const auto& [id, rc] : live_) {
     const engine_id e = rc->machine.engine();
@@ -110,8 +230,12 @@ void cluster::bring_up(size_t g) {
   if (gs.down == 0 || --gs.down > 0) return;
   for (int32_t ri : gs.ranks) {
     const rank_state& r = ranks_[static_cast<size_t>(ri)];
-    if (r.prefill) balancer_->add_engine(engine_id{r.index}, prof_.prefill.step, r.group);
+    if (r.prefill && !r.down) balancer_->add_engine(engine_id{r.index}, prof_.prefill.step, r.group);
   }
+  std::vector<int32_t> up;
+  for (int32_t ri : gs.ranks)
+    if (!ranks_[static_cast<size_t>(ri)].down) up.push_back(ri);
+  if (up != gs.members) reform(g);  // a rank left or came back while the group was down
   if (!gs.stepping) start_step(g);
 }
 
@@ -150,8 +274,15 @@ fault_outcome cluster::check_faults() {
   if (o.placed_on_dead > 0) fail(std::to_string(o.placed_on_dead) + " placements on a node that was down");
   if (o.duplicates > 0) fail(std::to_string(o.duplicates) + " requests finished twice");
   if (o.wrong_outputs > 0) fail(std::to_string(o.wrong_outputs) + " outputs differ from the expected tokens");
-  for (size_t g = 0; g < groups_.size(); ++g)
-    if (groups_[g].down) fail("group " + std::to_string(g) + " still down at the end");
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    const group_state& gs = groups_[g];
+    if (gs.down) fail("group " + std::to_string(g) + " still down at the end");
+    if (gs.members.size() != gs.ranks.size() || gs.placed_on != gs.ranks)
+      fail("group " + std::to_string(g) + " has " + std::to_string(gs.members.size()) + " of its " +
+           std::to_string(gs.ranks.size()) + " ranks at the end");
+  }
+  if (o.routed_to_lost > 0)
+    fail(std::to_string(o.routed_to_lost) + " steps routed tokens to the experts of a rank lost from its group");
   for (const rank_state& r : ranks_) {
     o.leaked_blocks += r.caches->pool().num_blocks() - r.caches->pool().num_free();
     if (!r.imports.empty()) fail("a decode rank still reads " + std::to_string(r.imports.size()) + " handoffs at the end");

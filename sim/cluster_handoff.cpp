@@ -113,14 +113,14 @@ void cluster::read_done(int32_t gi, uint64_t incarnation, int64_t id, uint64_t e
     return;
   }
   rank_state& d = ranks_[static_cast<size_t>(gi)];
-  if (d.incarnation != incarnation || groups_[static_cast<size_t>(d.group)].down) return;
+  if (d.incarnation != incarnation || unreachable(d)) return;
   auto it = d.imports.find(id);
   if (it == d.imports.end() || it->second.epoch != epoch) return;  // cancelled meanwhile
   reads_done_.insert(epoch);
   import_state im = std::move(it->second);
   d.imports.erase(it);
   const rank_state& lender = ranks_[static_cast<size_t>(im.lender)];
-  if (ok && lender.incarnation == im.lender_incarnation && !groups_[static_cast<size_t>(lender.group)].down) {
+  if (ok && lender.incarnation == im.lender_incarnation && !unreachable(lender)) {
     d.sched->add_running(im.copy.get());
   } else {
     ++fo_.handoff_failures;
@@ -136,7 +136,7 @@ void cluster::read_done(int32_t gi, uint64_t incarnation, int64_t id, uint64_t e
 void cluster::release_lender(const import_state& im, int64_t id) {
   later(0, [this, gi = im.lender, inc = im.lender_incarnation, lease = im.lease, id] {
     rank_state& p = ranks_[static_cast<size_t>(gi)];
-    if (p.incarnation != inc || groups_[static_cast<size_t>(p.group)].down) return;
+    if (p.incarnation != inc || unreachable(p)) return;
     if (p.leases.release(request_id{id}, lease)) end_lease(p, id, true);
   });
 }

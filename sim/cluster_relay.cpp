@@ -68,7 +68,7 @@ void cluster::later(double delay_s, std::function<void()> f) {
 rank_state* cluster::engine_at(engine_id e) {
   rank_state& rk = ranks_[static_cast<size_t>(global_of(e))];
   if (rk.incarnation != static_cast<uint64_t>(e.value / static_cast<int64_t>(ranks_.size()))) return nullptr;
-  if (groups_[static_cast<size_t>(rk.group)].down) return nullptr;
+  if (unreachable(rk)) return nullptr;
   return &rk;
 }
 
@@ -98,7 +98,7 @@ void cluster::route_answer(int64_t id, std::vector<engine_id> exclude) {
     return;
   }
   const int32_t gi = static_cast<int32_t>(placed->value);  // prefill ranks come first
-  if (groups_[static_cast<size_t>(prefill_rank(placed->value).group)].down) ++fo_.placed_on_dead;
+  if (unreachable(prefill_rank(placed->value))) ++fo_.placed_on_dead;
   feed(id, [&](runtime::relay& r) { r.routed(ref(gi)); });
 }
 
@@ -114,7 +114,7 @@ void cluster::decode_route_answer(int64_t id, uint64_t placement, std::vector<en
   for (int64_t i = 0; i < c_.decode_ranks; ++i) {
     rank_state& d = decode_rank(i);
     const int32_t gi = static_cast<int32_t>(c_.prefill_ranks + i);
-    if (groups_[static_cast<size_t>(d.group)].down && c_.faults.planted != planted_bug::place_on_dead) continue;
+    if (unreachable(d) && c_.faults.planted != planted_bug::place_on_dead) continue;
     if (std::ranges::find(refused, ref(gi)) != refused.end()) continue;
     int64_t kv = d.importing_kv();
     for (const runtime::request* q : d.sched->running_requests()) kv += q->computed();
@@ -127,7 +127,7 @@ void cluster::decode_route_answer(int64_t id, uint64_t placement, std::vector<en
     return;
   }
   const int32_t gi = static_cast<int32_t>(c_.prefill_ranks + chosen->value);
-  if (groups_[static_cast<size_t>(decode_rank(chosen->value).group)].down) ++fo_.placed_on_dead;
+  if (unreachable(decode_rank(chosen->value))) ++fo_.placed_on_dead;
   feed(id, [&](runtime::relay& r) { r.decode_routed(placement, ref(gi)); });
 }
 

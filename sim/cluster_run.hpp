@@ -93,6 +93,16 @@ class cluster {
   void take_down(size_t g, bool crash);
   void wipe(size_t g);
   void bring_up(size_t g);
+  void declare_down(size_t fault);
+  void rank_fault_start(size_t fault);
+  // Rank faults: rank `ri` (global) leaves its group, which re-forms without it; it is back.
+  void take_down_rank(int32_t ri, bool crash);
+  void bring_up_rank(int32_t ri);
+  void reform(size_t g);
+  void delay_step(group_state& gs, size_t g, double until);
+  // A rank no relay or balancer can reach: its group or its own process is down.
+  bool unreachable(const rank_state& r) const { return groups_[static_cast<size_t>(r.group)].down || r.down; }
+  static constexpr int64_t sim_experts = 256;  // routed experts per MoE layer (DeepSeek-V3's)
   static std::unique_ptr<runtime::request> restarted(const runtime::request& r);
   runtime::lease_bug planted_lease_bug() const {
     return c_.faults.planted == planted_bug::lease_never_expires ? runtime::lease_bug::never_expires

@@ -91,7 +91,9 @@ sim_result cluster::run() {
   }
   if (c_.faults.enabled) {
     const double span = work_.empty() ? 0 : last_arrival_ - work_.front().arrival_s;
-    fo_.schedule = make_fault_schedule(c_.seed, c_.faults.node_faults, span, static_cast<int32_t>(groups_.size()));
+    std::vector<int32_t> sizes;
+    for (const auto& g : groups_) sizes.push_back(static_cast<int32_t>(g.ranks.size()));
+    fo_.schedule = make_fault_schedule(c_.seed, c_.faults.node_faults, span, sizes, c_.faults.rank_faults);
     for (size_t i = 0; i < fo_.schedule.size(); ++i)
       push((work_.empty() ? 0 : work_.front().arrival_s) + fo_.schedule[i].start_s, ev::fault_start,
            static_cast<int64_t>(i));
@@ -119,7 +121,7 @@ sim_result cluster::run() {
       }
       case ev::fault_start: fault_start(static_cast<size_t>(e.a)); break;
       case ev::fault_end: fault_end(static_cast<size_t>(e.a)); break;
-      case ev::declare_down: take_down(static_cast<size_t>(fo_.schedule[static_cast<size_t>(e.a)].group), false); break;
+      case ev::declare_down: declare_down(static_cast<size_t>(e.a)); break;
       case ev::wake:
         if (!groups_[static_cast<size_t>(e.a)].stepping) start_step(static_cast<size_t>(e.a));
         break;
@@ -207,8 +209,8 @@ void cluster::start_step(size_t g) {
   const pool_profile& pp = gs.prefill ? prof_.prefill : prof_.decode;
   const double now = clock_.now_s();
   if (gs.down) return;
-  if (now < gs.hung_until) {  // hung: it steps again when the hang ends
-    push(gs.hung_until, ev::wake, static_cast<int64_t>(g));
+  if (now < std::max(gs.hung_until, gs.reformed_at)) {  // hung, or re-forming: it steps again after
+    push(std::max(gs.hung_until, gs.reformed_at), ev::wake, static_cast<int64_t>(g));
     return;
   }
   const bool shared = shared_cores(gs) > 0;
@@ -219,7 +221,7 @@ void cluster::start_step(size_t g) {
   loads_.clear();
   if (storage_) storage_->current_group = g;
   const int64_t drafts = gs.prefill ? c_.prefill_drafts : c_.decode_drafts;
-  for (int32_t ri : gs.ranks) {
+  for (int32_t ri : gs.members) {
     rank_state& r = ranks_[static_cast<size_t>(ri)];
     const double t = plan_rank(r, pp, drafts, drafting);
     loads_.push_back(r.load);
@@ -239,7 +241,14 @@ void cluster::start_step(size_t g) {
   dt *= gs.slow;
   // An expert-parallel group's passes (the main one, and the draft passes when some rank
   // drafts) each wait on their exchanges: latency beyond the compute, on no core.
-  const double exchanges = gs.ranks.size() > 1 ? prof_.ep_pass_s * static_cast<double>(1 + (drafting ? drafts : 0)) : 0;
+  const double exchanges = gs.members.size() > 1 ? prof_.ep_pass_s * static_cast<double>(1 + (drafting ? drafts : 0)) : 0;
+  // The step routes each token to the rank of its expert in the group's placement: every rank
+  // the placement names must be in the group.
+  for (int32_t ri : gs.placed_on)
+    if (std::ranges::find(gs.members, ri) == gs.members.end()) {
+      ++fo_.routed_to_lost;
+      break;
+    }
   gs.stepping = true;
   gs.step_start = now;
   gs.counted = now >= c_.warmup_s && now < last_arrival_;

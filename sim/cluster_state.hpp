@@ -20,6 +20,7 @@
 #include "runtime/core/relay.hpp"
 #include "runtime/base/clock.hpp"
 #include "runtime/placement/decode_placement.hpp"
+#include "runtime/placement/expert_placement.hpp"
 #include "runtime/base/metrics.hpp"
 #include "runtime/core/remote_blocks.hpp"
 #include "runtime/core/scheduler.hpp"
@@ -195,6 +196,7 @@ struct rank_state {
   int32_t index = 0;  // within its pool
   int32_t process = 0;  // the engine process it runs in (its ranks share one kernel thread pool)
   uint64_t incarnation = 0;  // bumped when its process restarts (a new engine to the relays)
+  int down = 0;  // its own process crashed or hung past the heartbeat timeout (a count: faults may overlap)
   std::unique_ptr<runtime::cache_manager> caches;
   std::unique_ptr<runtime::scheduler> sched;
   runtime::step_plan plan;
@@ -214,6 +216,13 @@ struct group_state {
   bool prefill = true;
   std::vector<int32_t> ranks;  // indices into the sim's ranks
   std::vector<int32_t> processes;  // the engine processes its ranks run in
+  // Expert parallelism: the ranks in the group now (those not down on their own, in order) and
+  // the placement the group routes by, over them (runtime/placement/expert_placement.hpp,
+  // contiguous blocks); steps wait for a re-formation (experts read, all agree) until then.
+  std::vector<int32_t> members;
+  runtime::ep_placement placement = runtime::ep_placement::contiguous(1, 1, 1);
+  std::vector<int32_t> placed_on;  // the ranks the placement's rank indices name
+  double reformed_at = 0;
   bool stepping = false;
   std::mt19937_64 rng;
   // The step in flight: when it began, whether it falls in the measured window, and, on shared

@@ -13,10 +13,13 @@
 // - no placement on a node that is down (prefill balancer and decode placement);
 // - no duplicate: a request finishes once, its output is the one token sequence expected;
 // - convergence: at the end every node is up and back in the balancers' views, no block is
-//   held by a request on any rank, no handoff is pending, the balancer has nothing in flight.
+//   held by a request on any rank, no handoff is pending, the balancer has nothing in flight,
+//   every expert-parallel group is whole again;
+// - no step of a group that lost a rank routes tokens to that rank's experts.
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -33,9 +36,12 @@ enum class planted_bug {
   skip_checksum,        // the storage tier serves a damaged chunk instead of a miss
   repeat_tokens,        // the relay sends a re-routed request's tokens the client has again
   lease_never_expires,  // a prefill engine's placed lease outlives a decode engine that went quiet
+  route_to_lost,        // a group that lost a rank keeps the placement that routes to its experts
 };
 
-enum class fault_kind { crash, hang, partition, slow, disk_full, corrupt };
+// Node faults hit a whole group's processes; rank faults one process of an expert-parallel
+// group, which re-forms without it and grows back when it is back.
+enum class fault_kind { crash, hang, partition, slow, disk_full, corrupt, rank_crash, rank_hang };
 const char* fault_kind_name(fault_kind k);
 
 struct fault_event {
@@ -44,11 +50,15 @@ struct fault_event {
   double start_s = 0;        // virtual time
   double duration_s = 0;     // until restart / heal / the end of the slowness or the full disk
   double factor = 1;         // slow: step-time multiplier; corrupt: chunks damaged
+  int32_t rank = -1;         // rank faults: the rank within the group
+  bool skipped = false;      // a rank fault on a group's last rank up (set by the run)
 };
 
 struct fault_options {
   bool enabled = false;
   int node_faults = 4;              // drawn over the workload's span
+  int rank_faults = 2;              // drawn after them, on groups of 2 or more ranks
+  double reform_s = 0.5;            // a group re-forms (placement, experts read) when a rank goes or comes back
   double detect_s = 2.0;            // heartbeat timeout: a longer hang is a node down
   double handoff_timeout_s = 1.0;   // the decode side gives up a handoff read and recomputes
   double request_timeout_s = 120;   // a request with no engine to go to this long gets an error
@@ -70,13 +80,17 @@ struct fault_outcome {
   int64_t wrong_outputs = 0;         // outputs that are not the expected token sequence
   int64_t leaked_blocks = 0;         // held at the end on some rank
   int64_t rerouted = 0, handoff_failures = 0, handoff_duplicates = 0, dropped_writes = 0, damaged_caught = 0;
+  int64_t rank_losses = 0, rejoins = 0;  // ranks a group lost (crash, hang past the timeout), and got back
+  int64_t routed_to_lost = 0;            // steps whose placement routed to a rank not in the group
   std::vector<std::string> errors;   // the clear errors requests got (one per errored request)
   std::vector<std::string> violations;
   bool ok() const { return violations.empty(); }
 };
 
-// The node-fault schedule of a run: `count` faults over [0, span_s) on groups [0, groups),
-// a function of the seed.
-std::vector<fault_event> make_fault_schedule(uint64_t seed, int count, double span_s, int32_t groups);
+// The fault schedule of a run, a function of the seed: `count` node faults over [0, span_s) on
+// groups [0, group_sizes.size()), then `rank_faults` rank faults on the groups of 2 or more
+// ranks (their sizes: group_sizes).
+std::vector<fault_event> make_fault_schedule(uint64_t seed, int count, double span_s, std::span<const int32_t> group_sizes,
+                                             int rank_faults = 0);
 
 }  // namespace shoal::sim

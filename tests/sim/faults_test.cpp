@@ -1,7 +1,8 @@
 // The simulator with faults: a campaign of seeded runs, each with node faults (crash, hang,
-// partition, slow group, full disk, damaged chunks) and message faults (handoff reads failed,
-// late or delivered twice), every invariant of sim/faults.hpp checked on every run; a seed
-// replays its run exactly; each planted bug is caught by some seed.
+// partition, slow group, full disk, damaged chunks), rank faults inside expert-parallel groups
+// (a rank's process crashes or hangs, the group re-forms without it, it rejoins) and message
+// faults (handoff reads failed, late or delivered twice), every invariant of sim/faults.hpp
+// checked on every run; a seed replays its run exactly; each planted bug is caught by some seed.
 #include <doctest/doctest.h>
 
 #include <fmt/format.h>
@@ -37,11 +38,13 @@ TEST_CASE("sim faults: 1000 seeded runs, every invariant holds on each") {
     total.completed += f.completed, total.errored += f.errored, total.rerouted += f.rerouted;
     total.handoff_failures += f.handoff_failures, total.handoff_duplicates += f.handoff_duplicates;
     total.dropped_writes += f.dropped_writes, total.damaged_caught += f.damaged_caught;
+    total.rank_losses += f.rank_losses, total.rejoins += f.rejoins;
   }
-  MESSAGE(fmt::format("1000 runs, {} node faults: {} completed, {} errored, {} re-routed, {} handoffs failed, {} "
-                      "duplicate handoff deliveries ignored, {} writes dropped (disk full), {} damaged chunks caught",
+  MESSAGE(fmt::format("1000 runs, {} node and rank faults: {} completed, {} errored, {} re-routed, {} handoffs failed, {} "
+                      "duplicate handoff deliveries ignored, {} writes dropped (disk full), {} damaged chunks caught, "
+                      "{} ranks lost from their expert-parallel group and {} back",
                       injected, total.completed, total.errored, total.rerouted, total.handoff_failures,
-                      total.handoff_duplicates, total.dropped_writes, total.damaged_caught));
+                      total.handoff_duplicates, total.dropped_writes, total.damaged_caught, total.rank_losses, total.rejoins));
   CHECK(failed == 0);
   // The campaign exercised every reaction.
   CHECK(total.rerouted > 0);
@@ -49,6 +52,8 @@ TEST_CASE("sim faults: 1000 seeded runs, every invariant holds on each") {
   CHECK(total.handoff_duplicates > 0);
   CHECK(total.dropped_writes > 0);
   CHECK(total.damaged_caught > 0);
+  CHECK(total.rank_losses > 100);  // groups lost a rank (crash, hang past the timeout) and re-formed
+  CHECK(total.rejoins > 100);      // and grew back (every group whole at the end: an invariant)
   CHECK(total.completed > 40000);  // errors are the exception (a request losing its engine 4 times)
 }
 
@@ -74,7 +79,8 @@ TEST_CASE("sim faults: each planted bug is caught by some seed") {
   const std::pair<planted_bug, std::string> bugs[] = {{planted_bug::place_on_dead, "placements on a node"},
                                                        {planted_bug::skip_checksum, "damaged blocks served"},
                                                        {planted_bug::repeat_tokens, "outputs differ"},
-                                                       {planted_bug::lease_never_expires, "leases at the end"}};
+                                                       {planted_bug::lease_never_expires, "leases at the end"},
+                                                       {planted_bug::route_to_lost, "experts of a rank lost"}};
   for (const auto& [bug, expected] : bugs) {
     CAPTURE(expected);
     uint64_t caught = 0;

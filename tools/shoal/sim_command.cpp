@@ -177,6 +177,7 @@ int run_sim_faults(const faults_args& a) {
     total.rerouted += f.rerouted, total.handoff_failures += f.handoff_failures;
     total.handoff_duplicates += f.handoff_duplicates, total.dropped_writes += f.dropped_writes;
     total.damaged_caught += f.damaged_caught;
+    total.rank_losses += f.rank_losses, total.rejoins += f.rejoins, total.routed_to_lost += f.routed_to_lost;
   }
   std::string mix;
   for (const auto& [k, n] : kinds) mix += fmt::format("{}{} {}", mix.empty() ? "" : ", ", n, k);
@@ -189,6 +190,8 @@ int run_sim_faults(const faults_args& a) {
   fmt::print("reactions: re-routed {}, handoff reads failed or late {}, duplicate handoff deliveries ignored {}, "
              "writes dropped (disk full) {}, damaged chunks caught {}\n",
              total.rerouted, total.handoff_failures, total.handoff_duplicates, total.dropped_writes, total.damaged_caught);
+  fmt::print("expert-parallel groups: ranks lost {}, back {}; steps routed to a lost rank {}\n", total.rank_losses,
+             total.rejoins, total.routed_to_lost);
   return failed == 0 ? 0 : 1;
 }
 
@@ -201,7 +204,7 @@ void add_sim_command(CLI::App& app) {
   f->add_option("--runs", fa->runs, "seeds to run (without --seed)")->capture_default_str();
   f->add_option("--from", fa->from, "first seed (without --seed)")->capture_default_str();
   f->add_option("--profile", fa->profile, "GPU step-time profile")->capture_default_str();
-  f->add_option("--planted", fa->planted, "tests only: none, place_on_dead, skip_checksum, repeat_tokens, lease_never_expires")->capture_default_str();
+  f->add_option("--planted", fa->planted, "tests only: none, place_on_dead, skip_checksum, repeat_tokens, lease_never_expires, route_to_lost")->capture_default_str();
   f->callback([fa] { set_exit_code(run_sim_faults(*fa)); });
 
   auto a = std::make_shared<sim_args>();
