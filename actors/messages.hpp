@@ -190,7 +190,7 @@ typename Inspector::result_type inspect(Inspector& f, runtime::cost_stats& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, engine_stats& x) {
   return f(caf::meta::type_name("engine_stats"), x.steps, x.prefill_tokens, x.decode_tokens, x.generated,
-           x.failed_steps, x.forward_s, x.idle_s, x.plan_s, x.plan_exposed_s, x.running, x.waiting, x.waiting_for_remote, x.cache, x.swa,
+           x.failed_steps, x.recomputed_steps, x.forward_s, x.idle_s, x.plan_s, x.plan_exposed_s, x.running, x.waiting, x.waiting_for_remote, x.cache, x.swa,
            x.blocks_free, x.blocks_total, x.kv_tokens, x.handoffs_offered, x.handoffs_lent, x.handoffs_kept,
            x.handoffs_refused_format, x.images_encoded, x.image_patches_encoded, x.image_rows_read, x.image_row_read_failures, x.image_cache,
            x.spec, x.cost, x.decode_cost);

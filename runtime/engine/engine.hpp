@@ -304,6 +304,9 @@ class engine {
   std::unordered_map<int64_t, std::unique_ptr<request>> requests_;
   std::unordered_map<int64_t, std::string> texts_;
   bool stalled_ = false;
+  // A failed EP step's requests stay to be computed again once after each group change (or
+  // start); a second failure in the same group ends them (fail_step).
+  bool may_recompute_ = true;
   void offer_handoff(request& r);
   std::unique_ptr<registered_memory> pool_reg_;  // the block pool, registered once (prefill)
   std::unordered_map<int64_t, std::vector<std::unique_ptr<registered_memory>>> leases_;  // ring registrations

@@ -72,13 +72,23 @@ std::vector<token_event> engine::step_ep() {
 }
 
 // The step's forward pass did not finish: its requests' caches are partly written past
-// `computed`, so they finish with an error (blocks freed, nothing committed: no prefix-cache
-// registration, no SWA snapshot).
+// `computed`, and nothing of it was committed (no token sampled, no prefix-cache registration,
+// no SWA snapshot, no draft made). deepseek_v3 keeps no sliding-window ring, so what lies past
+// `computed` is written again when the positions are computed again: the requests stay, to be
+// recomputed by the group the rank adopts next (a lost rank's group re-forms), once a group;
+// a second failure in the same group, or a shoal_flash model (whose rings the partial write
+// overwrote), ends them with an error (blocks freed) for their relays to place again.
 std::vector<token_event> engine::fail_step(const std::string& why) {
   last_error_ = why;
   ++stats_.failed_steps;
   std::vector<token_event> events;
   if (!flight_) return events;
+  if (may_recompute_ && !weights_->config.is_flash()) {
+    may_recompute_ = false;
+    ++stats_.recomputed_steps;
+    flight_.reset();
+    return events;
+  }
   for (auto& item : flight_->plan.items) {
     request* r = item.req;
     r->finish = finish_reason::error;
@@ -128,6 +138,7 @@ void engine::set_ep_group(ep_layout layout, std::shared_ptr<expert_transport> tr
   config_.ep->layout = layout;
   config_.ep->transport = transport;
   ep_->reconfigure(layout, std::move(transport));
+  may_recompute_ = true;
   if (config_.experts) config_.experts->drop_fetches();  // an offered plan was dropped with the old group
 }
 }  // namespace shoal::runtime

@@ -11,7 +11,8 @@ namespace shoal::runtime {
 
 struct engine_stats {
   uint64_t steps = 0, prefill_tokens = 0, decode_tokens = 0, generated = 0;
-  uint64_t failed_steps = 0;   // EP steps whose exchange failed (their requests finished as error)
+  uint64_t failed_steps = 0;   // EP steps whose exchange failed (their requests recomputed, or finished as error)
+  uint64_t recomputed_steps = 0;  // of them, steps whose requests stayed to be computed again
   double forward_s = 0;        // compute thread busy in forward passes
   double idle_s = 0;           // compute thread waiting between consecutive steps (exposed overhead)
   double plan_s = 0;           // time spent planning (overlapped when async)

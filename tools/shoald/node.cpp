@@ -137,7 +137,7 @@ std::string describe_engine(caf::actor_system& sys, const actors::engine_actor& 
                              "spec_tokens_per_step={:.3f} spec_auto_verifying={} spec_auto_switches={}",
                              s.spec.decode_steps, s.spec.drafted, s.spec.verified, s.spec.accepted,
                              s.spec.tokens_per_step(), s.spec.auto_verifying, s.spec.auto_switches);
-        if (s.failed_steps > 0) out += fmt::format(" failed_steps={}", s.failed_steps);
+        if (s.failed_steps > 0) out += fmt::format(" failed_steps={} recomputed_steps={}", s.failed_steps, s.recomputed_steps);
         // Requests by their one id: routed here now, and the last that left (how they ended).
         std::vector<std::string> running, recent;
         for (request_id id : snap.running) running.push_back(to_string(id));
