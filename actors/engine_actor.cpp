@@ -360,6 +360,7 @@ caf::result<expert_load_msg> load_report(self_pointer self) {
     m.process_expert_bytes = experts->resident_bytes();
     const auto mig = experts->migration();
     m.fetched_bytes = mig.fetched_bytes;
+    m.kept_bytes = mig.kept_bytes;
     m.checkpoint_bytes = mig.checkpoint_bytes;
     m.lent_bytes = mig.lent_bytes;
     m.fetch_failures = mig.fetch_failures;

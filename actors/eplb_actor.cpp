@@ -104,18 +104,20 @@ std::vector<size_t> first_rank_of_each_process(size_t ranks, const std::vector<i
 
 // Expert weights moved, summed over the processes.
 std::string migration_line(const std::vector<expert_load_msg>& per_rank, const std::vector<int32_t>& process_of) {
-  int64_t fetched = 0, checkpoint = 0, lent = 0, failures = 0;
+  int64_t fetched = 0, checkpoint = 0, lent = 0, failures = 0, kept = 0;
   std::string last;
   for (size_t r : first_rank_of_each_process(per_rank.size(), process_of)) {
     const expert_load_msg& m = per_rank[r];
     fetched += m.fetched_bytes;
+    kept += m.kept_bytes;
     checkpoint += m.checkpoint_bytes;
     lent += m.lent_bytes;
     failures += m.fetch_failures;
     if (!m.fetch_error.empty()) last = m.fetch_error;
   }
   std::string out = "expert weights read: " + megabytes(fetched) + " from holders over the transport (" +
-                    megabytes(lent) + " lent), " + megabytes(checkpoint) + " from the checkpoint (group start included)";
+                    megabytes(lent) + " lent), " + megabytes(checkpoint) + " from the checkpoint (group start included); " +
+                    megabytes(kept) + " taken over from memory (another rank of the process held them)";
   out += failures ? ", " + std::to_string(failures) + " read(s) from holders failed, last: " + last + "\n" : "\n";
   return out;
 }

@@ -666,6 +666,7 @@ struct expert_load_msg {
   // The rank's process: expert weights read from holders / from the checkpoint, lent to
   // peers (bytes), reads from holders that failed, and the last such failure.
   int64_t fetched_bytes = 0, checkpoint_bytes = 0, lent_bytes = 0, fetch_failures = 0;
+  int64_t kept_bytes = 0;  // adopted from memory: another rank of the process held them
   std::string fetch_error;
   // Memory: the (slot, expert) pairs this rank computes (redundant copies included); its
   // process's routed experts in memory and their bytes, and its resident set.
@@ -677,7 +678,7 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, expert_load_msg& x) {
   return f(caf::meta::type_name("expert_load_msg"), x.group, x.steps, x.window_steps, x.window, x.recent, x.placement,
            x.offered_epoch, x.pairs_computed, x.expert_bytes, x.fetched_bytes, x.checkpoint_bytes, x.lent_bytes,
-           x.fetch_failures, x.fetch_error, x.experts_computed, x.process_experts, x.process_expert_bytes,
+           x.fetch_failures, x.kept_bytes, x.fetch_error, x.experts_computed, x.process_experts, x.process_expert_bytes,
            x.process_rss_bytes);
 }
 

@@ -3,6 +3,7 @@
 #include "runtime/engine/engine.hpp"
 
 #include <chrono>
+#include <limits>
 
 #include "kernels/assert.hpp"
 #include "runtime/ep/expert_residency.hpp"
@@ -73,28 +74,34 @@ std::vector<token_event> engine::step_ep() {
 
 // The step's forward pass did not finish: its requests' caches are partly written past
 // `computed`, and nothing of it was committed (no token sampled, no prefix-cache registration,
-// no SWA snapshot, no draft made). deepseek_v3 keeps no sliding-window ring, so what lies past
-// `computed` is written again when the positions are computed again: the requests stay, to be
-// recomputed by the group the rank adopts next (a lost rank's group re-forms), once a group;
-// a second failure in the same group, or a shoal_flash model (whose rings the partial write
-// overwrote), ends them with an error (blocks freed) for their relays to place again.
+// no SWA snapshot, no draft made). A request whose positions can be computed again over what
+// the pass wrote stays, to be recomputed by the group the rank adopts next (a lost rank's
+// group re-forms), once a group: deepseek_v3's caches are written by position; a shoal_flash
+// run no longer than the ring's slack beyond the window (a decode step, drafts included) left
+// the window's entries in its ring. The others (a longer prefill chunk of shoal_flash, or a
+// second failure in the same group) end with an error (blocks freed) for their relays to
+// place again.
 std::vector<token_event> engine::fail_step(const std::string& why) {
   last_error_ = why;
   ++stats_.failed_steps;
   std::vector<token_event> events;
   if (!flight_) return events;
-  if (may_recompute_ && !weights_->config.is_flash()) {
-    may_recompute_ = false;
-    ++stats_.recomputed_steps;
-    flight_.reset();
-    return events;
-  }
+  const model::model_config& mc = weights_->config;
+  const int64_t slack = mc.is_flash() ? caches_.ring_tokens() - mc.window() : std::numeric_limits<int64_t>::max();
+  bool kept = false;
   for (auto& item : flight_->plan.items) {
     request* r = item.req;
+    if (may_recompute_ && item.n_tokens <= slack) {
+      if (mc.is_flash()) r->spec.ring_written = std::max(r->spec.ring_written, item.base + item.n_tokens);
+      kept = true;
+      continue;
+    }
     r->finish = finish_reason::error;
     sched_.finish(r);
     events.push_back({r->id, -1, true, finish_reason::error, {}});
   }
+  if (kept) ++stats_.recomputed_steps;
+  may_recompute_ = false;
   flight_.reset();
   return events;
 }

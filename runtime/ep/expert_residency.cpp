@@ -187,6 +187,17 @@ std::expected<void, std::string> expert_residency::hold(const void* holder, cons
         return std::unexpected(why);
       }
     }
+  // What the holder gains that is in memory already (another rank of this process holds it, as
+  // its own or a redundant copy): nothing read.
+  const auto before = held_.find(holder);
+  for (int64_t s = 0; s < slots_; ++s)
+    for (int32_t e : experts[s])
+      if (resident_[s * experts_ + e] &&
+          (before == held_.end() || std::ranges::find(before->second[s], e) == before->second[s].end())) {
+        const auto& x = model::routed_expert_weights(mutable_weights_, s, e);
+        ++stats_.kept_experts;
+        stats_.kept_bytes += static_cast<int64_t>(x.gate_up.bytes() + x.down.bytes());
+      }
   for (int64_t s = 0; s < slots_; ++s)
     for (int32_t e : experts[s]) {
       if (resident_[s * experts_ + e]) continue;

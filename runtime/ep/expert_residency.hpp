@@ -92,6 +92,7 @@ class expert_residency {
   // The plan the reads were for was dropped: their weights are discarded.
   void drop_fetches();
   struct migration_stats {
+    int64_t kept_experts = 0, kept_bytes = 0;              // a rank adopted them from memory (another rank here held them)
     int64_t fetched_experts = 0, fetched_bytes = 0;        // read from a holder and installed
     int64_t checkpoint_experts = 0, checkpoint_bytes = 0;  // read from the checkpoint
     int64_t fetch_failures = 0;                            // reads from a holder that failed (then the checkpoint)

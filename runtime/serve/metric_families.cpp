@@ -60,7 +60,7 @@ node_metrics add_node_metrics(metrics_registry& r) {
       r.add_gauge("shoal_engine_experts_resident_bytes", "Bytes of the routed experts this process holds.", a),
       r.add_gauge("shoal_ep_group_ranks", "Ranks in the expert-parallel group this process's ranks are in now.", a),
       r.add_counter("shoal_ep_frames_sent_total", "Expert-parallel frames sent, by path (bulk transport or inline).", "path"),
-      r.add_counter("shoal_ep_expert_bytes_read_total", "Routed-expert weight bytes read, by source (holder process or checkpoint).", "source"),
+      r.add_counter("shoal_ep_expert_bytes_read_total", "Routed-expert weight bytes a rank adopted, by source (memory of this process, holder process, checkpoint).", "source"),
       r.add_counter("shoal_ep_expert_read_failures_total", "Reads of routed experts from a holder that failed (read from the checkpoint instead).", a),
       r.add_counter("shoal_transport_reads_total", "Ranges the bulk transport read, by path (shm within the host, or the network provider).", "path"),
       r.add_gauge("process_resident_memory_bytes", "Resident memory size of this process in bytes.", ""),

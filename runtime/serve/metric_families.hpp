@@ -54,9 +54,10 @@ struct node_metrics {
   // shoal_ep_frames_sent_total{path="bulk"|"inline"}: expert-parallel frames this process's
   // ranks sent over the bulk transport / inside CAF messages.
   counter ep_frames_sent;
-  // shoal_ep_expert_bytes_read_total{source="holder"|"checkpoint"}: routed-expert weights this
-  // process read from another process over the bulk transport / from its checkpoint (group
-  // starts included); shoal_ep_expert_read_failures_total: reads from a holder that failed
+  // shoal_ep_expert_bytes_read_total{source="memory"|"holder"|"checkpoint"}: routed-expert
+  // weights a rank of this process adopted that another rank here held already (nothing read) /
+  // read from another process over the bulk transport / from its checkpoint (group starts
+  // included); shoal_ep_expert_read_failures_total: reads from a holder that failed
   // (the checkpoint gave those experts).
   counter ep_expert_bytes_read, ep_expert_read_failures;
   // shoal_transport_reads_total{path="shm"|"network"}: ranges the engine ranks' bulk transport

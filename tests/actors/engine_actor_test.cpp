@@ -508,7 +508,7 @@ TEST_CASE("every type of the type-ID block round-trips through a remote actor") 
   round_trip(self, remote, placed);
   round_trip(self, remote, actors::placement_msg{});
   round_trip(self, remote, actors::expert_load_msg{0xfeedull, 1ull << 35, 100, {1.5, 0, 7}, {0.25}, placed, 4, 99,
-                                                  1 << 20, 5 << 20, 7, 3 << 20, 2, "reading expert 3: timed out"});
+                                                  1 << 20, 5 << 20, 7, 3 << 20, 2, 9 << 20, "reading expert 3: timed out"});
   round_trip(self, remote, actors::expert_load_msg{});
   round_trip(self, remote, actors::expert_lend_msg{0xfeedull, 3, 61'000, {0, 1, 1}, {5, 2, 7}});
   round_trip(self, remote, actors::expert_lend_msg{});

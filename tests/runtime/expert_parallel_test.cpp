@@ -544,51 +544,55 @@ TEST_CASE("ep failure: a lost or silent rank fails its peers' steps twice in one
 }
 
 TEST_CASE("ep failure: the failed step's requests stay and the re-formed group computes them exactly") {
-  // deepseek_v3 keeps nothing of a failed step past `computed`: after rank 3 is lost, each
-  // survivor's step in flight fails once, its requests stay (none ends with an error), and
-  // the group of the three survivors computes them on, token for token and logit for logit
-  // the single engine's.
-  auto w = test::tiny_model("v3-tiny");
-  local_ep_hub hub(4, 5s);
-  std::vector<std::unique_ptr<engine>> engines;
-  std::vector<std::vector<job>> jobs;
-  std::vector<std::map<int64_t, size_t>> ids;
-  for (int32_t r = 0; r < 4; ++r) {
-    engines.push_back(std::make_unique<engine>(w, ep_config(hub, r)));
-    jobs.push_back(jobs_for(r, 21, -1));
-    for (auto& j : jobs[r]) j.params.max_tokens = 30;
-    ids.push_back(add_jobs(*engines[r], jobs[r]));
+  // Nothing of a failed step is committed, and what it wrote past `computed` is written again
+  // (deepseek_v3: by position; shoal_flash: decode steps within the ring's slack): after rank
+  // 3 is lost, each survivor's step in flight fails once, its requests stay (none ends with an
+  // error), and the group of the three survivors computes them on, token for token and logit
+  // for logit the single engine's.
+  for (const char* preset : {"v3-tiny", "tiny"}) {
+    CAPTURE(preset);
+    auto w = test::tiny_model(preset);
+    local_ep_hub hub(4, 5s);
+    std::vector<std::unique_ptr<engine>> engines;
+    std::vector<std::vector<job>> jobs;
+    std::vector<std::map<int64_t, size_t>> ids;
+    for (int32_t r = 0; r < 4; ++r) {
+      engines.push_back(std::make_unique<engine>(w, ep_config(hub, r)));
+      jobs.push_back(jobs_for(r, 21, -1));
+      for (auto& j : jobs[r]) j.params.max_tokens = 30;
+      ids.push_back(add_jobs(*engines[r], jobs[r]));
+    }
+    std::vector<std::vector<token_event>> events(3);
+    std::vector<std::thread> threads;
+    for (int32_t r = 0; r < 4; ++r)
+      threads.emplace_back([&, r] {
+        if (r == 3) {  // three steps, then lost
+          for (int s = 0; s < 3; ++s) engines[r]->step();
+          hub.fail(3);
+          return;
+        }
+        for (int s = 0; s < 1000 && engines[r]->stats().recomputed_steps == 0; ++s)
+          for (auto& ev : engines[r]->step()) events[r].push_back(std::move(ev));
+      });
+    for (auto& t : threads) t.join();
+    for (int32_t r = 0; r < 3; ++r) {
+      CAPTURE(r);
+      CHECK(engines[r]->stats().recomputed_steps == 1);
+      CHECK(engines[r]->last_error().find("rank 3 lost") != std::string::npos);
+      CHECK(engines[r]->has_work());
+      for (const auto& ev : events[r]) CHECK(ev.reason != runtime::finish_reason::error);
+    }
+    local_ep_hub trio(3, 10s);
+    for (int32_t r = 0; r < 3; ++r) engines[r]->set_ep_group({r, 3}, trio.transport(r));
+    auto after = run_lockstep({engines[0].get(), engines[1].get(), engines[2].get()});
+    for (int32_t r = 0; r < 3; ++r) {
+      events[r].insert(events[r].end(), after[r].begin(), after[r].end());
+      CHECK(engines[r]->stats().recomputed_steps == 1);
+    }
+    jobs.resize(3);
+    ids.resize(3);
+    check_against(events, ids, reference(w, jobs));
   }
-  std::vector<std::vector<token_event>> events(3);
-  std::vector<std::thread> threads;
-  for (int32_t r = 0; r < 4; ++r)
-    threads.emplace_back([&, r] {
-      if (r == 3) {  // three steps, then lost
-        for (int s = 0; s < 3; ++s) engines[r]->step();
-        hub.fail(3);
-        return;
-      }
-      for (int s = 0; s < 1000 && engines[r]->stats().recomputed_steps == 0; ++s)
-        for (auto& ev : engines[r]->step()) events[r].push_back(std::move(ev));
-    });
-  for (auto& t : threads) t.join();
-  for (int32_t r = 0; r < 3; ++r) {
-    CAPTURE(r);
-    CHECK(engines[r]->stats().recomputed_steps == 1);
-    CHECK(engines[r]->last_error().find("rank 3 lost") != std::string::npos);
-    CHECK(engines[r]->has_work());
-    for (const auto& ev : events[r]) CHECK(ev.reason != runtime::finish_reason::error);
-  }
-  local_ep_hub trio(3, 10s);
-  for (int32_t r = 0; r < 3; ++r) engines[r]->set_ep_group({r, 3}, trio.transport(r));
-  auto after = run_lockstep({engines[0].get(), engines[1].get(), engines[2].get()});
-  for (int32_t r = 0; r < 3; ++r) {
-    events[r].insert(events[r].end(), after[r].begin(), after[r].end());
-    CHECK(engines[r]->stats().recomputed_steps == 1);
-  }
-  jobs.resize(3);
-  ids.resize(3);
-  check_against(events, ids, reference(w, jobs));
 }
 
 namespace {

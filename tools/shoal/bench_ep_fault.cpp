@@ -8,8 +8,9 @@
 //   group's unavailability as a client sees it;
 // - each stream's extra time to its last token against a run of the same streams without a
 //   fault (p50, max): what re-routed and recomputed requests cost;
-// - the routed-expert bytes the surviving processes read while the group re-formed, by source
-//   (a holder process over the bulk transport, or the checkpoint), from their /metrics;
+// - the routed-expert bytes the surviving processes adopted while the group re-formed, by
+//   source (memory: another rank of the process held them; a holder process over the bulk
+//   transport; the checkpoint), from their /metrics;
 // - for a kill, the restart (`shoal up --node`) and the time until every surviving process's
 //   group is whole again; for a stop, SIGCONT after the streams ended and the same time.
 // Streams that fail are counted and the first error printed. Records go to --out (JSONL).
@@ -45,6 +46,7 @@ struct fault_args {
   int64_t streams = 30, tokens = 64;
   std::vector<std::string> faults = {"decode-b:kill", "decode-b:stop", "prefill-b:kill", "prefill-b:stop"};
   std::string out = "bench/results/ep_fault.jsonl";
+  std::string logs;  // where the nodes' logs go at the end (empty: nowhere)
 };
 
 // The engine nodes of a config: their EP group, its configured size and their metrics port.
@@ -89,16 +91,20 @@ std::string metrics_of(const engine_node& n) {
   return r && r->status == 200 ? r->body : std::string();
 }
 
-// Expert bytes read by the nodes other than `victim`, by source.
-std::pair<double, double> expert_bytes(const cluster_view& v, const std::string& victim) {
-  double holder = 0, checkpoint = 0;
+// Expert bytes adopted by the nodes other than `victim`: from memory, from holders, from the checkpoint.
+struct expert_sources {
+  double memory = 0, holder = 0, checkpoint = 0;
+};
+expert_sources expert_bytes(const cluster_view& v, const std::string& victim) {
+  expert_sources b;
   for (const auto& n : v.engines) {
     if (n.name == victim) continue;
     const std::string body = metrics_of(n);
-    holder += series(body, "shoal_ep_expert_bytes_read_total", "source=\"holder\"");
-    checkpoint += series(body, "shoal_ep_expert_bytes_read_total", "source=\"checkpoint\"");
+    b.memory += series(body, "shoal_ep_expert_bytes_read_total", "source=\"memory\"");
+    b.holder += series(body, "shoal_ep_expert_bytes_read_total", "source=\"holder\"");
+    b.checkpoint += series(body, "shoal_ep_expert_bytes_read_total", "source=\"checkpoint\"");
   }
-  return {holder, checkpoint};
+  return b;
 }
 
 // Whether every node of `group` reports the group at its configured size.
@@ -204,15 +210,16 @@ json run_trial(const fault_args& a, const fs::path& dir, const fs::path& state, 
   rec["failed"] = failed, rec["first_error"] = first_error;
   rec["fault_to_next_token_s"] = {{"p50", quantile(gaps, 0.5)}, {"max", quantile(gaps, 1.0)}, {"streams", gaps.size()}};
   rec["extra_to_last_token_s"] = {{"p50", quantile(extra, 0.5)}, {"max", quantile(extra, 1.0)}};
-  rec["expert_bytes_read"] = {{"holder", after.first - before.first}, {"checkpoint", after.second - before.second}};
+  const expert_sources moved{after.memory - before.memory, after.holder - before.holder, after.checkpoint - before.checkpoint};
+  rec["expert_bytes_read"] = {{"memory", moved.memory}, {"holder", moved.holder}, {"checkpoint", moved.checkpoint}};
   rec["group_whole_after_s"] = whole_s;
   fmt::print("{:<10} {:<5} next token after the fault: p50 {:.2f} s, max {:.2f} s ({} streams running); extra to the "
              "last token p50 {:.2f} s, max {:.2f} s; {} failed{}\n"
-             "           experts read by the survivors: {:.1f} MiB from holders, {:.1f} MiB from the checkpoint; "
-             "group whole again {:.1f} s after the {}\n",
+             "           experts the survivors adopted: {:.1f} MiB from memory, {:.1f} MiB from holders, {:.1f} MiB from "
+             "the checkpoint; group whole again {:.1f} s after the {}\n",
              victim, how, quantile(gaps, 0.5), quantile(gaps, 1.0), gaps.size(), quantile(extra, 0.5), quantile(extra, 1.0),
-             failed, failed ? " (first: " + first_error + ")" : std::string(), (after.first - before.first) / (1 << 20),
-             (after.second - before.second) / (1 << 20), whole_s, how == "kill" ? "restart" : "SIGCONT");
+             failed, failed ? " (first: " + first_error + ")" : std::string(), moved.memory / (1 << 20),
+             moved.holder / (1 << 20), moved.checkpoint / (1 << 20), whole_s, how == "kill" ? "restart" : "SIGCONT");
   return rec;
 }
 
@@ -261,6 +268,11 @@ int run_fault_bench(const fault_args& a) {
   }
   cluster_down(state, 60);
   std::error_code ec;
+  if (!a.logs.empty()) {
+    fs::create_directories(a.logs, ec);
+    for (const auto& e : fs::directory_iterator(state, ec))
+      if (e.path().extension() == ".log") fs::copy_file(e.path(), fs::path(a.logs) / e.path().filename(), fs::copy_options::overwrite_existing, ec);
+  }
   fs::remove_all(*dir, ec);
   return rc;
 }
@@ -276,6 +288,7 @@ void add_ep_fault_bench(CLI::App& bench) {
   c->add_option("--tokens", a->tokens, "tokens per stream")->capture_default_str();
   c->add_option("--faults", a->faults, "NODE:kill or NODE:stop, one trial each")->delimiter(',')->capture_default_str();
   c->add_option("--out", a->out, "JSONL records")->capture_default_str();
+  c->add_option("--logs", a->logs, "copy the nodes' logs here at the end");
   c->callback([a] { set_exit_code(run_fault_bench(*a)); });
 }
 

@@ -213,6 +213,7 @@ void record_process(const runtime::node_metrics& m, const node_parts& parts) {
     m.ep_frames_sent.advance_to(inline_, "inline");
     const auto moved = parts.experts->migration();
     m.ep_expert_bytes_read.advance_to(static_cast<double>(moved.fetched_bytes), "holder");
+    m.ep_expert_bytes_read.advance_to(static_cast<double>(moved.kept_bytes), "memory");
     m.ep_expert_bytes_read.advance_to(static_cast<double>(moved.checkpoint_bytes), "checkpoint");
     m.ep_expert_read_failures.advance_to(static_cast<double>(moved.fetch_failures), "node");
   }
