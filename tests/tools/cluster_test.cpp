@@ -326,3 +326,48 @@ TEST_CASE("3-process cluster: a node stopped past the connection timeout is back
   REQUIRE(r);
   CHECK_MESSAGE(r->status == 200, r->body);
 }
+
+TEST_CASE("3-process cluster: SIGSTOP of an engine node under 30 streams fails none, after SIGCONT its group is whole") {
+  cluster c;
+  c.start();
+  const int streams = 30;
+  const int32_t n = 40;
+  std::vector<std::string> prompts;
+  std::vector<std::vector<int32_t>> ids;
+  for (int i = 0; i < streams; ++i) {
+    prompts.push_back("stopped stream " + std::to_string(i) + " says");
+    ids.push_back(runtime::encode_prompt(*c.model->tokenizer, prompts.back()));
+  }
+  const std::vector<std::string> expected = c.offline(ids, n);
+  stoppable node{c.pids(), "engine-b"};
+  auto post = [&](const std::string& path, const json& body, actors::http_call_options o) { return c.post(path, body, o); };
+  auto got = test::streams_with_fault(post, prompts, n, 1, [&] { return kill(node.pid, SIGSTOP) == 0; });
+  int failed = 0;
+  for (int i = 0; i < streams; ++i) {
+    CAPTURE(i);
+    CHECK_MESSAGE(got.errors[i].empty(), got.errors[i]);
+    CHECK(got.done[i]);
+    CHECK(got.texts[i] == expected[i]);
+    failed += !got.errors[i].empty();
+  }
+  MESSAGE("engine-b stopped after " << got.kill_at_s << " s; every stream ended after " << got.seconds << " s");
+  CHECK(failed == 0);
+  node.resume();
+  // Both engine nodes report the expert-parallel group at its 4 ranks again.
+  auto group_ranks = [&](uint16_t port) {
+    auto r = actors::http_call("127.0.0.1", port, "GET", "/metrics", "");
+    std::smatch m;
+    if (!r || !std::regex_search(r->body, m, std::regex("shoal_ep_group_ranks\\{actor=\"node\"\\} ([0-9.]+)"))) return -1.0;
+    return std::stod(m[1]);
+  };
+  const auto t0 = std::chrono::steady_clock::now();
+  while ((group_ranks(c.metrics_a_port) != 4 || group_ranks(c.metrics_b_port) != 4) &&
+         std::chrono::steady_clock::now() - t0 < 60s)
+    std::this_thread::sleep_for(100ms);
+  CHECK(group_ranks(c.metrics_a_port) == 4);
+  CHECK(group_ranks(c.metrics_b_port) == 4);
+  auto r = c.post("/v1/completions", completion_body(prompts[0], n, false));
+  REQUIRE(r);
+  REQUIRE_MESSAGE(r->status == 200, r->body);
+  CHECK(json::parse(r->body)["choices"][0]["text"] == expected[0]);
+}
