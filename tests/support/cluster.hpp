@@ -343,4 +343,18 @@ stream_outcome streams_with_kill(const Post& post, const std::vector<std::string
   return streams_with_fault(post, prompts, n, chunks, [victim] { return kill(victim, SIGKILL) == 0; }, kill_after);
 }
 
+// Every stream of `got` ended with [DONE], without an error, with the text `expected` gives
+// it (nothing repeated or missing across a re-route); returns how many failed with an error.
+inline int check_streams_exact(const stream_outcome& got, const std::vector<std::string>& expected) {
+  int failed = 0;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    CAPTURE(i);
+    CHECK_MESSAGE(got.errors[i].empty(), got.errors[i]);
+    CHECK(got.done[i]);
+    CHECK(got.texts[i] == expected[i]);
+    failed += !got.errors[i].empty();
+  }
+  return failed;
+}
+
 }  // namespace shoal::test

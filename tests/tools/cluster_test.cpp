@@ -342,14 +342,7 @@ TEST_CASE("3-process cluster: SIGSTOP of an engine node under 30 streams fails n
   stoppable node{c.pids(), "engine-b"};
   auto post = [&](const std::string& path, const json& body, actors::http_call_options o) { return c.post(path, body, o); };
   auto got = test::streams_with_fault(post, prompts, n, 1, [&] { return kill(node.pid, SIGSTOP) == 0; });
-  int failed = 0;
-  for (int i = 0; i < streams; ++i) {
-    CAPTURE(i);
-    CHECK_MESSAGE(got.errors[i].empty(), got.errors[i]);
-    CHECK(got.done[i]);
-    CHECK(got.texts[i] == expected[i]);
-    failed += !got.errors[i].empty();
-  }
+  const int failed = test::check_streams_exact(got, expected);
   MESSAGE("engine-b stopped after " << got.kill_at_s << " s; every stream ended after " << got.seconds << " s");
   CHECK(failed == 0);
   node.resume();

@@ -59,14 +59,7 @@ void lose_and_rejoin(const std::string& victim, fault f) {
   auto got = test::streams_with_fault(post, prompts, n, 1, inject);
   MESSAGE(victim << std::string(f == fault::kill ? " killed" : " stopped") << " after " << got.kill_at_s << " s, streams ended after "
                  << got.seconds << " s");
-  int failed = 0;
-  for (int i = 0; i < streams; ++i) {
-    CAPTURE(i);
-    CHECK_MESSAGE(got.errors[i].empty(), got.errors[i]);
-    CHECK(got.done[i]);
-    CHECK(got.texts[i] == expected[i]);
-    failed += !got.errors[i].empty();
-  }
+  const int failed = test::check_streams_exact(got, expected);
   CHECK(failed == 0);
   if (failed) {  // the ranks' counters: where the failed ones were
     std::string command;
