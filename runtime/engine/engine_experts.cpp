@@ -146,6 +146,9 @@ void engine::set_ep_group(ep_layout layout, std::shared_ptr<expert_transport> tr
   config_.ep->transport = transport;
   ep_->reconfigure(layout, std::move(transport));
   may_recompute_ = true;
-  if (config_.experts) config_.experts->drop_fetches();  // an offered plan was dropped with the old group
+  if (config_.experts) {
+    config_.experts->drop_fetches();  // an offered plan was dropped with the old group
+    config_.experts->defer_drops();   // the process's other ranks may take over what this one drops
+  }
 }
 }  // namespace shoal::runtime

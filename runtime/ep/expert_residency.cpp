@@ -213,7 +213,8 @@ std::expected<void, std::string> expert_residency::hold(const void* holder, cons
       }
     }
   held_[holder] = experts;
-  drop_unheld();
+  deferring_.erase(holder);
+  if (deferring_.empty()) drop_unheld();
   return {};
 }
 
@@ -253,7 +254,14 @@ int64_t expert_residency::install(int64_t slot, int64_t expert, model::expert_we
 void expert_residency::release(const void* holder) {
   std::lock_guard lock(mu_);
   held_.erase(holder);
-  drop_unheld();
+  deferring_.erase(holder);
+  if (deferring_.empty()) drop_unheld();
+}
+
+void expert_residency::defer_drops() {
+  std::lock_guard lock(mu_);
+  if (!deferring_.empty()) return;  // a change under way: its holders are awaited already
+  for (const auto& [h, set] : held_) deferring_.insert(h);
 }
 
 void expert_residency::drop(int64_t slot, int64_t expert) {

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <expected>
 #include <map>
+#include <set>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -61,6 +62,10 @@ class expert_residency {
   // the tensor that could not be read).
   std::expected<void, std::string> hold(const void* holder, const expert_set& experts);
   void release(const void* holder);
+  // The group changed: its ranks here adopt their new placements one after another, and what
+  // the first drops may be what the next takes over (its own experts, a redundant copy). Until
+  // every current holder has held (or released) once more, nothing is dropped.
+  void defer_drops();
   ~expert_residency();
   // (MoE slot, routed expert) weights in memory, and their bytes.
   int64_t resident_experts() const;
@@ -125,6 +130,7 @@ class expert_residency {
   int64_t slots_, experts_;
   mutable std::mutex mu_;
   std::map<const void*, expert_set> held_;
+  std::set<const void*> deferring_;  // holders to hold once more before anything is dropped
   std::vector<bool> resident_;  // [slot·experts + expert]
   std::map<std::pair<int64_t, int64_t>, std::unique_ptr<fetch_entry>> fetches_;
   std::vector<std::unique_ptr<fetch_entry>> draining_;  // discarded, reads still landing

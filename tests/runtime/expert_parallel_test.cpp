@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <set>
 #include <thread>
 
 #include "model/generate.hpp"
@@ -353,7 +354,8 @@ std::vector<int64_t> pairs_now(const std::vector<std::unique_ptr<engine>>& engin
 }  // namespace
 
 TEST_CASE("ep rebalance live: skewed routing, a new placement with redundant experts adopted mid-stream, "
-          "outputs unchanged, imbalance down, each process holds only its ranks' experts") {
+          "outputs unchanged, imbalance down, each process holds only its ranks' experts, and when the other "
+          "process is lost what it held is taken over from memory") {
   const auto dir = std::filesystem::temp_directory_path() / "shoal_ep_rebalance";
   std::filesystem::remove_all(dir);
   model::generate_options o;
@@ -474,6 +476,17 @@ TEST_CASE("ep rebalance live: skewed routing, a new placement with redundant exp
   REQUIRE(again.has_value());
   auto third = std::make_shared<const runtime::ep_placement>(again->placement);
   REQUIRE(engines[0]->offer_placement(third).has_value());
+  // Process 1 is lost: process 0's ranks re-form over contiguous blocks. What process 0 holds
+  // under `next` (its ranks' experts, redundant copies of process 1's hot experts among them)
+  // is taken over from memory; the checkpoint gives only what it does not hold.
+  std::set<std::pair<int64_t, int32_t>> held0, held1;
+  for (int64_t s = 0; s < slots; ++s)
+    for (int32_t r = 0; r < 4; ++r)
+      for (int32_t e : next->experts_of(s, r)) (r < 2 ? held0 : held1).insert({s, e});
+  int64_t copies = 0;  // experts of process 1 that process 0 holds a copy of
+  for (const auto& x : held1) copies += held0.contains(x);
+  CHECK(copies > 0);
+  const auto moved_before = process[0]->migration();
   local_ep_hub pair(2, 10s);
   for (int32_t r = 0; r < 2; ++r) engines[r]->set_ep_group({r, 2}, pair.transport(r));
   CHECK(engines[0]->expert_exchange()->offered() == nullptr);
@@ -482,6 +495,20 @@ TEST_CASE("ep rebalance live: skewed routing, a new placement with redundant exp
   serve_and_check(engines, 2, 14, -1, full_w);
   holds_exactly(0, engines[0]->expert_exchange()->placement());
   CHECK(process[1]->resident_experts() == 0);
+  const auto fresh = runtime::ep_placement::contiguous(slots, E, 2);
+  int64_t from_memory = 0, not_held = 0;
+  for (int64_t s = 0; s < slots; ++s) {
+    for (int32_t r = 0; r < 2; ++r)
+      for (int32_t e : fresh.experts_of(s, r)) from_memory += !next->holds(s, r, e) && held0.contains({s, e});
+    for (int32_t e = 0; e < E; ++e) not_held += !held0.contains({s, e});
+  }
+  const auto moved = process[0]->migration();
+  MESSAGE("re-formed over process 0: " << moved.kept_experts - moved_before.kept_experts << " experts from memory ("
+                                       << copies << " redundant copies of the lost process's), "
+                                       << moved.checkpoint_experts - moved_before.checkpoint_experts << " from the checkpoint");
+  CHECK(moved.kept_experts - moved_before.kept_experts == from_memory);
+  CHECK(moved.checkpoint_experts - moved_before.checkpoint_experts == not_held);
+  CHECK(moved.fetched_experts == moved_before.fetched_experts);
   std::filesystem::remove_all(dir);
 }
 
