@@ -8,11 +8,14 @@
 //   group's unavailability as a client sees it;
 // - each stream's extra time to its last token against a run of the same streams without a
 //   fault (p50, max): what re-routed and recomputed requests cost;
-// - the routed-expert bytes the surviving processes adopted while the group re-formed, by
+// - the routed-expert bytes the surviving processes of the group adopted while it re-formed, by
 //   source (memory: another rank of the process held them; a holder process over the bulk
 //   transport; the checkpoint), from their /metrics;
 // - for a kill, the restart (`shoal up --node`) and the time until every surviving process's
 //   group is whole again; for a stop, SIGCONT after the streams ended and the same time.
+// - the first token of --late requests with longer prompts sent right after the fault, against
+//   the same wave sent at the same point of a run without a fault: how long the cluster takes
+//   new requests (a prefill group that lost a process) after the fault.
 // Streams that fail are counted and the first error printed. Records go to --out (JSONL).
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
@@ -44,6 +47,7 @@ using nlohmann::json;
 struct fault_args {
   std::string config = "config/deepseek-shape";
   int64_t streams = 30, tokens = 64;
+  int64_t late = 8;  // streams started right after the fault (their first token)
   std::vector<std::string> faults = {"decode-b:kill", "decode-b:stop", "prefill-b:kill", "prefill-b:stop"};
   std::string out = "bench/results/ep_fault.jsonl";
   std::string logs;  // where the nodes' logs go at the end (empty: nowhere)
@@ -91,14 +95,15 @@ std::string metrics_of(const engine_node& n) {
   return r && r->status == 200 ? r->body : std::string();
 }
 
-// Expert bytes adopted by the nodes other than `victim`: from memory, from holders, from the checkpoint.
+// Expert bytes adopted by the survivors of `victim`'s group: from memory, from holders, from
+// the checkpoint.
 struct expert_sources {
   double memory = 0, holder = 0, checkpoint = 0;
 };
-expert_sources expert_bytes(const cluster_view& v, const std::string& victim) {
+expert_sources expert_bytes(const cluster_view& v, const engine_node& victim) {
   expert_sources b;
   for (const auto& n : v.engines) {
-    if (n.name == victim) continue;
+    if (n.name == victim.name || n.group != victim.group) continue;
     const std::string body = metrics_of(n);
     b.memory += series(body, "shoal_ep_expert_bytes_read_total", "source=\"memory\"");
     b.holder += series(body, "shoal_ep_expert_bytes_read_total", "source=\"holder\"");
@@ -116,27 +121,31 @@ bool group_whole(const cluster_view& v, const std::string& group) {
   return true;
 }
 
-// What the clients saw: each stream's token arrival times (s from the start), its error.
+// What the clients saw: each stream's token arrival times (s from the start), its error;
+// the late wave's streams follow the first `streams` ones, sent at `late_at`.
 struct streams_seen {
   std::vector<std::vector<double>> tokens;
   std::vector<std::string> errors;
-  double fault_at = -1;
+  double fault_at = -1, late_at = -1;
 };
 
-// --streams greedy streams at once; `fault` runs once every stream has two tokens (or after 30 s).
+// --streams greedy streams at once; `fault` runs once every stream has two tokens (or after
+// 30 s), and right after it --late streams of longer prompts start (their first token: how
+// long the cluster takes new requests after the fault; with a `fault` that does nothing, the
+// same without one).
 streams_seen run_streams(const fault_args& a, const cluster_view& v, const std::function<void()>& fault) {
-  const auto n = static_cast<size_t>(a.streams);
+  const auto n = static_cast<size_t>(a.streams), late = fault ? static_cast<size_t>(a.late) : 0;
   streams_seen seen;
-  seen.tokens.resize(n);
-  seen.errors.resize(n);
+  seen.tokens.resize(n + late);
+  seen.errors.resize(n + late);
   std::mutex mu;
   std::atomic<size_t> started{0}, ended{0};
   const double t0 = now_s();
   std::vector<std::thread> clients;
-  for (size_t i = 0; i < n; ++i)
-    clients.emplace_back([&, i] {
-      json body = {{"model", v.model}, {"prompt", fmt::format("stream {} asks the harbour master about the tides", i)},
-                   {"max_tokens", a.tokens}, {"temperature", 0}, {"ignore_eos", true}, {"stream", true}};
+  auto launch = [&](size_t i, std::string prompt, int64_t tokens) {
+    clients.emplace_back([&, i, prompt = std::move(prompt), tokens] {
+      json body = {{"model", v.model}, {"prompt", prompt}, {"max_tokens", tokens}, {"temperature", 0},
+                   {"ignore_eos", true}, {"stream", true}};
       actors::http_call_options o;
       o.timeout = std::chrono::seconds(180);
       size_t got = 0;
@@ -144,7 +153,7 @@ streams_seen run_streams(const fault_args& a, const cluster_view& v, const std::
         std::lock_guard lock(mu);
         for (size_t at = piece.find("data: {"); at != std::string_view::npos; at = piece.find("data: {", at + 1)) {
           seen.tokens[i].push_back(now_s() - t0);
-          if (++got == 2) ++started;
+          if (++got == 2 && i < n) ++started;
         }
       };
       auto r = actors::http_call(v.http.host, v.http.port, "POST", "/v1/completions", body.dump(), o);
@@ -154,13 +163,29 @@ streams_seen run_streams(const fault_args& a, const cluster_view& v, const std::
       else if (auto e = r->body.find("\"error\""); e != std::string::npos) seen.errors[i] = r->body.substr(e, 200);
       ++ended;
     });
+  };
+  for (size_t i = 0; i < n; ++i) launch(i, fmt::format("stream {} asks the harbour master about the tides", i), a.tokens);
   if (fault) {
     while (started < n && ended == 0 && now_s() - t0 < 30) std::this_thread::sleep_for(std::chrono::milliseconds(2));
     seen.fault_at = now_s() - t0;
     fault();
+    seen.late_at = now_s() - t0;
+    for (size_t i = n; i < n + late; ++i) {
+      std::string prompt = fmt::format("late stream {} writes to the harbour master:", i);
+      for (int k = 0; k < 12; ++k) prompt += " the berths, the cranes, the pilots and the tides of the coming season;";
+      launch(i, std::move(prompt), 8);
+    }
   }
   for (auto& c : clients) c.join();
   return seen;
+}
+
+// The late wave's time to first token (s), one per stream that got one.
+std::vector<double> late_ttft(const streams_seen& s, size_t n) {
+  std::vector<double> out;
+  for (size_t i = n; i < s.tokens.size(); ++i)
+    if (!s.tokens[i].empty()) out.push_back(s.tokens[i].front() - s.late_at);
+  return out;
 }
 
 double quantile(std::vector<double> v, double q) {
@@ -188,38 +213,53 @@ json run_trial(const fault_args& a, const fs::path& dir, const fs::path& state, 
     rec["error"] = "not an expert-parallel engine node of the running cluster, or not kill|stop";
     return rec;
   }
-  const auto before = expert_bytes(v, victim);
+  const auto before = expert_bytes(v, *node);
   auto seen = run_streams(a, v, [&] { ::kill(pid, how == "kill" ? SIGKILL : SIGSTOP); });
   std::vector<double> gaps, extra;
   int failed = 0;
   std::string first_error;
+  const auto n = static_cast<size_t>(a.streams);
   for (size_t i = 0; i < seen.tokens.size(); ++i) {
     if (!seen.errors[i].empty() && failed++ == 0) first_error = seen.errors[i];
+    if (i >= n) continue;  // the late wave: its first tokens, below
     const auto& t = seen.tokens[i];
     auto next = std::upper_bound(t.begin(), t.end(), seen.fault_at);
     if (next != t.end() && next != t.begin()) gaps.push_back(*next - seen.fault_at);  // running at the fault
     if (!t.empty() && !base.tokens[i].empty()) extra.push_back(t.back() - base.tokens[i].back());
   }
-  const auto after = expert_bytes(v, victim);
+  const auto after = expert_bytes(v, *node);
   if (how == "kill") {
     rec["restart_rc"] = cluster_start_node(dir, state, victim, 120);
   } else {
     ::kill(pid, SIGCONT);
   }
   const double whole_s = waited_until([&] { return group_whole(v, node->group); }, 120);
+  // One more request through every group: the grown group steps and reads what its ranks
+  // gained before the next trial counts.
+  {
+    fault_args one = a;
+    one.streams = 1, one.tokens = 4;
+    run_streams(one, v, {});
+  }
   rec["failed"] = failed, rec["first_error"] = first_error;
   rec["fault_to_next_token_s"] = {{"p50", quantile(gaps, 0.5)}, {"max", quantile(gaps, 1.0)}, {"streams", gaps.size()}};
   rec["extra_to_last_token_s"] = {{"p50", quantile(extra, 0.5)}, {"max", quantile(extra, 1.0)}};
   const expert_sources moved{after.memory - before.memory, after.holder - before.holder, after.checkpoint - before.checkpoint};
   rec["expert_bytes_read"] = {{"memory", moved.memory}, {"holder", moved.holder}, {"checkpoint", moved.checkpoint}};
   rec["group_whole_after_s"] = whole_s;
+  const auto late = late_ttft(seen, n), late_base = late_ttft(base, n);
+  rec["late_ttft_s"] = {{"p50", quantile(late, 0.5)}, {"max", quantile(late, 1.0)}, {"streams", late.size()},
+                        {"baseline_p50", quantile(late_base, 0.5)}, {"baseline_max", quantile(late_base, 1.0)}};
   fmt::print("{:<10} {:<5} next token after the fault: p50 {:.2f} s, max {:.2f} s ({} streams running); extra to the "
              "last token p50 {:.2f} s, max {:.2f} s; {} failed{}\n"
              "           experts the survivors adopted: {:.1f} MiB from memory, {:.1f} MiB from holders, {:.1f} MiB from "
-             "the checkpoint; group whole again {:.1f} s after the {}\n",
+             "the checkpoint; group whole again {:.1f} s after the {}\n"
+             "           {} requests sent right after the fault: first token p50 {:.2f} s, max {:.2f} s (without a fault "
+             "p50 {:.2f} s, max {:.2f} s)\n",
              victim, how, quantile(gaps, 0.5), quantile(gaps, 1.0), gaps.size(), quantile(extra, 0.5), quantile(extra, 1.0),
              failed, failed ? " (first: " + first_error + ")" : std::string(), moved.memory / (1 << 20),
-             moved.holder / (1 << 20), moved.checkpoint / (1 << 20), whole_s, how == "kill" ? "restart" : "SIGCONT");
+             moved.holder / (1 << 20), moved.checkpoint / (1 << 20), whole_s, how == "kill" ? "restart" : "SIGCONT",
+             late.size(), quantile(late, 0.5), quantile(late, 1.0), quantile(late_base, 0.5), quantile(late_base, 1.0));
   return rec;
 }
 
@@ -238,7 +278,7 @@ int run_fault_bench(const fault_args& a) {
   if (cluster_up(*dir, state, 300) != 0) return 1;
   fmt::print("cluster {}: {} streams of {} tokens per trial\n", a.config, a.streams, a.tokens);
   run_streams(a, *v, {});  // warm-up: every rank has stepped, cost models collect
-  const streams_seen base = run_streams(a, *v, {});
+  const streams_seen base = run_streams(a, *v, [] {});  // the same load, the late wave at the same point, no fault
   for (const auto& e : base.errors)
     if (!e.empty()) {
       fmt::print(stderr, "shoal bench ep-fault: a stream of the run without a fault failed: {}\n", e);
@@ -253,7 +293,7 @@ int run_fault_bench(const fault_args& a) {
       return 1;
     }
   std::vector<double> last;
-  for (const auto& t : base.tokens) last.push_back(t.empty() ? 0 : t.back());
+  for (size_t i = 0; i < static_cast<size_t>(a.streams); ++i) last.push_back(base.tokens[i].empty() ? 0 : base.tokens[i].back());
   fmt::print("baseline (no fault): last token p50 {:.2f} s, max {:.2f} s\n", quantile(last, 0.5), quantile(last, 1.0));
   int rc = 0;
   for (const auto& spec : a.faults) {
@@ -286,6 +326,7 @@ void add_ep_fault_bench(CLI::App& bench) {
   c->add_option("--config", a->config, "node-config directory of the cluster")->capture_default_str();
   c->add_option("--streams", a->streams, "concurrent streams per trial")->capture_default_str();
   c->add_option("--tokens", a->tokens, "tokens per stream")->capture_default_str();
+  c->add_option("--late", a->late, "streams of longer prompts started right after the fault")->capture_default_str();
   c->add_option("--faults", a->faults, "NODE:kill or NODE:stop, one trial each")->delimiter(',')->capture_default_str();
   c->add_option("--out", a->out, "JSONL records")->capture_default_str();
   c->add_option("--logs", a->logs, "copy the nodes' logs here at the end");
