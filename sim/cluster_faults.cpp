@@ -108,26 +108,11 @@ void cluster::take_down_rank(int32_t ri, bool crash) {
   }
   ++fo_.rank_losses;
   if (rk.prefill) balancer_->remove_engine(engine_id{rk.index});
-  std::vector<std::pair<int64_t, engine_id>> hit;
-  for (const auto& [id, rc] : live_) {
-    const engine_id e = rc->machine.engine();
-    if (e.valid() && global_of(e) == ri) hit.emplace_back(id, e);
-  }
-  std::sort(hit.begin(), hit.end());
-  std::vector<int64_t> held;
-  for (const auto& [id, r] : rk.reqs) held.push_back(id);
-  std::sort(held.begin(), held.end());
-  for (int64_t id : held) drop_request(rk, id);
-  for (auto& [id, im] : rk.imports) rk.caches->release(*im.copy);
-  rk.imports.clear();
-  rk.leases = runtime::handoff_leases(planted_lease_bug());
-  rk.plan = {}, rk.load = 0;
+  const auto hit = relays_on([ri](int32_t on) { return on == ri; });
+  empty_rank(rk);
   if (crash) fresh_engine(rk), ++rk.incarnation;
   reform(g);
-  for (const auto& [id, e] : hit) {
-    ++fo_.rerouted;
-    feed(id, [e](runtime::relay& r) { r.engine_down(e); });
-  }
+  reroute(hit);
 }
 
 // Rank ri is back (restarted, awake): its group grows back over it at the next re-formation.
@@ -147,9 +132,7 @@ void cluster::bring_up_rank(int32_t ri) {
 // wait c_.faults.reform_s.
 void cluster::reform(size_t g) {
   group_state& gs = groups_[g];
-  gs.members.clear();
-  for (int32_t ri : gs.ranks)
-    if (!ranks_[static_cast<size_t>(ri)].down) gs.members.push_back(ri);
+  gs.members = ranks_up(gs);
   const bool keep = c_.faults.planted == planted_bug::route_to_lost && gs.members.size() < gs.placed_on.size();
   if (!keep && !gs.members.empty()) {
     gs.placement = runtime::ep_placement::contiguous(1, sim_experts, static_cast<int32_t>(gs.members.size()));
@@ -191,27 +174,48 @@ void cluster::take_down(size_t g, bool crash) {
   for (int32_t ri : gs.ranks)  // a rank down on its own left the views already
     if (const rank_state& r = ranks_[static_cast<size_t>(ri)]; r.prefill && !r.down)
       balancer_->remove_engine(engine_id{r.index});
+  const auto hit = relays_on([&](int32_t ri) { return static_cast<size_t>(ranks_[static_cast<size_t>(ri)].group) == g; });
+  for (int32_t ri : gs.ranks) empty_rank(ranks_[static_cast<size_t>(ri)]);
+  if (crash) wipe(g);
+  reroute(hit);
+}
+
+// The live requests whose engine is on a rank `on` names (relay id, engine), in id order.
+std::vector<std::pair<int64_t, engine_id>> cluster::relays_on(const std::function<bool(int32_t)>& on) const {
   std::vector<std::pair<int64_t, engine_id>> hit;
   for (const auto& [id, rc] : live_) {
     const engine_id e = rc->machine.engine();
-    if (e.valid() && static_cast<size_t>(ranks_[static_cast<size_t>(global_of(e))].group) == g) hit.emplace_back(id, e);
+    if (e.valid() && on(global_of(e))) hit.emplace_back(id, e);
   }
   std::sort(hit.begin(), hit.end());  // the map's order is not the run's
-  for (int32_t ri : gs.ranks) {
-    rank_state& rk = ranks_[static_cast<size_t>(ri)];
-    std::vector<int64_t> held;
-    for (const auto& [id, r] : rk.reqs) held.push_back(id);
-    for (int64_t id : held) drop_request(rk, id);
-    for (auto& [id, im] : rk.imports) rk.caches->release(*im.copy);
-    rk.imports.clear();
-    rk.leases = runtime::handoff_leases(planted_lease_bug());
-    rk.plan = {}, rk.load = 0;
-  }
-  if (crash) wipe(g);
+  return hit;
+}
+
+// Each relay hears its engine went down (a CAF down message) and re-routes.
+void cluster::reroute(const std::vector<std::pair<int64_t, engine_id>>& hit) {
   for (const auto& [id, e] : hit) {
     ++fo_.rerouted;
     feed(id, [e](runtime::relay& r) { r.engine_down(e); });
   }
+}
+
+// A rank that went down: its requests, imports, leases and step plan go.
+void cluster::empty_rank(rank_state& rk) {
+  std::vector<int64_t> held;
+  for (const auto& [id, r] : rk.reqs) held.push_back(id);
+  for (int64_t id : held) drop_request(rk, id);
+  for (auto& [id, im] : rk.imports) rk.caches->release(*im.copy);
+  rk.imports.clear();
+  rk.leases = runtime::handoff_leases(planted_lease_bug());
+  rk.plan = {}, rk.load = 0;
+}
+
+// The ranks of group g not down on their own, in order.
+std::vector<int32_t> cluster::ranks_up(const group_state& gs) const {
+  std::vector<int32_t> up;
+  for (int32_t ri : gs.ranks)
+    if (!ranks_[static_cast<size_t>(ri)].down) up.push_back(ri);
+  return up;
 }
 
 void cluster::wipe(size_t g) {
@@ -232,10 +236,7 @@ void cluster::bring_up(size_t g) {
     const rank_state& r = ranks_[static_cast<size_t>(ri)];
     if (r.prefill && !r.down) balancer_->add_engine(engine_id{r.index}, prof_.prefill.step, r.group);
   }
-  std::vector<int32_t> up;
-  for (int32_t ri : gs.ranks)
-    if (!ranks_[static_cast<size_t>(ri)].down) up.push_back(ri);
-  if (up != gs.members) reform(g);  // a rank left or came back while the group was down
+  if (ranks_up(gs) != gs.members) reform(g);  // a rank left or came back while the group was down
   if (!gs.stepping) start_step(g);
 }
 

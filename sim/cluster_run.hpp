@@ -99,6 +99,10 @@ class cluster {
   void take_down_rank(int32_t ri, bool crash);
   void bring_up_rank(int32_t ri);
   void reform(size_t g);
+  std::vector<std::pair<int64_t, engine_id>> relays_on(const std::function<bool(int32_t)>& on) const;
+  void reroute(const std::vector<std::pair<int64_t, engine_id>>& hit);
+  void empty_rank(rank_state& rk);
+  std::vector<int32_t> ranks_up(const group_state& gs) const;
   void delay_step(group_state& gs, size_t g, double until);
   // A rank no relay or balancer can reach: its group or its own process is down.
   bool unreachable(const rank_state& r) const { return groups_[static_cast<size_t>(r.group)].down || r.down; }

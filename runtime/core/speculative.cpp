@@ -3,8 +3,6 @@
 
 #include <algorithm>
 #include <bit>
-
-#include <algorithm>
 #include <cmath>
 
 #include "kernels/assert.hpp"
@@ -183,8 +181,12 @@ token_distribution residual(const token_distribution& p, const token_distributio
   return r;
 }
 
+size_t auto_verify::index(int64_t decodes) {
+  return static_cast<size_t>(std::bit_width(static_cast<uint64_t>(std::max<int64_t>(1, decodes))) - 1);
+}
+
 auto_verify::bucket& auto_verify::of(int64_t decodes) {
-  const size_t b = static_cast<size_t>(std::bit_width(static_cast<uint64_t>(std::max<int64_t>(1, decodes))) - 1);
+  const size_t b = index(decodes);
   if (buckets_.size() <= b) buckets_.resize(b + 1);
   return buckets_[b];
 }
@@ -221,7 +223,7 @@ void auto_verify::measure(int64_t decodes, bool verified, bool decode_only, doub
 }
 
 double auto_verify::rate(int64_t decodes, bool verified) const {
-  const size_t b = static_cast<size_t>(std::bit_width(static_cast<uint64_t>(std::max<int64_t>(1, decodes))) - 1);
+  const size_t b = index(decodes);
   return b < buckets_.size() ? buckets_[b].rate[verified ? 1 : 0] : 0;
 }
 

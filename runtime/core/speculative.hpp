@@ -118,6 +118,7 @@ class auto_verify {
     int trial = -1;         // the choice on trial (0 / 1), -1: none
     bool trial_of = false;  // the better choice when the trial began
   };
+  static size_t index(int64_t decodes);  // its bucket: floor(log2(decodes)), 0 for none
   bucket& of(int64_t decodes);
   int64_t prior_from_;
   std::vector<bucket> buckets_;
