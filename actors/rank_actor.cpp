@@ -206,6 +206,11 @@ uint64_t caf_ep_transport::group() const {
   return group_;
 }
 
+std::vector<rank_actor> caf_ep_transport::peers() const {
+  std::lock_guard lock(mu_);
+  return peers_;
+}
+
 int32_t caf_ep_transport::size() const {
   std::lock_guard lock(mu_);
   return static_cast<int32_t>(peers_.size());

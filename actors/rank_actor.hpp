@@ -57,6 +57,8 @@ class caf_ep_transport final : public runtime::expert_transport {
   bool set_group(uint64_t group, int32_t rank, std::vector<rank_actor> peers);
   uint64_t group() const;
   int32_t size() const;
+  // The ranks of the current group, in rank order (empty before the first).
+  std::vector<rank_actor> peers() const;
   // Frames sent over the bulk transport / inline since construction.
   uint64_t frames_bulk() const { return frames_bulk_; }
   uint64_t frames_inline() const { return frames_inline_; }
