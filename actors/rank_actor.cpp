@@ -77,7 +77,14 @@ std::expected<runtime::ep_payloads, std::string> caf_ep_transport::exchange(uint
   runtime::ep_payloads incoming(outgoing.size());
   incoming[me] = std::move(outgoing[me]);
   std::vector<ep_frame> frames(static_cast<size_t>(n), ep_frame{g, step, slot, phase, me, {}, {}});
-  stage(frames, outgoing);
+  if (slot >= 0) {
+    stage(frames, outgoing);
+  } else {  // the group's agreement: small, inline, and kept to answer a peer that missed it
+    for (int32_t r = 0; r < n; ++r)
+      if (r != me) frames[r].bytes = std::move(outgoing[r]);
+    std::lock_guard lock(mu_);
+    if (group_ == g) agreement_ = frames;
+  }
   for (int32_t r = 0; r < n; ++r)
     if (r != me) caf::anon_send(peers[r], expert_atom_v, std::move(frames[r]));
   std::unique_lock lock(mu_);
@@ -145,6 +152,10 @@ bool caf_ep_transport::deliver(ep_frame f) {
       last_join_ = step;
       join = true;
     }
+    // A peer agreeing the group's placement: it may have missed this rank's frame.
+    if (f.slot < 0 && f.group == group_ && f.source >= 0 && static_cast<size_t>(f.source) < agreement_.size() &&
+        f.source != rank_ && agreement_[f.source].step == f.step)
+      caf::anon_send(peers_[f.source], expert_atom_v, agreement_[f.source]);
     const key k{f.group, f.step, f.slot, f.phase, f.source};
     if (f.bulk.length == 0) {
       inbox_[k] = std::move(f.bytes);
@@ -193,6 +204,7 @@ bool caf_ep_transport::set_group(uint64_t group, int32_t rank, std::vector<rank_
   group_ = group;
   rank_ = rank;
   peers_ = std::move(peers);
+  agreement_.clear();
   interrupted_.reset();
   last_local_step_ = last_join_ = -1;
   bool waiting = std::any_of(inbox_.begin(), inbox_.end(), [&](const auto& e) { return std::get<0>(e.first) == group; }) ||

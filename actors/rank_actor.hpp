@@ -93,6 +93,10 @@ class caf_ep_transport final : public runtime::expert_transport {
   std::optional<std::string> interrupted_;
   int64_t last_local_step_ = -1;   // highest step this rank exchanged in the current group
   int64_t last_join_ = -1;         // highest step a join was asked for in the current group
+  // This rank's frames of the current group's placement agreement (slot −1, sent inline): sent
+  // again to a peer whose agreement frame arrives, since that peer may have missed them (a
+  // frame that reached it before it adopted the group is dropped there).
+  std::vector<ep_frame> agreement_;
 };
 
 // The group `group` of a membership: the ranks of its nodes with node_info::ep_group ==
