@@ -15,6 +15,9 @@ namespace shoal::actors {
 namespace {
 constexpr size_t max_inbox = 1 << 16;  // frames kept; beyond, frames of other groups are dropped
 constexpr uint64_t max_bulk_frame = uint64_t{1} << 30;  // a peer's frame read into memory here, at most
+// The group's placement agreement (runtime::ep_moe_exchange::agree_group) is exchanged as slot −1,
+// phase 2; a rank's frame sent again to a peer that asked by sending its own is phase 3.
+constexpr int32_t agreement_phase = 2, agreement_answer = 3;
 }
 
 caf_ep_transport::caf_ep_transport(std::chrono::milliseconds timeout, bulk_options bulk)
@@ -152,10 +155,16 @@ bool caf_ep_transport::deliver(ep_frame f) {
       last_join_ = step;
       join = true;
     }
-    // A peer agreeing the group's placement: it may have missed this rank's frame.
-    if (f.slot < 0 && f.group == group_ && f.source >= 0 && static_cast<size_t>(f.source) < agreement_.size() &&
-        f.source != rank_ && agreement_[f.source].step == f.step)
-      caf::anon_send(peers_[f.source], expert_atom_v, agreement_[f.source]);
+    // A peer agreeing the group's placement may have missed this rank's frame: it gets it
+    // again, marked as an answer (an answer is not answered, or two ranks would echo forever).
+    if (f.slot < 0 && f.phase == agreement_answer) {
+      f.phase = agreement_phase;
+    } else if (f.slot < 0 && f.group == group_ && f.source >= 0 && static_cast<size_t>(f.source) < agreement_.size() &&
+               f.source != rank_ && agreement_[f.source].step == f.step) {
+      ep_frame answer = agreement_[f.source];
+      answer.phase = agreement_answer;
+      caf::anon_send(peers_[f.source], expert_atom_v, std::move(answer));
+    }
     const key k{f.group, f.step, f.slot, f.phase, f.source};
     if (f.bulk.length == 0) {
       inbox_[k] = std::move(f.bytes);

@@ -1,6 +1,7 @@
 // The placement agreement of a new expert-parallel group over caf_ep_transport: its frames go
-// inline, and a rank answers a peer's agreement frame with its own again, so a peer that
-// dropped the first one (it arrived before that peer adopted the group) still agrees at once.
+// inline, and a rank answers a peer's agreement frame with its own again (marked as an answer,
+// which is not answered), so a peer that dropped the first one (it arrived before that peer
+// adopted the group) still agrees at once.
 #include <doctest/doctest.h>
 
 #include <future>
@@ -52,18 +53,33 @@ TEST_CASE("caf_ep_transport: a peer's agreement frame is answered with this rank
   t.deliver(ep_frame{7, 0, -1, 2, 1, {5}, {}});
   auto again = next_frame(peer, 10s);
   REQUIRE(again);
-  CHECK(*again == *first);
+  ep_frame answer = *first;
+  answer.phase = 3;  // marked as an answer
+  CHECK(*again == answer);
   REQUIRE(pending.wait_for(10s) == std::future_status::ready);
   auto in = pending.get();
   REQUIRE(in);
   CHECK(*in == ep_payloads{{1}, {5}});
   // After the agreement ended here: a repeated one (the peer timed out and tries again) is answered too.
   t.deliver(ep_frame{7, 0, -1, 2, 1, {5}, {}});
-  CHECK(next_frame(peer, 10s) == first);
+  CHECK(next_frame(peer, 10s) == answer);
+  // An answer is not answered (two ranks would echo each other forever).
+  t.deliver(ep_frame{7, 0, -1, 3, 1, {5}, {}});
+  CHECK_FALSE(next_frame(peer, 200ms));
   // Dispatch frames, and the agreement of a group this rank has not agreed in, get no answer.
   t.deliver(ep_frame{7, 0, 0, 0, 1, {6}, {}});
   CHECK_FALSE(next_frame(peer, 200ms));
   CHECK_FALSE(t.set_group(8, 0, {actors::rank_actor{}, caf::actor_cast<actors::rank_actor>(peer)}));
   t.deliver(ep_frame{8, 0, -1, 2, 1, {7}, {}});
+  CHECK_FALSE(next_frame(peer, 200ms));
+  // In group 8 the peer's answer is what completes this rank's agreement.
+  CHECK_FALSE(t.set_group(9, 0, {actors::rank_actor{}, caf::actor_cast<actors::rank_actor>(peer)}));
+  pending = std::async(std::launch::async, [&] { return t.exchange(0, -1, 2, {{8}, {9}}); });
+  REQUIRE(next_frame(peer, 10s));
+  t.deliver(ep_frame{9, 0, -1, 3, 1, {10}, {}});
+  REQUIRE(pending.wait_for(10s) == std::future_status::ready);
+  in = pending.get();
+  REQUIRE(in);
+  CHECK(*in == ep_payloads{{8}, {10}});
   CHECK_FALSE(next_frame(peer, 200ms));
 }
