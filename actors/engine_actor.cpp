@@ -324,8 +324,15 @@ void adopt_group(self_pointer self, uint64_t group, int32_t rank, std::vector<ca
   std::vector<rank_actor> peers;
   for (auto& r : ranks) peers.push_back(caf::actor_cast<rank_actor>(std::move(r)));
   auto size = static_cast<int32_t>(peers.size());
+  // Where each rank of the previous group is now: the group agrees its placement from what
+  // its ranks ran (runtime/placement/regroup.hpp).
+  std::vector<int32_t> moved;
+  for (const rank_actor& old : st.ep->peers()) {
+    auto it = std::find(peers.begin(), peers.end(), old);
+    moved.push_back(it == peers.end() ? -1 : static_cast<int32_t>(it - peers.begin()));
+  }
   bool waiting = st.ep->set_group(group, rank, std::move(peers));
-  st.engine->set_ep_group({rank, size}, st.ep);
+  st.engine->set_ep_group({rank, size}, st.ep, std::move(moved));
   if (waiting) run_step(self);
 }
 

@@ -15,6 +15,9 @@ namespace shoal::actors {
 namespace {
 constexpr size_t max_inbox = 1 << 16;  // frames kept; beyond, frames of other groups are dropped
 constexpr uint64_t max_bulk_frame = uint64_t{1} << 30;  // a peer's frame read into memory here, at most
+// The group's placement agreement (runtime::ep_moe_exchange::agree_group) is exchanged as slot −1,
+// phase 2; a rank's frame sent again to a peer that asked by sending its own is phase 3.
+constexpr int32_t agreement_phase = 2, agreement_answer = 3;
 }
 
 caf_ep_transport::caf_ep_transport(std::chrono::milliseconds timeout, bulk_options bulk)
@@ -77,7 +80,14 @@ std::expected<runtime::ep_payloads, std::string> caf_ep_transport::exchange(uint
   runtime::ep_payloads incoming(outgoing.size());
   incoming[me] = std::move(outgoing[me]);
   std::vector<ep_frame> frames(static_cast<size_t>(n), ep_frame{g, step, slot, phase, me, {}, {}});
-  stage(frames, outgoing);
+  if (slot >= 0) {
+    stage(frames, outgoing);
+  } else {  // the group's agreement: small, inline, and kept to answer a peer that missed it
+    for (int32_t r = 0; r < n; ++r)
+      if (r != me) frames[r].bytes = std::move(outgoing[r]);
+    std::lock_guard lock(mu_);
+    if (group_ == g) agreement_ = frames;
+  }
   for (int32_t r = 0; r < n; ++r)
     if (r != me) caf::anon_send(peers[r], expert_atom_v, std::move(frames[r]));
   std::unique_lock lock(mu_);
@@ -145,6 +155,16 @@ bool caf_ep_transport::deliver(ep_frame f) {
       last_join_ = step;
       join = true;
     }
+    // A peer agreeing the group's placement may have missed this rank's frame: it gets it
+    // again, marked as an answer (an answer is not answered, or two ranks would echo forever).
+    if (f.slot < 0 && f.phase == agreement_answer) {
+      f.phase = agreement_phase;
+    } else if (f.slot < 0 && f.group == group_ && f.source >= 0 && static_cast<size_t>(f.source) < agreement_.size() &&
+               f.source != rank_ && agreement_[f.source].step == f.step) {
+      ep_frame answer = agreement_[f.source];
+      answer.phase = agreement_answer;
+      caf::anon_send(peers_[f.source], expert_atom_v, std::move(answer));
+    }
     const key k{f.group, f.step, f.slot, f.phase, f.source};
     if (f.bulk.length == 0) {
       inbox_[k] = std::move(f.bytes);
@@ -193,6 +213,7 @@ bool caf_ep_transport::set_group(uint64_t group, int32_t rank, std::vector<rank_
   group_ = group;
   rank_ = rank;
   peers_ = std::move(peers);
+  agreement_.clear();
   interrupted_.reset();
   last_local_step_ = last_join_ = -1;
   bool waiting = std::any_of(inbox_.begin(), inbox_.end(), [&](const auto& e) { return std::get<0>(e.first) == group; }) ||
@@ -204,6 +225,11 @@ bool caf_ep_transport::set_group(uint64_t group, int32_t rank, std::vector<rank_
 uint64_t caf_ep_transport::group() const {
   std::lock_guard lock(mu_);
   return group_;
+}
+
+std::vector<rank_actor> caf_ep_transport::peers() const {
+  std::lock_guard lock(mu_);
+  return peers_;
 }
 
 int32_t caf_ep_transport::size() const {

@@ -57,6 +57,8 @@ class caf_ep_transport final : public runtime::expert_transport {
   bool set_group(uint64_t group, int32_t rank, std::vector<rank_actor> peers);
   uint64_t group() const;
   int32_t size() const;
+  // The ranks of the current group, in rank order (empty before the first).
+  std::vector<rank_actor> peers() const;
   // Frames sent over the bulk transport / inline since construction.
   uint64_t frames_bulk() const { return frames_bulk_; }
   uint64_t frames_inline() const { return frames_inline_; }
@@ -91,6 +93,10 @@ class caf_ep_transport final : public runtime::expert_transport {
   std::optional<std::string> interrupted_;
   int64_t last_local_step_ = -1;   // highest step this rank exchanged in the current group
   int64_t last_join_ = -1;         // highest step a join was asked for in the current group
+  // This rank's frames of the current group's placement agreement (slot −1, sent inline): sent
+  // again to a peer whose agreement frame arrives, since that peer may have missed them (a
+  // frame that reached it before it adopted the group is dropped there).
+  std::vector<ep_frame> agreement_;
 };
 
 // The group `group` of a membership: the ranks of its nodes with node_info::ep_group ==

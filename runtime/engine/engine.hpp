@@ -195,10 +195,11 @@ class engine {
   // the group's step number); without EP, completed steps.
   uint64_t steps_started() const;
   bool expert_parallel() const { return ep_ != nullptr; }
-  // EP, between steps: a new group (e.g. the survivors re-partition the experts after a
-  // loss; every rank holds all weights, so this is a new layout and transport only). The
-  // step counter restarts at 0.
-  void set_ep_group(ep_layout layout, std::shared_ptr<expert_transport> transport);
+  // EP, between steps: a new group (the survivors after a loss, or with a rank back). The
+  // step counter restarts at 0. moved[o]: this rank's new rank for rank o of its previous
+  // group (−1: gone); empty: this rank brings no placement. The group agrees its placement
+  // before its first step (ep_moe_exchange::agree_group): survivors keep their experts.
+  void set_ep_group(ep_layout layout, std::shared_ptr<expert_transport> transport, std::vector<int32_t> moved = {});
   // EP, between steps: the group's next expert placement (the balancer's plan, offered to
   // every rank), with where the experts this rank gains can be read (their holders' lent
   // descriptions, expert_migration.hpp). The engine keeps stepping on the current placement

@@ -13,6 +13,13 @@ namespace shoal::runtime {
 // One lockstep step: plan → forward with the EP hook (or no forward) → join the slots it did
 // not use → complete (engine_config::ep).
 std::vector<token_event> engine::step_ep() {
+  // A new group agrees its placement first (every rank, before its first step).
+  if (ep_->needs_agreement()) {
+    auto agreed = ep_->agree_group(config_.experts ? config_.experts->resident_set() : expert_residency::expert_set{});
+    if (!agreed) return fail_step(agreed.error().message);
+    stats_.regroup_orphans = agreed->orphans;
+    stats_.regroup_moved_to_new = agreed->moved_to_new;
+  }
   step_plan p = plan_now();
   stalled_ = p.items.empty() && has_work();
   // This placement's experts (and an offered one's) in memory before any of them is computed.
@@ -140,11 +147,11 @@ result<std::vector<expert_part>> engine::lend_experts(
   return (*job)();
 }
 
-void engine::set_ep_group(ep_layout layout, std::shared_ptr<expert_transport> transport) {
+void engine::set_ep_group(ep_layout layout, std::shared_ptr<expert_transport> transport, std::vector<int32_t> moved) {
   SHOAL_ASSERT(ep_ && !flight_);
   config_.ep->layout = layout;
   config_.ep->transport = transport;
-  ep_->reconfigure(layout, std::move(transport));
+  ep_->reconfigure(layout, std::move(transport), std::move(moved));
   may_recompute_ = true;
   if (config_.experts) {
     config_.experts->drop_fetches();  // an offered plan was dropped with the old group

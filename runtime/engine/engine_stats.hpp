@@ -13,6 +13,9 @@ struct engine_stats {
   uint64_t steps = 0, prefill_tokens = 0, decode_tokens = 0, generated = 0;
   uint64_t failed_steps = 0;   // EP steps whose exchange failed (their requests recomputed, or finished as error)
   uint64_t recomputed_steps = 0;  // of them, steps whose requests stayed to be computed again
+  // EP: the last group's agreed start (runtime/placement/regroup.hpp): (slot, expert) weights no
+  // survivor computed (the lost ranks' only copies) and those given to joining ranks.
+  int64_t regroup_orphans = 0, regroup_moved_to_new = 0;
   double forward_s = 0;        // compute thread busy in forward passes
   double idle_s = 0;           // compute thread waiting between consecutive steps (exposed overhead)
   double plan_s = 0;           // time spent planning (overlapped when async)

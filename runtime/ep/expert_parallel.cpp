@@ -140,6 +140,104 @@ std::expected<std::vector<float>, std::string> decode_combine(const std::vector<
   return out;
 }
 
+// ---- group frames ----
+
+namespace {
+
+constexpr uint32_t group_fields = 15;
+
+// Lists as counts + concatenated experts.
+void pack_lists(frame_packer& pk, const std::vector<std::vector<int32_t>>& lists) {
+  std::vector<int32_t> counts, all;
+  for (const auto& l : lists) {
+    counts.push_back(static_cast<int32_t>(l.size()));
+    all.insert(all.end(), l.begin(), l.end());
+  }
+  pack_tensor(pk, counts.data(), counts.size());
+  pack_tensor(pk, all.data(), all.size());
+}
+
+// Fields i (counts, `n` lists) and i + 1 (experts) back into lists; their values are checked by
+// regroup_placement.
+bool read_lists(frame_fields& r, uint32_t i, const char* counts_name, const char* experts_name, uint64_t n,
+                uint64_t max_total, std::vector<std::vector<int32_t>>& out) {
+  std::vector<int32_t> counts, all;
+  if (!r.bin_of(i, counts_name, n, counts)) return false;
+  uint64_t total = 0;
+  for (int32_t c : counts) {
+    if (c < 0) r.fail("field " + std::to_string(i) + " (" + counts_name + ") has a negative count");
+    total += static_cast<uint64_t>(std::max(c, 0));
+  }
+  if (r.ok() && total > max_total)
+    r.fail("field " + std::to_string(i) + " (" + counts_name + ") counts " + std::to_string(total) +
+           " experts, more than " + std::to_string(max_total));
+  if (!r.ok() || !r.bin_of(i + 1, experts_name, total, all)) return false;
+  out.assign(n, {});
+  size_t at = 0;
+  for (uint64_t k = 0; k < n; ++k) {
+    out[k].assign(all.begin() + static_cast<ptrdiff_t>(at), all.begin() + static_cast<ptrdiff_t>(at + counts[k]));
+    at += static_cast<size_t>(counts[k]);
+  }
+  return true;
+}
+
+}  // namespace
+
+std::vector<uint8_t> encode_group(const group_view& v, uint64_t step, int32_t source, int64_t slots, int32_t ranks,
+                                  int64_t logical) {
+  frame_sink sink;
+  frame_packer pk(sink);
+  pk.pack_array(group_fields);
+  pk.pack(std::string_view(frame_magic));
+  pk.pack(frame_version);
+  pk.pack(uint64_t{2});
+  pk.pack(step);
+  pk.pack(static_cast<uint64_t>(source));
+  pk.pack(static_cast<uint64_t>(slots));
+  pk.pack(static_cast<uint64_t>(ranks));
+  pk.pack(static_cast<uint64_t>(logical));
+  pk.pack(uint64_t{v.has_basis ? 1u : 0u});
+  pk.pack(v.epoch);
+  std::vector<uint8_t> known = v.known;
+  known.resize(static_cast<size_t>(ranks), 0);
+  std::vector<std::vector<int32_t>> lists = v.lists, holds = v.holds;
+  lists.resize(static_cast<size_t>(slots * ranks));
+  holds.resize(static_cast<size_t>(slots));
+  pack_tensor(pk, known.data(), known.size());
+  pack_lists(pk, lists);
+  pack_lists(pk, holds);
+  return std::move(sink.bytes);
+}
+
+std::expected<group_view, std::string> decode_group(const std::vector<uint8_t>& bytes, uint64_t step, int32_t source,
+                                                    int64_t slots, int32_t ranks, int64_t logical) {
+  frame_fields r(bytes, group_fields, "group");
+  group_view v;
+  uint64_t x = 0, basis = 0;
+  auto magic = r.str(0, "magic");
+  if (magic && *magic != frame_magic) r.fail("field 0 (magic) is not \"shoal-ep\"");
+  const auto n_lists = static_cast<uint64_t>(slots * ranks), max_total = n_lists * static_cast<uint64_t>(logical);
+  if (!r.ok() || !r.uint(1, "version", x, frame_version) || !r.uint(2, "phase", x, 2) || !r.uint(3, "step", x, step) ||
+      !r.uint(4, "source rank", x, static_cast<uint64_t>(source)) || !r.uint(5, "slots", x, static_cast<uint64_t>(slots)) ||
+      !r.uint(6, "ranks", x, static_cast<uint64_t>(ranks)) || !r.uint(7, "logical", x, static_cast<uint64_t>(logical)) ||
+      !r.uint(8, "has_basis", basis, {}, 1) || !r.uint(9, "epoch", v.epoch, {}) ||
+      !r.bin_of(10, "known", static_cast<uint64_t>(ranks), v.known) ||
+      !read_lists(r, 11, "counts", "experts", n_lists, max_total, v.lists) ||
+      !read_lists(r, 13, "hold_counts", "holds", static_cast<uint64_t>(slots), static_cast<uint64_t>(slots * logical),
+                  v.holds))
+    return std::unexpected(r.error());
+  v.has_basis = basis == 1;
+  for (uint8_t k : v.known)
+    if (k > 1) return std::unexpected("group frame field 10 (known) holds a value other than 0 and 1");
+  if (!v.has_basis) {  // a view without a basis places nothing
+    bool places = v.epoch != 0 || std::any_of(v.known.begin(), v.known.end(), [](uint8_t k) { return k != 0; }) ||
+                  std::any_of(v.lists.begin(), v.lists.end(), [](const auto& l) { return !l.empty(); });
+    if (places) return std::unexpected("group frame has no basis (field 8) but places experts or names an epoch");
+    v.known.clear(), v.lists.clear();
+  }
+  return v;
+}
+
 // ---- ep_moe_exchange ----
 
 ep_moe_exchange::ep_moe_exchange(std::shared_ptr<const model::model_weights> weights,
@@ -174,17 +272,54 @@ void ep_moe_exchange::set_draft_depth(int64_t depth) {
       schedule_.push_back({s, static_cast<int32_t>(k + 1)});
 }
 
-void ep_moe_exchange::reconfigure(ep_layout layout, std::shared_ptr<expert_transport> transport) {
+void ep_moe_exchange::reconfigure(ep_layout layout, std::shared_ptr<expert_transport> transport,
+                                  std::vector<int32_t> moved) {
   SHOAL_ASSERT(!in_step_);
   SHOAL_ASSERT(layout.size >= 1 && layout.rank >= 0 && layout.rank < layout.size && transport);
+  // What this rank brings: the placement it ran (or, when its previous group changed again
+  // before agreeing, the view it brought there), renumbered for the new group.
+  if (moved.empty()) view_ = fresh_view(slots_);
+  else if (view_) view_ = renumber(*view_, slots_, moved, layout.size);
+  else if (placement_ && static_cast<size_t>(placement_->ranks()) == moved.size()) view_ = view_of(*placement_, moved, layout.size);
+  else view_ = fresh_view(slots_);
   layout_ = layout;
   transport_ = std::move(transport);
   steps_started_ = 0;
-  // A new group starts from contiguous blocks; a plan offered to the old one is aborted.
+  // Until the group agrees, contiguous blocks (what a group of fresh ranks agrees on); a plan
+  // offered to the old group is aborted.
   placement_ = std::make_shared<const ep_placement>(
     ep_placement::contiguous(slots_, std::max<int64_t>(experts_, 1), layout.size));
   offered_.reset();
   ready_ = switch_agreed_ = false;
+}
+
+result<regroup_result> ep_moe_exchange::agree_group(std::vector<std::vector<int32_t>> holds) {
+  SHOAL_ASSERT(!in_step_ && view_);
+  const int32_t R = layout_.size, me = layout_.rank;
+  const int64_t logical = std::max<int64_t>(experts_, 1);
+  group_view mine = *view_;
+  mine.holds = std::move(holds);
+  mine.holds.resize(static_cast<size_t>(slots_));
+  std::vector<group_view> views(static_cast<size_t>(R));
+  if (R > 1) {
+    ep_payloads outgoing(static_cast<size_t>(R), encode_group(mine, steps_started_, me, slots_, R, logical));
+    auto incoming = transport_->exchange(steps_started_, -1, 2, std::move(outgoing));
+    if (!incoming) return runtime::fail(errc::unavailable, "EP rank " + std::to_string(me) + "/" + std::to_string(R) +
+                                                             ": agreeing the group's placement: " + incoming.error());
+    for (int32_t src = 0; src < R; ++src) {
+      if (src == me) continue;
+      auto v = decode_group((*incoming)[src], steps_started_, src, slots_, R, logical);
+      if (!v) return runtime::fail(errc::invalid_argument, "EP rank " + std::to_string(me) + ": from rank " +
+                                                              std::to_string(src) + ": " + v.error());
+      views[src] = std::move(*v);
+    }
+  }
+  views[me] = std::move(mine);
+  auto placed = regroup_placement(slots_, logical, R, views);
+  if (!placed) return runtime::fail(errc::invalid_argument, "EP rank " + std::to_string(me) + ": " + placed.error());
+  placement_ = std::make_shared<const ep_placement>(placed->placement);
+  view_.reset();
+  return std::move(*placed);
 }
 
 void ep_moe_exchange::set_load_window(int64_t steps) {
@@ -217,6 +352,7 @@ void ep_moe_exchange::mark_ready() {
 void ep_moe_exchange::begin_step(bool drafts) {
   SHOAL_ASSERT(!in_step_);
   SHOAL_ASSERT(!drafts || schedule_.size() > pass0_);
+  view_.reset();  // (a rank stepping without agree_group keeps the contiguous blocks, as its peers do)
   in_step_ = true;
   drafts_ = drafts;
   end_ = schedule_.size();  // until the first position's frames say whether any rank drafts

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <expected>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -18,6 +19,7 @@
 #include "model/forward.hpp"
 #include "runtime/base/error.hpp"
 #include "runtime/placement/expert_placement.hpp"
+#include "runtime/placement/regroup.hpp"
 
 namespace shoal::runtime {
 
@@ -94,9 +96,19 @@ class ep_moe_exchange final : public model::moe_exchange {
                   std::shared_ptr<expert_transport> transport, bool batch_invariant,
                   ep_frame_limits limits = {});
 
-  // Between steps only: a new group (e.g. survivors after a loss re-partition the experts);
-  // the step counter restarts at 0.
-  void reconfigure(ep_layout layout, std::shared_ptr<expert_transport> transport);
+  // Between steps only: a new group (survivors after a loss, or a rank back); the step
+  // counter restarts at 0. moved[o]: this rank's new rank for rank o of its previous group
+  // (−1: gone); empty when this rank brings no placement (it is new). The group's placement is
+  // agreed before its first step (agree_group, runtime/placement/regroup.hpp): survivors keep
+  // their experts, a lost rank's only copies go to holders, a joining rank takes a share.
+  void reconfigure(ep_layout layout, std::shared_ptr<expert_transport> transport, std::vector<int32_t> moved = {});
+  // Whether the group must agree its placement before its next step.
+  bool needs_agreement() const { return view_.has_value(); }
+  // Every rank of a new group, before its first step: exchanges its view (what it ran, and
+  // `holds`: per slot, the experts its process holds in memory) with every peer and adopts
+  // regroup_placement over all of them — the same on every rank. An error (a peer lost, a bad
+  // view) leaves the group unagreed: the next step tries again.
+  result<regroup_result> agree_group(std::vector<std::vector<int32_t>> holds);
   // Speculative decoding under expert parallelism: each lockstep step also runs `depth` MTP
   // passes (the drafts of the next step), each through its MTP module's MoE slot (module
   // min(k, modules − 1) at depth k, as model::mtp_chain_step). Every rank of a group must set
@@ -157,6 +169,7 @@ class ep_moe_exchange final : public model::moe_exchange {
   std::shared_ptr<expert_transport> transport_;
   ep_frame_limits limits_;
   std::shared_ptr<const ep_placement> placement_, offered_;
+  std::optional<group_view> view_;  // this rank's view of a group not yet agreed
   bool ready_ = false;         // offered_'s experts are held
   bool switch_agreed_ = false; // every rank advertised offered_ ready in this step
   expert_load_window loads_;
@@ -194,6 +207,14 @@ std::expected<dispatch_frame, std::string> decode_dispatch(
     const std::vector<uint8_t>& bytes, uint64_t step, int32_t slot, int32_t source,
     const ep_placement& placement, int32_t rank, int64_t hidden, int64_t top_k,
     const ep_frame_limits& limits = {});
+// Group frames (phase 2, once per group before its first step, exchanged as slot −1):
+//   ["shoal-ep", 3, 2, step, source, slots, ranks, logical, has_basis, epoch,
+//    known: bin (ranks) uint8, counts: bin (slots·ranks) int32, experts: bin int32,
+//    hold_counts: bin (slots) int32, holds: bin int32]
+std::vector<uint8_t> encode_group(const group_view& v, uint64_t step, int32_t source, int64_t slots, int32_t ranks,
+                                  int64_t logical);
+std::expected<group_view, std::string> decode_group(const std::vector<uint8_t>& bytes, uint64_t step, int32_t source,
+                                                    int64_t slots, int32_t ranks, int64_t logical);
 std::vector<uint8_t> encode_combine(uint64_t step, int32_t slot, int32_t source, int64_t hidden,
                                     const float* out, int64_t pairs);  // out (pairs, hidden)
 // Checks a combine frame from `source`: exactly `pairs` rows of `hidden` floats.

@@ -291,6 +291,15 @@ int64_t expert_residency::resident_experts() const {
   return std::count(resident_.begin(), resident_.end(), true);
 }
 
+expert_residency::expert_set expert_residency::resident_set() const {
+  std::lock_guard lock(mu_);
+  expert_set out(static_cast<size_t>(slots_));
+  for (int64_t s = 0; s < slots_; ++s)
+    for (int64_t e = 0; e < experts_; ++e)
+      if (resident_[s * experts_ + e]) out[s].push_back(static_cast<int32_t>(e));
+  return out;
+}
+
 int64_t expert_residency::resident_bytes() const {
   std::lock_guard lock(mu_);
   int64_t bytes = 0;

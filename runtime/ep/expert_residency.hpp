@@ -70,6 +70,8 @@ class expert_residency {
   // (MoE slot, routed expert) weights in memory, and their bytes.
   int64_t resident_experts() const;
   int64_t resident_bytes() const;
+  // The (slot, expert) weights in memory, per slot ascending.
+  expert_set resident_set() const;
 
   // -- migration --
   // Registers the weights of `experts` (slot, expert; each resident here) with `bulk` and

@@ -471,44 +471,64 @@ TEST_CASE("ep rebalance live: skewed routing, a new placement with redundant exp
   CHECK(after < before);
   CHECK(after < 1.35);
 
-  // A group change aborts an offered plan: the new group starts from contiguous blocks.
+  // A group change aborts an offered plan.
   auto again = runtime::plan_placement(loads, *next, {1, 100, 100, 1, 1});
   REQUIRE(again.has_value());
   auto third = std::make_shared<const runtime::ep_placement>(again->placement);
   REQUIRE(engines[0]->offer_placement(third).has_value());
-  // Process 1 is lost: process 0's ranks re-form over contiguous blocks. What process 0 holds
-  // under `next` (its ranks' experts, redundant copies of process 1's hot experts among them)
-  // is taken over from memory; the checkpoint gives only what it does not hold.
+  // Process 1 is lost. What process 0 holds under `next`: its ranks' experts, redundant copies
+  // of process 1's hot experts among them.
   std::set<std::pair<int64_t, int32_t>> held0, held1;
   for (int64_t s = 0; s < slots; ++s)
     for (int32_t r = 0; r < 4; ++r)
       for (int32_t e : next->experts_of(s, r)) (r < 2 ? held0 : held1).insert({s, e});
-  int64_t copies = 0;  // experts of process 1 that process 0 holds a copy of
+  int64_t copies = 0, not_held = 0;  // process 1's experts process 0 holds a copy of; those it does not hold
   for (const auto& x : held1) copies += held0.contains(x);
+  for (int64_t s = 0; s < slots; ++s)
+    for (int32_t e = 0; e < E; ++e) not_held += !held0.contains({s, e});
   CHECK(copies > 0);
   const auto moved_before = process[0]->migration();
   local_ep_hub pair(2, 10s);
-  for (int32_t r = 0; r < 2; ++r) engines[r]->set_ep_group({r, 2}, pair.transport(r));
-  CHECK(engines[0]->expert_exchange()->offered() == nullptr);
-  CHECK(engines[0]->expert_exchange()->placement()->epoch() == 0);
-  engines.resize(2);
-  serve_and_check(engines, 2, 14, -1, full_w);
-  holds_exactly(0, engines[0]->expert_exchange()->placement());
-  CHECK(process[1]->resident_experts() == 0);
-  const auto fresh = runtime::ep_placement::contiguous(slots, E, 2);
-  int64_t from_memory = 0, not_held = 0;
-  for (int64_t s = 0; s < slots; ++s) {
-    for (int32_t r = 0; r < 2; ++r)
-      for (int32_t e : fresh.experts_of(s, r)) from_memory += !next->holds(s, r, e) && held0.contains({s, e});
-    for (int32_t e = 0; e < E; ++e) not_held += !held0.contains({s, e});
+  SUBCASE("the survivors bring their placement: they keep it, the lost process's only copies come from the checkpoint") {
+    for (int32_t r = 0; r < 2; ++r) engines[r]->set_ep_group({r, 2}, pair.transport(r), {0, 1, -1, -1});
+    CHECK(engines[0]->expert_exchange()->offered() == nullptr);
+    engines.resize(2);
+    serve_and_check(engines, 2, 14, -1, full_w);
+    const auto& agreed = engines[0]->expert_exchange()->placement();
+    CHECK(engines[1]->expert_exchange()->placement()->same_experts(*agreed));
+    CHECK(agreed->epoch() == next->epoch() + 1);
+    holds_exactly(0, agreed);
+    for (int64_t s = 0; s < slots; ++s)
+      for (int32_t r = 0; r < 2; ++r)
+        for (int32_t e : next->experts_of(s, r)) CHECK(agreed->holds(s, r, e));  // no survivor lost an expert
+    CHECK(engines[0]->stats().regroup_orphans == not_held);
+    const auto moved = process[0]->migration();
+    MESSAGE("re-formed over process 0: " << copies << " redundant copies of the lost process's experts kept, "
+                                         << moved.checkpoint_experts - moved_before.checkpoint_experts
+                                         << " from the checkpoint, " << moved.kept_experts - moved_before.kept_experts
+                                         << " moved between its ranks");
+    CHECK(moved.kept_experts == moved_before.kept_experts);  // nothing moved
+    CHECK(moved.checkpoint_experts - moved_before.checkpoint_experts == not_held);
+    CHECK(moved.fetched_experts == moved_before.fetched_experts);
   }
-  const auto moved = process[0]->migration();
-  MESSAGE("re-formed over process 0: " << moved.kept_experts - moved_before.kept_experts << " experts from memory ("
-                                       << copies << " redundant copies of the lost process's), "
-                                       << moved.checkpoint_experts - moved_before.checkpoint_experts << " from the checkpoint");
-  CHECK(moved.kept_experts - moved_before.kept_experts == from_memory);
-  CHECK(moved.checkpoint_experts - moved_before.checkpoint_experts == not_held);
-  CHECK(moved.fetched_experts == moved_before.fetched_experts);
+  SUBCASE("ranks that bring no placement: contiguous blocks, what the process holds taken over from memory") {
+    for (int32_t r = 0; r < 2; ++r) engines[r]->set_ep_group({r, 2}, pair.transport(r));
+    CHECK(engines[0]->expert_exchange()->offered() == nullptr);
+    engines.resize(2);
+    serve_and_check(engines, 2, 14, -1, full_w);
+    CHECK(engines[0]->expert_exchange()->placement()->epoch() == 0);
+    holds_exactly(0, engines[0]->expert_exchange()->placement());
+    CHECK(process[1]->resident_experts() == 0);
+    const auto fresh = runtime::ep_placement::contiguous(slots, E, 2);
+    int64_t from_memory = 0;
+    for (int64_t s = 0; s < slots; ++s)
+      for (int32_t r = 0; r < 2; ++r)
+        for (int32_t e : fresh.experts_of(s, r)) from_memory += !next->holds(s, r, e) && held0.contains({s, e});
+    const auto moved = process[0]->migration();
+    CHECK(moved.kept_experts - moved_before.kept_experts == from_memory);
+    CHECK(moved.checkpoint_experts - moved_before.checkpoint_experts == not_held);
+    CHECK(moved.fetched_experts == moved_before.fetched_experts);
+  }
   std::filesystem::remove_all(dir);
 }
 

@@ -344,7 +344,7 @@ TEST_CASE("3-process cluster: SIGSTOP of an engine node under 30 streams fails n
   auto got = test::streams_with_fault(post, prompts, n, 1, [&] { return kill(node.pid, SIGSTOP) == 0; });
   const int failed = test::check_streams_exact(got, expected);
   MESSAGE("engine-b stopped after " << got.kill_at_s << " s; every stream ended after " << got.seconds << " s");
-  CHECK(failed == 0);
+  CHECK_MESSAGE(failed == 0, test::log_tails(c.state_dir, 60));
   node.resume();
   // Both engine nodes report the expert-parallel group at its 4 ranks again.
   auto group_ranks = [&](uint16_t port) {
