@@ -623,6 +623,9 @@ typename Inspector::result_type inspect(Inspector& f, membership& x) {
 // tensors (runtime/ep/expert_parallel.hpp) and are validated by the receiver. With a bulk
 // transport the bytes stay in the sender's registered memory and `bulk` describes them
 // (length > 0, `bytes` empty): the receiver reads them over libfabric, checked by crc32c.
+// `formation` numbers the group's formations: the same members may form the same group again
+// (a process cut off and back), and a frame of an earlier formation is never taken for one of
+// the current (caf_ep_transport).
 struct ep_frame {
   uint64_t group = 0;
   uint64_t step = 0;
@@ -631,12 +634,14 @@ struct ep_frame {
   int32_t source = 0;
   std::vector<uint8_t> bytes;
   runtime::remote_memory bulk;
+  uint64_t formation = 0;
   friend bool operator==(const ep_frame&, const ep_frame&) = default;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, ep_frame& x) {
-  return f(caf::meta::type_name("ep_frame"), x.group, x.step, x.slot, x.phase, x.source, x.bytes, x.bulk);
+  return f(caf::meta::type_name("ep_frame"), x.group, x.step, x.slot, x.phase, x.source, x.bytes, x.bulk,
+           x.formation);
 }
 
 // An expert placement (runtime::ep_placement) between processes: the experts of (slot s,

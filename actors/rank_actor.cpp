@@ -18,6 +18,8 @@ constexpr uint64_t max_bulk_frame = uint64_t{1} << 30;  // a peer's frame read i
 // The group's placement agreement (runtime::ep_moe_exchange::agree_group) is exchanged as slot −1,
 // phase 2; a rank's frame sent again to a peer that asked by sending its own is phase 3.
 constexpr int32_t agreement_phase = 2, agreement_answer = 3;
+// A frame with nothing but its formation: tells a peer still in an earlier one of this number.
+constexpr int32_t formation_slot = -2;
 }
 
 caf_ep_transport::caf_ep_transport(std::chrono::milliseconds timeout, bulk_options bulk)
@@ -62,13 +64,14 @@ void caf_ep_transport::stage(std::vector<ep_frame>& frames, runtime::ep_payloads
 std::expected<runtime::ep_payloads, std::string> caf_ep_transport::exchange(uint64_t step, int32_t slot,
                                                                             int32_t phase,
                                                                             runtime::ep_payloads outgoing) {
-  uint64_t g;
+  uint64_t g, fm;
   int32_t me;
   std::vector<rank_actor> peers;
   {
     std::lock_guard lock(mu_);
     if (interrupted_) return std::unexpected(*interrupted_);
     g = group_;
+    fm = formation_;
     me = rank_;
     peers = peers_;
     last_local_step_ = std::max(last_local_step_, static_cast<int64_t>(step));
@@ -79,20 +82,20 @@ std::expected<runtime::ep_payloads, std::string> caf_ep_transport::exchange(uint
                            std::to_string(n));
   runtime::ep_payloads incoming(outgoing.size());
   incoming[me] = std::move(outgoing[me]);
-  std::vector<ep_frame> frames(static_cast<size_t>(n), ep_frame{g, step, slot, phase, me, {}, {}});
+  std::vector<ep_frame> frames(static_cast<size_t>(n), ep_frame{g, step, slot, phase, me, {}, {}, fm});
   if (slot >= 0) {
     stage(frames, outgoing);
   } else {  // the group's agreement: small, inline, and kept to answer a peer that missed it
     for (int32_t r = 0; r < n; ++r)
       if (r != me) frames[r].bytes = std::move(outgoing[r]);
     std::lock_guard lock(mu_);
-    if (group_ == g) agreement_ = frames;
+    if (group_ == g && formation_ == fm) agreement_ = frames;
   }
   for (int32_t r = 0; r < n; ++r)
     if (r != me) caf::anon_send(peers[r], expert_atom_v, std::move(frames[r]));
   std::unique_lock lock(mu_);
   auto arrived = [&](int32_t r) {
-    return inbox_.contains(key{g, step, slot, phase, r}) || reads_.contains(key{g, step, slot, phase, r});
+    return inbox_.contains(key{g, fm, step, slot, phase, r}) || reads_.contains(key{g, fm, step, slot, phase, r});
   };
   auto missing = [&] {
     std::vector<int32_t> out;
@@ -100,9 +103,11 @@ std::expected<runtime::ep_payloads, std::string> caf_ep_transport::exchange(uint
       if (r != me && !arrived(r)) out.push_back(r);
     return out;
   };
-  bool complete = cv_.wait_for(lock, timeout_, [&] { return interrupted_ || group_ != g || missing().empty(); });
+  bool complete = cv_.wait_for(lock, timeout_, [&] {
+    return interrupted_ || group_ != g || formation_ != fm || missing().empty();
+  });
   if (interrupted_) return std::unexpected(*interrupted_);
-  if (group_ != g) return std::unexpected("expert-parallel group changed during the exchange");
+  if (group_ != g || formation_ != fm) return std::unexpected("expert-parallel group changed during the exchange");
   if (!complete) {
     std::string who;
     for (int32_t r : missing()) who += (who.empty() ? "" : ", ") + std::to_string(r);
@@ -113,11 +118,11 @@ std::expected<runtime::ep_payloads, std::string> caf_ep_transport::exchange(uint
   std::vector<std::pair<int32_t, pending_read>> reading;
   for (int32_t r = 0; r < n; ++r) {
     if (r == me) continue;
-    if (auto it = inbox_.find(key{g, step, slot, phase, r}); it != inbox_.end()) {
+    if (auto it = inbox_.find(key{g, fm, step, slot, phase, r}); it != inbox_.end()) {
       incoming[r] = std::move(it->second);
       inbox_.erase(it);
     } else {
-      auto rd = reads_.find(key{g, step, slot, phase, r});
+      auto rd = reads_.find(key{g, fm, step, slot, phase, r});
       reading.emplace_back(r, std::move(rd->second));
       reads_.erase(rd);
     }
@@ -135,37 +140,63 @@ std::expected<runtime::ep_payloads, std::string> caf_ep_transport::exchange(uint
   return incoming;
 }
 
-bool caf_ep_transport::deliver(ep_frame f) {
-  bool join = false;
+bool caf_ep_transport::admit(const ep_frame& f, arrival& out) {
+  const bool peer = f.source >= 0 && static_cast<size_t>(f.source) < peers_.size() && f.source != rank_;
+  if (f.group == group_ && f.formation < formation_) {
+    // A peer still in an earlier formation of this group (it missed a leave-and-return this
+    // rank saw): it learns this one's number, once per formation, and forms the group anew.
+    if (peer && peers_[f.source] && f.slot != formation_slot && noticed_.insert(f.source).second)
+      caf::anon_send(peers_[f.source], expert_atom_v, ep_frame{group_, 0, formation_slot, 0, rank_, {}, {}, formation_});
+    return false;
+  }
+  // A formation this rank left (or, at its own number, one of another group) never comes back.
+  if (f.formation < formation_ || (f.formation == formation_ && f.group != group_)) return false;
+  if (f.formation > formation_) {
+    uint64_t& seen = seen_[f.group];
+    seen = std::max(seen, f.formation);
+    if (f.group == group_ && !interrupted_) {
+      // A peer formed this group anew: so does this rank (at that number, see set_group).
+      interrupted_ = "expert-parallel rank " + std::to_string(f.source) + " formed the group anew (formation " +
+                     std::to_string(f.formation) + ", this rank's " + std::to_string(formation_) + ")";
+      out = arrival::reform;
+    }
+  }
+  return f.slot != formation_slot;  // a notice carries nothing to keep
+}
+
+caf_ep_transport::arrival caf_ep_transport::deliver(ep_frame f) {
+  arrival out = arrival::none;
   {
     std::lock_guard lock(mu_);
-    if (retired_.contains(f.group)) return false;
+    if (!admit(f, out)) return out;
     if (inbox_.size() + reads_.size() >= max_inbox) {
-      std::erase_if(inbox_, [&](const auto& e) { return std::get<0>(e.first) != group_; });
+      auto other = [&](const key& k) { return std::get<0>(k) != group_ || std::get<1>(k) != formation_; };
+      std::erase_if(inbox_, [&](const auto& e) { return other(e.first); });
       for (auto it = reads_.begin(); it != reads_.end();)
-        if (std::get<0>(it->first) != group_) {
+        if (other(it->first)) {
           retire(std::move(it->second));
           it = reads_.erase(it);
         } else {
           ++it;
         }
     }
+    const bool current = f.group == group_ && f.formation == formation_ && !interrupted_;
     auto step = static_cast<int64_t>(f.step);
-    if (f.group == group_ && !interrupted_ && step > last_local_step_ && step > last_join_) {
+    if (current && step > last_local_step_ && step > last_join_) {
       last_join_ = step;
-      join = true;
+      out = arrival::join;
     }
     // A peer agreeing the group's placement may have missed this rank's frame: it gets it
     // again, marked as an answer (an answer is not answered, or two ranks would echo forever).
-    if (f.slot < 0 && f.phase == agreement_answer) {
+    if (f.slot == -1 && f.phase == agreement_answer) {
       f.phase = agreement_phase;
-    } else if (f.slot < 0 && f.group == group_ && f.source >= 0 && static_cast<size_t>(f.source) < agreement_.size() &&
+    } else if (f.slot == -1 && current && f.source >= 0 && static_cast<size_t>(f.source) < agreement_.size() &&
                f.source != rank_ && agreement_[f.source].step == f.step) {
       ep_frame answer = agreement_[f.source];
       answer.phase = agreement_answer;
       caf::anon_send(peers_[f.source], expert_atom_v, std::move(answer));
     }
-    const key k{f.group, f.step, f.slot, f.phase, f.source};
+    const key k{f.group, f.formation, f.step, f.slot, f.phase, f.source};
     if (f.bulk.length == 0) {
       inbox_[k] = std::move(f.bytes);
     } else {
@@ -187,7 +218,7 @@ bool caf_ep_transport::deliver(ep_frame f) {
     }
   }
   cv_.notify_all();
-  return join;
+  return out;
 }
 
 void caf_ep_transport::interrupt(const std::string& why) {
@@ -200,26 +231,40 @@ void caf_ep_transport::interrupt(const std::string& why) {
 
 bool caf_ep_transport::set_group(uint64_t group, int32_t rank, std::vector<rank_actor> peers) {
   std::lock_guard lock(mu_);
-  if (group != group_) retired_.insert(group_);
-  retired_.erase(group);
-  std::erase_if(inbox_, [&](const auto& e) { return retired_.contains(std::get<0>(e.first)); });
+  // One past the last formation, or the one its peers formed already (their frames wait here).
+  uint64_t next = formation_ + 1;
+  if (auto it = seen_.find(group); it != seen_.end()) next = std::max(next, it->second);
+  group_ = group;
+  formation_ = next;
+  std::erase_if(seen_, [&](const auto& e) { return e.second <= formation_; });
+  noticed_.clear();
+  // Frames of the formations left behind go (those of later formations, of any group, stay).
+  auto left = [&](const key& k) {
+    return std::get<1>(k) < formation_ || (std::get<1>(k) == formation_ && std::get<0>(k) != group_);
+  };
+  std::erase_if(inbox_, [&](const auto& e) { return left(e.first); });
   for (auto it = reads_.begin(); it != reads_.end();)
-    if (retired_.contains(std::get<0>(it->first))) {
+    if (left(it->first)) {
       retire(std::move(it->second));
       it = reads_.erase(it);
     } else {
       ++it;
     }
-  group_ = group;
   rank_ = rank;
   peers_ = std::move(peers);
   agreement_.clear();
   interrupted_.reset();
   last_local_step_ = last_join_ = -1;
-  bool waiting = std::any_of(inbox_.begin(), inbox_.end(), [&](const auto& e) { return std::get<0>(e.first) == group; }) ||
-                 std::any_of(reads_.begin(), reads_.end(), [&](const auto& e) { return std::get<0>(e.first) == group; });
+  auto mine = [&](const key& k) { return std::get<0>(k) == group_ && std::get<1>(k) == formation_; };
+  bool waiting = std::any_of(inbox_.begin(), inbox_.end(), [&](const auto& e) { return mine(e.first); }) ||
+                 std::any_of(reads_.begin(), reads_.end(), [&](const auto& e) { return mine(e.first); });
   if (waiting) last_join_ = 0;
   return waiting;
+}
+
+uint64_t caf_ep_transport::formation() const {
+  std::lock_guard lock(mu_);
+  return formation_;
 }
 
 uint64_t caf_ep_transport::group() const {
@@ -304,7 +349,9 @@ struct rank_state {
   std::shared_ptr<caf_ep_transport> transport;
   engine_actor engine;
   std::string group_name;  // engine.ep_group
-  uint64_t group = 0;  // the last group sent to the engine
+  uint64_t group = 0;  // the last group sent to the engine, this rank's index and its ranks
+  int32_t me = -1;
+  std::vector<caf::actor> ranks;
 };
 
 caf::behavior rank_behavior(caf::stateful_actor<rank_state>* self, std::shared_ptr<caf_ep_transport> transport,
@@ -314,18 +361,26 @@ caf::behavior rank_behavior(caf::stateful_actor<rank_state>* self, std::shared_p
   self->state.group_name = std::move(group);
   return {
     [self](expert_atom, ep_frame& f) {
+      auto& st = self->state;
       uint64_t group = f.group, step = f.step;
-      if (self->state.transport->deliver(std::move(f)))
-        caf::anon_send(self->state.engine, lockstep_atom_v, group, step);
+      switch (st.transport->deliver(std::move(f))) {
+        case caf_ep_transport::arrival::join: caf::anon_send(st.engine, lockstep_atom_v, group, step); break;
+        case caf_ep_transport::arrival::reform:  // a peer formed the group anew: adopt it again
+          if (group == st.group) caf::anon_send(st.engine, lockstep_atom_v, st.group, st.me, st.ranks);
+          break;
+        case caf_ep_transport::arrival::none: break;
+      }
     },
     [self](const membership& m) {
-      ep_group_view g = ep_group_of(m, self->state.group_name);
+      auto& st = self->state;
+      ep_group_view g = ep_group_of(m, st.group_name);
       int32_t me = g.index_of(caf::actor_cast<caf::actor>(self));
-      if (me < 0 || g.id == self->state.group) return;
-      self->state.group = g.id;
-      self->state.transport->interrupt("expert-parallel group changed (now " + std::to_string(g.ranks.size()) +
-                                       " ranks)");
-      caf::anon_send(self->state.engine, lockstep_atom_v, g.id, me, g.ranks);
+      if (me < 0 || g.id == st.group) return;
+      st.group = g.id;
+      st.me = me;
+      st.ranks = g.ranks;
+      st.transport->interrupt("expert-parallel group changed (now " + std::to_string(g.ranks.size()) + " ranks)");
+      caf::anon_send(st.engine, lockstep_atom_v, g.id, me, g.ranks);
     },
   };
 }

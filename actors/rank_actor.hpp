@@ -5,6 +5,17 @@
 // as errors and the gateway re-routes them) and the engine adopts the new group between
 // steps. Frames go rank actor to rank actor; a frame for a step this rank has not begun
 // makes it join that step (lockstep: a rank without work steps with an empty batch).
+//
+// Formations. The same members form the same group (the same id) again when a process is cut
+// off and comes back, and each rank sees membership changes on its own: one may see the
+// process leave and return while another never noticed. So every adoption of a group is a
+// formation with a number, carried by every frame: a rank adopts a group at one past its
+// last formation, or at the formation its peers' waiting frames already use; a frame of a
+// lower formation (sent before its sender left it) is dropped, and a peer still sending in an
+// earlier formation of the current group is told the current number; a frame of the current
+// group at a higher formation means a peer formed it anew, and this rank re-forms at that
+// number (its exchange fails, its engine adopts the group again). Numbers only rise to one some rank
+// chose on a membership change, so the ranks meet on the highest.
 #pragma once
 
 #include <atomic>
@@ -47,15 +58,20 @@ class caf_ep_transport final : public runtime::expert_transport {
   std::expected<runtime::ep_payloads, std::string> exchange(uint64_t step, int32_t slot, int32_t phase,
                                                             runtime::ep_payloads outgoing) override;
 
-  // Rank actor: a frame arrived. True when it belongs to a step of the current group this
-  // rank has not begun (and no join was asked for it yet): the engine must join that step.
-  bool deliver(ep_frame f);
+  // Rank actor: a frame arrived. join: it belongs to a step of the current formation this rank
+  // has not begun (and no join was asked for it yet): the engine must join that step. reform:
+  // a peer formed the current group anew (a higher formation): the engine must adopt the group
+  // again (set_group then takes that formation); the running exchange fails.
+  enum class arrival { none, join, reform };
+  arrival deliver(ep_frame f);
   // Rank actor: the group is changing; a running or later exchange fails until set_group.
   void interrupt(const std::string& why);
-  // Engine, between steps: adopt a group. True when frames of it are already waiting (the
-  // engine should then step to join them).
+  // Engine, between steps: adopt a group (a new formation of it: one past the last formation,
+  // or that of its frames already waiting, the higher). True when frames of it are already
+  // waiting (the engine should then step to join them).
   bool set_group(uint64_t group, int32_t rank, std::vector<rank_actor> peers);
   uint64_t group() const;
+  uint64_t formation() const;
   int32_t size() const;
   // The ranks of the current group, in rank order (empty before the first).
   std::vector<rank_actor> peers() const;
@@ -64,7 +80,7 @@ class caf_ep_transport final : public runtime::expert_transport {
   uint64_t frames_inline() const { return frames_inline_; }
 
  private:
-  using key = std::tuple<uint64_t, uint64_t, int32_t, int32_t, int32_t>;  // group, step, slot, phase, source
+  using key = std::tuple<uint64_t, uint64_t, uint64_t, int32_t, int32_t, int32_t>;  // group, formation, step, slot, phase, source
   struct pending_read {  // a peer's frame being read from its memory
     std::shared_ptr<std::vector<uint8_t>> bytes;
     std::shared_ptr<runtime::transfer> read;
@@ -72,6 +88,9 @@ class caf_ep_transport final : public runtime::expert_transport {
   // Moves outgoing[r] of peers into the send region of this exchange where it pays.
   void stage(std::vector<ep_frame>& frames, runtime::ep_payloads& outgoing);
   void retire(pending_read r);  // mu_ held: an abandoned read, kept until it ends
+  // mu_ held: whether `f` is of the current formation or a later one (else it is dropped, and
+  // a peer behind is told this formation); sets `out` to reform for a later one of this group.
+  bool admit(const ep_frame& f, arrival& out);
 
   const bulk_options bulk_;
   std::vector<std::byte> send_memory_;  // 2 regions
@@ -86,9 +105,11 @@ class caf_ep_transport final : public runtime::expert_transport {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   uint64_t group_ = 0;
+  uint64_t formation_ = 0;         // of the current group (0: none yet)
+  std::map<uint64_t, uint64_t> seen_;  // group → the highest later formation its frames carried
+  std::set<int32_t> noticed_;      // peers told this formation's number
   int32_t rank_ = 0;
   std::vector<rank_actor> peers_;  // by rank; own entry unused
-  std::set<uint64_t> retired_;     // groups left behind: their frames are dropped
   std::map<key, std::vector<uint8_t>> inbox_;
   std::optional<std::string> interrupted_;
   int64_t last_local_step_ = -1;   // highest step this rank exchanged in the current group

@@ -1,6 +1,6 @@
 // Cluster actors: the plain state behind the node agent (membership_table), the balancers
-// (prefill_routing, decode_routing) and expert parallelism (ep_group_of, caf_ep_transport) tested
-// directly, then node agents and expert-parallel engines in two actor systems of this process
+// (prefill_routing, decode_routing) and expert parallelism (ep_group_of; caf_ep_transport in
+// ep_transport_test.cpp) tested directly, then node agents and expert-parallel engines in two actor systems of this process
 // connected over loopback, as two shoald processes would be. Every wait is bounded.
 #include <doctest/doctest.h>
 
@@ -36,7 +36,6 @@
 using namespace shoal;
 using namespace std::chrono_literals;
 using actors::caf_ep_transport;
-using actors::ep_frame;
 using actors::membership;
 using actors::node_info;
 using actors::rank_info;
@@ -446,108 +445,6 @@ TEST_CASE("ep_join_conflict: a joiner unlike its group's members is refused, nam
   other.engine_role = "prefill";
   CHECK_FALSE(actors::ep_join_conflict(two, other));
   CHECK_FALSE(actors::ep_join_conflict(two, make_node("e", {"engine"}, {}, {{0, h[2], {}}})));
-}
-
-// -- caf_ep_transport -------------------------------------------------------------------------------
-
-namespace {
-
-ep_frame frame(uint64_t group, uint64_t step, int32_t slot, int32_t phase, int32_t source, uint8_t byte) {
-  return {group, step, slot, phase, source, {byte}, {}};
-}
-
-// A group of `n` ranks whose peers are no actors: sends go nowhere.
-std::vector<actors::rank_actor> nobody(size_t n) { return std::vector<actors::rank_actor>(n); }
-
-}  // namespace
-
-TEST_CASE("caf_ep_transport: a frame of an unbegun step asks for one join, retired groups are dropped, future ones kept") {
-  caf_ep_transport t(10s);
-  CHECK(t.group() == 0);
-  CHECK(t.size() == 0);
-  CHECK_FALSE(t.set_group(100, 1, nobody(2)));
-  CHECK(t.group() == 100);
-  CHECK(t.size() == 2);
-
-  CHECK(t.deliver(frame(100, 0, 0, 0, 0, 1)));        // step 0 not begun here: join it
-  CHECK_FALSE(t.deliver(frame(100, 0, 1, 0, 0, 2)));  // the same step: asked already
-  CHECK(t.deliver(frame(100, 1, 0, 0, 0, 3)));        // the next step: join again
-
-  // Rank 1 runs step 0, slot 0: rank 0's frame is waiting, its own payload stays local.
-  auto in = t.exchange(0, 0, 0, {{9}, {10}});
-  REQUIRE(in);
-  CHECK(*in == ep_payloads{{1}, {10}});
-  in = t.exchange(1, 0, 0, {{11}, {12}});
-  REQUIRE(in);
-  CHECK(*in == ep_payloads{{3}, {12}});
-  CHECK_FALSE(t.deliver(frame(100, 1, 1, 0, 0, 4)));  // step 1 begun here: no join
-  CHECK(t.deliver(frame(100, 2, 0, 0, 0, 5)));
-
-  CHECK_FALSE(t.deliver(frame(300, 0, 0, 0, 0, 6)));  // a future group: kept, no join yet
-  CHECK_FALSE(t.set_group(200, 0, nobody(2)));        // 100 retired; nothing of 200 waiting
-  CHECK_FALSE(t.deliver(frame(100, 3, 0, 0, 1, 7)));  // a retired group: dropped
-  CHECK(t.deliver(frame(200, 0, 0, 0, 1, 8)));
-
-  CHECK(t.set_group(300, 1, nobody(2)));              // its frame is waiting: step to join it
-  CHECK_FALSE(t.deliver(frame(300, 0, 1, 0, 0, 9)));  // the join of step 0 counts as asked
-  in = t.exchange(0, 0, 0, {{20}, {21}});
-  REQUIRE(in);
-  CHECK(*in == ep_payloads{{6}, {21}});
-
-  // Back to 100: its frames were dropped when it retired, the late one was never kept.
-  CHECK_FALSE(t.set_group(100, 1, nobody(2)));
-}
-
-TEST_CASE("caf_ep_transport: interrupt makes a blocked exchange on another thread fail at once") {
-  local_config cfg;
-  caf::actor_system sys{cfg};
-  caf::scoped_actor peer{sys};
-  caf_ep_transport t(60s);
-  CHECK_FALSE(t.set_group(7, 0, {actors::rank_actor{}, caf::actor_cast<actors::rank_actor>(peer)}));
-
-  auto pending = std::async(std::launch::async, [&] { return t.exchange(3, 1, 0, {{1}, {2, 3}}); });
-  // Rank 1 got its frame: the exchange is waiting (or about to) for rank 1's.
-  bool sent = false;
-  peer->receive([&](expert_atom, const ep_frame& f) { sent = f == ep_frame{7, 3, 1, 0, 0, {2, 3}, {}}; },
-                caf::after(10s) >> [] {});
-  CHECK(sent);
-  t.interrupt("expert-parallel group changed (now 1 ranks)");
-  REQUIRE(pending.wait_for(10s) == std::future_status::ready);  // not the 60 s timeout
-  auto result = pending.get();
-  REQUIRE_FALSE(result);
-  CHECK(result.error() == "expert-parallel group changed (now 1 ranks)");
-
-  // Until the next group: exchanges fail at once, frames ask for no join.
-  auto again = t.exchange(4, 0, 0, {{}, {}});
-  REQUIRE_FALSE(again);
-  CHECK(again.error() == "expert-parallel group changed (now 1 ranks)");
-  CHECK_FALSE(t.deliver(frame(7, 9, 0, 0, 1, 1)));
-  CHECK_FALSE(t.set_group(8, 0, nobody(2)));
-  CHECK(t.deliver(frame(8, 0, 0, 0, 1, 2)));
-}
-
-TEST_CASE("caf_ep_transport: an exchange times out naming the missing ranks, a group of one needs no peer") {
-  caf_ep_transport t(150ms);
-  auto alone = t.exchange(0, 0, 0, {{1, 2, 3}});  // before any group: a group of itself
-  REQUIRE(alone);
-  CHECK(*alone == ep_payloads{{1, 2, 3}});
-  auto wrong = t.exchange(1, 0, 0, {{1}, {2}});
-  REQUIRE_FALSE(wrong);
-  CHECK(wrong.error() == "exchange: 2 payloads for a group of 0");
-
-  CHECK_FALSE(t.set_group(5, 0, nobody(1)));  // a group of one, named by its rank actor
-  alone = t.exchange(0, 2, 1, {{4}});
-  REQUIRE(alone);
-  CHECK(*alone == ep_payloads{{4}});
-
-  CHECK_FALSE(t.set_group(9, 1, nobody(3)));
-  CHECK(t.deliver(frame(9, 0, 2, 1, 0, 4)));  // rank 0's frame is there, rank 2's never comes
-  auto late = t.exchange(0, 2, 1, {{}, {}, {}});
-  REQUIRE_FALSE(late);
-  CHECK(late.error() == "expert-parallel exchange timed out after 150 ms waiting for rank(s) 2 (step 0, slot 2)");
-  late = t.exchange(1, 0, 0, {{}, {}, {}});
-  REQUIRE_FALSE(late);
-  CHECK(late.error() == "expert-parallel exchange timed out after 150 ms waiting for rank(s) 0, 2 (step 1, slot 0)");
 }
 
 // -- node agents over loopback ------------------------------------------------------------------------

@@ -107,7 +107,7 @@ TEST_CASE("caf_ep_transport: a frame described over a bulk transport this rank l
   caf_ep_transport t(2s);
   std::vector<actors::rank_actor> nobody(2);
   CHECK_FALSE(t.set_group(5, 1, nobody));
-  actors::ep_frame f{5, 0, 0, 0, 0, {}, runtime::remote_memory{{1, 2, 3}, 4096, 7, 100, 0}};
+  actors::ep_frame f{5, 0, 0, 0, 0, {}, runtime::remote_memory{{1, 2, 3}, 4096, 7, 100, 0}, 1};
   t.deliver(f);
   auto in = t.exchange(0, 0, 0, {{}, {}});
   REQUIRE_FALSE(in.has_value());
