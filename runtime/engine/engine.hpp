@@ -73,6 +73,13 @@ struct engine_config {
     // null: a rank reads the experts it gains from the checkpoint.
     std::shared_ptr<runtime::transport> bulk;
     std::chrono::milliseconds fetch_timeout{60'000};  // one expert's read from its holder
+    // A rank with no experts to compute with yet (the group's first placement) waits this
+    // long for them, then fails the step naming what is missing (the reads go on).
+    std::chrono::milliseconds ready_timeout{10'000};
+    // The group's events for the node log, on the engine's thread: a group adopted, its
+    // placement agreed, the first failed step after good ones (with why), 8, 16, 32, ... failed
+    // in a row, and the first good step after failed ones. Null: none.
+    std::function<void(const std::string&)> notice;
   };
   std::optional<ep_config> ep;
   // With ep: the process's routed experts in memory, when its weights were loaded without
@@ -291,6 +298,11 @@ class engine {
   void advance_grammar(request& r, int32_t token, size_t& advanced);
   std::vector<token_event> step_ep();
   std::vector<token_event> fail_step(const std::string& why);
+  // Expert parallelism: counts a failed / good step, telling ep_config::notice when a run of
+  // failures begins or ends; ep_notice prefixes the rank and step.
+  void step_failed(const std::string& why);
+  void step_succeeded();
+  void ep_notice(const std::string& what) const;
   std::vector<token_event> complete();
   void run_forward();
   void launch();
@@ -321,6 +333,7 @@ class engine {
   // Kept alive here, so a new placement never compares equal to a freed one.
   std::pair<std::shared_ptr<const ep_placement>, std::shared_ptr<const ep_placement>> held_for_;
   std::string last_error_;
+  uint64_t failing_since_ = 0;  // failed_steps when the current run of failed steps began (+1); 0: none
   embedding_cache images_;
   std::map<embedding_cache::key, std::shared_ptr<rows_read>> rows_reads_;
   // Structured output: the vocabulary as bytes (from tok_, on first use) and the compiled

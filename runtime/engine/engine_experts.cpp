@@ -19,6 +19,9 @@ std::vector<token_event> engine::step_ep() {
     if (!agreed) return fail_step(agreed.error().message);
     stats_.regroup_orphans = agreed->orphans;
     stats_.regroup_moved_to_new = agreed->moved_to_new;
+    ep_notice("placement agreed: epoch " + std::to_string(agreed->placement.epoch()) + ", " +
+              std::to_string(agreed->orphans) + " expert(s) placed anew, " + std::to_string(agreed->moved_to_new) +
+              " given to ranks back");
   }
   step_plan p = plan_now();
   stalled_ = p.items.empty() && has_work();
@@ -32,7 +35,13 @@ std::vector<token_event> engine::step_ep() {
     // the checkpoint on the residency's thread); until then the rank steps on the current one.
     // The group's first placement has no current one: the rank waits for it, without the
     // residency's lock (its peers' exchanges wait for this rank meanwhile).
-    if (!want.second && held_for_.first != want.first) config_.experts->wait_ready(experts);
+    if (!want.second && held_for_.first != want.first &&
+        !config_.experts->wait_ready(experts, config_.ep->ready_timeout)) {
+      if (!p.items.empty()) dispatch(std::move(p));
+      return fail_step("EP rank " + std::to_string(ep_->layout().rank) + ": placement epoch " +
+                       std::to_string(want.first->epoch()) + " not in memory after " +
+                       std::to_string(config_.ep->ready_timeout.count()) + " ms: " + config_.experts->not_ready(experts));
+    }
     if (config_.experts->ready(experts)) {
       if (auto held = config_.experts->hold(this, experts); !held) {
         // This rank cannot compute its experts: its requests fail (its peers' exchanges with
@@ -63,6 +72,7 @@ std::vector<token_event> engine::step_ep() {
   if (!flight_) {
     if (auto joined = ep_->end_step(); !joined) return fail_step(joined.error());
     ++stats_.steps;
+    step_succeeded();
     return {};
   }
   // Completion drafts the next step's tokens through the MTP slots of this same lockstep step
@@ -71,12 +81,39 @@ std::vector<token_event> engine::step_ep() {
   // they needed completed.
   std::vector<token_event> events = complete();
   if (planned_) sched_.prune(*planned_);  // requests that just finished give their blocks back
-  if (ep_->in_step())
+  if (ep_->in_step()) {
     if (auto joined = ep_->end_step(); !joined) {
-      last_error_ = joined.error();
-      ++stats_.failed_steps;
+      step_failed(joined.error());
+      return events;
     }
+  }
+  step_succeeded();
   return events;
+}
+
+void engine::ep_notice(const std::string& what) const {
+  if (config_.ep && config_.ep->notice)
+    config_.ep->notice("EP rank " + std::to_string(ep_->layout().rank) + "/" + std::to_string(ep_->layout().size) +
+                       " (step " + std::to_string(ep_->steps_started()) + "): " + what);
+}
+
+void engine::step_failed(const std::string& why) {
+  last_error_ = why;
+  ++stats_.failed_steps;
+  if (failing_since_ != 0) {
+    const uint64_t run = stats_.failed_steps - failing_since_ + 1;
+    if (run >= 8 && (run & (run - 1)) == 0)  // 8, 16, 32, ... in a row: still failing, and why
+      ep_notice(std::to_string(run) + " steps failed in a row, the last: " + why);
+    return;
+  }
+  failing_since_ = stats_.failed_steps;
+  ep_notice("step failed: " + why);
+}
+
+void engine::step_succeeded() {
+  if (failing_since_ == 0) return;
+  ep_notice("steps succeed again, after " + std::to_string(stats_.failed_steps - failing_since_ + 1) + " failed");
+  failing_since_ = 0;
 }
 
 // The step's forward pass did not finish: its requests' caches are partly written past
@@ -89,8 +126,7 @@ std::vector<token_event> engine::step_ep() {
 // second failure in the same group) end with an error (blocks freed) for their relays to
 // place again.
 std::vector<token_event> engine::fail_step(const std::string& why) {
-  last_error_ = why;
-  ++stats_.failed_steps;
+  step_failed(why);
   std::vector<token_event> events;
   if (!flight_) return events;
   const model::model_config& mc = weights_->config;
@@ -153,6 +189,7 @@ void engine::set_ep_group(ep_layout layout, std::shared_ptr<expert_transport> tr
   config_.ep->transport = transport;
   ep_->reconfigure(layout, std::move(transport), std::move(moved));
   may_recompute_ = true;
+  ep_notice("adopted a group of " + std::to_string(layout.size) + " rank(s)");
   if (config_.experts) {
     config_.experts->drop_fetches();  // an offered plan was dropped with the old group
     config_.experts->defer_drops();   // the process's other ranks may take over what this one drops

@@ -167,8 +167,29 @@ bool expert_residency::ready(const expert_set& experts) {
   return all;
 }
 
-void expert_residency::wait_ready(const expert_set& experts) {
-  while (!ready(experts)) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+bool expert_residency::wait_ready(const expert_set& experts, std::chrono::milliseconds limit) {
+  const auto start = std::chrono::steady_clock::now();
+  while (!ready(experts)) {
+    if (std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start) >= limit)
+      return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return true;
+}
+
+std::string expert_residency::not_ready(const expert_set& experts) const {
+  std::lock_guard lock(mu_);
+  for (int64_t s = 0; s < std::min<int64_t>(slots_, static_cast<int64_t>(experts.size())); ++s)
+    for (int32_t e : experts[s]) {
+      if (e < 0 || e >= experts_ || resident_[s * experts_ + e]) continue;
+      const std::pair key{s, e};
+      if (auto it = fetches_.find(key); it != fetches_.end() && !it->second->done())
+        return name_of(s, e) + " (being read from its holder)";
+      if (auto it = staged_.find(key); it != staged_.end() && !it->second->done.load(std::memory_order_acquire))
+        return name_of(s, e) + " (being read from the checkpoint)";
+      if (!staged_.contains(key) && !fetches_.contains(key)) return name_of(s, e) + " (no read started)";
+    }
+  return "";
 }
 
 std::expected<void, std::string> expert_residency::hold(const void* holder, const expert_set& experts) {

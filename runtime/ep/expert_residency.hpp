@@ -53,9 +53,13 @@ class expert_residency {
   // still missing (experts no fetch brings, and those whose fetch failed). Never waits, and
   // holds the lock only to look: a step polls it.
   bool ready(const expert_set& experts);
-  // Polls ready(experts) until true, without the lock: for a rank that has no experts to
-  // compute with yet (a group's first placement).
-  void wait_ready(const expert_set& experts);
+  // Polls ready(experts) until true, without the lock, for at most `limit`: for a rank that
+  // has no experts to compute with yet (a group's first placement). False when the limit
+  // passed (the reads go on; not_ready names one still missing).
+  bool wait_ready(const expert_set& experts,
+                  std::chrono::milliseconds limit = std::chrono::milliseconds::max());
+  // One expert of `experts` not in memory yet and where it is coming from ("" when all are).
+  std::string not_ready(const expert_set& experts) const;
   // Holder `holder` now holds `experts`: installs what no holder has (as ready() left it:
   // nothing is read here), drops what no holder keeps. When a checkpoint read failed, or an
   // expert is not ready, nothing changes for `holder` and the error names the expert (and

@@ -229,6 +229,13 @@ TEST_CASE("expert migration: bad descriptions and failed reads end in the checkp
   CHECK(p.b->resident_experts() == 0);
   REQUIRE(p.b->fetch(2, *parts, p.b_bulk, 10s).has_value());
   p.b->drop_fetches();
+  // A bounded wait names what it still waits for; nothing read is not yet a read started.
+  CHECK(p.b->not_ready(p.set({{0, 3}})) == "routed expert 3 of MoE slot 0 (no read started)");
+  CHECK_FALSE(p.b->wait_ready(p.set({{0, 3}}), 0ms));  // starts the checkpoint read, does not wait for it
+  const auto waiting = p.b->not_ready(p.set({{0, 3}}));
+  CHECK((waiting.empty() || waiting == "routed expert 3 of MoE slot 0 (being read from the checkpoint)"));
+  CHECK(p.b->wait_ready(p.set({{0, 3}}), 60s));
+  CHECK(p.b->not_ready(p.set({{0, 3}})).empty());
   // Holding what is not in memory yet installs nothing: it starts the checkpoint read.
   auto early = p.b->hold(&p.reader_tag, p.set({{0, 2}}));
   REQUIRE_FALSE(early.has_value());

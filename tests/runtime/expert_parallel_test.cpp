@@ -603,8 +603,11 @@ TEST_CASE("ep failure: the failed step's requests stay and the re-formed group c
     std::vector<std::unique_ptr<engine>> engines;
     std::vector<std::vector<job>> jobs;
     std::vector<std::map<int64_t, size_t>> ids;
+    std::vector<std::vector<std::string>> notices(4);  // each written by its engine's thread only
     for (int32_t r = 0; r < 4; ++r) {
-      engines.push_back(std::make_unique<engine>(w, ep_config(hub, r)));
+      auto c = ep_config(hub, r);
+      c.ep->notice = [&notices, r](const std::string& line) { notices[r].push_back(line); };
+      engines.push_back(std::make_unique<engine>(w, c));
       jobs.push_back(jobs_for(r, 21, -1));
       for (auto& j : jobs[r]) j.params.max_tokens = 30;
       ids.push_back(add_jobs(*engines[r], jobs[r]));
@@ -635,6 +638,18 @@ TEST_CASE("ep failure: the failed step's requests stay and the re-formed group c
     for (int32_t r = 0; r < 3; ++r) {
       events[r].insert(events[r].end(), after[r].begin(), after[r].end());
       CHECK(engines[r]->stats().recomputed_steps == 1);
+      // The node log's lines: the failure once (with why), the new group, its placement, the recovery.
+      std::string all;
+      for (const auto& line : notices[r]) all += line + "\n";
+      INFO(all);
+      REQUIRE(notices[r].size() == 5);
+      CHECK(notices[r][0].find("EP rank " + std::to_string(r) + "/4 (step 0): placement agreed: epoch 0") == 0);
+      CHECK(notices[r][1].find("EP rank " + std::to_string(r) + "/4") == 0);
+      CHECK(notices[r][1].find("step failed: ") != std::string::npos);
+      CHECK(notices[r][1].find("rank 3 lost") != std::string::npos);
+      CHECK(notices[r][2].find("EP rank " + std::to_string(r) + "/3 (step 0): adopted a group of 3 rank(s)") == 0);
+      CHECK(notices[r][3].find("placement agreed: epoch 0") != std::string::npos);
+      CHECK(notices[r][4].find("steps succeed again, after 1 failed") != std::string::npos);
     }
     jobs.resize(3);
     ids.resize(3);

@@ -255,6 +255,7 @@ bool attach_expert_parallel(const runtime::node_config& cfg, const node_model& m
   // the transport is the rank's own, set by spawn_engine; the load window is the balancer's
   b.ecfg.ep = runtime::engine_config::ep_config{};
   b.ecfg.ep->load_window_steps = cfg.eplb_window_steps;
+  b.ecfg.ep->notice = [&log](const std::string& line) { log.info("{}", line); };
   log.info("routed experts: each rank reads its own when it joins a group (none read yet)");
   if (cfg.ep_frames != "transport") return true;
   // Control over CAF, the bytes over libfabric (engine.transport), read one-sided from the
