@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <set>
 
 namespace shoal::sim::detail {
 
@@ -103,14 +105,16 @@ void cluster::take_down_rank(int32_t ri, bool crash) {
   rank_state& rk = ranks_[static_cast<size_t>(ri)];
   const auto g = static_cast<size_t>(rk.group);
   if (rk.down++ > 0 || groups_[g].down) {
-    if (crash) fresh_engine(rk), ++rk.incarnation;
+    if (crash) fresh_engine(rk), ++rk.incarnation, rk.ran_on.clear();
     return;
   }
   ++fo_.rank_losses;
   if (rk.prefill) balancer_->remove_engine(engine_id{rk.index});
   const auto hit = relays_on([ri](int32_t on) { return on == ri; });
   empty_rank(rk);
-  if (crash) fresh_engine(rk), ++rk.incarnation;
+  rk.ran = groups_[g].placement;  // a resumed process brings it back (stale by then)
+  rk.ran_on = groups_[g].placed_on;
+  if (crash) fresh_engine(rk), ++rk.incarnation, rk.ran_on.clear();
   reform(g);
   reroute(hit);
 }
@@ -127,15 +131,52 @@ void cluster::bring_up_rank(int32_t ri) {
   if (!groups_[g].stepping) start_step(g);
 }
 
-// Group g agrees on its ranks up and places the experts over them (the runtime's contiguous
-// placement; the planted bug keeps the old one), reading the experts a rank lacks: its steps
-// wait c_.faults.reform_s.
+// What rank ri brings to a re-formation over `members`: the placement it ran renumbered to
+// the members (group_view), and its process's experts in memory added to `holds` (per process).
+runtime::group_view cluster::view_brought(const group_state& gs, int32_t ri, const std::vector<int32_t>& members,
+                                          std::map<int32_t, std::set<int32_t>>& holds) const {
+  const rank_state& rk = ranks_[static_cast<size_t>(ri)];
+  const bool survivor = std::ranges::find(gs.placed_on, ri) != gs.placed_on.end();
+  const runtime::ep_placement& ran = survivor ? gs.placement : rk.ran;
+  const std::vector<int32_t>& on = survivor ? gs.placed_on : rk.ran_on;
+  if (on.empty()) return runtime::fresh_view(1);
+  std::vector<int32_t> moved;
+  for (int32_t old : on) {
+    auto it = std::ranges::find(members, old);
+    moved.push_back(it == members.end() ? -1 : static_cast<int32_t>(it - members.begin()));
+  }
+  const auto mine = ran.experts_of(0, static_cast<int32_t>(std::ranges::find(on, ri) - on.begin()));
+  holds[rk.process].insert(mine.begin(), mine.end());
+  return runtime::view_of(ran, moved, static_cast<int32_t>(members.size()));
+}
+
+// Group g agrees on its ranks up and places the experts over them by the daemons' own rule
+// (runtime::regroup_placement over the views its members bring; the planted bug keeps the old
+// placement), reading the experts a rank lacks: its steps wait c_.faults.reform_s.
 void cluster::reform(size_t g) {
   group_state& gs = groups_[g];
   gs.members = ranks_up(gs);
   const bool keep = c_.faults.planted == planted_bug::route_to_lost && gs.members.size() < gs.placed_on.size();
   if (!keep && !gs.members.empty()) {
-    gs.placement = runtime::ep_placement::contiguous(1, sim_experts, static_cast<int32_t>(gs.members.size()));
+    std::map<int32_t, std::set<int32_t>> holds;  // process → experts in memory
+    std::vector<runtime::group_view> views;
+    for (int32_t ri : gs.members) views.push_back(view_brought(gs, ri, gs.members, holds));
+    for (size_t i = 0; i < views.size(); ++i) {
+      const auto& held = holds[ranks_[static_cast<size_t>(gs.members[i])].process];
+      views[i].holds = {std::vector<int32_t>(held.begin(), held.end())};
+    }
+    auto placed = runtime::regroup_placement(1, sim_experts, static_cast<int32_t>(gs.members.size()), views);
+    if (!placed) {
+      fo_.regroup_errors.push_back("group " + std::to_string(g) + ": " + placed.error());
+      placed = runtime::regroup_result{runtime::ep_placement::contiguous(1, sim_experts, static_cast<int32_t>(gs.members.size()))};
+    }
+    fo_.experts_replaced += placed->orphans + placed->moved_to_new;
+    const bool joins = std::ranges::any_of(gs.members, [&](int32_t ri) { return std::ranges::find(gs.placed_on, ri) == gs.placed_on.end(); });
+    for (size_t i = 0; i < gs.members.size() && !joins; ++i)  // with no rank joining, survivors keep what they ran
+      if (auto at = std::ranges::find(gs.placed_on, gs.members[i]); at != gs.placed_on.end())
+        for (int32_t e : gs.placement.experts_of(0, static_cast<int32_t>(at - gs.placed_on.begin())))
+          fo_.survivor_moves += !placed->placement.holds(0, static_cast<int32_t>(i), e);
+    gs.placement = std::move(placed->placement);
     gs.placed_on = gs.members;
   }
   gs.reformed_at = clock_.now_s() + c_.faults.reform_s;
@@ -224,6 +265,7 @@ void cluster::wipe(size_t g) {
     rank_state& rk = ranks_[static_cast<size_t>(ri)];
     fresh_engine(rk);
     ++rk.incarnation;  // the restarted process is another engine to the relays
+    rk.ran_on.clear();  // and brings no placement, holds no expert
   }
 }
 
@@ -284,6 +326,9 @@ fault_outcome cluster::check_faults() {
   }
   if (o.routed_to_lost > 0)
     fail(std::to_string(o.routed_to_lost) + " steps routed tokens to the experts of a rank lost from its group");
+  if (o.survivor_moves > 0)
+    fail(std::to_string(o.survivor_moves) + " experts moved off a surviving rank when its group re-formed");
+  for (const auto& e : o.regroup_errors) fail("a re-formation's placement was refused: " + e);
   for (const rank_state& r : ranks_) {
     o.leaked_blocks += r.caches->pool().num_blocks() - r.caches->pool().num_free();
     if (!r.imports.empty()) fail("a decode rank still reads " + std::to_string(r.imports.size()) + " handoffs at the end");

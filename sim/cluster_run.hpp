@@ -6,6 +6,7 @@
 #include <memory>
 #include <span>
 #include <random>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -14,6 +15,7 @@
 
 #include "runtime/placement/decode_placement.hpp"
 #include "runtime/placement/prefill_balancer.hpp"
+#include "runtime/placement/regroup.hpp"
 #include "sim/cluster_state.hpp"
 
 namespace shoal::sim::detail {
@@ -99,6 +101,8 @@ class cluster {
   void take_down_rank(int32_t ri, bool crash);
   void bring_up_rank(int32_t ri);
   void reform(size_t g);
+  runtime::group_view view_brought(const group_state& gs, int32_t ri, const std::vector<int32_t>& members,
+                                   std::map<int32_t, std::set<int32_t>>& holds) const;
   std::vector<std::pair<int64_t, engine_id>> relays_on(const std::function<bool(int32_t)>& on) const;
   void reroute(const std::vector<std::pair<int64_t, engine_id>>& hit);
   void empty_rank(rank_state& rk);

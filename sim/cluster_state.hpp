@@ -197,6 +197,11 @@ struct rank_state {
   int32_t process = 0;  // the engine process it runs in (its ranks share one kernel thread pool)
   uint64_t incarnation = 0;  // bumped when its process restarts (a new engine to the relays)
   int down = 0;  // its own process crashed or hung past the heartbeat timeout (a count: faults may overlap)
+  // What it brings to its group's re-formation when it comes back (runtime/placement/regroup.hpp):
+  // the placement it ran and the ranks that placement named (empty: a restarted process, which
+  // brings nothing and holds nothing).
+  runtime::ep_placement ran = runtime::ep_placement::contiguous(1, 1, 1);
+  std::vector<int32_t> ran_on;
   std::unique_ptr<runtime::cache_manager> caches;
   std::unique_ptr<runtime::scheduler> sched;
   runtime::step_plan plan;

@@ -82,6 +82,11 @@ struct fault_outcome {
   int64_t rerouted = 0, handoff_failures = 0, handoff_duplicates = 0, dropped_writes = 0, damaged_caught = 0;
   int64_t rank_losses = 0, rejoins = 0;  // ranks a group lost (crash, hang past the timeout), and got back
   int64_t routed_to_lost = 0;            // steps whose placement routed to a rank not in the group
+  // Re-formations (runtime::regroup_placement, the daemons' rule): experts placed on a rank
+  // anew (a lost rank's only copies, a joiner's share), and experts a survivor lost when no rank
+  // joined (0: it keeps what it ran); a view the rule refused.
+  int64_t experts_replaced = 0, survivor_moves = 0;
+  std::vector<std::string> regroup_errors;
   std::vector<std::string> errors;   // the clear errors requests got (one per errored request)
   std::vector<std::string> violations;
   bool ok() const { return violations.empty(); }

@@ -39,12 +39,15 @@ TEST_CASE("sim faults: 1000 seeded runs, every invariant holds on each") {
     total.handoff_failures += f.handoff_failures, total.handoff_duplicates += f.handoff_duplicates;
     total.dropped_writes += f.dropped_writes, total.damaged_caught += f.damaged_caught;
     total.rank_losses += f.rank_losses, total.rejoins += f.rejoins;
+    total.experts_replaced += f.experts_replaced;
   }
   MESSAGE(fmt::format("1000 runs, {} node and rank faults: {} completed, {} errored, {} re-routed, {} handoffs failed, {} "
                       "duplicate handoff deliveries ignored, {} writes dropped (disk full), {} damaged chunks caught, "
-                      "{} ranks lost from their expert-parallel group and {} back",
+                      "{} ranks lost from their expert-parallel group and {} back ({} experts placed anew, none "
+                      "moved off a survivor)",
                       injected, total.completed, total.errored, total.rerouted, total.handoff_failures,
-                      total.handoff_duplicates, total.dropped_writes, total.damaged_caught, total.rank_losses, total.rejoins));
+                      total.handoff_duplicates, total.dropped_writes, total.damaged_caught, total.rank_losses, total.rejoins,
+                      total.experts_replaced));
   CHECK(failed == 0);
   // The campaign exercised every reaction.
   CHECK(total.rerouted > 0);
@@ -54,6 +57,9 @@ TEST_CASE("sim faults: 1000 seeded runs, every invariant holds on each") {
   CHECK(total.damaged_caught > 0);
   CHECK(total.rank_losses > 100);  // groups lost a rank (crash, hang past the timeout) and re-formed
   CHECK(total.rejoins > 100);      // and grew back (every group whole at the end: an invariant)
+  // Each loss placed the lost rank's only copies anew and each rank back took its share
+  // (runtime::regroup_placement); survivors keep theirs (an invariant: survivor_moves).
+  CHECK(total.experts_replaced >= total.rank_losses);
   CHECK(total.completed > 40000);  // errors are the exception (a request losing its engine 4 times)
 }
 
