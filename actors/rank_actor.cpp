@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <thread>
 
 #include <caf/actor_system.hpp>
 #include <caf/event_based_actor.hpp>
@@ -128,9 +129,9 @@ std::expected<runtime::ep_payloads, std::string> caf_ep_transport::exchange(uint
     }
   }
   lock.unlock();
+  if (auto cut = await_reads(reading, g, fm)) return std::unexpected(*cut);
   std::string error;
   for (auto& [r, pr] : reading) {
-    pr.read->wait();  // ends within the read's timeout
     if (!pr.read->ok() && error.empty())
       error = "reading rank " + std::to_string(r) + "'s frame over " +
               (bulk_.transport ? bulk_.transport->name() : std::string("no bulk transport")) + ": " + pr.read->error();
@@ -138,6 +139,26 @@ std::expected<runtime::ep_payloads, std::string> caf_ep_transport::exchange(uint
   }
   if (!error.empty()) return std::unexpected(error);
   return incoming;
+}
+
+std::optional<std::string> caf_ep_transport::await_reads(std::vector<std::pair<int32_t, pending_read>>& reading,
+                                                        uint64_t g, uint64_t fm) {
+  // Each read ends within its timeout; a group change (a peer lost, its process stopped while
+  // this rank reads its frame) ends the wait sooner. A short spin first: most reads are done
+  // in microseconds, and the cv's poll would add its period to every exchange.
+  const auto spin_until = std::chrono::steady_clock::now() + std::chrono::microseconds(200);
+  auto all_done = [&] {
+    return std::all_of(reading.begin(), reading.end(), [](const auto& x) { return x.second.read->done(); });
+  };
+  while (!all_done() && std::chrono::steady_clock::now() < spin_until) std::this_thread::yield();
+  std::unique_lock lock(mu_);
+  auto cut = [&] { return interrupted_ || group_ != g || formation_ != fm; };
+  while (!all_done())
+    if (cv_.wait_for(lock, std::chrono::milliseconds(1), cut)) {
+      for (auto& [r, pr] : reading) retire(std::move(pr));  // kept until they end: they write into pr.bytes
+      return interrupted_ ? *interrupted_ : std::string("expert-parallel group changed during the exchange");
+    }
+  return std::nullopt;
 }
 
 bool caf_ep_transport::admit(const ep_frame& f, arrival& out) {

@@ -91,6 +91,10 @@ class caf_ep_transport final : public runtime::expert_transport {
   // mu_ held: whether `f` is of the current formation or a later one (else it is dropped, and
   // a peer behind is told this formation); sets `out` to reform for a later one of this group.
   bool admit(const ep_frame& f, arrival& out);
+  // Waits for the reads of peers' frames; a group change ends the wait (the reads are retired):
+  // its error.
+  std::optional<std::string> await_reads(std::vector<std::pair<int32_t, pending_read>>& reading, uint64_t g,
+                                         uint64_t fm);
 
   const bulk_options bulk_;
   std::vector<std::byte> send_memory_;  // 2 regions

@@ -114,3 +114,43 @@ TEST_CASE("caf_ep_transport: a frame described over a bulk transport this rank l
   CHECK(in.error().find("reading rank 0's frame") != std::string::npos);
   CHECK(in.error().find("bulk transport this rank does not have") != std::string::npos);
 }
+
+namespace {
+
+// A bulk transport whose reads never end by themselves (an owner stopped mid-read, as with
+// SIGSTOP over tcp): the test ends them.
+struct stalled_transport final : runtime::transport {
+  std::vector<std::shared_ptr<runtime::transfer>> reads;
+  std::string name() const override { return "stalled"; }
+  std::vector<uint8_t> address() const override { return {1}; }
+  std::expected<std::unique_ptr<runtime::registered_memory>, std::string> register_memory(
+      std::span<const std::byte>) override {
+    return std::unexpected("no registrations here");
+  }
+  std::shared_ptr<runtime::transfer> read(const runtime::remote_memory&, std::span<std::byte>,
+                                          std::chrono::milliseconds) override {
+    return reads.emplace_back(std::make_shared<runtime::transfer>());
+  }
+};
+
+}  // namespace
+
+TEST_CASE("caf_ep_transport: a group change ends an exchange waiting for a peer's frame being read, at once") {
+  auto stalled = std::make_shared<stalled_transport>();
+  actors::ep_bulk_options o;
+  o.transport = stalled;
+  caf_ep_transport t(60s, o);
+  CHECK_FALSE(t.set_group(5, 1, std::vector<actors::rank_actor>(2)));
+  t.deliver(actors::ep_frame{5, 0, 0, 0, 0, {}, runtime::remote_memory{{1}, 4096, 7, 100, 0}, 1});
+  REQUIRE(stalled->reads.size() == 1);
+  auto pending = std::async(std::launch::async, [&] { return t.exchange(0, 0, 0, {{}, {}}); });
+  CHECK(pending.wait_for(300ms) == std::future_status::timeout);  // waiting for the read
+  const auto t0 = std::chrono::steady_clock::now();
+  t.interrupt("expert-parallel group changed (now 1 ranks)");
+  REQUIRE(pending.wait_for(10s) == std::future_status::ready);  // not the read's 60 s
+  CHECK(std::chrono::steady_clock::now() - t0 < 5s);
+  auto in = pending.get();
+  REQUIRE_FALSE(in.has_value());
+  CHECK(in.error() == "expert-parallel group changed (now 1 ranks)");
+  stalled->reads[0]->fail(runtime::errc::timed_out, "ended by the test");  // the retired read ends
+}
