@@ -14,8 +14,8 @@
 // lower formation (sent before its sender left it) is dropped, and a peer still sending in an
 // earlier formation of the current group is told the current number; a frame of the current
 // group at a higher formation means a peer formed it anew, and this rank re-forms at that
-// number (its exchange fails, its engine adopts the group again). Numbers only rise to one some rank
-// chose on a membership change, so the ranks meet on the highest.
+// number (its exchange fails, its engine adopts the group again). Numbers only rise to one
+// some rank chose on a membership change, so the ranks meet on the highest.
 #pragma once
 
 #include <atomic>
