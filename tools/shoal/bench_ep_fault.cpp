@@ -95,6 +95,17 @@ std::string metrics_of(const engine_node& n) {
   return r && r->status == 200 ? r->body : std::string();
 }
 
+// Requests the node's ranks were computing (shoal_engine_requests_running, summed over them):
+// at the fault, the streams whose engine it kills or stops (re-routed, or waiting for it).
+double running_on(const engine_node& n) {
+  const std::string body = metrics_of(n);
+  static const std::regex re("shoal_engine_requests_running\\{[^}]*\\} ([0-9.e+-]+)");
+  double sum = 0;
+  for (auto it = std::sregex_iterator(body.begin(), body.end(), re); it != std::sregex_iterator(); ++it)
+    sum += std::stod((*it)[1]);
+  return sum;
+}
+
 // Expert bytes adopted by the survivors of `victim`'s group: from memory, from holders, from
 // the checkpoint.
 struct expert_sources {
@@ -214,7 +225,11 @@ json run_trial(const fault_args& a, const fs::path& dir, const fs::path& state, 
     return rec;
   }
   const auto before = expert_bytes(v, *node);
-  auto seen = run_streams(a, v, [&] { ::kill(pid, how == "kill" ? SIGKILL : SIGSTOP); });
+  double on_victim = 0;
+  auto seen = run_streams(a, v, [&] {
+    on_victim = running_on(*node);
+    ::kill(pid, how == "kill" ? SIGKILL : SIGSTOP);
+  });
   std::vector<double> gaps, extra;
   int failed = 0;
   std::string first_error;
@@ -241,7 +256,7 @@ json run_trial(const fault_args& a, const fs::path& dir, const fs::path& state, 
     one.streams = 1, one.tokens = 4;
     run_streams(one, v, {});
   }
-  rec["failed"] = failed, rec["first_error"] = first_error;
+  rec["failed"] = failed, rec["first_error"] = first_error, rec["running_on_victim"] = on_victim;
   rec["fault_to_next_token_s"] = {{"p50", quantile(gaps, 0.5)}, {"max", quantile(gaps, 1.0)}, {"streams", gaps.size()}};
   rec["extra_to_last_token_s"] = {{"p50", quantile(extra, 0.5)}, {"max", quantile(extra, 1.0)}};
   const expert_sources moved{after.memory - before.memory, after.holder - before.holder, after.checkpoint - before.checkpoint};
@@ -250,13 +265,14 @@ json run_trial(const fault_args& a, const fs::path& dir, const fs::path& state, 
   const auto late = late_ttft(seen, n), late_base = late_ttft(base, n);
   rec["late_ttft_s"] = {{"p50", quantile(late, 0.5)}, {"max", quantile(late, 1.0)}, {"streams", late.size()},
                         {"baseline_p50", quantile(late_base, 0.5)}, {"baseline_max", quantile(late_base, 1.0)}};
-  fmt::print("{:<10} {:<5} next token after the fault: p50 {:.2f} s, max {:.2f} s ({} streams running); extra to the "
-             "last token p50 {:.2f} s, max {:.2f} s; {} failed{}\n"
+  fmt::print("{:<10} {:<5} next token after the fault: p50 {:.2f} s, max {:.2f} s ({} streams running, {} on the "
+             "victim); extra to the last token p50 {:.2f} s, max {:.2f} s; {} failed{}\n"
              "           experts the survivors adopted: {:.1f} MiB from memory, {:.1f} MiB from holders, {:.1f} MiB from "
              "the checkpoint; group whole again {:.1f} s after the {}\n"
              "           {} requests sent right after the fault: first token p50 {:.2f} s, max {:.2f} s (without a fault "
              "p50 {:.2f} s, max {:.2f} s)\n",
-             victim, how, quantile(gaps, 0.5), quantile(gaps, 1.0), gaps.size(), quantile(extra, 0.5), quantile(extra, 1.0),
+             victim, how, quantile(gaps, 0.5), quantile(gaps, 1.0), gaps.size(), on_victim, quantile(extra, 0.5),
+             quantile(extra, 1.0),
              failed, failed ? " (first: " + first_error + ")" : std::string(), moved.memory / (1 << 20),
              moved.holder / (1 << 20), moved.checkpoint / (1 << 20), whole_s, how == "kill" ? "restart" : "SIGCONT",
              late.size(), quantile(late, 0.5), quantile(late, 1.0), quantile(late_base, 0.5), quantile(late_base, 1.0));
