@@ -44,6 +44,17 @@ void caf_ep_transport::retire(pending_read r) {
   if (!r.read->done()) draining_.push_back(std::move(r));
 }
 
+void caf_ep_transport::drop_frames(const std::function<bool(const key&)>& drop) {
+  std::erase_if(inbox_, [&](const auto& e) { return drop(e.first); });
+  for (auto it = reads_.begin(); it != reads_.end();)
+    if (drop(it->first)) {
+      retire(std::move(it->second));
+      it = reads_.erase(it);
+    } else {
+      ++it;
+    }
+}
+
 void caf_ep_transport::stage(std::vector<ep_frame>& frames, runtime::ep_payloads& outgoing) {
   const size_t region = send_reg_ ? (exchanges_++ % 2) * bulk_.region_bytes : 0;
   size_t used = 0;
@@ -190,17 +201,8 @@ caf_ep_transport::arrival caf_ep_transport::deliver(ep_frame f) {
   {
     std::lock_guard lock(mu_);
     if (!admit(f, out)) return out;
-    if (inbox_.size() + reads_.size() >= max_inbox) {
-      auto other = [&](const key& k) { return std::get<0>(k) != group_ || std::get<1>(k) != formation_; };
-      std::erase_if(inbox_, [&](const auto& e) { return other(e.first); });
-      for (auto it = reads_.begin(); it != reads_.end();)
-        if (other(it->first)) {
-          retire(std::move(it->second));
-          it = reads_.erase(it);
-        } else {
-          ++it;
-        }
-    }
+    if (inbox_.size() + reads_.size() >= max_inbox)
+      drop_frames([&](const key& k) { return std::get<0>(k) != group_ || std::get<1>(k) != formation_; });
     const bool current = f.group == group_ && f.formation == formation_ && !interrupted_;
     auto step = static_cast<int64_t>(f.step);
     if (current && step > last_local_step_ && step > last_join_) {
@@ -260,17 +262,9 @@ bool caf_ep_transport::set_group(uint64_t group, int32_t rank, std::vector<rank_
   std::erase_if(seen_, [&](const auto& e) { return e.second <= formation_; });
   noticed_.clear();
   // Frames of the formations left behind go (those of later formations, of any group, stay).
-  auto left = [&](const key& k) {
+  drop_frames([&](const key& k) {
     return std::get<1>(k) < formation_ || (std::get<1>(k) == formation_ && std::get<0>(k) != group_);
-  };
-  std::erase_if(inbox_, [&](const auto& e) { return left(e.first); });
-  for (auto it = reads_.begin(); it != reads_.end();)
-    if (left(it->first)) {
-      retire(std::move(it->second));
-      it = reads_.erase(it);
-    } else {
-      ++it;
-    }
+  });
   rank_ = rank;
   peers_ = std::move(peers);
   agreement_.clear();

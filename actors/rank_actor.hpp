@@ -21,6 +21,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -88,6 +89,7 @@ class caf_ep_transport final : public runtime::expert_transport {
   // Moves outgoing[r] of peers into the send region of this exchange where it pays.
   void stage(std::vector<ep_frame>& frames, runtime::ep_payloads& outgoing);
   void retire(pending_read r);  // mu_ held: an abandoned read, kept until it ends
+  void drop_frames(const std::function<bool(const key&)>& drop);  // mu_ held: inbox and reads
   // mu_ held: whether `f` is of the current formation or a later one (else it is dropped, and
   // a peer behind is told this formation); sets `out` to reform for a later one of this group.
   bool admit(const ep_frame& f, arrival& out);
