@@ -24,9 +24,10 @@ cmake --build "$build" -j "$(nproc)"
 [ "${1:-}" = "--build" ] && exit 0
 root=$PWD
 cd "$build"
-# Leaks are reported (LeakSanitizer) and any report fails its test.
+# Leaks are reported (LeakSanitizer) and any report fails its test (but for tests/sanitizers/lsan.supp).
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:detect_stack_use_after_return=0}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1:suppressions=$root/tests/sanitizers/ubsan.supp}
+export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$root/tests/sanitizers/lsan.supp}
 # Reports with function names and lines (any llvm-symbolizer reads clang-16's debug info).
 symbolizer=$(command -v llvm-symbolizer-16 || command -v llvm-symbolizer || true)
 [ -n "$symbolizer" ] && export ASAN_SYMBOLIZER_PATH="$symbolizer"
