@@ -102,6 +102,8 @@ void cluster::fresh_engine(rank_state& r) {
   cc.swa_snapshots = 128;
   cc.time = std::shared_ptr<const runtime::clock>(&clock_, [](const runtime::clock*) {});
   if (r.prefill && storage_) cc.remote = storage_, cc.remote_timeout_s = prof_.storage.timeout_s;
+  // The old cache manager waits for its reads when it goes: a rank that crashed alone ends them.
+  if (r.prefill && storage_ && r.caches) storage_->fail_rank(r.index);
   r.caches = std::make_unique<runtime::cache_manager>(prof_.model, cc);
   runtime::scheduler_config sc;
   sc.token_budget = pp.token_budget;

@@ -93,7 +93,7 @@ class sim_storage final : public runtime::remote_blocks {
     if (m_.jitter > 0) t *= std::exp(m_.jitter * normal_(rng_));
     auto f = std::make_shared<runtime::remote_fetch>();
     const int64_t id = next_id_++;
-    pending_.emplace(id, pending{f, n, current_group});
+    pending_.emplace(id, pending{f, n, current_group, current_rank});
     schedule_(now + t, id);
     return f;
   }
@@ -130,8 +130,16 @@ class sim_storage final : public runtime::remote_blocks {
   }
   // The node of group g crashed: its reads end now, as failures (its cache manager goes).
   void fail_group(size_t g) {
+    fail_if([g](const pending& p) { return p.group == g; });
+  }
+  // Prefill rank `index` crashed on its own (a rank fault in its group): the same for its reads.
+  void fail_rank(int32_t index) {
+    fail_if([index](const pending& p) { return p.rank == index; });
+  }
+  template <class Pred>
+  void fail_if(Pred pred) {
     for (auto it = pending_.begin(); it != pending_.end();)
-      if (it->second.group == g) {
+      if (pred(it->second)) {
         it->second.fetch->complete(it->second.blocks, 0, "reader crashed");
         it = pending_.erase(it);
       } else {
@@ -147,6 +155,7 @@ class sim_storage final : public runtime::remote_blocks {
   }
   uint64_t lookups = 0, hit_blocks = 0;
   size_t current_group = 0;  // the group whose ranks plan now (set by the event loop)
+  int32_t current_rank = -1;  // and the prefill rank (its index in the pool) that plans now
   // Faults: the run's injector (null: none), a full disk until, the planted bug, counts.
   runtime::fault_injector* faults = nullptr;
   double full_until = -1;
@@ -163,6 +172,7 @@ class sim_storage final : public runtime::remote_blocks {
     std::shared_ptr<runtime::remote_fetch> fetch;
     size_t blocks;
     size_t group;
+    int32_t rank;
   };
   storage_model m_;
   double block_bytes_;
