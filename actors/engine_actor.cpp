@@ -186,7 +186,7 @@ caf::result<request_id> submit(self_pointer self, generation_request& req, token
   if (auto refused = st.check_submit(req, sink)) return make_error(std::move(*refused));
   make_room(self, req.id);
   auto id = st.engine->add_request(req.id, std::move(req.prompt), req.sampling, req.cls,
-                                   std::move(req.images));
+                                   std::move(req.images), req.resumed);
   if (!id) return make_error(to_reply(std::move(id.error())));
   if (st.add_route(*id, sink)) self->monitor(sink);
   schedule_step(self);

@@ -230,12 +230,15 @@ struct generation_request {
   runtime::sampling_params sampling;
   runtime::traffic_class cls = runtime::traffic_class::chat;  // storage TTL of the blocks it writes back
   std::vector<runtime::prompt_image> images = {};  // of the prompt, in order
+  // Output tokens the client already has: a request re-routed from a failed engine continues
+  // after them (runtime::engine::add_request).
+  std::vector<int32_t> resumed = {};
   friend bool operator==(const generation_request&, const generation_request&) = default;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, generation_request& x) {
-  return f(caf::meta::type_name("generation_request"), x.id, x.prompt, x.sampling, x.cls, x.images);
+  return f(caf::meta::type_name("generation_request"), x.id, x.prompt, x.sampling, x.cls, x.images, x.resumed);
 }
 
 }  // namespace shoal::actors

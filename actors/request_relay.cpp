@@ -63,7 +63,7 @@ class actor_host final : public runtime::relay_host {
 
   void encode_images() override;
   void route(std::span<const engine_id> exclude) override;
-  void submit(engine_id e) override;
+  void submit(engine_id e, int64_t resume) override;
   void watch(engine_id e) override;
   void unwatch(engine_id e) override;
   void release_prefill() override;
@@ -84,6 +84,7 @@ struct relay_state {
   static inline const char* name = "request_relay";
   balancers bal;
   generation_request req;
+  std::vector<int32_t> sent;  // the tokens the client has (a re-routed submit resumes after them)
   std::shared_ptr<stream_channel> channel;
   relay_options options;
   std::optional<handoff_offer> offer;  // the prefill engine's, while the machine places it
@@ -153,9 +154,10 @@ void actor_host::route(std::span<const engine_id> exclude) {
           });
 }
 
-void actor_host::submit(engine_id e) {
+void actor_host::submit(engine_id e, int64_t resume) {
   auto& st = self_->state;
   self_->monitor(at(e));
+  st.req.resumed.assign(st.sent.begin(), st.sent.begin() + std::min<int64_t>(resume, std::ssize(st.sent)));
   self_->request(caf::actor_cast<engine_actor>(at(e)), st.options.request_timeout, submit_atom_v, st.req,
                  caf::actor_cast<token_sink_actor>(self_))
     .then([](request_id) {},
@@ -245,7 +247,10 @@ void on_token(relay_pointer self, const token_event& ev) {
   if (!from) return;
   const bool failed = ev.finished && ev.reason == runtime::finish_reason::error;
   const runtime::relay_verdict v = st.machine->token(*from, ev.token >= 0, ev.finished, failed);
-  if (v.forward) st.channel->push({ev.token, false, runtime::finish_reason::none, std::nullopt, 0, ev.logprobs});
+  if (v.forward) {
+    st.sent.push_back(ev.token);
+    st.channel->push({ev.token, false, runtime::finish_reason::none, std::nullopt, 0, ev.logprobs});
+  }
   if (v.final) st.channel->push({-1, true, ev.reason, std::nullopt, ev.cached_tokens});
 }
 

@@ -2,8 +2,9 @@
 // runtime/core/relay.hpp, which the simulator runs too), that asks the prefill balancer for an engine,
 // submits, forwards the token events into a stream_channel the HTTP connection thread reads,
 // and re-routes the request when its engine fails (down, draining, a failed expert-parallel
-// step): the new engine recomputes from the prompt with the same seed, and the tokens the
-// client already has are skipped, so the client sees one uninterrupted stream.
+// step): the new engine gets the tokens the client already has with the request, prefills
+// them after the prompt and samples on with the same seed, so the client sees one
+// uninterrupted stream.
 //
 // A request with images goes to the VE balancer first (when the gateway has one): the
 // rows' ranges it answers ride in the request's images, and the prefill engine reads them.

@@ -288,6 +288,7 @@ std::unique_ptr<runtime::request> cluster::restarted(const runtime::request& r) 
   c->id = r.id;
   c->tokens = r.tokens;
   c->prompt_len = r.prompt_len;
+  c->resumed = r.resumed;
   c->params = r.params;
   c->cached_tokens = r.cached_tokens;
   c->handed_off = r.handed_off;

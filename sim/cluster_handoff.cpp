@@ -23,7 +23,7 @@ void cluster::drop_request(rank_state& rk, int64_t id) {
   rk.reqs.erase(it);
 }
 
-void cluster::submit_at(int64_t id, engine_id e) {
+void cluster::submit_at(int64_t id, engine_id e, int64_t resume) {
   rank_state* rk = engine_at(e);
   if (!rk) {
     feed(id, [&](runtime::relay& r) {
@@ -47,6 +47,8 @@ void cluster::submit_at(int64_t id, engine_id e) {
   r->id = request_id{id};
   r->tokens = prompt_tokens(w, prof_.model.vocab_size);
   r->prompt_len = w.input_len;
+  for (int64_t j = 0; j < resume; ++j) r->tokens.push_back(output_token(id, j, prof_.model.vocab_size));
+  r->resumed = resume;  // the client has these: the rank prefills them and samples on
   r->params.max_tokens = static_cast<int32_t>(w.output_len);
   request_record& rec = records_[static_cast<size_t>(id)];
   ++rec.attempts;

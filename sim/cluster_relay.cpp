@@ -14,8 +14,8 @@ void cluster::relay_client::route(std::span<const engine_id> exclude) {
   });
 }
 
-void cluster::relay_client::submit(engine_id e) {
-  c_.later(0, [&c = c_, id = id_, e] { c.submit_at(id, e); });
+void cluster::relay_client::submit(engine_id e, int64_t resume) {
+  c_.later(0, [&c = c_, id = id_, e, resume] { c.submit_at(id, e, resume); });
 }
 
 // The decode engine that took the request: the run's records.

@@ -76,7 +76,7 @@ class cluster {
 
   // ---- the engines' side (cluster_handoff.cpp) ----
 
-  void submit_at(int64_t id, engine_id e);
+  void submit_at(int64_t id, engine_id e, int64_t resume);
   void offer_handoff(int32_t gi, runtime::request& r);
   void offer_at(int64_t id, engine_id d, uint64_t placement);
   void placed_at(int64_t id, engine_id e, bool placed);
@@ -159,7 +159,7 @@ class cluster::relay_client final : public runtime::relay_host {
 
   void encode_images() override {}
   void route(std::span<const engine_id> exclude) override;
-  void submit(engine_id e) override;
+  void submit(engine_id e, int64_t resume) override;
   void watch(engine_id e) override;
   void unwatch(engine_id) override {}  // the run tells a relay whose engine it was (take_down)
   void release_prefill() override;

@@ -223,6 +223,7 @@ void cluster::start_step(size_t g) {
   const int64_t drafts = gs.prefill ? c_.prefill_drafts : c_.decode_drafts;
   for (int32_t ri : gs.members) {
     rank_state& r = ranks_[static_cast<size_t>(ri)];
+    if (storage_) storage_->current_rank = r.index;
     const double t = plan_rank(r, pp, drafts, drafting);
     loads_.push_back(r.load);
     any = any || !r.plan.items.empty();
@@ -292,8 +293,9 @@ void cluster::end_step(size_t g) {
       const int64_t accepted = it.drafts > 0 ? accepted_drafts(gs, it.drafts) : 0;
       spec_verified_ += static_cast<uint64_t>(it.drafts), spec_accepted_ += static_cast<uint64_t>(accepted);
       const int64_t emitted = sampled_now ? 1 + accepted : 0;
-      prefill_acc_.tokens += static_cast<double>(std::max<int64_t>(0, std::min(done, r->prompt_len) - it.base));
-      if (emitted > 0) decode_acc_.tokens += static_cast<double>(emitted - (r->output_len() == 0 ? 1 : 0));  // after the first
+      const int64_t prefilled = r->prompt_len + r->resumed;  // a re-routed request prefills what the client has
+      prefill_acc_.tokens += static_cast<double>(std::max<int64_t>(0, std::min(done, prefilled) - it.base));
+      if (emitted > 0) decode_acc_.tokens += static_cast<double>(emitted - (r->output_len() == r->resumed ? 1 : 0));  // after the first
       for (int64_t j = 0; j < emitted; ++j) r->tokens.push_back(output_token(r->id.value, r->output_len(), prof_.model.vocab_size));
       r->cache.computed = done + accepted;
       rk.caches->commit(*r);
@@ -319,7 +321,7 @@ void cluster::sampled(int32_t gi, runtime::request& r, double now, int64_t emitt
     });
   if (finished) return drop_request(rk, id);
   // Colocated (no decode pool): the rank decodes what it prefilled.
-  if (rk.prefill && c_.decode_ranks > 0 && r.output_len() == 1 && live_.contains(id)) offer_handoff(gi, r);
+  if (rk.prefill && c_.decode_ranks > 0 && r.output_len() == r.resumed + 1 && live_.contains(id)) offer_handoff(gi, r);
 }
 
 // The accepted drafts of a verify of `k`: each with the profile's probability, given the ones before.

@@ -64,7 +64,9 @@ int64_t cache_manager::usable_hit(const request& r, int64_t hit_blocks) const {
 }
 
 void cache_manager::fix_decoder_tail(request& r) const {
-  if (r.dec_from < 0) r.dec_from = model_.is_flash() ? std::max<int64_t>(0, r.num_tokens() - tail_) : 0;
+  // From the prompt: a request resumed with output tokens (re-routed) gets the tail its first
+  // admission had.
+  if (r.dec_from < 0) r.dec_from = model_.is_flash() ? std::max<int64_t>(0, r.prompt_len - tail_) : 0;
 }
 
 int64_t cache_manager::local_hit(const std::vector<block_key>& keys) const {

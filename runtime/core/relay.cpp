@@ -24,8 +24,8 @@ void relay::attempt() {
 void relay::routed(engine_id e) {
   if (done_) return;
   engine_ = e;
-  received_ = 0;
-  host_.submit(e);
+  received_ = forwarded_;  // the engine emits what follows the tokens the client has
+  host_.submit(e, bug_ == relay_bug::repeat_tokens ? 0 : forwarded_);
 }
 
 void relay::route_failed(relay_error err, bool none_up) {
@@ -93,8 +93,6 @@ relay_verdict relay::token(engine_id from, bool has_token, bool finished, bool f
   if (has_token && ++received_ > forwarded_) {
     ++forwarded_;
     v.forward = true;
-  } else if (has_token && bug_ == relay_bug::repeat_tokens && attempt_ > 0) {
-    v.forward = true;  // planted: a token the client has already
   }
   if (finished) {
     v.final = true;

@@ -1,7 +1,8 @@
 // The relay protocol of one request, as a plain state machine: route → submit → forward
 // tokens; when its engine fails (down, draining, a failed step) exclude it, back off and
-// submit again elsewhere, skipping the tokens the client already has (the new engine
-// recomputes from the prompt with the same seed, so the client sees one stream); with
+// submit again elsewhere with the tokens the client already has (the new engine prefills the
+// prompt and them, and samples on from there with the same seed, so the client sees one
+// stream whose recovery does not grow with its length); with
 // disaggregation, place the prefill engine's handoff offer on a decode engine (asking the
 // decode balancer, at most `handoff_attempts` engines), and keep it on the prefill engine when
 // none takes it.
@@ -53,7 +54,8 @@ struct relay_limits {
 // catch each (tests/sim). Never set outside tests.
 enum class relay_bug : uint8_t {
   none,
-  repeat_tokens,   // after a re-route, tokens the client has are sent again
+  repeat_tokens,   // after a re-route, tokens the client has are sent again (resubmitted
+                   // without them, and the new engine's tokens taken as following them)
   keep_dead,       // an engine that went down is not excluded from the next route
 };
 
@@ -65,9 +67,10 @@ class relay_host {
   // Ask the prefill balancer for an engine other than `exclude`; answer: routed or
   // route_failed.
   virtual void route(std::span<const engine_id> exclude) = 0;
-  // Submit the request to `e` and watch it (a down notice: engine_down); answer only on
-  // refusal: submit_failed.
-  virtual void submit(engine_id e) = 0;
+  // Submit the request to `e` with the first `resume` output tokens the client has (0 on the
+  // first attempt; the engine continues after them) and watch it (a down notice:
+  // engine_down); answer only on refusal: submit_failed.
+  virtual void submit(engine_id e, int64_t resume) = 0;
   virtual void watch(engine_id e) = 0;
   virtual void unwatch(engine_id e) = 0;
   // The request left its engine: the prefill (decode) balancer ends its placement of it.
@@ -143,7 +146,7 @@ class relay {
   engine_id engine_;                // the current attempt's engine (invalid: none)
   int attempt_ = 0;
   int64_t forwarded_ = 0;           // tokens the client has
-  int64_t received_ = 0;            // tokens of the current attempt
+  int64_t received_ = 0;            // output tokens up to the current engine's last (those it resumed after included)
   double waited_s_ = 0;             // spent waiting for any engine to be up
   // A handoff being placed: the decode engines that refused it, and a number that makes
   // answers to an older placement stale.

@@ -29,6 +29,7 @@ struct request {
   request_id id;
   std::vector<int32_t> tokens;   // prompt ++ output
   int64_t prompt_len = 0;
+  int64_t resumed = 0;            // output tokens it was admitted with (a re-routed request's)
   std::vector<prompt_image> images;  // in prompt order, their placeholder tokens in `tokens`
   sampling_params params;
   uint64_t seq_seed = 0;

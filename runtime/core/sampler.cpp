@@ -259,7 +259,7 @@ stop_checker::stop_checker(const sampling_params& p, int32_t eos_id)
 stop_result stop_checker::check(std::span<const int32_t> output_ids, std::string_view output_text_so_far,
                                 size_t search_from) const {
   if (output_ids.empty()) return {};
-  if (std::binary_search(stop_ids_.begin(), stop_ids_.end(), output_ids.back()))
+  if (is_stop_token(output_ids.back()))
     return {finish_reason::stop, std::nullopt};
   // Whole-text search: a stop string may span tokens, and the earliest match wins.
   std::optional<size_t> earliest;

@@ -4,6 +4,7 @@
 // replay with the same seed reproduces it. The stop checker decides when a sequence finishes.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -121,6 +122,8 @@ class stop_checker {
   }
   // Longest stop string, in bytes.
   size_t longest_stop() const { return longest_stop_; }
+  // Whether `token` ends a sequence (eos unless ignore_eos, stop_token_ids).
+  bool is_stop_token(int32_t token) const { return std::binary_search(stop_ids_.begin(), stop_ids_.end(), token); }
 
  private:
   std::vector<int32_t> stop_ids_;  // sorted, eos included unless ignore_eos

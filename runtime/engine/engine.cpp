@@ -123,6 +123,27 @@ std::expected<void, error> engine::check_request(request_id id, const std::vecto
   return {};
 }
 
+// A re-routed request's output so far: tokens of the vocabulary, fewer than max_tokens, none
+// that would have ended it (a stop token; a stop string is the client's to find).
+std::expected<void, error> engine::check_resumed(std::span<const int32_t> resumed, const sampling_params& params) const {
+  if (resumed.empty()) return {};
+  const int64_t V = weights_->config.vocab_size;
+  if (static_cast<int64_t>(resumed.size()) >= params.max_tokens)
+    return fail(errc::invalid_argument, "resumed output has " + std::to_string(resumed.size()) +
+                                          " tokens; max_tokens is " + std::to_string(params.max_tokens));
+  const stop_checker stop(params, static_cast<int32_t>(weights_->config.eos_token_id));
+  for (size_t i = 0; i < resumed.size(); ++i) {
+    if (resumed[i] < 0 || resumed[i] >= V)
+      return fail(errc::invalid_argument, "resumed output token " + std::to_string(i) + " (id " +
+                                            std::to_string(resumed[i]) + ") is outside the vocabulary [0, " +
+                                            std::to_string(V) + ")");
+    if (stop.is_stop_token(resumed[i]))
+      return fail(errc::invalid_argument, "resumed output token " + std::to_string(i) + " (id " +
+                                            std::to_string(resumed[i]) + ") is a stop token");
+  }
+  return {};
+}
+
 // The images whose rows a vision-encoder worker holds and this engine has not cached: read
 // before the request steps (checked first, so a refused request starts no read).
 std::expected<std::vector<const prompt_image*>, error> engine::rows_to_read(const std::vector<prompt_image>& images) const {
@@ -144,11 +165,13 @@ std::expected<std::vector<const prompt_image*>, error> engine::rows_to_read(cons
 
 std::expected<request_id, error> engine::add_request(request_id id, std::vector<int32_t> prompt,
                                                      const sampling_params& params, traffic_class cls,
-                                                     std::vector<prompt_image> images) {
+                                                     std::vector<prompt_image> images,
+                                                     std::span<const int32_t> resumed) {
   if (auto ok = check_request(id, prompt, params, cls, images); !ok) return std::unexpected(ok.error());
+  if (auto ok = check_resumed(resumed, params); !ok) return std::unexpected(ok.error());
   std::shared_ptr<grammar_matcher> matcher;
   if (params.constraint.active()) {
-    auto m = make_matcher(params, {});
+    auto m = make_matcher(params, resumed);
     if (!m) return fail(tok_ ? errc::invalid_argument : errc::unavailable, m.error());
     matcher = std::move(*m);
   }
@@ -170,6 +193,12 @@ std::expected<request_id, error> engine::add_request(request_id id, std::vector<
   next_id_ = std::max(next_id_, id.value + 1);
   r->prompt_len = static_cast<int64_t>(prompt.size());
   r->tokens = std::move(prompt);
+  r->tokens.insert(r->tokens.end(), resumed.begin(), resumed.end());
+  r->resumed = static_cast<int64_t>(resumed.size());
+  if (tok_ && !resumed.empty()) {  // the output text the stop strings search, as emit() builds it
+    std::string& text = texts_[id.value];
+    for (int32_t t : resumed) text += tok_->decode_token(t);
+  }
   r->images = std::move(images);  // the pointers in to_read were used above: the vector moves now
   r->params = params;
   r->cls = cls;
@@ -430,8 +459,8 @@ std::vector<token_event> engine::complete() {
     caches_.commit(*r);
     if (r->finish != finish_reason::none) {
       sched_.finish(r);
-    } else if (config_.role == engine_role::prefill && !r->handed_off && f.items[i].logits && r->output_len() == 1) {
-      offer_handoff(*r);  // its first token is out: the rest is a decode engine's
+    } else if (config_.role == engine_role::prefill && !r->handed_off && f.items[i].logits && r->output_len() == r->resumed + 1) {
+      offer_handoff(*r);  // its first token (here) is out: the rest is a decode engine's
     } else if (f.items[i].hidden) {
       drafting.push_back(r);
     }

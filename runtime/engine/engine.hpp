@@ -143,9 +143,14 @@ class engine {
   // id: the caller's (the gateway's in a cluster): events, handoffs and stats carry it
   // unchanged. Refused with errc::duplicate while this engine still holds a request `id`
   // (until forget()); errc::invalid_argument names what is wrong with the request.
+  // resumed: output tokens the client already has (a request re-routed from a failed engine):
+  // the engine prefills prompt ++ resumed and samples from output position resumed.size() on,
+  // as the first engine would have (the sampler is counter-based; grammar, stop strings,
+  // penalties and max_tokens count them), and emits only what follows. Fewer than max_tokens.
   std::expected<request_id, error> add_request(request_id id, std::vector<int32_t> prompt,
                                                const sampling_params& params, traffic_class cls = traffic_class::chat,
-                                               std::vector<prompt_image> images = {});
+                                               std::vector<prompt_image> images = {},
+                                               std::span<const int32_t> resumed = {});
   // The same with the next id this engine has not seen (for callers that do not number
   // their requests: the offline runner, benches).
   std::expected<request_id, error> add_request(std::vector<int32_t> prompt, const sampling_params& params,
@@ -267,6 +272,7 @@ class engine {
     std::vector<std::shared_ptr<rows_read>> reads;
   };
   // Settles the reads that are over and queues the requests none of whose reads is still out.
+  std::expected<void, error> check_resumed(std::span<const int32_t> resumed, const sampling_params& params) const;
   std::expected<void, error> check_request(request_id id, const std::vector<int32_t>& prompt,
                                            const sampling_params& params, traffic_class cls,
                                            const std::vector<prompt_image>& images) const;

@@ -600,8 +600,11 @@ TEST_CASE("gateway re-routes a stream whose engine is killed and the client sees
   CHECK(chunks[chunks.size() - 2]["choices"][0]["finish_reason"] == "length");
   CHECK(chunks.back()["usage"]["completion_tokens"] == n);
   CHECK(text == want);
-  // Engine 1 recomputed the request from its prompt: all n tokens.
-  CHECK(c.stats(1).engine.generated == static_cast<uint64_t>(n));
+  // Engine 1 resumed after the tokens the client had (at least the first): it generated only
+  // the rest, and the text is still the reference's.
+  const uint64_t rest = c.stats(1).engine.generated;
+  CHECK(rest > 0);
+  CHECK(rest < static_cast<uint64_t>(n));
 }
 
 TEST_CASE("gateway drain refuses new requests with 503") {

@@ -26,7 +26,9 @@ struct recording_host final : relay_host {
   }
   void encode_images() override { log.push_back("encode"); }
   void route(std::span<const engine_id> ex) override { log.push_back("route[" + ids(ex) + "]"); }
-  void submit(engine_id e) override { log.push_back("submit " + std::to_string(e.value)); }
+  void submit(engine_id e, int64_t resume) override {
+    log.push_back("submit " + std::to_string(e.value) + (resume ? " after " + std::to_string(resume) : ""));
+  }
   void watch(engine_id e) override { log.push_back("watch " + std::to_string(e.value)); }
   void unwatch(engine_id e) override { log.push_back("unwatch " + std::to_string(e.value)); }
   void release_prefill() override { log.push_back("release_prefill"); }
@@ -68,7 +70,7 @@ TEST_CASE("relay: route, submit, forward every token, finish once") {
   CHECK_FALSE(r.token(engine_id{7}, true, true, false).final);  // nothing after the end
 }
 
-TEST_CASE("relay: a dead engine is excluded, the next attempt's repeated tokens are skipped") {
+TEST_CASE("relay: a dead engine is excluded, the next attempt resumes after the tokens the client has") {
   recording_host h;
   relay r({}, h);
   r.start(false);
@@ -84,10 +86,22 @@ TEST_CASE("relay: a dead engine is excluded, the next attempt's repeated tokens 
   r.retry_due();
   CHECK(h.take() == lines{"route[1]"});
   r.routed(engine_id{4});
-  CHECK_FALSE(r.token(engine_id{4}, true, false, false).forward);  // the client has tokens 0 and 1
-  CHECK_FALSE(r.token(engine_id{4}, true, false, false).forward);
+  CHECK(h.take() == lines{"submit 4 after 2"});  // the client has tokens 0 and 1: engine 4 continues after them
   CHECK(r.token(engine_id{4}, true, false, false).forward);
   CHECK(r.forwarded() == 3);
+}
+
+TEST_CASE("relay: with the planted repeat bug a re-route resubmits without the client's tokens and forwards them again") {
+  recording_host h;
+  relay r({}, h, relay_bug::repeat_tokens);
+  r.start(false);
+  r.routed(engine_id{1});
+  r.token(engine_id{1}, true, false, false);
+  r.engine_down(engine_id{1});
+  r.retry_due();
+  r.routed(engine_id{2});
+  CHECK(h.take().back() == "submit 2");
+  CHECK(r.token(engine_id{2}, true, false, false).forward);  // token 0 again: the campaign counts a wrong output
 }
 
 TEST_CASE("relay: gives up after max_attempts with the last error, and at once on the request's own fault") {

@@ -57,15 +57,16 @@ struct handoff_run {
   runtime::engine_stats decode_stats;
 };
 
-// One request through P then D; `tamper` may change the handoff on its way.
+// One request through P then D; `tamper` may change the handoff on its way. With `resumed`
+// the request arrives at P as a re-routed one, with output the client already has.
 template <class Tamper>
 handoff_run through(const std::string& preset, const std::vector<int32_t>& prompt, int32_t n, Tamper tamper,
-                    const std::string& provider = "shm") {
+                    const std::string& provider = "shm", std::span<const int32_t> resumed = {}) {
   auto w = test::tiny_model(preset);
   handoff_run out;
   runtime::engine p(w, config_for(preset, runtime::engine_role::prefill, fabric(provider)));
   runtime::engine d(w, config_for(preset, runtime::engine_role::decode, fabric(provider)));
-  REQUIRE(p.add_request(prompt, sampling(n)));
+  REQUIRE(p.add_request(request_id(0), prompt, sampling(n), runtime::traffic_class::chat, {}, resumed));
   std::vector<runtime::handoff_state> offered;
   step_until(p, out.prefill, [&] {
     auto h = p.take_handoffs();
@@ -113,6 +114,20 @@ TEST_CASE("handoff: the decode engine continues exactly where a colocated engine
       CHECK(got.decode_stats.cache.imports == 1);
       CHECK(got.decode_stats.cache.import_failures == 0);
     }
+}
+
+TEST_CASE("handoff: a resumed request is offered after its first new token, the decode engine continues exactly") {
+  for (const std::string preset : {"v3-tiny", "tiny"}) {
+    CAPTURE(preset);
+    auto w = test::tiny_model(preset);
+    auto prompt = test::random_tokens(40, 8);
+    runtime::engine colocated(w, config_for(preset, runtime::engine_role::both, nullptr));
+    const auto ref = test::run_alone(colocated, prompt, sampling(12));
+    std::vector<int32_t> had;  // the client had the first 5 tokens when its engine failed
+    for (size_t i = 0; i < 5; ++i) had.push_back(ref[i].token);
+    auto got = through(preset, prompt, 12, [](runtime::handoff_state&) {}, "shm", had);
+    check_equal(got, std::vector<runtime::token_event>(ref.begin() + 5, ref.end()));
+  }
 }
 
 TEST_CASE("handoff: a read that fails its checksum is recomputed on the decode engine, same output") {
