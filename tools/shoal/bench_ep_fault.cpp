@@ -4,7 +4,10 @@
 // on 2 processes), with an empty storage tier. Each trial streams --streams greedy completions
 // of --tokens tokens at once; once every stream has its first tokens, the victim process is
 // killed (SIGKILL) or stopped (SIGSTOP). Per trial it reports:
-// - the time from the fault to the next token of every stream still running (p50, max): the
+// - the time from the fault to the next token of every stream still running (p50, max), and,
+//   since tokens computed before the fault may still be on their way then, each stream's
+//   stall: its longest gap between tokens from the fault on, and the time from the fault to
+//   the token that ends it (p50, max), beside the median gap of the run without a fault: the
 //   group's unavailability as a client sees it;
 // - each stream's extra time to its last token against a run of the same streams without a
 //   fault (p50, max): what re-routed and recomputed requests cost;
@@ -22,6 +25,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <filesystem>
 #include <map>
 #include <mutex>
@@ -205,10 +209,63 @@ double quantile(std::vector<double> v, double q) {
   return v[static_cast<size_t>(q * static_cast<double>(v.size() - 1) + 0.5)];
 }
 
+// Each stream's token arrival times from 1 s before the fault to 20 s after it, relative to the
+// fault (ms): where the gap is, and whether tokens come one by one or in bursts.
+json tokens_around(const streams_seen& s, size_t n) {
+  json out = json::array();
+  for (size_t i = 0; i < n; ++i) {
+    json times = json::array();
+    for (double t : s.tokens[i])
+      if (t >= s.fault_at - 1 && t <= s.fault_at + 20) times.push_back(std::lround((t - s.fault_at) * 1000));
+    out.push_back(std::move(times));
+  }
+  return out;
+}
+
 double waited_until(const std::function<bool()>& done, double limit_s) {
   const double t0 = now_s();
   while (!done() && now_s() - t0 < limit_s) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   return done() ? now_s() - t0 : -1;
+}
+
+// A stream's longest gap between consecutive tokens among those from `from` on (the first
+// of them measured from the token before it), and when the token that ends it came.
+std::pair<double, double> longest_gap(const std::vector<double>& t, double from) {
+  std::pair<double, double> out{0, from};
+  for (size_t j = 1; j < t.size(); ++j)
+    if (t[j] > from && t[j] - t[j - 1] > out.first) out = {t[j] - t[j - 1], t[j]};
+  return out;
+}
+
+// The median gap between consecutive tokens over every stream of a run.
+double median_gap(const streams_seen& s, size_t n) {
+  std::vector<double> gaps;
+  for (size_t i = 0; i < n && i < s.tokens.size(); ++i)
+    for (size_t j = 1; j < s.tokens[i].size(); ++j) gaps.push_back(s.tokens[i][j] - s.tokens[i][j - 1]);
+  return quantile(gaps, 0.5);
+}
+
+// The trial's record as three lines of text.
+void print_trial(const json& r) {
+  auto q = [&](const char* k, const char* f) { return r[k][f].get<double>(); };
+  const auto& b = r["expert_bytes_read"];
+  fmt::print("{:<10} {:<5} next token after the fault: p50 {:.2f} s, max {:.2f} s ({} streams running, {} on the "
+             "victim); extra to the last token p50 {:.2f} s, max {:.2f} s; {} failed{}\n"
+             "           stall (longest gap from the fault on): p50 {:.2f} s, max {:.2f} s (gap without a fault p50 "
+             "{:.2f} s); the token ending it came p50 {:.2f} s, max {:.2f} s after the fault\n"
+             "           experts the survivors adopted: {:.1f} MiB from memory, {:.1f} MiB from holders, {:.1f} MiB from "
+             "the checkpoint; group whole again {:.1f} s after the {}\n"
+             "           {} requests sent right after the fault: first token p50 {:.2f} s, max {:.2f} s (without a fault "
+             "p50 {:.2f} s, max {:.2f} s)\n",
+             r["victim"].get<std::string>(), r["fault"].get<std::string>(), q("fault_to_next_token_s", "p50"),
+             q("fault_to_next_token_s", "max"), r["fault_to_next_token_s"]["streams"].get<size_t>(),
+             r["running_on_victim"].get<double>(), q("extra_to_last_token_s", "p50"), q("extra_to_last_token_s", "max"),
+             r["failed"].get<int>(), r["failed"].get<int>() ? " (first: " + r["first_error"].get<std::string>() + ")" : "",
+             q("stall_s", "p50"), q("stall_s", "max"), q("stall_s", "baseline_gap_p50"), q("fault_to_resumed_token_s", "p50"),
+             q("fault_to_resumed_token_s", "max"), b["memory"].get<double>() / (1 << 20), b["holder"].get<double>() / (1 << 20),
+             b["checkpoint"].get<double>() / (1 << 20), r["group_whole_after_s"].get<double>(),
+             r["fault"] == "kill" ? "restart" : "SIGCONT", r["late_ttft_s"]["streams"].get<size_t>(), q("late_ttft_s", "p50"),
+             q("late_ttft_s", "max"), q("late_ttft_s", "baseline_p50"), q("late_ttft_s", "baseline_max"));
 }
 
 // One trial: victim "NAME:kill" or "NAME:stop", against the same streams' baseline.
@@ -230,19 +287,25 @@ json run_trial(const fault_args& a, const fs::path& dir, const fs::path& state, 
     on_victim = running_on(*node);
     ::kill(pid, how == "kill" ? SIGKILL : SIGSTOP);
   });
-  std::vector<double> gaps, extra;
+  std::vector<double> gaps, extra, stalls, resumed;
   int failed = 0;
   std::string first_error;
   const auto n = static_cast<size_t>(a.streams);
+  const double base_gap = median_gap(base, n);
   for (size_t i = 0; i < seen.tokens.size(); ++i) {
     if (!seen.errors[i].empty() && failed++ == 0) first_error = seen.errors[i];
     if (i >= n) continue;  // the late wave: its first tokens, below
     const auto& t = seen.tokens[i];
     auto next = std::upper_bound(t.begin(), t.end(), seen.fault_at);
-    if (next != t.end() && next != t.begin()) gaps.push_back(*next - seen.fault_at);  // running at the fault
+    if (next != t.end() && next != t.begin()) {  // running at the fault
+      gaps.push_back(*next - seen.fault_at);
+      const auto [gap, end] = longest_gap(t, seen.fault_at);
+      stalls.push_back(gap), resumed.push_back(end - seen.fault_at);
+    }
     if (!t.empty() && !base.tokens[i].empty()) extra.push_back(t.back() - base.tokens[i].back());
   }
   const auto after = expert_bytes(v, *node);
+  rec["tokens_around_fault"] = tokens_around(seen, n);
   if (how == "kill") {
     rec["restart_rc"] = cluster_start_node(dir, state, victim, 120);
   } else {
@@ -258,6 +321,8 @@ json run_trial(const fault_args& a, const fs::path& dir, const fs::path& state, 
   }
   rec["failed"] = failed, rec["first_error"] = first_error, rec["running_on_victim"] = on_victim;
   rec["fault_to_next_token_s"] = {{"p50", quantile(gaps, 0.5)}, {"max", quantile(gaps, 1.0)}, {"streams", gaps.size()}};
+  rec["stall_s"] = {{"p50", quantile(stalls, 0.5)}, {"max", quantile(stalls, 1.0)}, {"baseline_gap_p50", base_gap}};
+  rec["fault_to_resumed_token_s"] = {{"p50", quantile(resumed, 0.5)}, {"max", quantile(resumed, 1.0)}};
   rec["extra_to_last_token_s"] = {{"p50", quantile(extra, 0.5)}, {"max", quantile(extra, 1.0)}};
   const expert_sources moved{after.memory - before.memory, after.holder - before.holder, after.checkpoint - before.checkpoint};
   rec["expert_bytes_read"] = {{"memory", moved.memory}, {"holder", moved.holder}, {"checkpoint", moved.checkpoint}};
@@ -265,17 +330,7 @@ json run_trial(const fault_args& a, const fs::path& dir, const fs::path& state, 
   const auto late = late_ttft(seen, n), late_base = late_ttft(base, n);
   rec["late_ttft_s"] = {{"p50", quantile(late, 0.5)}, {"max", quantile(late, 1.0)}, {"streams", late.size()},
                         {"baseline_p50", quantile(late_base, 0.5)}, {"baseline_max", quantile(late_base, 1.0)}};
-  fmt::print("{:<10} {:<5} next token after the fault: p50 {:.2f} s, max {:.2f} s ({} streams running, {} on the "
-             "victim); extra to the last token p50 {:.2f} s, max {:.2f} s; {} failed{}\n"
-             "           experts the survivors adopted: {:.1f} MiB from memory, {:.1f} MiB from holders, {:.1f} MiB from "
-             "the checkpoint; group whole again {:.1f} s after the {}\n"
-             "           {} requests sent right after the fault: first token p50 {:.2f} s, max {:.2f} s (without a fault "
-             "p50 {:.2f} s, max {:.2f} s)\n",
-             victim, how, quantile(gaps, 0.5), quantile(gaps, 1.0), gaps.size(), on_victim, quantile(extra, 0.5),
-             quantile(extra, 1.0),
-             failed, failed ? " (first: " + first_error + ")" : std::string(), moved.memory / (1 << 20),
-             moved.holder / (1 << 20), moved.checkpoint / (1 << 20), whole_s, how == "kill" ? "restart" : "SIGCONT",
-             late.size(), quantile(late, 0.5), quantile(late, 1.0), quantile(late_base, 0.5), quantile(late_base, 1.0));
+  print_trial(rec);
   return rec;
 }
 
