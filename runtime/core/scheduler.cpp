@@ -13,7 +13,14 @@ scheduler::scheduler(const scheduler_config& config, cache_manager& caches)
 
 void scheduler::add(request* r) {
   r->status = request_status::waiting;
-  waiting_.push_back(r);
+  if (r->resumed == 0) {
+    waiting_.push_back(r);
+    return;
+  }
+  // A re-routed request is mid-stream, as a preempted one is: ahead of every request that has
+  // no output yet, behind those that do (in their order).
+  auto fresh = std::find_if(waiting_.begin(), waiting_.end(), [](const request* w) { return w->output_len() == 0; });
+  waiting_.insert(fresh, r);
 }
 
 scheduler::view scheduler::view_of(const request* r, const std::vector<planned_item>& in_flight) const {

@@ -52,6 +52,8 @@ class scheduler {
     config_.step_time_budget_s = step_budget_s;
   }
 
+  // Queues a request. One re-routed with output its client has (request::resumed) waits ahead
+  // of the requests without output: its stream is stalled until it runs.
   void add(request* r);
   // Handoff, decode side: r's cache is being read (cache_manager::start_import); it runs as
   // soon as the reads end intact, else it recomputes from its tokens.

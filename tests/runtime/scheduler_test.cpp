@@ -128,6 +128,30 @@ TEST_CASE("blocks running out preempt the newest running request, which resumes 
   CHECK(h.caches.stats().preemptions == 1);
 }
 
+TEST_CASE("a re-routed request with output queues ahead of new requests, behind preempted ones") {
+  harness h("v3-tiny", blocks(4), budget(64));
+  request* a = h.add(30, 4);
+  request* b = h.add(30, 5);
+  h.apply(h.sched.plan({}));
+  for (int i = 0; i < 3; ++i) h.apply(h.sched.plan({}));
+  REQUIRE(b->status == request_status::waiting);  // preempted (the test above)
+  request* fresh = h.add(20, 6);
+  auto r = std::make_unique<request>();
+  r->id = request_id(99);
+  r->tokens = test::random_tokens(12, 7);
+  r->prompt_len = 9;
+  r->resumed = 3;  // the client had 3 tokens when its engine failed
+  r->params.max_tokens = 8;
+  h.sched.add(r.get());
+  const auto& w = h.sched.waiting_requests();
+  REQUIRE(w.size() == 3);
+  CHECK(w[0] == b);
+  CHECK(w[1] == r.get());
+  CHECK(w[2] == fresh);
+  CHECK(a->status == request_status::running);
+  h.sched.finish(r.get());
+}
+
 TEST_CASE("SWA pool: slot size as the mission states, MXFP8 and fp32 snapshots, LRU eviction") {
   // 20 layers × 134 tokens × (512 e4m3 values + 16 UE8M0 scales) = 1,415,040 bytes per sequence,
   // after the header naming the storage and shape.
