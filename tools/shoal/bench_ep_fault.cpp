@@ -6,7 +6,8 @@
 // killed (SIGKILL) or stopped (SIGSTOP). Per trial it reports:
 // - the time from the fault to the next token of every stream still running (p50, max), and,
 //   since tokens computed before the fault may still be on their way then, each stream's
-//   stall: its longest gap between tokens from the fault on, and the time from the fault to
+//   stall: its first gap between tokens from the fault on that is longer than twice the usual
+//   (see stall_of), and the time from the fault to
 //   the token that ends it (p50, max), beside the median gap of the run without a fault: the
 //   group's unavailability as a client sees it;
 // - each stream's extra time to its last token against a run of the same streams without a
@@ -29,6 +30,7 @@
 #include <filesystem>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <regex>
 #include <thread>
 
@@ -228,13 +230,18 @@ double waited_until(const std::function<bool()>& done, double limit_s) {
   return done() ? now_s() - t0 : -1;
 }
 
-// A stream's longest gap between consecutive tokens among those from `from` on (the first
-// of them measured from the token before it), and when the token that ends it came.
-std::pair<double, double> longest_gap(const std::vector<double>& t, double from) {
-  std::pair<double, double> out{0, from};
-  for (size_t j = 1; j < t.size(); ++j)
-    if (t[j] > from && t[j] - t[j - 1] > out.first) out = {t[j] - t[j - 1], t[j]};
-  return out;
+// A stream's stall at a fault at `from`: the first gap between consecutive tokens that ends
+// after `from`, begins no later than 10 s after it and is longer than twice `normal` (the
+// median gap without a fault); without one (the stream did not stall) the gap before its
+// first token after `from`. Returns the gap and when the token that ends it came.
+std::pair<double, double> stall_of(const std::vector<double>& t, double from, double normal) {
+  std::optional<std::pair<double, double>> first;
+  for (size_t j = 1; j < t.size() && t[j - 1] <= from + 10; ++j) {
+    if (t[j] <= from) continue;
+    if (!first) first = {t[j] - t[j - 1], t[j]};
+    if (t[j] - t[j - 1] > 2 * normal) return {t[j] - t[j - 1], t[j]};
+  }
+  return first.value_or(std::pair<double, double>{0, from});
 }
 
 // The median gap between consecutive tokens over every stream of a run.
@@ -251,7 +258,7 @@ void print_trial(const json& r) {
   const auto& b = r["expert_bytes_read"];
   fmt::print("{:<10} {:<5} next token after the fault: p50 {:.2f} s, max {:.2f} s ({} streams running, {} on the "
              "victim); extra to the last token p50 {:.2f} s, max {:.2f} s; {} failed{}\n"
-             "           stall (longest gap from the fault on): p50 {:.2f} s, max {:.2f} s (gap without a fault p50 "
+             "           stall (first gap over twice the usual from the fault on): p50 {:.2f} s, max {:.2f} s (gap without a fault p50 "
              "{:.2f} s); the token ending it came p50 {:.2f} s, max {:.2f} s after the fault\n"
              "           experts the survivors adopted: {:.1f} MiB from memory, {:.1f} MiB from holders, {:.1f} MiB from "
              "the checkpoint; group whole again {:.1f} s after the {}\n"
@@ -299,7 +306,7 @@ json run_trial(const fault_args& a, const fs::path& dir, const fs::path& state, 
     auto next = std::upper_bound(t.begin(), t.end(), seen.fault_at);
     if (next != t.end() && next != t.begin()) {  // running at the fault
       gaps.push_back(*next - seen.fault_at);
-      const auto [gap, end] = longest_gap(t, seen.fault_at);
+      const auto [gap, end] = stall_of(t, seen.fault_at, base_gap);
       stalls.push_back(gap), resumed.push_back(end - seen.fault_at);
     }
     if (!t.empty() && !base.tokens[i].empty()) extra.push_back(t.back() - base.tokens[i].back());
