@@ -271,12 +271,12 @@ class engine {
     request* r;
     std::vector<std::shared_ptr<rows_read>> reads;
   };
-  // Settles the reads that are over and queues the requests none of whose reads is still out.
-  std::expected<void, error> check_resumed(std::span<const int32_t> resumed, const sampling_params& params) const;
   std::expected<void, error> check_request(request_id id, const std::vector<int32_t>& prompt,
                                            const sampling_params& params, traffic_class cls,
                                            const std::vector<prompt_image>& images) const;
+  std::expected<void, error> check_resumed(std::span<const int32_t> resumed, const sampling_params& params) const;
   std::expected<std::vector<const prompt_image*>, error> rows_to_read(const std::vector<prompt_image>& images) const;
+  // Settles the reads that are over and queues the requests none of whose reads is still out.
   void poll_rows();
   void dispatch(step_plan plan);
   step_plan plan_now();

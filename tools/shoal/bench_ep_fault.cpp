@@ -7,9 +7,8 @@
 // - the time from the fault to the next token of every stream still running (p50, max), and,
 //   since tokens computed before the fault may still be on their way then, each stream's
 //   stall: its first gap between tokens from the fault on that is longer than twice the usual
-//   (see stall_of), and the time from the fault to
-//   the token that ends it (p50, max), beside the median gap of the run without a fault: the
-//   group's unavailability as a client sees it;
+//   (see stall_of), and the time from the fault to the token that ends it (p50, max), beside
+//   the median gap of the run without a fault: the group's unavailability as a client sees it;
 // - each stream's extra time to its last token against a run of the same streams without a
 //   fault (p50, max): what re-routed and recomputed requests cost;
 // - the routed-expert bytes the surviving processes of the group adopted while it re-formed, by
